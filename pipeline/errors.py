@@ -1,0 +1,38 @@
+"""The one error type for bad input samples.
+
+Every stage that reads samples (extraction, training, conversion) raises
+``SampleError`` so that a caller can either stop with a message naming the shard
+and key, or skip the sample and count it under ``reason``.
+"""
+
+from __future__ import annotations
+
+REASONS = (
+    "missing-field",
+    "wrong-type",
+    "empty-y",
+    "unknown-symbol",
+    "too-long",
+    "duplicate-key",
+    "bad-key",
+    "bad-json",
+    "truncated-shard",
+)
+
+
+class SampleError(ValueError):
+    """A sample that cannot be used, with the reason class and where it came from."""
+
+    def __init__(self, reason: str, message: str, *, key: str | None = None, shard: str | None = None):
+        if reason not in REASONS:
+            raise ValueError(f"unknown SampleError reason {reason!r}; expected one of {REASONS}")
+        self.reason = reason
+        self.key = key
+        self.shard = shard
+        where = ", ".join(f"{k} {v!r}" for k, v in (("shard", shard), ("key", key)) if v is not None)
+        super().__init__(f"{message} ({where})" if where else message)
+
+    def located(self, *, key: str | None = None, shard: str | None = None) -> "SampleError":
+        """The same error with the shard and/or key filled in where they were missing."""
+        msg = str(self).split(" (shard ")[0].split(" (key ")[0]
+        return SampleError(self.reason, msg, key=self.key or key, shard=self.shard or shard)
