@@ -27,6 +27,7 @@ class SampleError(ValueError):
         if reason not in REASONS:
             raise ValueError(f"unknown SampleError reason {reason!r}; expected one of {REASONS}")
         self.reason = reason
+        self.detail = message
         self.key = key
         self.shard = shard
         where = ", ".join(f"{k} {v!r}" for k, v in (("shard", shard), ("key", key)) if v is not None)
@@ -34,5 +35,4 @@ class SampleError(ValueError):
 
     def located(self, *, key: str | None = None, shard: str | None = None) -> "SampleError":
         """The same error with the shard and/or key filled in where they were missing."""
-        msg = str(self).split(" (shard ")[0].split(" (key ")[0]
-        return SampleError(self.reason, msg, key=self.key or key, shard=self.shard or shard)
+        return SampleError(self.reason, self.detail, key=self.key or key, shard=self.shard or shard)
