@@ -1,0 +1,177 @@
+"""Train the entangled (z-free) base model: next-token loss on S only.
+
+setup -> fit -> validate: samples are read once from the shards (the base model's
+data is small), encoded to the z-free template, and batched by a seeded generator.
+AdamW with linear warm-up and cosine decay; metrics go to ``OUT/metrics.jsonl``; the
+checkpoint (safetensors + config + vocab + fingerprint) to ``OUT/``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from pipeline.samples import Sample
+from pipeline.shards import iter_samples, resolve_shards
+from pipeline.templates import Layout, collate, gather_s, token_surprisal, zfree_ids
+from pipeline.vocab import Vocab
+from training.checkpoint import save_checkpoint
+from training.model import GPT, ModelConfig
+
+
+@dataclass(frozen=True)
+class BaseTrainConfig:
+    data: str
+    """Dataset directory holding train/ and val/ shards (and dataset.json, if synthetic)."""
+    out: str
+    """Checkpoint directory to write."""
+    steps: int = 2000
+    batch_size: int = 64
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.05
+    """Cosine decay ends at lr * min_lr_ratio."""
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    n_layer: int = 2
+    n_head: int = 4
+    d_model: int = 64
+    k_max: int = 8
+    """Latent tokens <z_0..z_{k_max-1}> in the vocabulary, untrained here."""
+    max_slots: int = 4
+    """Context reserved for the latent slots of the z-conditioned template."""
+    eval_every: int = 500
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError("steps and batch_size must be >= 1")
+        if not 0 < self.lr < 1:
+            raise ValueError("lr must be in (0, 1)")
+        if self.max_slots < 1:
+            raise ValueError("max_slots must be >= 1")
+
+
+BASE_PRESETS = {
+    "tiny": dict(steps=150, batch_size=32, d_model=32, n_head=2, eval_every=75, warmup_steps=10),
+    "default": dict(),
+}
+
+
+def load_split(data: str | Path, split: str) -> list[Sample]:
+    root = Path(data)
+    _, urls = resolve_shards(root / split if (root / split).is_dir() else root)
+    return [s for _, s in iter_samples([str(u) for u in urls])]
+
+
+def dataset_vocab(data: str | Path, samples: list[Sample], k_max: int) -> Vocab:
+    """Symbols listed in dataset.json (generator or converter), else those seen in the samples."""
+    meta = Path(data) / "dataset.json"
+    if meta.is_file():
+        symbols = json.loads(meta.read_text())["symbols"]
+    else:
+        symbols = sorted({t for s in samples for t in (*s.x, *s.y)})
+    return Vocab(tuple(symbols), k_max=k_max)
+
+
+def lr_at(step: int, cfg: BaseTrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class EncodedSplit:
+    """A split encoded once to z-free ids; `batch(idx)` collates any subset."""
+
+    def __init__(self, samples: list[Sample], vocab: Vocab):
+        self.samples = samples
+        self.seqs = [zfree_ids(vocab, s.x, s.y, key=s.key) for s in samples]
+        self.layouts = [Layout(len(s.x), len(s.y)) for s in samples]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def batch(self, idx):
+        return collate([self.seqs[i] for i in idx], [self.layouts[i] for i in idx])
+
+
+def s_nll(model: GPT, batch) -> torch.Tensor:
+    """(B, T_max) per-token NLL over S, 0 where masked."""
+    logits, _ = model(batch.input_ids)
+    return token_surprisal(gather_s(logits, batch.logit_pos), batch.targets, batch.mask)
+
+
+@torch.inference_mode()
+def evaluate(model: GPT, split: EncodedSplit, device, batch_size: int = 256) -> dict:
+    """Mean NLL per S token, and the base model's surprisal around the ground-truth t0."""
+    model.eval()
+    tot = n = at_t0 = n_at = after = n_after = 0.0
+    for start in range(0, len(split), batch_size):
+        idx = list(range(start, min(start + batch_size, len(split))))
+        batch = split.batch(idx).to(device)
+        b = s_nll(model, batch).cpu()
+        tot += b.sum().item()
+        n += batch.mask.sum().item()
+        for row, i in enumerate(idx):
+            t0, T = split.samples[i].t0, split.layouts[i].T
+            if t0 is None or t0 >= T:
+                continue
+            at_t0 += b[row, t0].item()
+            n_at += 1
+            after += b[row, t0 + 1:T].sum().item()
+            n_after += T - t0 - 1
+    model.train()
+    out = {"val_nll": tot / max(n, 1)}
+    if n_at:
+        out |= {"b_at_t0": at_t0 / n_at, "b_after_t0": after / max(n_after, 1)}
+    return out
+
+
+def run(cfg: BaseTrainConfig) -> dict:
+    torch.manual_seed(cfg.seed)
+    device = torch.device(cfg.device)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train = load_split(cfg.data, "train")
+    val = load_split(cfg.data, "val")
+    vocab = dataset_vocab(cfg.data, train, cfg.k_max)
+    train_enc, val_enc = EncodedSplit(train, vocab), EncodedSplit(val, vocab)
+    longest = max(lay.length for lay in train_enc.layouts + val_enc.layouts)
+    block_size = 8 * math.ceil((longest + 2 + cfg.max_slots) / 8)
+    mcfg = ModelConfig(vocab_size=len(vocab), block_size=block_size, n_layer=cfg.n_layer,
+                       n_head=cfg.n_head, d_model=cfg.d_model)
+    model = GPT(mcfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
+    log = (out / "metrics.jsonl").open("w")
+    bar = tqdm(range(cfg.steps), desc="train-base", unit="step", mininterval=1.0)
+    t_start = time.perf_counter()
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        batch = train_enc.batch(torch.randint(len(train_enc), (cfg.batch_size,), generator=gen).tolist()).to(device)
+        nll = s_nll(model, batch)
+        loss = nll.sum() / batch.mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        record = {"step": step, "loss": loss.item(), "lr": lr_at(step, cfg)}
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            record |= evaluate(model, val_enc, device)
+            bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{record['val_nll']:.3f}")
+        log.write(json.dumps(record) + "\n")
+    log.close()
+    final = {k: v for k, v in record.items() if k not in ("step", "lr")}
+    final["wall_s"] = time.perf_counter() - t_start
+    fp = save_checkpoint(out, model.cpu(), vocab, meta={"train": asdict(cfg), "final": final})
+    return {"fingerprint": fp, **final}
