@@ -1,0 +1,67 @@
+import pytest
+import torch
+
+from pipeline.errors import SampleError
+from pipeline.templates import (Layout, check_length, collate, gather_s, s_targets, token_surprisal, zcond_ids,
+                                zfree_ids)
+from pipeline.vocab import SPECIALS, Vocab
+
+VOCAB = Vocab(("a", "b", "c", "d"), k_max=4)
+
+
+def test_vocab_order_and_round_trip():
+    assert VOCAB.tokens[:9] == SPECIALS and VOCAB.id("<pad>") == 0
+    assert VOCAB.latent_id(0) == 9 and VOCAB.tokens[VOCAB.latent_id(3)] == "<z_3>"
+    assert VOCAB.id("a") == 9 + 4
+    assert Vocab.from_json(VOCAB.to_json()) == VOCAB
+    with pytest.raises(ValueError, match="collide"):
+        Vocab(("a", "<eos>"))
+
+
+@pytest.mark.parametrize("m,n,slots", [(1, 1, 1), (3, 5, 1), (4, 2, 3), (6, 6, 4)])
+def test_s_aligns_between_templates(m, n, slots):
+    x = ["abcd"[i % 4] for i in range(m)]
+    y = ["dcba"[i % 4] for i in range(n)]
+    free = zfree_ids(VOCAB, x, y)
+    cond = zcond_ids(VOCAB, x, y, [VOCAB.latent_id(1)] * slots)
+    lf, lc = Layout(m, n), Layout(m, n, slots)
+    assert lf.length == len(free) and lc.length == len(cond)
+    expected = VOCAB.encode_symbols(y) + [VOCAB.id("</y>")]
+    assert s_targets(free, lf) == expected == s_targets(cond, lc)
+    # the logit predicting S position 0 reads <y> in both templates
+    assert free[lf.s_logit_positions()[0]] == VOCAB.id("<y>") == cond[lc.s_logit_positions()[0]]
+    assert cond[lc.z_pos] == VOCAB.id("<z>")
+    assert [cond[p] for p in lc.slot_positions] == [VOCAB.latent_id(1)] * slots
+    assert lc.s_start - lf.s_start == slots + 2
+    assert VOCAB.decode(free)[-2:] == ["</y>", "<eos>"]
+
+
+def test_bad_samples_name_the_key():
+    with pytest.raises(SampleError, match="'k1'") as e:
+        zfree_ids(VOCAB, ["a"], ["z"], key="k1")
+    assert e.value.reason == "unknown-symbol"
+    with pytest.raises(SampleError, match="k2") as e:
+        zfree_ids(VOCAB, ["a"], [], key="k2")
+    assert e.value.reason == "empty-y"
+    with pytest.raises(SampleError, match="k3") as e:
+        zfree_ids(VOCAB, ["<z_0>"], ["a"], key="k3")
+    with pytest.raises(SampleError, match="k4") as e:
+        check_length(70, 64, key="k4")
+    assert e.value.reason == "too-long"
+
+
+def test_collate_gather_and_surprisal_match_cross_entropy():
+    torch.manual_seed(0)
+    samples = [(["a", "b"], ["c"]), (["a"], ["d", "c", "b"]), (["b", "b", "c"], ["a", "a"])]
+    seqs = [zfree_ids(VOCAB, x, y) for x, y in samples]
+    lays = [Layout(len(x), len(y)) for x, y in samples]
+    batch = collate(seqs, lays)
+    assert batch.mask.sum().item() == sum(lay.T for lay in lays)
+    logits = torch.randn(*batch.input_ids.shape, len(VOCAB))
+    b = token_surprisal(gather_s(logits, batch.logit_pos), batch.targets, batch.mask)
+    for i, (seq, lay) in enumerate(zip(seqs, lays)):
+        pos = list(lay.s_logit_positions())
+        ref = torch.nn.functional.cross_entropy(logits[i, pos], torch.tensor(seq)[[p + 1 for p in pos]],
+                                                reduction="none")
+        torch.testing.assert_close(b[i, : lay.T], ref)
+        assert (b[i, lay.T:] == 0).all()
