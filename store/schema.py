@@ -1,0 +1,28 @@
+"""The columns of a baseline-store part, whatever its on-disk format (SPEC §4).
+
+One row per example. Per-token lists are indexed by position in S (0..T-1), float32
+in nats. `cumsum_b` is the running sum of `b` (accumulated in float64, stored float32):
+it makes the cumulative-share t0 estimator a list query instead of a window function.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+PART_SCHEMA = pa.schema([
+    pa.field("key", pa.string(), nullable=False),
+    pa.field("shard", pa.string(), nullable=False),          # input shard, relative to the data root
+    pa.field("T", pa.int32(), nullable=False),               # |S| = len(y) + 1
+    pa.field("b", pa.list_(pa.float32()), nullable=False),   # (T,) surprisal -log p(y_t | x, y_<t), nats
+    pa.field("target_id", pa.list_(pa.int32()), nullable=False),  # (T,) echoed token ids of S
+    pa.field("entropy", pa.list_(pa.float32()), nullable=False),  # (T,) entropy of the base model's next-token distribution, nats
+    pa.field("top1", pa.list_(pa.bool_()), nullable=False),      # (T,) the target is the base model's argmax
+    pa.field("cumsum_b", pa.list_(pa.float32()), nullable=False),  # (T,) running sum of b
+    pa.field("b_sum", pa.float64(), nullable=False),          # sum_t b_t
+    pa.field("strategy", pa.string(), nullable=True),         # passed through from the sample
+    pa.field("t0", pa.int32(), nullable=True),                # passed through from the sample
+])
+
+TOKEN_LIST_COLUMNS = ("b", "target_id", "entropy", "top1", "cumsum_b")
