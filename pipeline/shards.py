@@ -1,0 +1,234 @@
+"""WebDataset shard IO: write samples as ``<key>.json`` members, find shards, stream them back.
+
+Reading never loses samples silently: before a shard is streamed its tar headers are
+walked once (``scan_shard``) and a shard without a complete last member and an
+end-of-archive block raises ``SampleError('truncated-shard')``; WebDataset on its own
+stops quietly at a cut that falls on a 512-byte block boundary.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import tarfile
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import webdataset as wds
+from webdataset.cache import StreamingOpen
+from webdataset.tariterators import base_plus_ext
+
+from pipeline.errors import SampleError
+from pipeline.samples import Sample, check_key, parse_sample, sample_to_json
+
+ErrorHandler = Callable[[SampleError], None]
+_META = re.compile(r"__[^/]*__($|/)")  # members WebDataset skips (tariterators.tar_file_iterator)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def encode_sample(sample: Sample) -> dict:
+    """The raw dict ShardWriter stores: ``<key>.json`` as compact UTF-8 JSON."""
+    payload = json.dumps(sample_to_json(sample), ensure_ascii=False, separators=(",", ":"))
+    return {"__key__": sample.key, "json": payload.encode("utf-8")}
+
+
+def write_shards(samples: Iterable[Sample], out_dir: str | Path, *, shard_size: int,
+                 pattern: str = "shard-%06d.tar") -> list[Path]:
+    """Write samples in order, ``shard_size`` per shard; returns the shard paths in order.
+
+    ``mtime=0`` and fixed user/group make identical inputs give byte-identical tars.
+    Each shard is written under ``<name>.tmp`` and renamed when closed. No samples, no
+    shards. Keys must be valid (no '.' or '/') and unique across the call.
+    """
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    def publish(tmp_name: str) -> None:
+        final = Path(tmp_name[: -len(".tmp")])
+        os.replace(tmp_name, final)
+        written.append(final)
+
+    writer, seen = None, set()
+    try:
+        for sample in samples:
+            check_key(sample.key)
+            if sample.key in seen:
+                raise SampleError("duplicate-key", "key written twice", key=sample.key)
+            seen.add(sample.key)
+            if writer is None:  # created lazily: ShardWriter opens its first file at once
+                writer = wds.ShardWriter(str(out_dir / pattern) + ".tmp", maxcount=shard_size,
+                                         post=publish, verbose=0, mtime=0, encoder=False)
+            writer.write(encode_sample(sample))
+    finally:
+        if writer is not None:
+            writer.close()
+    return written
+
+
+# ---------------------------------------------------------------- finding
+
+
+def resolve_shards(data: str | Path) -> tuple[Path, list[Path]]:
+    """(root, sorted shard paths) for a directory (every ``*.tar`` below it) or a glob.
+
+    ``root`` is what shard names are relative to: the directory itself, or the longest
+    common parent directory of the glob's matches.
+    """
+    path = Path(data)
+    if path.is_dir():
+        root, shards = path, [p for p in path.rglob("*.tar") if p.is_file()]
+    else:
+        shards = [Path(p) for p in glob.glob(str(data), recursive=True) if Path(p).is_file()]
+        root = Path(os.path.commonpath([str(p.parent) for p in shards])) if shards else path
+    if not shards:
+        raise FileNotFoundError(f"no .tar shards found for {str(data)!r} (expected a directory or a glob pattern)")
+    return root, sorted(shards, key=lambda p: shard_name(root, p))
+
+
+def shard_name(root: str | Path, path: str | Path) -> str:
+    """The shard's name: its posix path relative to ``root``, e.g. ``train/shard-000000.tar``."""
+    return Path(path).relative_to(Path(root)).as_posix()
+
+
+# ---------------------------------------------------------------- checking
+
+
+def scan_shard(path: str | Path) -> list[str]:
+    """Names of the regular members, in order; SampleError('truncated-shard') if incomplete.
+
+    Complete means: every member's data is present and an all-zero end-of-archive
+    block follows the last member.
+    """
+    shard = str(path)
+    try:
+        with tarfile.open(shard, "r:*") as tar:
+            names = [m.name for m in tar if m.isreg()]  # walks every header
+            tar.fileobj.seek(tar.offset)  # just past the last member's padded data
+            marker = tar.fileobj.read(tarfile.BLOCKSIZE)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise SampleError("truncated-shard", f"unreadable tar: {exc}", shard=shard) from None
+    if marker != tarfile.NUL * tarfile.BLOCKSIZE:
+        raise SampleError("truncated-shard", "tar ends without an end-of-archive block (truncated?)",
+                          shard=shard)
+    return names
+
+
+def _member_key(name: str) -> tuple[str | None, str | None]:
+    """(key, suffix) as WebDataset groups members; (None, None) for members it skips."""
+    if _META.match(name) or ("/" not in name and name.startswith("__") and name.endswith("__")):
+        return None, None
+    return base_plus_ext(name)
+
+
+def duplicate_keys(names: list[str]) -> list[str]:
+    """Keys that WebDataset would yield more than once: one entry per extra occurrence.
+
+    Members group into a sample while consecutive names share a key; a key that comes
+    back after another key, or the same ``<key>.<suffix>`` twice, is a duplicate.
+    """
+    dups, seen, current, suffixes = [], set(), None, set()
+    for name in names:
+        key, suffix = _member_key(name)
+        if key is None:
+            continue
+        suffix = suffix.lower()
+        if key != current:
+            if key in seen:
+                dups.append(key)
+            seen.add(key)
+            current, suffixes = key, set()
+        elif suffix in suffixes:
+            dups.append(key)
+        suffixes.add(suffix)
+    return dups
+
+
+def count_samples(path: str | Path) -> int:
+    """Number of distinct sample keys in a shard (checks it is complete first)."""
+    return len({key for key, _ in map(_member_key, scan_shard(path)) if key is not None})
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _continue_after_duplicate_name(exn: Exception) -> bool:
+    """WebDataset handler: go on past a repeated ``<key>.<suffix>`` (already reported), raise the rest."""
+    if isinstance(exn, ValueError) and "duplicate file name in tar file" in str(exn):
+        return True
+    raise exn
+
+
+def _open_local(sources: Iterable) -> Iterator[dict]:
+    """WebDataset's opener stage for local files, but each file is closed once read.
+
+    (``StreamingOpen`` leaves closing to the garbage collector, and parses the path as
+    a URL, which breaks on names with '#' or '?'.)
+    """
+    for source in sources:
+        url = source["url"] if isinstance(source, dict) else source
+        with open(url, "rb") as stream:
+            yield dict(url=url, stream=stream, local_path=url)
+
+
+def _raw_samples(url: str) -> Iterator[dict]:
+    """Raw WebDataset dicts of one shard, in file order, no splitting or shuffling."""
+    dataset = wds.WebDataset([url], shardshuffle=False, nodesplitter=None, workersplitter=None,
+                             empty_check=False, seed=0, handler=_continue_after_duplicate_name)
+    openers = [i for i, stage in enumerate(dataset.pipeline) if isinstance(stage, StreamingOpen)]
+    assert len(openers) == 1, "unexpected WebDataset pipeline layout"
+    dataset.pipeline[openers[0]] = _open_local
+    try:
+        yield from dataset
+    except (tarfile.TarError, EOFError) as exc:  # the file changed after scan_shard
+        raise SampleError("truncated-shard", f"tar read failed: {exc}", shard=url) from None
+
+
+def _report(on_error: ErrorHandler | None, error: SampleError) -> None:
+    if on_error is None:
+        raise error
+    on_error(error)
+
+
+def iter_shard(url: str | Path, *, on_error: ErrorHandler | None = None) -> Iterator[tuple[str, Sample]]:
+    """(url, Sample) for one shard; see ``iter_samples``."""
+    url = str(url)
+    names = scan_shard(url)  # truncated-shard is raised whatever on_error says
+    for key in duplicate_keys(names):  # reported before anything is yielded
+        _report(on_error, SampleError("duplicate-key", "key occurs more than once in the shard",
+                                      key=key, shard=url))
+    seen: set[str] = set()
+    for raw in _raw_samples(url):
+        key = raw.get("__key__")
+        if key in seen:  # a later occurrence of a duplicate key: reported above
+            continue
+        seen.add(key)
+        try:
+            sample = parse_sample(raw, shard=url)
+        except SampleError as error:
+            _report(on_error, error)
+            continue
+        yield url, sample
+
+
+def iter_samples(urls: Iterable[str | Path] | str | Path, *,
+                 on_error: ErrorHandler | None = None) -> Iterator[tuple[str, Sample]]:
+    """Stream (url, Sample) over shards in the given order, single process.
+
+    A bad sample raises SampleError when ``on_error`` is None; otherwise ``on_error``
+    gets the error and the sample is skipped (for a duplicate key, the later
+    occurrences are skipped and the first is kept). A truncated or unreadable shard
+    always raises SampleError('truncated-shard').
+    """
+    if isinstance(urls, (str, Path)):
+        urls = [urls]
+    for url in urls:
+        yield from iter_shard(url, on_error=on_error)
