@@ -1,0 +1,262 @@
+"""Synthetic strategy-ambiguous data: one input x, several strategies that could produce y.
+
+Each example draws x (a sequence of data symbols) and a strategy s, and writes
+``y = header + s(x)``. All strategies share the header and most of their outputs agree
+after the first few tokens, so only ``y_<=t0`` reveals s: the regime where a uniform
+token average dilutes the latent's signal by about ``t0 / T`` (SPEC §1).
+
+Symbols are handled as integer ids while generating (so ``sort`` means "by symbol
+index") and named only when a Sample is built: ids 0..25 are "a".."z", then "s26",
+"s27", ...; the header symbol is "#".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from pipeline.samples import Sample
+from pipeline.shards import shard_name, write_shards
+
+HEADER_SYMBOL = "#"
+END_OF_Y = "</y>"  # closes S: S = y_1..y_n </y>, T = n + 1 (SPEC §2)
+SPLITS = ("train", "val", "test")
+_SPLIT_IDS = {"train": 0, "val": 1, "test": 2}  # folded into the split's seed
+
+
+# ---------------------------------------------------------------- strategies (pure, on tuples)
+
+
+def copy(x: tuple) -> tuple:
+    return tuple(x)
+
+
+def reverse(x: tuple) -> tuple:
+    return tuple(x[::-1])
+
+
+def sort(x: tuple) -> tuple:
+    return tuple(sorted(x))
+
+
+def sort_desc(x: tuple) -> tuple:
+    return tuple(sorted(x, reverse=True))
+
+
+def rotate_left(x: tuple) -> tuple:
+    return tuple(x[1:]) + tuple(x[:1])
+
+
+STRATEGIES: dict[str, Callable[[tuple], tuple]] = {
+    "copy": copy,
+    "reverse": reverse,
+    "sort": sort,
+    "sort-desc": sort_desc,
+    "rotate-left": rotate_left,
+}
+DEFAULT_STRATEGIES = ("copy", "reverse", "sort", "sort-desc")
+
+
+def symbol_name(i: int) -> str:
+    """Data symbol ``i``: "a".."z" for 0..25, then "s26", "s27", ..."""
+    return chr(ord("a") + i) if i < 26 else f"s{i}"
+
+
+# ---------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """Everything that determines a synthetic dataset; same config, same bytes."""
+
+    alphabet_size: int = 16
+    """Number of data symbols x is drawn from (uniformly, with repetition)."""
+    min_len: int = 12
+    """Shortest x (inclusive)."""
+    max_len: int = 16
+    """Longest x (inclusive); lengths are uniform in [min_len, max_len]."""
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    """Names from STRATEGIES that y may be generated with (the latent's K values)."""
+    header_len: int = 0
+    """Copies of HEADER_SYMBOL before s(x) in every y; t0 moves later by this much."""
+    prior: str = "uniform"
+    """p(s|x): "uniform", or "x-dependent": p(s|x) ∝ 1 + alpha·[s == id(x[0]) mod K]."""
+    alpha: float = 3.0
+    """Boost of the favoured strategy under the "x-dependent" prior (>= 0; unused if uniform)."""
+    n_train: int = 20_000
+    """Examples in the train split."""
+    n_val: int = 2_000
+    """Examples in the val split."""
+    n_test: int = 2_000
+    """Examples in the test split."""
+    shard_size: int = 2_000
+    """Examples per tar shard."""
+    seed: int = 0
+    """Root seed (>= 0); each split draws from np.random.default_rng([seed, split id])."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "strategies", tuple(self.strategies))  # a JSON list is fine too
+        if self.alphabet_size < 2:
+            raise ValueError(f"alphabet_size must be >= 2, got {self.alphabet_size}")
+        if not 1 <= self.min_len <= self.max_len:
+            raise ValueError(f"need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if not self.strategies or unknown or len(set(self.strategies)) != len(self.strategies):
+            raise ValueError(f"strategies must be distinct names from {sorted(STRATEGIES)}, "
+                             f"got {self.strategies}")
+        if self.header_len < 0:
+            raise ValueError(f"header_len must be >= 0, got {self.header_len}")
+        if self.prior not in ("uniform", "x-dependent"):
+            raise ValueError(f"prior must be 'uniform' or 'x-dependent', got {self.prior!r}")
+        if not self.alpha >= 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+        if min(self.n_train, self.n_val, self.n_test) < 0:
+            raise ValueError("n_train, n_val and n_test must be >= 0")
+        if self.shard_size < 1:
+            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+
+    def split_size(self, split: str) -> int:
+        return {"train": self.n_train, "val": self.n_val, "test": self.n_test}[split]
+
+    def symbols(self) -> list[str]:
+        """Every data symbol that can occur in x or y: the alphabet in id order, then the header."""
+        return [symbol_name(i) for i in range(self.alphabet_size)] + ([HEADER_SYMBOL] if self.header_len else [])
+
+
+PRESETS: dict[str, SynthConfig] = {
+    # a few hundred short examples: generation and a training step in well under a second
+    "tiny": SynthConfig(alphabet_size=6, min_len=3, max_len=5, n_train=512, n_val=128, n_test=128,
+                        shard_size=128),
+    # long outputs decided by their first token or two: mean T/(t0+1) about 12
+    "default": SynthConfig(),
+}
+
+
+# ---------------------------------------------------------------- t0
+
+
+def consistent_at(candidates: dict[str, Sequence], strategy: str, t: int) -> int:
+    """How many strategies' S agree with the true one on y_<t (t tokens); 1 means decided."""
+    true_prefix = tuple(candidates[strategy][:t])
+    return sum(tuple(seq[:t]) == true_prefix for seq in candidates.values())
+
+
+def compute_t0(candidates: dict[str, Sequence], strategy: str) -> int:
+    """First index t in S (0-based) where y_<=t fits ``strategy`` only; T if it never does.
+
+    ``candidates`` maps every strategy to its full S sequence (y tokens then "</y>") for
+    the same x; T = len(candidates[strategy]).
+    """
+    total = len(candidates[strategy])
+    for t in range(total):
+        if consistent_at(candidates, strategy, t + 1) == 1:
+            return t
+    return total
+
+
+def candidate_sequences(x: tuple, cfg: SynthConfig) -> dict[str, tuple]:
+    """Each configured strategy's S for input x (any comparable symbols): header + s(x) + </y>."""
+    header = (HEADER_SYMBOL,) * cfg.header_len
+    return {name: header + STRATEGIES[name](x) + (END_OF_Y,) for name in cfg.strategies}
+
+
+# ---------------------------------------------------------------- generation
+
+
+def _strategy_ids(rng: np.random.Generator, first: np.ndarray, cfg: SynthConfig) -> np.ndarray:
+    """One strategy index per example, given x[0]'s symbol id under the configured prior."""
+    k = len(cfg.strategies)
+    if cfg.prior == "uniform":
+        return rng.integers(0, k, size=len(first))
+    probs = np.ones((len(first), k))  # (N, K) unnormalised p(s|x)
+    probs[np.arange(len(first)), first % k] += cfg.alpha
+    cdf = np.cumsum(probs / probs.sum(axis=1, keepdims=True), axis=1)
+    u = rng.random(len(first))[:, None]
+    return np.minimum((u >= cdf).sum(axis=1), k - 1)  # inverse-CDF draw
+
+
+def generate(cfg: SynthConfig, split: str) -> Iterator[Sample]:
+    """The split's examples in key order; deterministic in (cfg, split)."""
+    n = cfg.split_size(split)
+    rng = np.random.default_rng([cfg.seed, _SPLIT_IDS[split]])
+    lengths = rng.integers(cfg.min_len, cfg.max_len + 1, size=n)  # (N,)
+    flat = rng.integers(0, cfg.alphabet_size, size=int(lengths.sum()))  # (sum len,) symbol ids
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    chosen = _strategy_ids(rng, flat[starts] if n else flat[:0], cfg)
+    names = [symbol_name(i) for i in range(cfg.alphabet_size)]
+    for i in range(n):
+        x_ids = tuple(flat[starts[i]: starts[i] + lengths[i]].tolist())
+        candidates = candidate_sequences(x_ids, cfg)
+        strategy = cfg.strategies[chosen[i]]
+        y = tuple(tok if tok == HEADER_SYMBOL else names[tok] for tok in candidates[strategy][:-1])
+        yield Sample(key=f"{split}-{i:07d}", x=tuple(names[j] for j in x_ids), y=y,
+                     strategy=strategy, t0=compute_t0(candidates, strategy))
+
+
+class _Stats:
+    """Running means of T, t0 and T/(t0+1) over the samples that pass through ``tap``."""
+
+    def __init__(self):
+        self.n, self.T, self.t0, self.ratio = 0, 0.0, 0.0, 0.0
+
+    def tap(self, samples):
+        for s in samples:
+            T = len(s.y) + 1
+            self.n, self.T, self.t0, self.ratio = self.n + 1, self.T + T, self.t0 + s.t0, self.ratio + T / (s.t0 + 1)
+            yield s
+
+    def means(self) -> dict:
+        d = max(self.n, 1)
+        return {"mean_T": self.T / d, "mean_t0": self.t0 / d, "mean_T_over_t0p1": self.ratio / d}
+
+
+def _check_empty_target(out_dir: Path, overwrite: bool) -> None:
+    """Refuse to mix a new dataset with an old one's shards (readers glob every *.tar)."""
+    old = [p for p in out_dir.rglob("*") if p.suffix == ".tar" or p.name == "dataset.json"] if out_dir.exists() else []
+    if old and not overwrite:
+        raise FileExistsError(f"{out_dir} already holds a dataset ({old[0].name}, ...); "
+                              "choose an empty folder or pass overwrite=True")
+    for p in old:
+        p.unlink()
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write canonical JSON (sorted keys) to a temporary name, then rename: the commit point."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_dataset(cfg: SynthConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
+    """Write ``out_dir/{train,val,test}/shard-NNNNNN.tar`` then ``out_dir/dataset.json``; return the latter.
+
+    Shard names in the json are relative to ``out_dir``. With ``overwrite``, old shards
+    and dataset.json under ``out_dir`` are deleted first.
+    """
+    out_dir = Path(out_dir)
+    _check_empty_target(out_dir, overwrite)
+    total, splits = _Stats(), {}
+    for split in SPLITS:
+        stats = _Stats()
+        paths = write_shards(total.tap(stats.tap(generate(cfg, split))), out_dir / split,
+                             shard_size=cfg.shard_size)
+        splits[split] = {"samples": stats.n, "shards": [shard_name(out_dir, p) for p in paths],
+                         "stats": stats.means()}
+    info = {
+        "generator": "tokweight.synth",
+        "config": asdict(cfg),
+        "symbols": cfg.symbols(),
+        "strategies": list(cfg.strategies),
+        "splits": splits,
+        "stats": total.means(),
+    }
+    write_json_atomic(out_dir / "dataset.json", info)
+    return json.loads(json.dumps(info))  # the same plain-JSON view a reader of the file gets
+
