@@ -72,6 +72,28 @@ def write_shards(samples: Iterable[Sample], out_dir: str | Path, *, shard_size: 
     return written
 
 
+def prepare_output_dir(out_dir: str | Path, *, overwrite: bool = False) -> None:
+    """Create ``out_dir``, refusing to mix a new dataset with an old one (readers glob every *.tar).
+
+    With ``overwrite``, every ``*.tar`` and ``dataset.json`` below it is deleted instead.
+    """
+    out_dir = Path(out_dir)
+    old = [p for p in out_dir.rglob("*") if p.suffix == ".tar" or p.name == "dataset.json"] if out_dir.exists() else []
+    if old and not overwrite:
+        raise FileExistsError(f"{out_dir} already holds a dataset ({old[0].name}, ...); "
+                              "choose an empty folder or pass overwrite=True")
+    for p in old:
+        p.unlink()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write canonical JSON (sorted keys) to a temporary name, then rename: the commit point."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 # ---------------------------------------------------------------- finding
 
 

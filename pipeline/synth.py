@@ -13,7 +13,6 @@ index") and named only when a Sample is built: ids 0..25 are "a".."z", then "s26
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -21,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from pipeline.samples import Sample
-from pipeline.shards import shard_name, write_shards
+from pipeline.shards import prepare_output_dir, shard_name, write_json_atomic, write_shards
 
 HEADER_SYMBOL = "#"
 END_OF_Y = "</y>"  # closes S: S = y_1..y_n </y>, T = n + 1 (SPEC §2)
@@ -217,23 +216,6 @@ class _Stats:
         return {"mean_T": self.T / d, "mean_t0": self.t0 / d, "mean_T_over_t0p1": self.ratio / d}
 
 
-def _check_empty_target(out_dir: Path, overwrite: bool) -> None:
-    """Refuse to mix a new dataset with an old one's shards (readers glob every *.tar)."""
-    old = [p for p in out_dir.rglob("*") if p.suffix == ".tar" or p.name == "dataset.json"] if out_dir.exists() else []
-    if old and not overwrite:
-        raise FileExistsError(f"{out_dir} already holds a dataset ({old[0].name}, ...); "
-                              "choose an empty folder or pass overwrite=True")
-    for p in old:
-        p.unlink()
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write canonical JSON (sorted keys) to a temporary name, then rename: the commit point."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_dataset(cfg: SynthConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
     """Write ``out_dir/{train,val,test}/shard-NNNNNN.tar`` then ``out_dir/dataset.json``; return the latter.
 
@@ -241,7 +223,7 @@ def write_dataset(cfg: SynthConfig, out_dir: str | Path, *, overwrite: bool = Fa
     and dataset.json under ``out_dir`` are deleted first.
     """
     out_dir = Path(out_dir)
-    _check_empty_target(out_dir, overwrite)
+    prepare_output_dir(out_dir, overwrite=overwrite)
     total, splits = _Stats(), {}
     for split in SPLITS:
         stats = _Stats()
