@@ -1,0 +1,130 @@
+import math
+
+import pytest
+import torch
+
+from training.losses import (WeightingParams, categorical_kl, check_free_bits, free_bits_kl, gaussian_kl,
+                             reconstruction_weights, surprisal_share_weights, weighted_reconstruction)
+
+# two examples, T = 3 and 2 (T_max = 3); the second is padded
+B_ = torch.tensor([[0.6, 0.3, 0.1], [2.0, 0.0, 9.9]])
+MASK = torch.tensor([[True, True, True], [True, True, False]])
+NLL = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 7.0]])
+P = WeightingParams(eps=1e-6, eps_inv=0.5, dataset_mean_b=0.8)
+
+
+def hand(name):
+    """R per example, computed token by token in float64 from the SPEC §3 table."""
+    out = []
+    for i in range(2):
+        T = int(MASK[i].sum())
+        b, l = B_[i, :T].double().tolist(), NLL[i, :T].double().tolist()
+        uniform = sum(l) / T
+        if name == "uniform":
+            out.append(uniform)
+        elif name == "sum":
+            out.append(sum(l))
+        elif name == "surprisal-share":
+            out.append(sum(w * x for w, x in zip(b, l)) / (sum(b) + P.eps))
+        elif name == "inverse-surprisal":
+            w = [1 / (bt + P.eps_inv) for bt in b]
+            out.append(sum(wt * x for wt, x in zip(w, l)) / (sum(w) + P.eps))
+        elif name == "distribution-rescale":
+            out.append(uniform / P.dataset_mean_b)
+        elif name == "example-inverse":
+            v = [1 / (sum(B_[j, :int(MASK[j].sum())].tolist()) / int(MASK[j].sum()) + P.eps) for j in range(2)]
+            out.append(uniform * v[i] / (sum(v) / 2))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", ["uniform", "sum", "surprisal-share", "inverse-surprisal",
+                                  "example-inverse", "distribution-rescale"])
+def test_each_weighting_against_hand_computation(name):
+    pi, degenerate = reconstruction_weights(name, B_, MASK, P)
+    R = weighted_reconstruction(NLL, pi)
+    torch.testing.assert_close(R.double(), hand(name), rtol=1e-6, atol=1e-6)
+    assert not degenerate.any()
+    assert (pi[~MASK] == 0).all()  # padding carries no weight
+
+
+def test_surprisal_share_is_the_share_of_b():
+    pi = surprisal_share_weights(B_, MASK, 1e-6)
+    torch.testing.assert_close(pi[0], torch.tensor([0.6, 0.3, 0.1]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(pi[1], torch.tensor([1.0, 0.0, 0.0]), atol=1e-5, rtol=0)
+
+
+def test_weights_stop_the_gradient():
+    b = B_.clone().requires_grad_(True)
+    pi, _ = reconstruction_weights("surprisal-share", b, MASK, P)
+    assert not pi.requires_grad
+
+
+def test_mixing_weight_interpolates():
+    lam = 0.25
+    pi, _ = reconstruction_weights("surprisal-share", B_, MASK, P, lam=lam)
+    R = weighted_reconstruction(NLL, pi).double()
+    torch.testing.assert_close(R, (1 - lam) * hand("uniform") + lam * hand("surprisal-share"))
+    with pytest.raises(ValueError, match="mixing"):
+        reconstruction_weights("surprisal-share", B_, MASK, P, lam=1.5)
+
+
+def test_degenerate_examples_fall_back_to_uniform_and_are_counted():
+    b = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    pi, degenerate = reconstruction_weights("surprisal-share", b, MASK, P)
+    assert degenerate.tolist() == [True, False]
+    torch.testing.assert_close(pi[0], torch.full((3,), 1 / 3))
+    _, degenerate_sum = reconstruction_weights("sum", b, MASK, P)
+    assert not degenerate_sum.any()  # sum does not read b
+
+
+def test_micro_batch_and_padding_invariance():
+    gen = torch.Generator().manual_seed(0)
+    T = torch.randint(2, 9, (12,), generator=gen)
+    mask = torch.arange(8)[None, :] < T[:, None]
+    b = torch.rand(12, 8, generator=gen) * mask
+    nll = torch.rand(12, 8, generator=gen) * 3
+    for name in ("uniform", "sum", "surprisal-share", "inverse-surprisal", "distribution-rescale"):
+        full = weighted_reconstruction(nll, reconstruction_weights(name, b, mask, P)[0]).sum() / 12
+        parts = sum(weighted_reconstruction(nll[s], reconstruction_weights(name, b[s], mask[s], P)[0]).sum()
+                    for s in (slice(0, 5), slice(5, 12))) / 12
+        torch.testing.assert_close(full, parts)
+        # extra padding columns holding garbage change nothing
+        pad = lambda t, v: torch.cat([t, torch.full((12, 3), v, dtype=t.dtype)], 1)
+        padded = weighted_reconstruction(pad(nll, 5.0), reconstruction_weights(
+            name, pad(b, 7.0), pad(mask, False), P)[0]).sum() / 12
+        torch.testing.assert_close(full, padded)
+    # example-inverse normalises over the batch it sees: weights computed once on the
+    # whole batch, then sliced, give the same loss as the whole batch
+    pi, _ = reconstruction_weights("example-inverse", b, mask, P)
+    full = weighted_reconstruction(nll, pi).sum()
+    parts = weighted_reconstruction(nll[:5], pi[:5]).sum() + weighted_reconstruction(nll[5:], pi[5:]).sum()
+    torch.testing.assert_close(full, parts)
+
+
+def test_weighted_reconstruction_broadcasts_over_latent_copies():
+    nll = torch.stack([NLL, 2 * NLL], 1)  # (B, K=2, T)
+    pi, _ = reconstruction_weights("surprisal-share", B_, MASK, P)
+    R = weighted_reconstruction(nll, pi)
+    assert R.shape == (2, 2)
+    torch.testing.assert_close(R[:, 1], 2 * R[:, 0])
+
+
+def test_kl_terms():
+    log_q = torch.log(torch.tensor([[0.5, 0.5], [0.9, 0.1]]))
+    log_p = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))
+    kl = categorical_kl(log_q, log_p)
+    torch.testing.assert_close(kl, torch.tensor([0.0, 0.9 * math.log(1.8) + 0.1 * math.log(0.2)]))
+    mu_q, lv_q, mu_p, lv_p = torch.tensor([[1.0]]), torch.tensor([[math.log(4.0)]]), torch.zeros(1, 1), torch.zeros(1, 1)
+    q = torch.distributions.Normal(mu_q, lv_q.mul(0.5).exp())
+    p = torch.distributions.Normal(mu_p, lv_p.mul(0.5).exp())
+    torch.testing.assert_close(gaussian_kl(mu_q, lv_q, mu_p, lv_p), torch.distributions.kl_divergence(q, p))
+
+
+def test_free_bits():
+    kl = torch.tensor([[0.1, 1.0], [0.3, 3.0]])  # (B, D)
+    torch.testing.assert_close(free_bits_kl(kl, 0.5), torch.tensor(0.5 + 2.0))
+    torch.testing.assert_close(free_bits_kl(kl, 0.0), torch.tensor(0.2 + 2.0))
+    check_free_bits(0.5, "discrete", 4)
+    with pytest.raises(ValueError, match="log K"):
+        check_free_bits(math.log(4), "discrete", 4)
+    check_free_bits(5.0, "continuous", 4)

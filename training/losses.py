@@ -1,0 +1,174 @@
+"""Reconstruction weightings and the CVAE loss terms (SPEC §3), as pure functions of tensors.
+
+Every weighting turns the stop-gradient baseline surprisal ``b`` (B, T) nats over S and
+the S mask into per-token weights ``pi`` (B, T) with ``R(z) = sum_t pi_t l_t(z)``: the
+weighted mean of each example is formed as one weighted sum over one weight sum, inside
+``pi``, and nowhere else. A batch averages R over examples.
+
+| weighting            | pi_t                                                      |
+|----------------------|-----------------------------------------------------------|
+| uniform              | 1 / T                                                     |
+| sum                  | 1                                                         |
+| surprisal-share      | w_t / (sum_s w_s + eps),  w_t = b_t                       |
+| inverse-surprisal    | w_t / (sum_s w_s + eps),  w_t = 1 / (b_t + eps_inv)       |
+| example-inverse      | v_i / T,  v_i = 1/(mean_t b_t + eps), batch mean of v = 1 |
+| distribution-rescale | 1 / (T * B_data),  B_data = dataset mean of mean_t b_t    |
+
+Mixing: ``pi = (1 - lam) * pi_uniform + lam * pi_weighting``. For the weightings that
+read an example's own b, an example with ``sum_t b_t < eps`` is degenerate: it gets
+``pi_uniform`` and is counted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class WeightingParams:
+    """Constants the weightings need besides b and the mask."""
+
+    eps: float = 1e-6
+    """Added to a weight sum; also the degenerate threshold on sum_t b_t (nats)."""
+    eps_inv: float = 1e-2
+    """Floor under b in inverse-surprisal, 1 / (b + eps_inv): bounds a token's weight (nats)."""
+    dataset_mean_b: float | None = None
+    """Dataset mean of mean_t b_t (nats), read from the store; distribution-rescale only."""
+
+    def __post_init__(self):
+        if not self.eps > 0 or not self.eps_inv > 0:
+            raise ValueError("eps and eps_inv must be > 0")
+        if self.dataset_mean_b is not None and not self.dataset_mean_b > 0:
+            raise ValueError(f"dataset_mean_b must be > 0, got {self.dataset_mean_b}")
+
+
+def _normalised(w: torch.Tensor, eps: float) -> torch.Tensor:
+    """(B, T) weights, 0 where masked -> one weighted-mean denominator per example."""
+    return w / (w.sum(-1, keepdim=True) + eps)
+
+
+def uniform_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams) -> torch.Tensor:
+    m = mask.to(b.dtype)
+    return m / m.sum(-1, keepdim=True).clamp_min(1.0)
+
+
+def sum_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams) -> torch.Tensor:
+    return mask.to(b.dtype)
+
+
+def surprisal_share_weights(b: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """pi_t = sg(b_t) / (sum_s sg(b_s) + eps) over S: (B, T), 0 where masked."""
+    return _normalised(b.detach() * mask, eps)
+
+
+def inverse_surprisal_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams) -> torch.Tensor:
+    return _normalised(mask / (b.detach().clamp_min(0.0) + params.eps_inv), params.eps)
+
+
+def example_mean_b(b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) mean_t b_t over S, nats."""
+    return (b.detach() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+
+
+def example_inverse_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams) -> torch.Tensor:
+    """uniform * v_i; v normalised to mean 1 over the batch's non-degenerate examples.
+
+    The normalisation makes this weighting depend on the batch it is computed on:
+    compute it once on the whole (global) batch before any micro-batching.
+    """
+    v = 1.0 / (example_mean_b(b, mask) + params.eps)  # (B,)
+    ok = ~degenerate_examples(b, mask, params.eps)
+    v = v / v[ok].mean() if ok.any() else torch.ones_like(v)
+    return uniform_weights(b, mask, params) * v[:, None]
+
+
+def distribution_rescale_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams) -> torch.Tensor:
+    if params.dataset_mean_b is None:
+        raise ValueError("distribution-rescale needs dataset_mean_b (the store's mean of mean_t b_t)")
+    return uniform_weights(b, mask, params) / params.dataset_mean_b
+
+
+WEIGHTINGS: dict[str, Callable[[torch.Tensor, torch.Tensor, WeightingParams], torch.Tensor]] = {
+    "uniform": uniform_weights,
+    "sum": sum_weights,
+    "surprisal-share": lambda b, mask, params: surprisal_share_weights(b, mask, params.eps),
+    "inverse-surprisal": inverse_surprisal_weights,
+    "example-inverse": example_inverse_weights,
+    "distribution-rescale": distribution_rescale_weights,
+}
+
+
+# These do not read an example's own b, so they have no degenerate case.
+PER_EXAMPLE_B_FREE = frozenset({"uniform", "sum", "distribution-rescale"})
+
+
+def degenerate_examples(b: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:
+    """(B,) bool: sum_t b_t < eps, so b carries no within-example share."""
+    return (b.detach() * mask).sum(-1) < eps
+
+
+def reconstruction_weights(name: str, b: torch.Tensor, mask: torch.Tensor, params: WeightingParams,
+                           lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pi (B, T), degenerate (B,) bool): the mixed weights of SPEC §3 and the fallback rows.
+
+    b: (B, T) nats over S (detached here); mask: (B, T) bool.
+    """
+    if name not in WEIGHTINGS:
+        raise ValueError(f"unknown weighting {name!r}; expected one of {sorted(WEIGHTINGS)}")
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"the mixing weight must be in [0, 1], got {lam}")
+    b = b.detach().float()
+    uniform = uniform_weights(b, mask, params)
+    weighted = WEIGHTINGS[name](b, mask, params)
+    if name in PER_EXAMPLE_B_FREE:
+        return (1.0 - lam) * uniform + lam * weighted, torch.zeros(b.shape[0], dtype=torch.bool, device=b.device)
+    degenerate = degenerate_examples(b, mask, params.eps)
+    pi = torch.where(degenerate[:, None], uniform, (1.0 - lam) * uniform + lam * weighted)
+    return pi, degenerate
+
+
+def weighted_reconstruction(nll: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """R = sum_t pi_t l_t: nll (B, ..., T) nats over S, pi (B, T) -> (B, ...)."""
+    pi = pi.reshape(pi.shape[0], *([1] * (nll.dim() - 2)), pi.shape[-1])
+    return (nll * pi).sum(-1)
+
+
+# ---------------------------------------------------------------- KL terms
+
+
+def categorical_kl(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+    """KL(q || p) = sum_k q_k (log q_k - log p_k): (B, K) log-probabilities -> (B,) nats."""
+    return (log_q.exp() * (log_q - log_p)).sum(-1)
+
+
+def gaussian_kl(mu_q: torch.Tensor, logvar_q: torch.Tensor, mu_p: torch.Tensor,
+                logvar_p: torch.Tensor) -> torch.Tensor:
+    """KL(N(mu_q, var_q) || N(mu_p, var_p)) per dimension: (B, D) -> (B, D) nats.
+
+    = 0.5 * (logvar_p - logvar_q + (var_q + (mu_q - mu_p)^2) / var_p - 1)
+    """
+    return 0.5 * (logvar_p - logvar_q + (logvar_q.exp() + (mu_q - mu_p) ** 2) / logvar_p.exp() - 1.0)
+
+
+def free_bits_kl(kl: torch.Tensor, free_bits: float) -> torch.Tensor:
+    """The KL term with free bits: sum over dimensions of max(lambda, batch-mean KL_d).
+
+    kl: (B,) for one categorical latent, or (B, D) per Gaussian dimension. lambda = 0 is
+    the plain batch mean. The batch mean is taken before the floor, so the term is not
+    additive over micro-batches when lambda > 0.
+    """
+    per_dim = kl.mean(0)
+    return per_dim.clamp_min(free_bits).sum() if free_bits > 0 else per_dim.sum()
+
+
+def check_free_bits(free_bits: float, latent: str, k: int) -> None:
+    """Refuse a floor that switches the categorical KL off: KL(q || uniform) <= log K."""
+    if free_bits < 0:
+        raise ValueError(f"free bits must be >= 0, got {free_bits}")
+    if latent == "discrete" and free_bits >= math.log(k):
+        raise ValueError(f"free bits {free_bits} >= log K = {math.log(k):.4f}: for a categorical latent "
+                         "with a uniform prior the KL can never exceed log K, so the KL term would be constant")
