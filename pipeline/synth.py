@@ -166,6 +166,27 @@ def candidate_sequences(x: tuple, cfg: SynthConfig) -> dict[str, tuple]:
     return {name: header + STRATEGIES[name](x) + (END_OF_Y,) for name in cfg.strategies}
 
 
+def load_synth_config(data: str | Path) -> SynthConfig | None:
+    """The generator config of a synthetic dataset directory; None for converted or foreign data."""
+    meta = Path(data) / "dataset.json"
+    if not meta.is_file():
+        return None
+    info = json.loads(meta.read_text())
+    return SynthConfig(**info["config"]) if info.get("generator") == "tokweight.synth" else None
+
+
+def consistent_at_t0(sample: Sample, cfg: SynthConfig) -> int | None:
+    """Strategies still consistent with the sample's prefix y_<t0 (None without a unique t0).
+
+    A Bayes-optimal z-free model with a uniform prior has surprisal log of this at t0.
+    """
+    if sample.strategy is None or sample.t0 is None or sample.t0 >= len(sample.y) + 1:
+        return None
+    index = {name: i for i, name in enumerate(symbol_name(i) for i in range(cfg.alphabet_size))}
+    candidates = candidate_sequences(tuple(index[s] for s in sample.x), cfg)
+    return consistent_at(candidates, sample.strategy, sample.t0)
+
+
 # ---------------------------------------------------------------- generation
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from pipeline.samples import Sample
 from pipeline.shards import iter_samples, resolve_shards
+from pipeline.synth import consistent_at_t0, load_synth_config
 from pipeline.templates import Layout, collate, gather_s, token_surprisal, zfree_ids
 from pipeline.vocab import Vocab
 from training.checkpoint import save_checkpoint
@@ -91,10 +92,13 @@ def lr_at(step: int, cfg: BaseTrainConfig) -> float:
 class EncodedSplit:
     """A split encoded once to z-free ids; `batch(idx)` collates any subset."""
 
-    def __init__(self, samples: list[Sample], vocab: Vocab):
+    def __init__(self, samples: list[Sample], vocab: Vocab, synth_cfg=None):
         self.samples = samples
         self.seqs = [zfree_ids(vocab, s.x, s.y, key=s.key) for s in samples]
         self.layouts = [Layout(len(s.x), len(s.y)) for s in samples]
+        # log(#strategies consistent at t0): the Bayes-optimal surprisal at t0 (synthetic data only)
+        counts = [consistent_at_t0(s, synth_cfg) if synth_cfg else None for s in samples]
+        self.log_consistent = [math.log(c) if c else None for c in counts]
 
     def __len__(self):
         return len(self.samples)
@@ -111,9 +115,13 @@ def s_nll(model: GPT, batch) -> torch.Tensor:
 
 @torch.inference_mode()
 def evaluate(model: GPT, split: EncodedSplit, device, batch_size: int = 256) -> dict:
-    """Mean NLL per S token, and the base model's surprisal around the ground-truth t0."""
+    """Mean NLL per S token, and the base model's surprisal around the ground-truth t0.
+
+    b_at_t0 is compared with log_consistent_at_t0, the surprisal of a Bayes-optimal
+    z-free model there (log of the number of strategies still consistent).
+    """
     model.eval()
-    tot = n = at_t0 = n_at = after = n_after = 0.0
+    tot = n = at_t0 = n_at = after = n_after = ref = 0.0
     for start in range(0, len(split), batch_size):
         idx = list(range(start, min(start + batch_size, len(split))))
         batch = split.batch(idx).to(device)
@@ -125,6 +133,7 @@ def evaluate(model: GPT, split: EncodedSplit, device, batch_size: int = 256) -> 
             if t0 is None or t0 >= T:
                 continue
             at_t0 += b[row, t0].item()
+            ref += split.log_consistent[i] or 0.0
             n_at += 1
             after += b[row, t0 + 1:T].sum().item()
             n_after += T - t0 - 1
@@ -132,6 +141,8 @@ def evaluate(model: GPT, split: EncodedSplit, device, batch_size: int = 256) -> 
     out = {"val_nll": tot / max(n, 1)}
     if n_at:
         out |= {"b_at_t0": at_t0 / n_at, "b_after_t0": after / max(n_after, 1)}
+        if any(r is not None for r in split.log_consistent):
+            out["log_consistent_at_t0"] = ref / n_at
     return out
 
 
@@ -143,7 +154,8 @@ def run(cfg: BaseTrainConfig) -> dict:
     train = load_split(cfg.data, "train")
     val = load_split(cfg.data, "val")
     vocab = dataset_vocab(cfg.data, train, cfg.k_max)
-    train_enc, val_enc = EncodedSplit(train, vocab), EncodedSplit(val, vocab)
+    synth_cfg = load_synth_config(cfg.data)
+    train_enc, val_enc = EncodedSplit(train, vocab), EncodedSplit(val, vocab, synth_cfg)
     longest = max(lay.length for lay in train_enc.layouts + val_enc.layouts)
     block_size = 8 * math.ceil((longest + 2 + cfg.max_slots) / 8)
     mcfg = ModelConfig(vocab_size=len(vocab), block_size=block_size, n_layer=cfg.n_layer,
