@@ -100,5 +100,9 @@ def demo(out, preset, seed):
     click.echo(json.dumps(base, indent=1))
 
 
+from store.inspect_cli import inspect_cmd, sql_cmd  # noqa: E402  (click only; duckdb loads inside)
+main.add_command(sql_cmd)
+main.add_command(inspect_cmd)
+
 if __name__ == "__main__":
     main()

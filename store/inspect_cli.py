@@ -1,0 +1,103 @@
+"""`tokweight sql` and `tokweight inspect`: SQL and a report over a baseline store.
+
+DuckDB, pyarrow and matplotlib are imported inside the commands so that `--help` stays fast.
+A bad query or store is a click error carrying DuckDB's (or the store's) message, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+import click
+
+_store_arg = click.argument("store", type=click.Path(exists=True, file_okay=False))
+_fingerprint_opt = click.option("--fingerprint", "fingerprints", multiple=True,
+                                help="Fingerprint to open (repeatable); default: every one in the store.")
+
+
+def _estimator_options(f):
+    for opt in reversed([
+        click.option("--q", type=float, default=0.9, help="Cumulative share for t0_share."),
+        click.option("--tau", type=float, default=0.1, help="Surprisal threshold (nats) for t0_threshold."),
+        click.option("--eps", type=float, default=1e-6, help="Examples with sum b < eps are degenerate."),
+    ]):
+        f = opt(f)
+    return f
+
+
+@click.command("sql")
+@_store_arg
+@click.argument("query", required=False)
+@_fingerprint_opt
+@_estimator_options
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result here (parquet needs it).")
+@click.option("--max-rows", type=int, default=40, help="Rows shown by --format table.")
+def sql_cmd(store, query, fingerprints, q, tau, eps, fmt, out, max_rows):
+    """Run QUERY over STORE's views (examples, tokens, vocab, manifests); no QUERY: show them."""
+    import duckdb
+
+    from store.sql import EstimatorParams, connect, describe
+
+    try:
+        con = connect(store, fingerprints, EstimatorParams(q=q, tau=tau, eps=eps))
+        if query is None:
+            click.echo(describe(con))
+            return
+        rel = con.sql(query)
+        if rel is None:  # a statement without a result (SET, CREATE ...)
+            return
+        _emit(rel, fmt, out, max_rows)
+    except (duckdb.Error, ValueError, KeyError, FileNotFoundError) as e:
+        raise click.ClickException(str(e).strip("'\"")) from None
+
+
+def _emit(rel, fmt: str, out: str | None, max_rows: int) -> None:
+    """Write a DuckDB relation in the chosen format to ``out`` or stdout."""
+    if fmt == "parquet":
+        if out is None:
+            raise click.UsageError("--format parquet needs --out FILE")
+        rel.write_parquet(out)
+    elif fmt == "csv":
+        if out is not None:
+            rel.write_csv(out)
+        else:
+            writer = csv.writer(sys.stdout, lineterminator="\n")
+            writer.writerow(rel.columns)
+            writer.writerows(rel.fetchall())
+    elif fmt == "json":
+        text = json.dumps(rel.to_arrow_table().to_pylist(), default=str, indent=1)
+        if out is not None:
+            with open(out, "w") as f:
+                f.write(text + "\n")
+        else:
+            click.echo(text)
+    elif out is not None:
+        with open(out, "w") as f:
+            f.write(str(rel) + "\n")
+    else:
+        rel.show(max_rows=max_rows, max_width=200)
+
+
+@click.command("inspect")
+@_store_arg
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
+@click.option("--data", type=click.Path(exists=True, file_okay=False), default=None,
+              help="The dataset the store was extracted from: fills in ground truth (strategy, t0) the store lacks.")
+@_fingerprint_opt
+@_estimator_options
+def inspect_cmd(store, out, data, fingerprints, q, tau, eps):
+    """Write OUT/report.md, PNG plots and OUT/summary.json: t0 estimates and weight diagnostics."""
+    import duckdb
+
+    from store.report import InspectConfig, run
+
+    try:
+        cfg = InspectConfig(store=store, out=out, data=data, fingerprints=tuple(fingerprints), q=q, tau=tau, eps=eps)
+        run(cfg)
+    except (duckdb.Error, ValueError, KeyError, FileNotFoundError) as e:
+        raise click.ClickException(str(e).strip("'\"")) from None
+    click.echo(f"report: {out}/report.md")

@@ -1,0 +1,362 @@
+"""`tokweight inspect`: run every estimator of store/sql/ and write a report a researcher reads top to bottom.
+
+OUT/report.md (tables and PNGs), OUT/summary.json (the headline numbers per fingerprint),
+OUT/config.json (the resolved config) and OUT/*.csv (the full profile and confusion
+tables). Every number comes from the SQL in store/sql/, run over the views of store.sql.
+Plots use matplotlib's object API (``Figure``, Agg canvas): no pyplot state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from store.sql import EstimatorParams, connect, read_sql
+
+PROFILE_QUERIES = ("profile_by_position", "profile_by_strategy", "profile_by_T")
+MAX_TABLE_POSITIONS = 16  # wider profiles go to the CSV files only
+
+
+@dataclass(frozen=True)
+class InspectConfig:
+    """What `tokweight inspect` reads and where it writes."""
+
+    store: str
+    """Store root (holding fingerprint=<fp>/ directories)."""
+    out: str
+    """Report directory; created if missing, its report files overwritten."""
+    data: str | None = None
+    """Dataset the store was extracted from: its strategy/t0 fill in what stored rows lack."""
+    fingerprints: tuple[str, ...] = ()
+    """Fingerprints to report side by side; empty: all in the store."""
+    q: float = 0.9
+    """Cumulative share for t0_share."""
+    tau: float = 0.1
+    """Threshold in nats for t0_threshold."""
+    eps: float = 1e-6
+    """Degenerate-example threshold on sum b."""
+
+    def __post_init__(self):
+        EstimatorParams(self.q, self.tau, self.eps)  # validates
+        if not self.store:
+            raise ValueError("store must be a path")
+
+    @property
+    def params(self) -> EstimatorParams:
+        return EstimatorParams(self.q, self.tau, self.eps)
+
+
+def ground_truth_from_data(store: str | Path, fingerprints: list[str], data: str | Path) -> pa.Table:
+    """(fingerprint, shard, key, strategy, t0) of every sample in ``data`` whose shard the store holds.
+
+    A data shard is matched to a manifest input by size and sha256 (so a moved dataset
+    still matches), and ``shard`` is that input's name, as in the stored rows.
+    """
+    from pipeline.shards import iter_samples, resolve_shards
+    from store.baseline_store import BaselineStore
+
+    base = BaselineStore(store)
+    _, paths = resolve_shards(data)
+    columns = {"fingerprint": [], "shard": [], "key": [], "strategy": [], "t0": []}
+    for fp in fingerprints or base.fingerprints():
+        view = base.open(fp)
+        for path in paths:
+            try:
+                name = view.input_for_shard(path)["name"]
+            except KeyError:
+                continue  # not extracted into this fingerprint
+            for _, sample in iter_samples([path]):
+                for col, value in zip(columns, (fp, name, sample.key, sample.strategy, sample.t0)):
+                    columns[col].append(value)
+    return pa.table({k: pa.array(v, pa.int32() if k == "t0" else pa.string()) for k, v in columns.items()})
+
+
+def run(cfg: InspectConfig) -> dict:
+    """Write the report files and return the summary."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    truth = ground_truth_from_data(cfg.store, list(cfg.fingerprints), cfg.data) if cfg.data else None
+    con = connect(cfg.store, cfg.fingerprints, cfg.params, ground_truth=truth)
+    summary_rows = _records(con.sql(read_sql("summary")))
+    manifests = _records(con.sql("SELECT * EXCLUDE (manifest) FROM manifests ORDER BY fingerprint"))
+    tables = {name: con.sql(read_sql(name)) for name in (*PROFILE_QUERIES, "t0_confusion")}
+    for name, rel in tables.items():
+        rel.write_csv(str(out / f"{name}.csv"))
+    profiles = {name: _records(tables[name]) for name in PROFILE_QUERIES}
+    confusion = _records(tables["t0_confusion"])
+    per_example = con.sql("SELECT fingerprint, T, t0, t0_share, amplification, amplification_true, "
+                          "share_entropy, effective_tokens, max_share FROM examples").fetchnumpy()
+
+    plots = {
+        "profile.png": plot_profile(profiles["profile_by_position"], profiles["profile_by_strategy"]),
+        "t0_confusion.png": plot_t0(per_example),
+        "amplification.png": plot_amplification(per_example),
+        "concentration.png": plot_concentration(per_example),
+    }
+    for name, fig in plots.items():
+        if fig is not None:
+            fig.savefig(out / name, dpi=110)
+    summary = {"store": str(Path(cfg.store).resolve()), "params": asdict(cfg.params),
+               "fingerprints": [{**m_row, **s_row} for m_row, s_row in _pair(manifests, summary_rows)]}
+    _write_json(out / "summary.json", summary)
+    _write_json(out / "config.json", asdict(cfg))
+    (out / "report.md").write_text(render_report(cfg, summary, profiles, confusion,
+                                                 [n for n, f in plots.items() if f is not None]))
+    return summary
+
+
+def _records(rel) -> list[dict]:
+    return [{k: _plain(v) for k, v in row.items()} for row in rel.to_arrow_table().to_pylist()]
+
+
+def _plain(v):
+    """JSON-safe: NaN/inf become None (JSON has neither)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _pair(manifests: list[dict], summaries: list[dict]):
+    by_fp = {s["fingerprint"]: s for s in summaries}
+    for m in manifests:
+        yield ({"fingerprint": m["fingerprint"], "format": m["format"], "complete": m["complete"],
+                "skipped": json.loads(m["skipped"])}, by_fp.get(m["fingerprint"], {}))
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n")
+
+
+# ---------------------------------------------------------------- plots (each returns a Figure or None)
+
+
+def _figure(ncols: int, width: float = 5.0, height: float = 3.6):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    return fig, fig.subplots(1, ncols, squeeze=False)[0]
+
+
+def _by_fp(records: list[dict]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(r["fingerprint"], []).append(r)
+    return groups
+
+
+def plot_profile(by_position: list[dict], by_strategy: list[dict]):
+    """Mean b by position with its 10-90% band, per fingerprint; mean b by position per strategy."""
+    if not by_position:
+        return None
+    fig, (ax, ax_s) = _figure(2)
+    for fp, rows in _by_fp(by_position).items():
+        pos = [r["pos"] for r in rows]
+        line, = ax.plot(pos, [r["mean_b"] for r in rows], marker=".", label=f"{fp[:8]} mean")
+        ax.fill_between(pos, [r["q10_b"] for r in rows], [r["q90_b"] for r in rows], alpha=0.2, color=line.get_color())
+    ax.set(xlabel="position in S (0-based)", ylabel="b (nats)", title="surprisal by position (band: 10-90%)")
+    ax.legend(fontsize=7)
+    for (fp, strategy), rows in _group(by_strategy, ("fingerprint", "strategy")).items():
+        ax_s.plot([r["pos"] for r in rows], [r["mean_b"] for r in rows], marker=".", label=f"{fp[:8]} {strategy}")
+    ax_s.set(xlabel="position in S (0-based)", ylabel="mean b (nats)", title="by strategy")
+    ax_s.legend(fontsize=7)
+    return fig
+
+
+def _group(records: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return groups
+
+
+def _fp_masks(ex: dict) -> dict[str, np.ndarray]:
+    fps = np.asarray(ex["fingerprint"]).astype(str)
+    return {fp: fps == fp for fp in sorted(set(fps))}
+
+
+def _valid(*arrays) -> np.ndarray:
+    """Rows where every (masked) array has a value."""
+    keep = np.ones(len(arrays[0]), bool)
+    for a in arrays:
+        keep &= ~np.ma.getmaskarray(a)
+    return keep
+
+
+def plot_t0(ex: dict):
+    """Confusion counts of t0_share against the ground-truth t0, one panel per fingerprint."""
+    masks = {fp: m & _valid(ex["t0"], ex["t0_share"]) for fp, m in _fp_masks(ex).items()}
+    masks = {fp: m for fp, m in masks.items() if m.any()}
+    if not masks:
+        return None
+    from matplotlib.colors import LogNorm
+
+    fig, axes = _figure(len(masks), width=4.5, height=4.0)
+    for ax, (fp, m) in zip(axes, masks.items()):
+        truth, est = np.asarray(ex["t0"])[m].astype(int), np.asarray(ex["t0_share"])[m].astype(int)
+        size = int(max(truth.max(), est.max())) + 1
+        counts = np.zeros((size, size), int)
+        np.add.at(counts, (est, truth), 1)
+        image = ax.imshow(np.ma.masked_equal(counts, 0), origin="lower", cmap="viridis", norm=LogNorm())
+        ax.plot([0, size - 1], [0, size - 1], color="white", lw=0.8, ls="--")
+        ax.set(xlabel="ground-truth t0", ylabel="t0_share estimate",
+               title=f"{fp[:8]}: exact {np.mean(truth == est):.1%}")
+        fig.colorbar(image, ax=ax, label="examples")
+    return fig
+
+
+def plot_amplification(ex: dict):
+    """Histograms of T/(t0+1): estimated (t0_share) and ground truth, per fingerprint."""
+    fig, (ax,) = _figure(1, width=6.0)
+    drawn = False
+    for fp, m in _fp_masks(ex).items():
+        for column, label, style in (("amplification", "t0_share", "step"), ("amplification_true", "true t0", "bar")):
+            values = np.asarray(ex[column])[m & _valid(ex[column])]
+            if values.size:
+                ax.hist(values, bins=40, histtype=style, alpha=0.5 if style == "bar" else 1.0,
+                        label=f"{fp[:8]} {label}")
+                drawn = True
+    if not drawn:
+        return None
+    ax.set(xlabel="predicted amplification T / (t0 + 1)", ylabel="examples", title="dilution of the latent's signal")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_concentration(ex: dict):
+    """Histograms of effective tokens / T, entropy of pi and max share (non-degenerate examples)."""
+    panels = (("effective_tokens", "effective tokens / T", True), ("share_entropy", "entropy of pi (nats)", False),
+              ("max_share", "max share max_t pi_t", False))
+    fig, axes = _figure(3, width=4.0)
+    drawn = False
+    for fp, m in _fp_masks(ex).items():
+        keep = m & _valid(ex["effective_tokens"])
+        if not keep.any():
+            continue
+        drawn = True
+        for ax, (column, label, per_T) in zip(axes, panels):
+            values = np.asarray(ex[column])[keep] / (np.asarray(ex["T"])[keep] if per_T else 1)
+            ax.hist(values, bins=40, histtype="step", label=fp[:8])
+            ax.set(xlabel=label, ylabel="examples")
+    if not drawn:
+        return None
+    axes[0].legend(fontsize=7)
+    fig.suptitle("weight concentration over pi_t = b_t / sum b")
+    return fig
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _table(rows: list[dict], columns: list[str], headers: list[str] | None = None) -> str:
+    lines = ["| " + " | ".join(headers or columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _pct(v) -> str:
+    return "–" if v is None else f"{v:.1%}"
+
+
+def render_report(cfg: InspectConfig, summary: dict, profiles: dict, confusion: list[dict], plots: list[str]) -> str:
+    fps = summary["fingerprints"]
+    p = cfg.params
+    sections = [
+        f"# Baseline-store inspection: `{summary['store']}`",
+        "Per-token surprisal `b_t = -log p(y_t | x, y_<t)` (nats) of the frozen base model, over the supervised "
+        "set S (positions 0..T-1). This report runs the estimators of `store/sql/*.sql`; every number can be "
+        f"recomputed with `tokweight sql {cfg.store} \"...\"` over the views `examples` and `tokens`.",
+        "## Definitions",
+        f"- **t0_share** (q = {p.q}): the first position t with `cumsum_b[t] >= q * sum b`, read from the stored "
+        "running sum.\n"
+        f"- **t0_threshold** (tau = {p.tau} nats): the last position with `b_t > tau`; none if no position exceeds tau.\n"
+        "- **dilution** `(t0 + 1) / T` and **predicted amplification** `T / (t0 + 1)`: positions 0..t0 carry the "
+        "strategy, i.e. t0 + 1 tokens. The ground-truth t0 is the first position at which the prefix of S fits "
+        "one strategy only.\n"
+        "- **Weight concentration** over `pi_t = b_t / sum b`: entropy `-sum pi ln pi` (nats; ln T when uniform), "
+        "effective number of tokens `1 / sum pi^2` (T when uniform, 1 when one token carries all), max share.\n"
+        f"- **Degenerate** examples have `sum b < eps` (eps = {p.eps:g}): pi is undefined, so they are counted and "
+        "left out of t0_share and of the concentration statistics.\n"
+        "- t0 accuracy against the ground truth: exact-match rate, mean absolute error (positions) and the rate "
+        "within one position, over examples that have both values.",
+        "## Stores",
+        _table(fps, ["fingerprint", "format", "complete", "examples", "tokens", "mean_b", "mean_example_mean_b",
+                     "mean_T", "degenerate"],
+               ["fingerprint", "format", "complete", "examples", "tokens", "mean b (nats)", "mean of example means",
+                "mean T", "degenerate"]),
+    ]
+    if any(not f["complete"] for f in fps):
+        sections.append("**Incomplete store**: extraction has not finished; the numbers cover the parts written so far.")
+    sections += ["## Surprisal profile by position", _plot_md("profile.png", plots),
+                 _profile_table(profiles["profile_by_position"]),
+                 "Full tables: `profile_by_position.csv`, `profile_by_strategy.csv`, `profile_by_T.csv`.",
+                 "### Mean b by position, per strategy",
+                 _wide_profile(profiles["profile_by_strategy"], "strategy"),
+                 "### Mean b by position, per length T",
+                 _wide_profile(profiles["profile_by_T"], "T")]
+    sections += ["## t0 estimates against the ground truth", _t0_table(fps), _plot_md("t0_confusion.png", plots)]
+    if not any(f.get("with_true_t0") for f in fps):
+        sections.append("No example carries a ground-truth t0 (pass `--data` if the dataset has it).")
+    sections += ["Full confusion counts: `t0_confusion.csv`." if confusion else "",
+                 "## Dilution and predicted amplification",
+                 _table(fps, ["fingerprint", "mean_dilution", "mean_amplification", "median_amplification",
+                              "mean_amplification_true", "median_amplification_true"],
+                        ["fingerprint", "mean (t0_share+1)/T", "mean T/(t0_share+1)", "median T/(t0_share+1)",
+                         "mean T/(t0+1), true", "median T/(t0+1), true"]),
+                 _plot_md("amplification.png", plots),
+                 "## Weight concentration",
+                 _table(fps, ["fingerprint", "mean_share_entropy", "mean_effective_tokens", "mean_effective_fraction",
+                              "mean_max_share", "degenerate"],
+                        ["fingerprint", "entropy of pi (nats)", "effective tokens", "effective tokens / T",
+                         "max share", "degenerate (excluded)"]),
+                 _plot_md("concentration.png", plots),
+                 "## Files", "`summary.json` (headline numbers), `config.json` (this run's settings), the CSV tables "
+                 "and PNG plots above."]
+    return "\n\n".join(s for s in sections if s) + "\n"
+
+
+def _plot_md(name: str, plots: list[str]) -> str:
+    return f"![{name}]({name})" if name in plots else ""
+
+
+def _t0_table(fps: list[dict]) -> str:
+    rows = []
+    for f in fps:
+        for est in ("t0_share", "t0_threshold"):
+            rows.append({"fingerprint": f["fingerprint"], "estimator": est, "compared": f.get(f"{est}_compared"),
+                         "exact": _pct(f.get(f"{est}_exact")), "mae": f.get(f"{est}_mae"),
+                         "within_1": _pct(f.get(f"{est}_within_1")),
+                         "no_estimate": f.get("degenerate") if est == "t0_share" else f.get("t0_threshold_none")})
+    return _table(rows, ["fingerprint", "estimator", "compared", "exact", "mae", "within_1", "no_estimate"],
+                  ["fingerprint", "estimator", "examples compared", "exact match", "MAE (positions)",
+                   "within 1", "no estimate"])
+
+
+def _profile_table(rows: list[dict]) -> str:
+    rows = [r for r in rows if r["pos"] < MAX_TABLE_POSITIONS]
+    return _table(rows, ["fingerprint", "pos", "n", "mean_b", "q10_b", "median_b", "q90_b", "mean_pi"],
+                  ["fingerprint", "pos", "n", "mean b", "10%", "median", "90%", "mean pi"])
+
+
+def _wide_profile(rows: list[dict], key: str) -> str:
+    """One row per (fingerprint, key), mean b at positions 0..MAX_TABLE_POSITIONS-1 as columns."""
+    if not rows:
+        return ""
+    width = min(MAX_TABLE_POSITIONS, max(r["pos"] for r in rows) + 1)
+    wide = []
+    for (fp, value), group in _group(rows, ("fingerprint", key)).items():
+        means = {r["pos"]: r["mean_b"] for r in group}
+        wide.append({"fingerprint": fp[:8], key: value, **{str(t): means.get(t) for t in range(width)}})
+    return _table(wide, ["fingerprint", key, *map(str, range(width))])

@@ -1,0 +1,182 @@
+"""SQL over a baseline store: an in-process DuckDB connection with documented views.
+
+Views (``describe(con)`` prints their columns):
+
+- ``store_rows``: one row per stored example, the columns of ``store.schema.PART_SCHEMA``
+  plus ``fingerprint`` (text), read from the parts that the manifests list and nothing else;
+- ``examples``: every stored column plus the per-example estimators (``store/sql/*.sql``);
+- ``tokens``: one row per supervised token (position in S, b, token id and symbol, ...);
+- ``vocab``: (fingerprint, id, token);
+- ``manifests``: one row per fingerprint with the manifest's counts and the full JSON.
+
+Several fingerprints (checkpoints) of one store sit side by side, told apart by the
+``fingerprint`` column. Parquet parts are read by DuckDB from an explicit file list, so a
+stray or half-written file beside them is never seen; other formats (Zarr) are read by
+``StoreView.read_part`` into Arrow tables that DuckDB scans in place.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from store.baseline_store import BaselineStore, StoreView
+from store.schema import PART_SCHEMA
+
+EXAMPLE_QUERIES = (
+    "SELECT fingerprint, count(*) AS examples, avg((t0_share = t0)::INT) AS t0_exact, avg(amplification) AS amp\n"
+    "FROM examples GROUP BY fingerprint",
+    "SELECT pos, avg(b) AS mean_b, quantile_cont(b, 0.9) AS q90_b FROM tokens GROUP BY pos ORDER BY pos",
+    "SELECT strategy, avg(effective_tokens / T) AS eff_frac, count(*) FILTER (degenerate) AS degenerate\n"
+    "FROM examples GROUP BY strategy ORDER BY strategy",
+)
+VIEWS = ("examples", "tokens", "vocab", "manifests", "store_rows")
+_ROWS_SCHEMA = pa.schema([pa.field("fingerprint", pa.string(), nullable=False), *PART_SCHEMA])
+
+
+@dataclass(frozen=True)
+class EstimatorParams:
+    """The estimators' parameters; they become the connection variables q, tau, eps."""
+
+    q: float = 0.9
+    """Cumulative share that t0_share waits for: the first t with cumsum_b[t] >= q * sum b."""
+    tau: float = 0.1
+    """Surprisal threshold in nats: t0_threshold is the last t with b[t] > tau."""
+    eps: float = 1e-6
+    """An example with sum b < eps is degenerate: its shares pi_t are undefined."""
+
+    def __post_init__(self):
+        if not 0.0 < self.q <= 1.0:
+            raise ValueError(f"q must be in (0, 1], got {self.q}")
+        if not (math.isfinite(self.tau) and self.tau >= 0.0):
+            raise ValueError(f"tau must be a finite number of nats >= 0, got {self.tau}")
+        if not (math.isfinite(self.eps) and self.eps > 0.0):
+            raise ValueError(f"eps must be finite and > 0, got {self.eps}")
+
+
+def read_sql(name: str) -> str:
+    """The text of ``store/sql/<name>.sql`` (package data)."""
+    return (resources.files("store") / "sql" / f"{name}.sql").read_text()
+
+
+def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None = None,
+            params: EstimatorParams = EstimatorParams(), ground_truth: pa.Table | None = None,
+            ) -> duckdb.DuckDBPyConnection:
+    """A new in-memory DuckDB connection with the views over ``fingerprints`` (all if None).
+
+    ground_truth: optional (fingerprint, shard, key, strategy, t0) rows that fill in the
+    passed-through `strategy` and `t0` where a stored row has none (see store.report).
+    """
+    base = BaselineStore(store)
+    fingerprints = list(fingerprints) if fingerprints else base.fingerprints()
+    if not fingerprints:
+        raise ValueError(f"store {store} holds no fingerprint with a manifest")
+    views = [base.open(fp) for fp in fingerprints]  # checks each manifest's schema version
+    con = duckdb.connect()
+    for name, value in (("q", params.q), ("tau", params.tau), ("eps", params.eps)):
+        con.execute(f"SET VARIABLE {name} = {float(value)!r}::DOUBLE")
+    sources = [_rows_source(con, view, i) for i, view in enumerate(views)]
+    rows = "\nUNION ALL BY NAME\n".join(sources)
+    if ground_truth is not None:
+        con.register("ground_truth", ground_truth)
+        rows = (f"SELECT r.* REPLACE (coalesce(r.strategy, g.strategy) AS strategy, "
+                f"coalesce(r.t0, g.t0::INTEGER) AS t0)\nFROM ({rows}) AS r\nLEFT JOIN ground_truth AS g "
+                "ON g.fingerprint = r.fingerprint AND g.shard = r.shard AND g.key = r.key")
+    con.execute(f"CREATE VIEW store_rows AS {rows}")
+    con.register("vocab", _vocab_table(views))
+    con.register("manifests", _manifest_table(views))
+    con.execute(read_sql("estimators"))
+    con.execute(read_sql("views"))
+    return con
+
+
+def _rows_source(con: duckdb.DuckDBPyConnection, view: StoreView, i: int) -> str:
+    """A SELECT over one fingerprint's manifest-listed parts, with the fingerprint as text."""
+    fp = _sql_string(view.fingerprint)
+    parts = view.parts()
+    if view.manifest.get("format") == "parquet" and parts:
+        files = [str(_checked_part_path(view, part)) for part in parts]
+        file_list = ", ".join(_sql_string(f) for f in files)
+        return f"SELECT {fp}::VARCHAR AS fingerprint, * FROM read_parquet([{file_list}], hive_partitioning = false)"
+    # Zarr (or no part yet): materialise through the store's reader, which verifies checksums.
+    tables = [view.read_part(part["name"]).select(PART_SCHEMA.names) for part in parts]
+    rows = pa.concat_tables(tables) if tables else PART_SCHEMA.empty_table()
+    rows = rows.add_column(0, "fingerprint", pa.array([view.fingerprint] * rows.num_rows, pa.string()))
+    name = f"rows_{i}"
+    con.register(name, rows.cast(_ROWS_SCHEMA))
+    return f"SELECT * FROM {name}"
+
+
+def _checked_part_path(view: StoreView, part: dict) -> Path:
+    """The part's file, refused if missing or not the size the manifest recorded.
+
+    A cheap guard against a torn or replaced file; the full sha256 check is
+    ``tokweight store verify``.
+    """
+    path = view.part_path(part["name"])
+    if not path.is_file():
+        raise ValueError(f"store {view.root}: part {part['name']} of fingerprint {view.fingerprint} is listed "
+                         f"in the manifest but missing at {path}")
+    if "bytes" in part and path.stat().st_size != part["bytes"]:
+        raise ValueError(f"store {view.root}: part {path} has {path.stat().st_size} bytes, the manifest says "
+                         f"{part['bytes']}; run `tokweight store verify`")
+    return path
+
+
+def _sql_string(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _vocab_table(views: list[StoreView]) -> pa.Table:
+    fps, ids, tokens = [], [], []
+    for view in views:
+        toks = view.vocab_tokens()
+        fps += [view.fingerprint] * len(toks)
+        ids += range(len(toks))
+        tokens += toks
+    return pa.table({"fingerprint": pa.array(fps, pa.string()), "id": pa.array(ids, pa.int32()),
+                     "token": pa.array(tokens, pa.string())})
+
+
+def _manifest_table(views: list[StoreView]) -> pa.Table:
+    records = []
+    for view in views:
+        m, stats = view.manifest, view.manifest.get("stats", {})
+        records.append({
+            "fingerprint": view.fingerprint, "format": m.get("format"), "complete": bool(m.get("complete")),
+            "tool_version": m.get("tool_version"), "schema_version": m.get("schema_version"),
+            "template_version": m.get("template_version"), "checkpoint_path": m.get("checkpoint", {}).get("path"),
+            "data_root": m.get("data_root"), "inputs": len(m.get("inputs", [])), "parts": len(m.get("parts", [])),
+            "rows": stats.get("rows"), "tokens": stats.get("tokens"), "b_sum": stats.get("b_sum"),
+            "mean_example_mean_b": stats.get("mean_example_mean_b"),
+            "skipped": json.dumps(m.get("skipped", {}), sort_keys=True), "manifest": json.dumps(m, sort_keys=True),
+        })
+    schema = pa.schema([("fingerprint", pa.string()), ("format", pa.string()), ("complete", pa.bool_()),
+                        ("tool_version", pa.string()), ("schema_version", pa.int64()),
+                        ("template_version", pa.string()), ("checkpoint_path", pa.string()),
+                        ("data_root", pa.string()), ("inputs", pa.int64()), ("parts", pa.int64()),
+                        ("rows", pa.int64()), ("tokens", pa.int64()), ("b_sum", pa.float64()),
+                        ("mean_example_mean_b", pa.float64()), ("skipped", pa.string()), ("manifest", pa.string())])
+    return pa.Table.from_pylist(records, schema=schema)
+
+
+def describe(con: duckdb.DuckDBPyConnection) -> str:
+    """The documented views' columns and types, then the example queries."""
+    lines = []
+    for view in VIEWS:
+        lines.append(f"{view}:")
+        for name, dtype, *_ in con.execute(f"DESCRIBE {view}").fetchall():
+            lines.append(f"  {name:<22} {dtype}")
+    variables = con.execute("SELECT getvariable('q'), getvariable('tau'), getvariable('eps')").fetchall()[0]
+    lines.append("variables: q={}, tau={}, eps={}  (SET VARIABLE q = 0.8; to change one)".format(*variables))
+    lines.append("estimator macros (store/sql/estimators.sql): is_degenerate, t0_share, t0_threshold, dilution, "
+                 "amplification, share_entropy, effective_tokens, max_share")
+    lines.append("example queries:")
+    lines += [f"  {q.replace(chr(10), chr(10) + '  ')};" for q in EXAMPLE_QUERIES]
+    return "\n".join(lines)

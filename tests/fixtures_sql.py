@@ -1,0 +1,90 @@
+"""Stores for the SQL and inspect tests, written with the store's own part and manifest writers.
+
+``example_rows`` draws examples whose surprisals come from a small set of values (so
+ties, all-zero rows and T = 1 happen); ``write_store`` writes them as one fingerprint
+directory, one part per input shard, with a committed manifest.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from store.manifest import fingerprint_dir, part_name, stats, tool_version, write_json_atomic
+from store.parts import PART_FORMATS, write_part
+from store.schema import PART_SCHEMA, SCHEMA_VERSION
+
+VOCAB = ["<pad>", "<bos>", "<eos>", "a", "b", "c", "d", "</y>"]
+TIE_VALUES = np.array([0.0, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0], dtype=np.float32)
+
+
+def make_row(key: str, shard: str, b, *, strategy=None, t0=None, rng=None) -> dict:
+    """One PART_SCHEMA row; the running sum is accumulated in float64 and stored float32."""
+    b = np.asarray(b, dtype=np.float32)
+    rng = rng or np.random.default_rng(0)
+    return {"key": key, "shard": shard, "T": len(b), "b": b,
+            "target_id": rng.integers(0, len(VOCAB), len(b)).astype(np.int32),
+            "entropy": rng.random(len(b)).astype(np.float32), "top1": rng.random(len(b)) < 0.5,
+            "cumsum_b": np.cumsum(b, dtype=np.float64).astype(np.float32),
+            "b_sum": float(np.sum(b, dtype=np.float64)), "strategy": strategy, "t0": t0}
+
+
+def example_rows(seed: int, n: int, *, max_T: int = 8, shards: int = 2, values=TIE_VALUES) -> list[dict]:
+    """Random rows; b drawn from ``values`` (ties, zeros), every tenth row all zero, T from 1."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        T = int(rng.integers(1, max_T + 1))
+        b = np.zeros(T, np.float32) if i % 10 == 9 else rng.choice(values, T)
+        t0 = int(rng.integers(0, T)) if i % 7 else None
+        rows.append(make_row(f"k{i:05d}", f"train/shard-{i % shards:06d}.tar", b,
+                             strategy=["copy", "sort", None][i % 3], t0=t0, rng=rng))
+    return rows
+
+
+def rows_table(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=PART_SCHEMA)
+
+
+def write_store(store: Path, fp: str, rows: list[dict], *, fmt: str = "parquet", complete: bool = True) -> Path:
+    """One fingerprint directory: a part per distinct shard of ``rows`` and the manifest."""
+    directory = fingerprint_dir(store, fp)
+    directory.mkdir(parents=True, exist_ok=True)
+    shards = sorted({r["shard"] for r in rows})
+    parts, inputs = [], []
+    for i, shard in enumerate(shards):
+        mine = [r for r in rows if r["shard"] == shard]
+        name = part_name(i, PART_FORMATS[fmt].suffix)
+        written = write_part(rows_table(mine), directory / name, fmt)
+        parts.append({"name": name, "input": shard, **written, "rows": len(mine),
+                      "tokens": sum(r["T"] for r in mine), "b_sum": math.fsum(r["b_sum"] for r in mine),
+                      "sum_example_mean_b": math.fsum(r["b_sum"] / r["T"] for r in mine), "skipped": {}})
+        inputs.append({"name": shard, "size": 0, "sha256": "0" * 64, "samples": len(mine), "part": name})
+    manifest = {"tool": "tokweight", "tool_version": tool_version(), "schema_version": SCHEMA_VERSION,
+                "fingerprint": fp, "format": fmt, "dtype": "float32", "units": "nats", "template_version": "test",
+                "checkpoint": {"path": "none", "fingerprint": fp, "model_config": {}},
+                "vocab": {"tokens": VOCAB}, "data_root": str(store), "inputs": inputs, "parts": parts,
+                "skipped": {}, "stats": stats(parts), "complete": complete}
+    write_json_atomic(directory / "manifest.json", manifest)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory):
+    """synth -> train-base (30 steps) -> extract on the `tiny` preset, built once per session."""
+    from dataclasses import replace
+
+    from pipeline.extract import ExtractConfig, run as extract_run
+    from pipeline.synth import PRESETS, write_dataset
+    from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_run
+
+    root = tmp_path_factory.mktemp("tiny_pipeline")
+    data, ckpt, store = root / "data", root / "base", root / "store"
+    write_dataset(replace(PRESETS["tiny"], seed=0), data)
+    train_run(BaseTrainConfig(data=str(data), out=str(ckpt), **{**BASE_PRESETS["tiny"], "steps": 30}))
+    extract_run(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store)))
+    return {"data": data, "checkpoint": ckpt, "store": store}
