@@ -1,0 +1,463 @@
+"""Stage one: per-token baselines b_t of a frozen checkpoint, once, into a fingerprinted store.
+
+Per input shard, a stream of generator stages:
+
+    read_samples   tar -> Sample, in shard order (bad samples raise or are counted)
+    encode         Sample -> Encoded: z-free ids, layout, position in the shard
+    bucket         Encoded -> batches of similar length (pipeline.bucketing)
+    score          batch -> (Encoded, Scores): b, entropy, top-1 over S, float32
+    part_table     scores back in shard order -> one PART_SCHEMA table -> one part
+
+and around it the store protocol (SPEC §4, notes/store_contract.md): rank 0 takes the
+store lock and plans (which parts are already on disk with a matching sha256, which are
+to be written, under which names); each rank writes its shards' parts (temp name, fsync,
+rename) and a journal record per part; rank 0 commits the manifest last. An exception
+commits nothing; re-running resumes from the journal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+from tqdm import tqdm
+
+from pipeline.bucketing import bucket
+from pipeline.errors import SampleError
+from pipeline.ranks import Ranks
+from pipeline.samples import Sample
+from pipeline.shards import count_samples, iter_shard, resolve_shards, shard_name
+from pipeline.templates import TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, token_surprisal, zfree_ids
+from pipeline.vocab import Vocab
+from store.lock import StoreLock
+from store.manifest import (TOOL, fingerprint_dir, part_index, part_name, read_manifest, read_records,
+                            record_path, skipped_totals, stats, tool_version, write_json_atomic)
+from store.parts import TMP_SUFFIX, part_format, remove_path, sha256_path, write_part
+from store.schema import PART_SCHEMA, SCHEMA_VERSION
+from training.checkpoint import Checkpoint, load_checkpoint
+from training.model import GPT
+
+POLICIES = ("error", "skip")
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    checkpoint: str
+    """Checkpoint directory of the frozen z-free (entangled) base model."""
+    data: str
+    """Dataset directory (every *.tar below it) or a glob of shards."""
+    store: str
+    """Store root; parts go to STORE/fingerprint=<checkpoint fingerprint>/."""
+    format: str = "parquet"
+    """Part format: "parquet" (one row per example, list columns) or "zarr" (flat values + offsets)."""
+    batch_tokens: int = 16384
+    """Computed tokens per forward batch (batch size x padded length), a memory/speed knob only."""
+    device: str = "cpu"
+    """Torch device; under torchrun with "cuda" each rank uses cuda:LOCAL_RANK."""
+    on_bad_sample: str = "error"
+    """"error": stop at the first bad sample or truncated shard, naming shard and key;
+    "skip": leave it out and count it per reason in the part entry and the manifest."""
+    lock_wait_s: float = 0.0
+    """Seconds to wait for another extract holding this store's lock; 0 fails at once."""
+    progress: bool = True
+    """Show a tqdm bar with tokens/s (S tokens)."""
+
+    def __post_init__(self):
+        part_format(self.format)  # raises on an unknown format
+        if self.batch_tokens < 1:
+            raise ValueError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
+        if self.on_bad_sample not in POLICIES:
+            raise ValueError(f"on_bad_sample must be one of {POLICIES}, got {self.on_bad_sample!r}")
+        if self.lock_wait_s < 0:
+            raise ValueError(f"lock_wait_s must be >= 0, got {self.lock_wait_s}")
+
+
+# ---------------------------------------------------------------- stages
+
+
+@dataclass(frozen=True)
+class Encoded:
+    index: int  # position among the shard's kept samples: the row order of the part
+    sample: Sample
+    ids: list[int]  # z-free template ids
+    layout: Layout
+
+    @property
+    def scored_length(self) -> int:
+        """Tokens the model must see: up to the last position whose logits predict S (not </y> <eos>)."""
+        return self.layout.s_logit_positions()[-1] + 1
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One example's per-token outputs over S, each (T,)."""
+
+    b: np.ndarray  # float32 nats, -log p(y_t | x, y_<t)
+    entropy: np.ndarray  # float32 nats, entropy of the next-token distribution
+    top1: np.ndarray  # bool, the target is the argmax
+    target_id: np.ndarray  # int32, echoed S token ids
+
+
+ErrorHandler = Callable[[SampleError], None] | None
+
+
+def read_samples(path: Path, on_error: ErrorHandler) -> Iterator[Sample]:
+    """Stage: one shard's valid samples in file order (shards.iter_shard does the checks)."""
+    for _, sample in iter_shard(path, on_error=on_error):
+        yield sample
+
+
+def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str,
+           on_error: ErrorHandler) -> Iterator[Encoded]:
+    """Stage: samples -> z-free ids; unknown symbols and too-long sequences are bad samples."""
+    index = 0
+    for sample in samples:
+        try:
+            ids = zfree_ids(vocab, sample.x, sample.y, key=sample.key)
+            check_length(len(ids), block_size, key=sample.key)
+        except SampleError as error:
+            error = error.located(shard=shard)
+            if on_error is None:
+                raise error from None
+            on_error(error)
+            continue
+        yield Encoded(index, sample, ids, Layout(len(sample.x), len(sample.y)))
+        index += 1
+
+
+@torch.inference_mode()
+def score_batch(model: GPT, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(b, entropy, top1), each (B, T_max) over S; 0 / False where masked.
+
+    Logits go to float32 before the log-softmax whatever the model's dtype. The input is
+    cut after the last position that predicts S: the tail (</y> <eos>) changes nothing.
+    """
+    length = int(batch.logit_pos.max()) + 1
+    logits, _ = model(batch.input_ids[:, :length])
+    logits_s = gather_s(logits, batch.logit_pos).float()  # (B, T_max, V)
+    b = token_surprisal(logits_s, batch.targets, batch.mask)  # (B, T_max) nats
+    log_p = logits_s.log_softmax(dim=-1)
+    entropy = -(log_p.exp() * log_p).sum(dim=-1).masked_fill(~batch.mask, 0.0)  # (B, T_max) nats
+    top1 = (logits_s.argmax(dim=-1) == batch.targets) & batch.mask
+    return b, entropy, top1
+
+
+def score(batches: Iterable[list[Encoded]], model: GPT, device: torch.device, shard: str,
+          on_tokens: Callable[[int], None]) -> Iterator[tuple[Encoded, Scores]]:
+    """Stage: batches -> (Encoded, Scores) per example, in batch order. Never yields NaN or inf."""
+    for items in batches:
+        batch = collate([e.ids for e in items], [e.layout for e in items])
+        b, entropy, top1 = (t.cpu().numpy() for t in score_batch(model, batch.to(device)))
+        targets = batch.targets.numpy().astype(np.int32)
+        for row, item in enumerate(items):
+            T = item.layout.T
+            scores = Scores(b[row, :T], entropy[row, :T], top1[row, :T], targets[row, :T])
+            if not (np.isfinite(scores.b).all() and np.isfinite(scores.entropy).all()):
+                raise FloatingPointError(f"non-finite surprisal or entropy for key {item.sample.key!r} in "
+                                         f"shard {shard!r}: the checkpoint is broken; nothing was written")
+            yield item, scores
+        on_tokens(sum(e.layout.T for e in items))
+
+
+def _flat_list(values: list[np.ndarray], offsets: pa.Array, value_type: pa.DataType) -> pa.Array:
+    flat = np.concatenate(values) if values else np.zeros(0)
+    return pa.ListArray.from_arrays(offsets, pa.array(flat, type=value_type))
+
+
+def part_table(shard: str, rows: list[tuple[Encoded, Scores]]) -> pa.Table:
+    """Rows (any order) -> one PART_SCHEMA table in shard order."""
+    rows = sorted(rows, key=lambda r: r[0].index)
+    T = np.array([e.layout.T for e, _ in rows], dtype=np.int32)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(T)]).astype(np.int32))
+    b64 = [s.b.astype(np.float64) for _, s in rows]  # sums accumulate in float64
+    columns = {
+        "key": pa.array([e.sample.key for e, _ in rows], type=pa.string()),
+        "shard": pa.array([shard] * len(rows), type=pa.string()),
+        "T": pa.array(T),
+        "b": _flat_list([s.b for _, s in rows], offsets, pa.float32()),
+        "target_id": _flat_list([s.target_id for _, s in rows], offsets, pa.int32()),
+        "entropy": _flat_list([s.entropy for _, s in rows], offsets, pa.float32()),
+        "top1": _flat_list([s.top1 for _, s in rows], offsets, pa.bool_()),
+        "cumsum_b": _flat_list([np.cumsum(b).astype(np.float32) for b in b64], offsets, pa.float32()),
+        "b_sum": pa.array([b.sum() for b in b64], type=pa.float64()),
+        "strategy": pa.array([e.sample.strategy for e, _ in rows], type=pa.string()),
+        "t0": pa.array([e.sample.t0 for e, _ in rows], type=pa.int32()),
+    }
+    return pa.Table.from_pydict(columns, schema=PART_SCHEMA)
+
+
+# ---------------------------------------------------------------- one shard -> one part
+
+
+@dataclass(frozen=True)
+class InputShard:
+    path: Path
+    name: str  # relative to the data root, e.g. "train/shard-000000.tar"
+    size: int
+    sha256: str
+
+    def entry(self, samples: int | None, part: str | None) -> dict:
+        return {"name": self.name, "size": self.size, "sha256": self.sha256, "samples": samples, "part": part}
+
+
+@dataclass(frozen=True)
+class Task:
+    """An input shard and the part it maps to; ``rank`` is the rank that writes it if needed."""
+
+    shard: InputShard
+    part: str
+    rank: int
+
+
+def shard_table(task: Task, ckpt: Checkpoint, cfg: ExtractConfig, device: torch.device,
+                on_tokens: Callable[[int], None]) -> tuple[pa.Table, Counter, int]:
+    """The part table of one shard, skipped samples per reason (the 'skip' policy), samples in the tar."""
+    skipped: Counter = Counter()
+    on_error = None if cfg.on_bad_sample == "error" else (lambda e: skipped.update([e.reason]))
+    name = task.shard.name
+    samples = read_samples(task.shard.path, on_error)  # stream: Sample, file order
+    encoded = list(encode(samples, ckpt.vocab, ckpt.model.cfg.block_size, name, on_error))  # Encoded, file order
+    batches = bucket(encoded, cfg.batch_tokens, lambda e: e.scored_length)  # list[Encoded], by length
+    table = part_table(name, list(score(batches, ckpt.model, device, name, on_tokens)))  # file order again
+    in_tar = count_samples(task.shard.path)  # distinct keys; a duplicate's extra copies are not samples
+    accounted = len(table) + sum(n for r, n in skipped.items() if r != "duplicate-key")
+    if accounted != in_tar:
+        raise RuntimeError(f"shard {name!r}: {in_tar} samples in the tar but {len(table)} rows + "
+                           f"{accounted - len(table)} skipped; refusing to write a part that lacks samples")
+    return table, skipped, in_tar
+
+
+def extract_part(task: Task, ckpt: Checkpoint, cfg: ExtractConfig, directory: Path, device: torch.device,
+                 on_tokens: Callable[[int], None]) -> dict:
+    """Write one shard's part and its journal record; returns the record {"input", "part"}.
+
+    A truncated tar under the 'skip' policy gives no part: the input is recorded as
+    skipped (whole) so that it is never mistaken for a short shard.
+    """
+    try:
+        table, skipped, in_tar = shard_table(task, ckpt, cfg, device, on_tokens)
+    except SampleError as error:
+        if error.reason != "truncated-shard" or cfg.on_bad_sample == "error":
+            raise
+        return {"input": {**task.shard.entry(None, None), "skipped": "truncated-shard"}, "part": None}
+    written = write_part(table, directory / task.part, cfg.format)
+    part = {"name": task.part, "input": task.shard.name, **written, "rows": len(table),
+            "tokens": int(np.sum(table.column("T").to_numpy())),
+            "b_sum": float(np.sum(table.column("b_sum").to_numpy())),
+            "sum_example_mean_b": sum_example_mean_b(table), "skipped": dict(sorted(skipped.items()))}
+    record = {"input": task.shard.entry(in_tar, task.part), "part": part, "fingerprint": ckpt.fingerprint}
+    write_json_atomic(record_path(directory, task.part), record)
+    return record
+
+
+def sum_example_mean_b(table: pa.Table) -> float:
+    """Sum over rows of mean_t b_t (float64): divided by rows, the dataset mean of per-example means."""
+    if not len(table):
+        return 0.0
+    return float(np.sum(table.column("b_sum").to_numpy() / table.column("T").to_numpy()))
+
+
+# ---------------------------------------------------------------- planning (rank 0, under the lock)
+
+
+@dataclass
+class Plan:
+    tasks: list[Task]  # parts to write, each with its rank
+    done: list[dict] = field(default_factory=list)  # records {"input", "part"} of this run's inputs already on disk
+    carried: list[dict] = field(default_factory=list)  # committed records of inputs not in this run
+    committed: bool = False  # every input of this run is in the committed manifest and verified
+
+
+def hash_inputs(root: Path, paths: list[Path]) -> list[InputShard]:
+    shards = []
+    for path in paths:
+        sha, size = sha256_path(path)
+        shards.append(InputShard(path, shard_name(root, path), size, sha))
+    seen: dict[tuple, str] = {}
+    for s in shards:
+        if (s.size, s.sha256) in seen:
+            raise ValueError(f"shards {seen[(s.size, s.sha256)]!r} and {s.name!r} have identical content; "
+                             "a store matches shards by content, so each input must be distinct")
+        seen[(s.size, s.sha256)] = s.name
+    return shards
+
+
+def _committed_records(manifest: dict | None) -> list[dict]:
+    if manifest is None:
+        return []
+    parts = {p["name"]: p for p in manifest["parts"]}
+    return [{"input": e, "part": parts.get(e["part"])} for e in manifest["inputs"]]
+
+
+def _intact(directory: Path, record: dict | None) -> bool:
+    """The record's part exists and hashes to what the record says (or the record is a whole-shard skip)."""
+    if record is None:
+        return False
+    if record["part"] is None:
+        return record["input"].get("skipped") is not None
+    path = directory / record["part"]["name"]
+    return path.exists() and sha256_path(path)[0] == record["part"]["sha256"]
+
+
+def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -> Plan:
+    """Which of this run's shards still need a part, and under which name.
+
+    Part names depend only on the committed manifest and this run's inputs (never on
+    what an interrupted run finished), so a resumed run, or a run with another number
+    of ranks, names every part the same way. Shard i of the run goes to rank i % world.
+    """
+    manifest = read_manifest(directory)
+    if manifest is not None and manifest["format"] != fmt:
+        raise ValueError(f"{directory} holds {manifest['format']} parts; extract with --format {manifest['format']} "
+                         "or into another store")
+    committed = {(r["input"]["size"], r["input"]["sha256"]): r for r in _committed_records(manifest)}
+    journal = {(r["input"]["size"], r["input"]["sha256"], r["part"]["name"]): r for r in read_records(directory)}
+    next_index = 1 + max((part_index(r["part"]["name"]) for r in committed.values() if r["part"]), default=-1)
+    suffix = part_format(fmt).suffix
+    plan = Plan(tasks=[], committed=True)
+    for i, shard in enumerate(shards):
+        record = committed.get((shard.size, shard.sha256))
+        if record is not None:
+            name = record["input"]["part"]
+        else:
+            plan.committed = False
+            name = part_name(next_index, suffix)
+            next_index += 1
+            record = journal.get((shard.size, shard.sha256, name))
+        if _intact(directory, record):
+            plan.done.append(record)
+        else:
+            plan.committed = False
+            plan.tasks.append(Task(shard, name, rank=i % world))
+    ours = {(s.size, s.sha256) for s in shards}
+    plan.carried = [r for key, r in committed.items() if key not in ours]
+    return plan
+
+
+def remove_temporaries(directory: Path) -> None:
+    """Leftovers of a killed writer (under the lock nobody else writes them)."""
+    for path in directory.glob(f"*{TMP_SUFFIX}"):
+        remove_path(path)
+
+
+# ---------------------------------------------------------------- commit (rank 0)
+
+
+def build_manifest(ckpt: Checkpoint, cfg: ExtractConfig, data_root: Path, records: list[dict]) -> dict:
+    inputs = sorted((r["input"] for r in records), key=lambda e: (e["part"] is None, e["part"] or "", e["name"]))
+    parts = sorted((r["part"] for r in records if r["part"] is not None), key=lambda p: p["name"])
+    return {
+        "tool": TOOL, "tool_version": tool_version(), "schema_version": SCHEMA_VERSION,
+        "fingerprint": ckpt.fingerprint, "format": cfg.format, "dtype": "float32", "units": "nats",
+        "template_version": TEMPLATE_VERSION,
+        "checkpoint": {"path": str(Path(cfg.checkpoint).resolve()), "fingerprint": ckpt.fingerprint,
+                       "model_config": ckpt.model.cfg.to_json()},
+        "vocab": {"tokens": list(ckpt.vocab.tokens)},
+        "data_root": str(data_root.resolve()),
+        "inputs": inputs,
+        "parts": parts,
+        "skipped": skipped_totals(parts, inputs),
+        "stats": stats(parts),
+        "complete": True,  # written only once every input of the run has a part or a recorded skip
+        "extract_config": asdict(cfg),
+    }
+
+
+def commit(directory: Path, manifest: dict) -> None:
+    write_json_atomic(directory / "manifest.json", manifest)
+    for entry in manifest["parts"]:  # the journal is folded into the manifest now
+        record_path(directory, entry["name"]).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- run
+
+
+def _device(cfg: ExtractConfig, ranks: Ranks) -> torch.device:
+    if cfg.device == "cuda" and ranks.world > 1:
+        return torch.device(f"cuda:{ranks.local_rank}")
+    return torch.device(cfg.device)
+
+
+def _plan_on_rank0(cfg: ExtractConfig, directory: Path, ranks: Ranks, lock: StoreLock):
+    """(data_root, shards, plan) from rank 0, or the exception it raised, on every rank."""
+    result = None
+    if ranks.is_main:
+        try:
+            lock.acquire()
+            remove_temporaries(directory)
+            root, paths = resolve_shards(cfg.data)
+            shards = hash_inputs(root, paths)
+            result = (root, shards, make_plan(directory, shards, cfg.format, ranks.world))
+        except Exception as e:  # every rank must learn that there is no plan
+            result = e
+    return ranks.broadcast(result)
+
+
+def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, directory: Path, ranks: Ranks) -> list[dict]:
+    device = _device(cfg, ranks)
+    ckpt.model.to(device).eval()
+    mine = [t for t in plan.tasks if t.rank == ranks.rank]
+    bar = tqdm(desc=f"extract[{ranks.rank}]" if ranks.world > 1 else "extract", unit="tok", unit_scale=True,
+               disable=not cfg.progress, position=ranks.rank, mininterval=0.5)
+    records = []
+    try:
+        for task in mine:
+            records.append(extract_part(task, ckpt, cfg, directory, device, bar.update))
+            bar.set_postfix(parts=f"{len(records)}/{len(mine)}")
+    finally:
+        bar.close()
+    return records
+
+
+def run(cfg: ExtractConfig) -> dict:
+    """Extract (or finish extracting) the store for ``cfg.checkpoint`` over ``cfg.data``; returns a summary."""
+    t_start = time.perf_counter()
+    ranks = Ranks()
+    try:
+        ckpt = load_checkpoint(cfg.checkpoint)
+        directory = fingerprint_dir(cfg.store, ckpt.fingerprint)
+        if ranks.is_main:
+            directory.mkdir(parents=True, exist_ok=True)
+        lock = StoreLock(directory, wait_s=cfg.lock_wait_s)
+        try:
+            planned = _plan_on_rank0(cfg, directory, ranks, lock)
+            if isinstance(planned, Exception):
+                if ranks.is_main:
+                    raise planned
+                raise RuntimeError(f"rank 0 could not plan the extraction: {planned}")
+            data_root, shards, plan = planned
+            if plan.committed:
+                return {"fingerprint": ckpt.fingerprint, "store": str(directory), "nothing_to_do": True,
+                        "parts_written": 0, "parts_reused": len(plan.done)}
+            try:
+                outcome = ("ok", _write_parts(plan, ckpt, cfg, directory, ranks))
+            except Exception as e:
+                outcome = ("error", f"{type(e).__name__}: {e}")
+                ranks.gather(outcome)  # the other ranks learn of it and stop at the same point
+                raise
+            outcomes = ranks.gather(outcome)
+            failed = [(r, msg) for r, (status, msg) in enumerate(outcomes) if status == "error"]
+            if failed:
+                raise RuntimeError("; ".join(f"rank {r} failed: {msg}" for r, msg in failed))
+            written = [rec for _, recs in outcomes for rec in recs]
+            if ranks.is_main:
+                commit(directory, build_manifest(ckpt, cfg, data_root, plan.carried + plan.done + written))
+        finally:
+            lock.release()
+        manifest = read_manifest(directory) if ranks.is_main else None
+        wall = time.perf_counter() - t_start
+        tokens = sum(r["part"]["tokens"] for r in written if r["part"])
+        summary = {"fingerprint": ckpt.fingerprint, "store": str(directory), "nothing_to_do": False,
+                   "parts_written": len(written), "parts_reused": len(plan.done), "wall_s": round(wall, 3),
+                   "tokens_written": tokens, "tokens_per_s": round(tokens / wall, 1) if wall > 0 else None}
+        if manifest is not None:
+            summary |= {"stats": manifest["stats"], "skipped": manifest["skipped"]}
+        return summary
+    finally:
+        ranks.close()

@@ -1,0 +1,54 @@
+"""This process's place in a ``torchrun`` job, or a job of one when there is no launcher.
+
+Extraction needs no tensor traffic between ranks, only a few control messages (the plan
+from rank 0, every rank's finished parts back to it), so the process group is always
+gloo, also when the model runs on GPUs. ``torchrun`` exports RANK / WORLD_SIZE /
+LOCAL_RANK / MASTER_ADDR / MASTER_PORT; without WORLD_SIZE > 1 no group is created.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+
+class Ranks:
+    def __init__(self, timeout_s: float = 1800.0):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self._dist = None
+        self._owns_group = False
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+                self._owns_group = True
+            self._dist = dist
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def broadcast(self, obj):
+        """Rank 0's ``obj`` on every rank."""
+        if self._dist is None:
+            return obj
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if self._dist is None:
+            return [obj]
+        out = [None] * self.world
+        self._dist.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        if self._dist is not None and self._owns_group:
+            self._dist.barrier()  # an occasional SIGABRT at exit without it (STACK-NOTES)
+            self._dist.destroy_process_group()
+        self._dist = None

@@ -1,0 +1,138 @@
+"""Reading a baseline store (notes/store_contract.md): what training and inspection use.
+
+Readers open only the parts a committed manifest lists, and check each part's sha256
+against the manifest before parsing it, so a torn, damaged or stray file is an error
+naming the part, never silently wrong numbers. Input shards are matched by content
+(size, then sha256 of the tar), so a moved dataset still joins and a changed one never does.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from store.manifest import FINGERPRINT_PREFIX, MANIFEST_NAME, list_fingerprint_dirs, read_manifest
+from store.parts import read_part, sha256_path
+from store.schema import SCHEMA_VERSION
+
+
+class BaselineStore:
+    """A store root holding one ``fingerprint=<fp>/`` directory per checkpoint."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def fingerprints(self) -> list[str]:
+        """Fingerprints with a committed manifest, sorted."""
+        return [d.name[len(FINGERPRINT_PREFIX):] for d in list_fingerprint_dirs(self.root)
+                if (d / MANIFEST_NAME).is_file()]
+
+    def open(self, fingerprint: str | None = None) -> "StoreView":
+        available = self.fingerprints()
+        if fingerprint is None:
+            if len(available) != 1:
+                raise ValueError(f"store {self.root} holds {len(available)} fingerprints {available}; "
+                                 "pass the one to open")
+            fingerprint = available[0]
+        if fingerprint not in available:
+            raise KeyError(f"store {self.root} has no committed fingerprint {fingerprint!r} "
+                           f"(it has {available})")
+        return StoreView(self.root, fingerprint)
+
+
+class StoreView:
+    """One fingerprint's committed manifest and the parts it lists."""
+
+    def __init__(self, root: str | Path, fingerprint: str):
+        self.root = Path(root)
+        self.fingerprint = fingerprint
+        self.dir = self.root / f"{FINGERPRINT_PREFIX}{fingerprint}"
+        manifest = read_manifest(self.dir)
+        if manifest is None:
+            raise FileNotFoundError(f"{self.dir}: no {MANIFEST_NAME}")
+        if manifest.get("schema_version") != SCHEMA_VERSION or manifest.get("fingerprint") != fingerprint:
+            raise ValueError(f"{self.dir / MANIFEST_NAME}: schema_version {manifest.get('schema_version')} / "
+                             f"fingerprint {manifest.get('fingerprint')} do not match {SCHEMA_VERSION} / {fingerprint}")
+        self.manifest = manifest
+        self._parts = {p["name"]: p for p in manifest["parts"]}
+        self._shard_sha: dict[tuple, str] = {}  # (path, size, mtime_ns) -> sha256: each tar hashed once
+
+    def __repr__(self) -> str:
+        return f"StoreView({str(self.root)!r}, {self.fingerprint!r})"
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest.get("complete"))
+
+    def parts(self) -> list[dict]:
+        return list(self.manifest["parts"])
+
+    def part_path(self, name: str) -> Path:
+        if name not in self._parts:
+            raise KeyError(f"{name!r} is not listed in {self.dir / MANIFEST_NAME}")
+        return self.dir / name
+
+    def read_part(self, name: str) -> pa.Table:
+        """The part as a PART_SCHEMA table, after checking its sha256 against the manifest."""
+        path, entry = self.part_path(name), self._parts[name]
+        if not path.exists():
+            raise FileNotFoundError(f"part {name} of {self.dir} is missing; `tokweight extract` re-creates it")
+        sha, _ = sha256_path(path)
+        if sha != entry["sha256"]:
+            raise ValueError(f"part {name} of {self.dir} is damaged (sha256 {sha[:12]}..., manifest says "
+                             f"{entry['sha256'][:12]}...); `tokweight extract` re-creates it")
+        return read_part(path, self.manifest["format"])
+
+    def _shard_sha256(self, path: Path, size: int) -> str:
+        stat = path.stat()
+        cache_key = (str(path.resolve()), size, stat.st_mtime_ns)
+        if cache_key not in self._shard_sha:
+            self._shard_sha[cache_key] = sha256_path(path)[0]
+        return self._shard_sha[cache_key]
+
+    def input_for_shard(self, shard_path: str | Path) -> dict:
+        """The manifest's input entry whose (size, sha256) equals this tar's."""
+        path = Path(shard_path)
+        size = path.stat().st_size
+        same_size = [e for e in self.manifest["inputs"] if e["size"] == size]
+        if same_size:
+            sha = self._shard_sha256(path, size)
+            for entry in same_size:
+                if entry["sha256"] == sha:
+                    return entry
+        raise KeyError(f"shard {path} ({size} bytes) matches no input of {self.dir}: it was not extracted "
+                       "with this checkpoint, or it changed since")
+
+    def _part_for_shard(self, shard_path) -> str:
+        entry = self.input_for_shard(shard_path)
+        if entry.get("part") is None:
+            raise KeyError(f"shard {shard_path} was skipped at extraction ({entry.get('skipped')}); "
+                           f"{self.dir} has no rows for it")
+        return entry["part"]
+
+    def rows_for_shard(self, shard_path) -> dict[str, dict]:
+        """key -> {"T": int, "b": (T,) float32 nats, "target_id": (T,) int32} for one input shard."""
+        table = self.read_part(self._part_for_shard(shard_path))
+        T = table.column("T").to_numpy()
+        bounds = np.cumsum(T)[:-1]
+        b = np.split(table.column("b").combine_chunks().flatten().to_numpy(), bounds)
+        ids = np.split(table.column("target_id").combine_chunks().flatten().to_numpy(), bounds)
+        return {key: {"T": int(t), "b": bi, "target_id": ii}
+                for key, t, bi, ii in zip(table.column("key").to_pylist(), T, b, ids)}
+
+    def mean_example_mean_b(self, shard_paths=None) -> float:
+        """Mean over examples of mean_t b_t, for those shards' parts (all parts if None)."""
+        if shard_paths is None:
+            entries = self.parts()
+        else:
+            entries = [self._parts[self._part_for_shard(p)] for p in shard_paths]
+        rows = sum(e["rows"] for e in entries)
+        if not rows:
+            raise ValueError(f"{self.dir}: no rows in the selected parts")
+        return math.fsum(e["sum_example_mean_b"] for e in entries) / rows
+
+    def vocab_tokens(self) -> list[str]:
+        return list(self.manifest["vocab"]["tokens"])

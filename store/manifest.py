@@ -1,0 +1,125 @@
+"""The manifest of one fingerprint directory, and the journal records written before it.
+
+Layout (SPEC §4, notes/store_contract.md):
+
+    STORE/fingerprint=<fp>/manifest.json       the commit point, written last
+    STORE/fingerprint=<fp>/part-NNNNN.parquet  (or part-NNNNN.zarr/) one per input shard
+    STORE/fingerprint=<fp>/part-NNNNN.json     journal: written right after its part is
+                                               published, folded into the manifest and
+                                               removed when the manifest is committed
+
+A journal record holds the finished part's manifest entry and its input's entry, so an
+interrupted extraction (or the other ranks of a distributed one) can resume from what
+is on disk without trusting anything that was not fsynced and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from importlib.metadata import version
+from pathlib import Path
+
+from store.parts import TMP_SUFFIX, fsync_dir, write_bytes_durable
+
+TOOL = "tokweight"
+MANIFEST_NAME = "manifest.json"
+FINGERPRINT_PREFIX = "fingerprint="
+PART_NAME = re.compile(r"^part-(\d{5})\.(parquet|zarr)$")
+RECORD_NAME = re.compile(r"^part-(\d{5})\.json$")
+
+
+def tool_version() -> str:
+    return version(TOOL)
+
+
+def fingerprint_dir(store: str | Path, fp: str) -> Path:
+    return Path(store) / f"{FINGERPRINT_PREFIX}{fp}"
+
+
+def part_name(index: int, suffix: str) -> str:
+    if not 0 <= index < 100_000:
+        raise ValueError(f"part index {index} does not fit part-NNNNN")
+    return f"part-{index:05d}{suffix}"
+
+
+def part_index(name: str) -> int:
+    match = PART_NAME.match(name)
+    if not match:
+        raise ValueError(f"{name!r} is not a part name (part-NNNNN.parquet or part-NNNNN.zarr)")
+    return int(match.group(1))
+
+
+def record_path(directory: Path, part: str) -> Path:
+    """The journal record of a part: ``part-NNNNN.json`` beside it."""
+    return directory / f"part-{part_index(part):05d}.json"
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Canonical JSON (sorted keys) to ``<path>.tmp``, fsync, rename, fsync the directory."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    write_bytes_durable(tmp, (json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n").encode())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_manifest(directory: Path) -> dict | None:
+    """The committed manifest of a fingerprint directory, or None if there is none."""
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: unreadable manifest ({e})") from None
+
+
+def read_records(directory: Path) -> list[dict]:
+    """Journal records that parse; a torn or foreign one is ignored (its part is re-extracted)."""
+    records = []
+    for path in sorted(directory.glob("part-*.json")):
+        if not RECORD_NAME.match(path.name):
+            continue
+        try:
+            record = json.loads(path.read_text())
+            if {"part", "input"} <= set(record):
+                records.append(record)
+        except ValueError:
+            pass
+    return records
+
+
+def stats(parts: list[dict]) -> dict:
+    """Store totals from part entries; ``mean_example_mean_b`` is the dataset mean of mean_t b_t."""
+    rows = sum(p["rows"] for p in parts)
+    sum_means = math.fsum(p["sum_example_mean_b"] for p in parts)
+    return {"rows": rows, "tokens": sum(p["tokens"] for p in parts),
+            "b_sum": math.fsum(p["b_sum"] for p in parts),
+            "mean_example_mean_b": sum_means / rows if rows else None}
+
+
+def skipped_totals(parts: list[dict], inputs: list[dict]) -> dict:
+    """Skipped samples per reason over all parts, plus whole inputs skipped (e.g. truncated tars)."""
+    totals: dict[str, int] = {}
+    for entry in parts:
+        for reason, n in entry["skipped"].items():
+            totals[reason] = totals.get(reason, 0) + n
+    for entry in inputs:
+        if entry.get("part") is None and entry.get("skipped"):
+            totals[entry["skipped"]] = totals.get(entry["skipped"], 0) + 1
+    return dict(sorted(totals.items()))
+
+
+def list_fingerprint_dirs(store: str | Path) -> list[Path]:
+    root = Path(store)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(FINGERPRINT_PREFIX))
+
+
+def stray_parts(directory: Path, manifest: dict) -> list[str]:
+    """Part-named files or directories that the manifest does not list."""
+    listed = {p["name"] for p in manifest.get("parts", [])}
+    return sorted(p.name for p in directory.iterdir() if PART_NAME.match(p.name) and p.name not in listed)

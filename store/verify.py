@@ -1,0 +1,85 @@
+"""Check a fingerprint directory against its manifest: every part present, intact and counted right.
+
+A problem names the part it concerns. ``tokweight extract`` re-creates damaged or
+missing parts (it trusts a part only if its sha256 matches the record), so the usual fix
+for any problem listed here is to re-run the same extraction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+
+from store.manifest import MANIFEST_NAME, read_manifest, stats, stray_parts
+from store.parts import read_part, sha256_path
+from store.schema import TOKEN_LIST_COLUMNS
+
+
+@dataclass(frozen=True)
+class Problem:
+    part: str | None  # the damaged part, or None for the manifest as a whole
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.part}: {self.message}" if self.part else self.message
+
+
+def _check_content(path: Path, entry: dict, fmt: str) -> list[str]:
+    """Row and token counts, list lengths and finiteness of a part whose checksum matched."""
+    try:
+        table = read_part(path, fmt)
+    except Exception as e:  # a part that matches its sha256 but does not parse was written wrong
+        return [f"does not read as {fmt}: {e}"]
+    found = []
+    T = table.column("T").to_numpy()
+    if len(table) != entry["rows"]:
+        found.append(f"{len(table)} rows, manifest says {entry['rows']}")
+    if int(T.sum()) != entry["tokens"]:
+        found.append(f"{int(T.sum())} tokens, manifest says {entry['tokens']}")
+    for name in TOKEN_LIST_COLUMNS:
+        lengths = pc.list_value_length(table.column(name)).to_numpy(zero_copy_only=False)
+        if not np.array_equal(lengths, T):
+            found.append(f"column {name} has list lengths that differ from T")
+    b = table.column("b").combine_chunks().flatten().to_numpy()
+    if not np.isfinite(b).all():
+        found.append("b holds NaN or inf")
+    if set(table.column("shard").to_pylist()) - {entry["input"]}:
+        found.append(f"rows name a shard other than {entry['input']}")
+    return found
+
+
+def verify_dir(directory: str | Path) -> list[Problem]:
+    """Every problem found in one fingerprint directory (empty: the store is intact)."""
+    directory = Path(directory)
+    try:
+        manifest = read_manifest(directory)
+    except ValueError as e:
+        return [Problem(None, str(e))]
+    if manifest is None:
+        return [Problem(None, f"{directory}: no {MANIFEST_NAME} (extraction never finished)")]
+    problems = []
+    if not manifest.get("complete"):
+        problems.append(Problem(None, "manifest says the store is incomplete"))
+    for entry in manifest["parts"]:
+        path = directory / entry["name"]
+        if not path.exists():
+            problems.append(Problem(entry["name"], "missing"))
+            continue
+        sha, size = sha256_path(path)
+        if sha != entry["sha256"] or size != entry["bytes"]:
+            problems.append(Problem(entry["name"], f"checksum mismatch ({size} bytes, sha256 {sha[:12]}...; "
+                                                   f"manifest: {entry['bytes']} bytes, {entry['sha256'][:12]}...)"))
+            continue
+        problems += [Problem(entry["name"], m) for m in _check_content(path, entry, manifest["format"])]
+    problems += [Problem(name, "not listed in the manifest (stray part)") for name in stray_parts(directory, manifest)]
+    listed = {p["name"] for p in manifest["parts"]}
+    problems += [Problem(e["part"], f"input {e['name']} points to a part the manifest does not list")
+                 for e in manifest["inputs"] if e.get("part") is not None and e["part"] not in listed]
+    expected = stats(manifest["parts"])
+    if any(not math.isclose(expected[k] or 0, manifest["stats"][k] or 0, rel_tol=1e-12) for k in expected):
+        problems.append(Problem(None, f"manifest stats {manifest['stats']} differ from its parts' sum {expected}"))
+    return problems
