@@ -103,6 +103,10 @@ def demo(out, preset, seed):
 from store.inspect_cli import inspect_cmd, sql_cmd  # noqa: E402  (click only; duckdb loads inside)
 main.add_command(sql_cmd)
 main.add_command(inspect_cmd)
+from pipeline.extract_cli import extract  # noqa: E402  (click only; torch loads inside)
+main.add_command(extract)
+from store.cli import store  # noqa: E402
+main.add_command(store)
 
 if __name__ == "__main__":
     main()

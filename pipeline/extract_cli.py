@@ -1,0 +1,40 @@
+"""`tokweight extract`: build an ExtractConfig from the options and call pipeline.extract.run.
+
+Also runs under a launcher: `torchrun --nproc-per-node N -m pipeline.cli extract ...`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("extract")
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), required=True,
+              help="Checkpoint directory of the frozen z-free base model.")
+@click.option("--data", required=True, help="Dataset directory (every *.tar below it) or a glob of shards.")
+@click.option("--store", type=click.Path(file_okay=False), required=True, help="Store root directory.")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "zarr"]), default="parquet")
+@click.option("--batch-tokens", type=int, default=16384, help="Computed tokens per forward batch.")
+@click.option("--device", default="cpu", help="cpu, cuda, cuda:N, ...")
+@click.option("--on-bad-sample", type=click.Choice(["error", "skip"]), default="error",
+              help="Stop at a bad sample or truncated shard, or skip it and count it in the manifest.")
+@click.option("--wait-lock", type=float, default=0.0, help="Seconds to wait for another extract on this store.")
+@click.option("--progress/--no-progress", default=True)
+def extract(checkpoint, data, store, fmt, batch_tokens, device, on_bad_sample, wait_lock, progress):
+    """Compute per-token baselines b_t of CHECKPOINT once and store them under STORE/fingerprint=<fp>/."""
+    from pipeline.errors import SampleError
+    from pipeline.extract import ExtractConfig, run
+    from store.lock import StoreLockedError
+
+    cfg = ExtractConfig(checkpoint=checkpoint, data=data, store=store, format=fmt, batch_tokens=batch_tokens,
+                        device=device, on_bad_sample=on_bad_sample, lock_wait_s=wait_lock, progress=progress)
+    try:
+        summary = run(cfg)
+    except (SampleError, StoreLockedError, FileNotFoundError, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+    if summary["nothing_to_do"]:
+        click.echo(f"store {summary['store']} is complete for these inputs: nothing to do", err=True)
+    if summary.get("stats") is not None or summary["nothing_to_do"]:  # rank 0 (or a single process) reports
+        click.echo(json.dumps(summary, indent=1))

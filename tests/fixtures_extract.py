@@ -1,0 +1,79 @@
+"""Session-scoped data, checkpoints and a reference store for the extraction and store tests."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.extract import ExtractConfig, run
+from pipeline.synth import PRESETS, write_dataset
+from training.checkpoint import load_checkpoint, save_checkpoint
+from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
+
+
+@dataclass(frozen=True)
+class World:
+    data: Path  # tiny preset: train 4 shards, val 1, test 1, 128 samples each
+    ckpt: Path  # 30-step base model
+    ckpt_other: Path  # the same model with one bias nudged: another fingerprint
+    store: Path  # a finished Parquet store of ckpt over data (do not modify: copy it)
+
+    def config(self, store: Path, **overrides) -> ExtractConfig:
+        return ExtractConfig(**{"checkpoint": str(self.ckpt), "data": str(self.data), "store": str(store),
+                                "progress": False, **overrides})
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory) -> World:
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("extract")
+    write_dataset(replace(PRESETS["tiny"], seed=0), root / "data")
+    train_base(BaseTrainConfig(data=str(root / "data"), out=str(root / "base"),
+                               **{**BASE_PRESETS["tiny"], "steps": 30}))
+    ckpt = load_checkpoint(root / "base")
+    with torch.no_grad():
+        ckpt.model.ln_f.bias[0] += 1e-3
+    save_checkpoint(root / "other", ckpt.model, ckpt.vocab)
+    w = World(root / "data", root / "base", root / "other", root / "store")
+    run(w.config(w.store))
+    return w
+
+
+def fp_dir(store: Path) -> Path:
+    (directory,) = [p for p in Path(store).iterdir() if p.name.startswith("fingerprint=")]
+    return directory
+
+
+def part_bytes(store: Path) -> dict[str, bytes]:
+    """Every committed part's bytes (Parquet stores), by name."""
+    directory = fp_dir(store)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    return {p["name"]: (directory / p["name"]).read_bytes() for p in manifest["parts"]}
+
+
+def copy_store(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def write_raw_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    """A tar with exactly these members (name, payload), reproducible (mtime 0)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(payload), 0, 0o644
+            tar.addfile(info, io.BytesIO(payload))
+    return path
+
+
+def sample_member(key: str, record) -> tuple[str, bytes]:
+    payload = record if isinstance(record, bytes) else json.dumps(record).encode()
+    return f"{key}.json", payload
