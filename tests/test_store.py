@@ -1,0 +1,171 @@
+"""The store: both part formats, the reader API, verify and repair, fingerprint isolation, the lock, the CLI."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.extract import run
+from pipeline.shards import resolve_shards
+from store.baseline_store import BaselineStore
+from store.lock import StoreLock, StoreLockedError
+from store.verify import verify_dir
+
+from tests.fixtures_extract import copy_store, fp_dir, part_bytes, world  # noqa: F401
+
+
+def test_manifest_matches_contract_and_parts(world):
+    view = BaselineStore(world.store).open()
+    m = view.manifest
+    assert m["complete"] and m["format"] == "parquet" and m["dtype"] == "float32" and m["units"] == "nats"
+    assert m["fingerprint"] == view.fingerprint and len(view.fingerprint) == 32
+    assert m["checkpoint"]["fingerprint"] == view.fingerprint
+    assert [p["name"] for p in view.parts()] == [f"part-{i:05d}.parquet" for i in range(6)]
+    assert sorted(p.name for p in view.dir.iterdir()) == sorted([".lock", "manifest.json", *[p["name"] for p in view.parts()]])
+    total_rows = total_tokens = 0
+    for entry in view.parts():
+        table = view.read_part(entry["name"])
+        assert len(table) == entry["rows"] == 128 and table.column("T").to_numpy().sum() == entry["tokens"]
+        b_sum = table.column("b_sum").to_numpy()
+        for b, cs, s in zip(table.column("b").to_pylist(), table.column("cumsum_b").to_pylist(), b_sum):
+            assert cs[-1] == pytest.approx(s, abs=1e-4) and sum(b) == pytest.approx(s, abs=1e-4)
+        total_rows, total_tokens = total_rows + len(table), total_tokens + entry["tokens"]
+    assert m["stats"]["rows"] == total_rows and m["stats"]["tokens"] == total_tokens
+    inputs = {e["name"]: e for e in m["inputs"]}
+    assert all(e["samples"] == 128 for e in inputs.values()) and len(inputs) == 6
+    assert view.vocab_tokens() == json.loads((world.ckpt / "vocab.json").read_text())["tokens"]
+
+
+def test_parquet_encodings(world):
+    view = BaselineStore(world.store).open()
+    meta = pq.ParquetFile(view.part_path(view.parts()[0]["name"])).metadata
+    assert meta.num_row_groups == 1
+    columns = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i) for i in range(meta.num_columns)}
+    assert all(c.compression == "ZSTD" for c in columns.values())
+    for name in ("b", "entropy", "cumsum_b"):
+        assert "BYTE_STREAM_SPLIT" in columns[f"{name}.list.element"].encodings
+    for name, column in columns.items():
+        assert ("RLE_DICTIONARY" in column.encodings) == (name in ("key", "shard", "strategy"))
+
+
+def test_zarr_format_round_trips_and_is_checksummed(world, tmp_path):
+    summary = run(world.config(tmp_path / "z", format="zarr"))
+    zview, pview = BaselineStore(tmp_path / "z").open(), BaselineStore(world.store).open()
+    assert summary["fingerprint"] == pview.fingerprint and zview.manifest["format"] == "zarr"
+    for zpart, ppart in zip(zview.parts(), pview.parts()):
+        assert zview.read_part(zpart["name"]).equals(pview.read_part(ppart["name"]))
+    meta = json.loads((zview.dir / "part-00000.zarr" / "b" / "zarr.json").read_text())
+    assert meta["fill_value"] == "NaN"
+    assert {"name": "zstd", "configuration": {"level": 3, "checksum": True}} in meta["codecs"]
+    assert meta["chunk_grid"]["configuration"]["chunk_shape"] == meta["shape"]  # one chunk per part
+    assert verify_dir(zview.dir) == []
+    chunk = zview.dir / "part-00001.zarr" / "b" / "c" / "0"
+    chunk.unlink()  # a missing chunk would read back as NaN: verify names the part instead
+    assert [p.part for p in verify_dir(zview.dir)] == ["part-00001.zarr"]
+    with pytest.raises(ValueError, match="part-00001.zarr"):
+        zview.read_part("part-00001.zarr")
+    assert run(world.config(tmp_path / "z", format="zarr"))["parts_written"] == 1
+    assert verify_dir(zview.dir) == []
+
+
+def test_rerun_on_complete_store_does_nothing(world, tmp_path):
+    store = copy_store(world.store, tmp_path / "s")
+    manifest = fp_dir(store) / "manifest.json"
+    before = (manifest.read_bytes(), manifest.stat().st_mtime_ns)
+    summary = run(world.config(store))
+    assert summary["nothing_to_do"] and summary["parts_written"] == 0
+    assert (manifest.read_bytes(), manifest.stat().st_mtime_ns) == before
+    result = CliRunner().invoke(main, ["extract", "--checkpoint", str(world.ckpt), "--data", str(world.data),
+                                       "--store", str(store), "--no-progress"])
+    assert result.exit_code == 0 and "nothing to do" in result.output
+
+
+def test_shards_join_by_content_after_a_move(world, tmp_path):
+    moved = shutil.copytree(world.data, tmp_path / "moved")
+    view = BaselineStore(world.store).open()
+    _, paths = resolve_shards(moved)
+    entry = view.input_for_shard(paths[0])
+    assert entry["name"] == "test/shard-000000.tar" and entry["part"] == "part-00000.parquet"
+    rows = view.rows_for_shard(paths[0])
+    assert len(rows) == 128 and all(r["b"].shape == (r["T"],) for r in rows.values())
+    changed = tmp_path / "changed.tar"
+    data = paths[0].read_bytes()
+    changed.write_bytes(data[:600] + bytes([data[600] ^ 1]) + data[601:])  # same size, other bytes
+    with pytest.raises(KeyError, match="changed.tar"):
+        view.input_for_shard(changed)
+    per_part = [p["sum_example_mean_b"] / p["rows"] for p in view.parts()]
+    assert view.mean_example_mean_b([paths[0]]) == pytest.approx(per_part[0])
+    assert view.mean_example_mean_b() == pytest.approx(np.mean(per_part))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip-byte", "delete"])
+def test_verify_names_damaged_part_and_extract_repairs(world, tmp_path, damage):
+    store = copy_store(world.store, tmp_path / "s")
+    good = part_bytes(world.store)
+    part = fp_dir(store) / "part-00003.parquet"
+    data = part.read_bytes()
+    if damage == "truncate":
+        part.write_bytes(data[: len(data) // 2])
+    elif damage == "flip-byte":
+        part.write_bytes(data[:100] + bytes([data[100] ^ 0x01]) + data[101:])
+    else:
+        part.unlink()
+    problems = verify_dir(fp_dir(store))
+    assert [p.part for p in problems] == ["part-00003.parquet"]
+    result = CliRunner().invoke(main, ["store", "verify", str(store)])
+    assert result.exit_code == 1 and "part-00003.parquet" in result.output
+    summary = run(world.config(store))
+    assert summary["parts_written"] == 1 and summary["parts_reused"] == 5
+    assert verify_dir(fp_dir(store)) == [] and part_bytes(store) == good  # deterministic writes: same bytes
+    assert CliRunner().invoke(main, ["store", "verify", str(store)]).exit_code == 0
+
+
+def test_verify_reports_stray_part_and_bad_counts(world, tmp_path):
+    store = copy_store(world.store, tmp_path / "s")
+    directory = fp_dir(store)
+    shutil.copy(directory / "part-00000.parquet", directory / "part-00009.parquet")
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["parts"][1]["rows"] += 1
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    found = {str(p) for p in verify_dir(directory)}
+    assert any(s.startswith("part-00009.parquet: not listed") for s in found)
+    assert any(s.startswith("part-00001.parquet: 128 rows, manifest says 129") for s in found)
+
+
+def test_fingerprint_isolation(world, tmp_path):
+    store = copy_store(world.store, tmp_path / "s")
+    summary = run(world.config(store, checkpoint=str(world.ckpt_other)))
+    base_fp = BaselineStore(world.store).fingerprints()[0]
+    assert summary["fingerprint"] != base_fp and summary["parts_written"] == 6
+    stores = BaselineStore(store)
+    assert stores.fingerprints() == sorted([base_fp, summary["fingerprint"]])
+    with pytest.raises(ValueError, match="2 fingerprints"):
+        stores.open()
+    a, b = stores.open(base_fp), stores.open(summary["fingerprint"])
+    assert part_bytes(world.store) == {p["name"]: (a.dir / p["name"]).read_bytes() for p in a.parts()}
+    assert a.mean_example_mean_b() != b.mean_example_mean_b()  # a 1e-3 bias change moves every b
+    result = CliRunner().invoke(main, ["store", "ls", str(store), "--json"])
+    assert [json.loads(line)["state"] for line in result.output.splitlines()] == ["complete", "complete"]
+
+
+def test_other_format_in_same_fingerprint_is_refused(world, tmp_path):
+    store = copy_store(world.store, tmp_path / "s")
+    with pytest.raises(ValueError, match="--format parquet"):
+        run(world.config(store, format="zarr"))
+
+
+def test_lock_excludes_a_second_writer(world, tmp_path):
+    store = copy_store(world.store, tmp_path / "s")
+    (fp_dir(store) / "part-00002.parquet").unlink()
+    with StoreLock(fp_dir(store)):
+        with pytest.raises(StoreLockedError, match="pid"):
+            run(world.config(store))
+        with pytest.raises(StoreLockedError):
+            run(world.config(store, lock_wait_s=0.3))
+        with pytest.raises(StoreLockedError):
+            StoreLock(fp_dir(store)).acquire()
+    assert run(world.config(store))["parts_written"] == 1  # released on exit
