@@ -121,7 +121,7 @@ def reconstruction_weights(name: str, b: torch.Tensor, mask: torch.Tensor, param
         raise ValueError(f"unknown weighting {name!r}; expected one of {sorted(WEIGHTINGS)}")
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"the mixing weight must be in [0, 1], got {lam}")
-    b = b.detach().float()
+    b = b.detach() if b.is_floating_point() else b.detach().float()
     uniform = uniform_weights(b, mask, params)
     weighted = WEIGHTINGS[name](b, mask, params)
     if name in PER_EXAMPLE_B_FREE:

@@ -1,0 +1,55 @@
+"""Session-scoped data and checkpoints for the training tests (import the fixtures you use)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.samples import Sample
+from pipeline.shards import write_shards
+from pipeline.synth import PRESETS, write_dataset
+from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
+
+AMP_T, AMP_T0 = 13, 1  # two strategy tokens, then ten filler tokens and </y>
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """(data dir, checkpoint dir): the tiny synthetic preset and a 30-step base model."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("tiny")
+    write_dataset(replace(PRESETS["tiny"], seed=0), root / "data")
+    train_base(BaseTrainConfig(data=str(root / "data"), out=str(root / "base"),
+                               **{**BASE_PRESETS["tiny"], "steps": 30}))
+    return root / "data", root / "base"
+
+
+def two_regime_samples(n: int, seed: int, max_x: int = 8) -> list[Sample]:
+    """y = (c1, c2, e * 10): c1, c2 drawn independently of x (the strategy), the rest fixed.
+
+    S = y + </y> has T = 13; the prefix y_<=t fits one strategy from t0 = 1 on, and a
+    trained base model is sure of every token after it. x has 1..max_x symbols, so that
+    the model cannot place </y> by absolute position (the z-conditioned template moves y).
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        x = tuple(rng.choice(list("abcd"), size=int(rng.integers(1, max_x + 1))))
+        c1, c2 = rng.choice(["a", "b"]), rng.choice(["c", "d"])
+        out.append(Sample(key=f"s{i:05d}", x=x, y=(c1, c2) + ("e",) * 10, strategy=c1 + c2, t0=AMP_T0))
+    return out
+
+
+@pytest.fixture(scope="session")
+def two_regime(tmp_path_factory):
+    """(data dir, checkpoint dir): two-regime data and a base model confident after t0."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("two_regime")
+    for split, seed in (("train", 1), ("val", 2)):
+        write_shards(two_regime_samples(256, seed), root / "data" / split, shard_size=128)
+    train_base(BaseTrainConfig(data=str(root / "data"), out=str(root / "base"), steps=300, batch_size=32,
+                               d_model=32, n_head=2, eval_every=300, warmup_steps=10, lr=3e-3))
+    return root / "data", root / "base"

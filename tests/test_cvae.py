@@ -1,0 +1,145 @@
+"""The CVAE against brute force: per example, per latent value, unpadded, float64."""
+
+import pytest
+import torch
+
+from pipeline.samples import Sample
+from pipeline.vocab import Vocab
+from training.cvae import CVAEConfig, build_cvae, objective
+from training.data import collate_examples, encode
+from training.losses import WeightingParams, reconstruction_weights
+from training.model import GPT, ModelConfig
+
+VOCAB = Vocab(("a", "b", "c", "d"), k_max=4)
+SAMPLES = [Sample("k0", ("a", "b"), ("b", "a", "c")), Sample("k1", ("c",), ("d",)),
+           Sample("k2", ("a", "b", "c", "d"), ("d", "c"))]
+EPS = 1e-6
+
+
+def make(cfg: CVAEConfig, seed=0):
+    torch.manual_seed(seed)
+    backbone = GPT(ModelConfig(vocab_size=len(VOCAB), block_size=32, n_layer=2, n_head=2, d_model=16))
+    model = build_cvae(backbone, VOCAB, cfg).double()
+    for p in model.parameters():  # larger random weights, so that z visibly matters
+        p.data.add_(0.3 * torch.randn(p.shape, dtype=p.dtype))
+    batch = collate_examples(list(encode([("shard.tar", s) for s in SAMPLES], VOCAB, cfg.slots, 32)))
+    return model, batch
+
+
+def hand_ids(s: Sample, slot: list[int] | None) -> list[int]:
+    v = VOCAB.id
+    z = [v("<z>"), *slot, v("</z>")] if slot is not None else []
+    return [v("<bos>"), v("<x>"), *map(v, s.x), v("</x>"), *z, v("<y>"), *map(v, s.y), v("</y>"), v("<eos>")]
+
+
+def hand_nll(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """l_t for S = y + </y>: the token after <y> at offset t is predicted at <y>'s index + t."""
+    j = ids.index(VOCAB.id("<y>"))
+    T = len(ids) - j - 2
+    return torch.stack([-torch.log_softmax(logits[j + t], -1)[ids[j + 1 + t]] for t in range(T)])
+
+
+def brute_force(model, cfg, b_rows, beta, noise=None):
+    """mean_i [ E_q R_i + beta KL_i ] by loops over examples and latent values."""
+    bb, lat, cond = model.backbone, model.latent, model.conditioning
+    total = 0.0
+    for i, s in enumerate(SAMPLES):
+        free = hand_ids(s, None)
+        _, hidden = bb(torch.tensor([free]))
+        w = b_rows[i]
+        if cfg.latent == "discrete":
+            log_q = torch.log_softmax(lat.head(hidden[0, -1]), -1)
+            R = []
+            for k in range(cfg.k):
+                ids = hand_ids(s, [VOCAB.latent_id(k)] * cfg.slots)
+                onehot = torch.eye(cfg.k, dtype=torch.float64)[k][None]
+                ln = cond.ln_proj(onehot).view(1, -1, 2, 16) if cond.ln_proj is not None else None
+                logits, _ = bb(torch.tensor([ids]), ln_cond=ln)
+                l = hand_nll(logits[0], ids)
+                R.append((w * l).sum() / (w.sum() + EPS))
+            zpos = ids.index(VOCAB.id("<z>"))
+            prior_logits, _ = bb(torch.tensor([ids[: zpos + 1]]))  # has not seen z
+            log_p = torch.log_softmax(prior_logits[0, zpos, [VOCAB.latent_id(k) for k in range(cfg.k)]], -1)
+            q = log_q.exp()
+            total = total + (q * torch.stack(R)).sum() + beta * (q * (log_q - log_p)).sum()
+        else:
+            mu, logvar = lat.head(hidden[0, -1]).chunk(2)
+            z = mu + (0.5 * logvar).exp() * noise[i]
+            ids = hand_ids(s, [VOCAB.latent_id(0)] * cfg.slots)
+            zpos = ids.index(VOCAB.id("<z>"))
+            emb = bb.wte(torch.tensor([ids])).clone()
+            emb[0, zpos + 1: zpos + 1 + cfg.slots] = cond.slot_proj(z).view(cfg.slots, 16)
+            logits, hid = bb(torch.tensor([ids]), tok_emb=emb)
+            l = hand_nll(logits[0], ids)
+            R = (w * l).sum() / (w.sum() + EPS)
+            mu_p, lv_p = lat.prior_head(hid[0, zpos]).chunk(2)
+            kl = 0.5 * (lv_p - logvar + (logvar.exp() + (mu - mu_p) ** 2) / lv_p.exp() - 1).sum()
+            total = total + R + beta * kl
+    return total / len(SAMPLES)
+
+
+@pytest.mark.parametrize("cfg", [CVAEConfig(k=3, cond="token"), CVAEConfig(k=2, cond="prefix", slots=2),
+                                 CVAEConfig(k=3, cond="layernorm"),
+                                 CVAEConfig(latent="continuous", z_dim=3, cond="token"),
+                                 CVAEConfig(latent="continuous", z_dim=2, cond="prefix", slots=3)])
+def test_exact_objective_against_brute_force(cfg):
+    model, batch = make(cfg)
+    b = torch.rand(batch.zfree.mask.shape, generator=torch.Generator().manual_seed(1)) * batch.zfree.mask
+    b_rows = [b[i, : len(s.y) + 1].double() for i, s in enumerate(SAMPLES)]
+    pi, _ = reconstruction_weights("surprisal-share", b.double(), batch.zfree.mask, WeightingParams(eps=EPS))
+    out = model(batch, generator=torch.Generator().manual_seed(7))
+    got = objective(model.latent, out, pi, beta=0.7).loss
+    noise = torch.randn((3, cfg.z_dim), generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    want = brute_force(model, cfg, b_rows, 0.7, noise)
+    # token_surprisal computes in float32 (templates.py), hence 1e-6 and not 1e-12
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    # z matters: the per-copy reconstructions differ across latent values
+    if cfg.latent == "discrete":
+        assert (out.nll[:, 0] - out.nll[:, 1]).abs().max() > 1e-4
+
+
+def test_index_maps_of_the_two_templates():
+    """S position t is predicted at logit_pos[t] in both templates: the token there is <y>
+    for t = 0, the token after it is the target, and the targets agree."""
+    batch = collate_examples(list(encode([("shard.tar", s) for s in SAMPLES], VOCAB, 2, 32)))
+    for tpl in (batch.zfree, batch.zcond):
+        rows = torch.arange(len(SAMPLES))[:, None]
+        assert (tpl.input_ids[rows, tpl.logit_pos][:, 0] == VOCAB.id("<y>")).all()
+        nxt = tpl.input_ids[rows, tpl.logit_pos + 1]
+        assert torch.equal(nxt[tpl.mask], tpl.targets[tpl.mask])
+    assert torch.equal(batch.zfree.targets, batch.zcond.targets)
+    assert torch.equal(batch.zfree.mask, batch.zcond.mask)
+    for i, s in enumerate(SAMPLES):
+        want = [VOCAB.id(t) for t in s.y] + [VOCAB.id("</y>")]
+        assert batch.zfree.targets[i, : len(want)].tolist() == want
+        assert batch.zcond.input_ids[i, batch.z_pos[i]] == VOCAB.id("<z>")
+        assert batch.zcond.input_ids[i, batch.slot_pos[i] + 2].tolist()[-1] == VOCAB.id("<y>")
+        assert batch.zfree.input_ids[i, batch.last_pos[i]] == VOCAB.id("<eos>")
+
+
+def test_copies_are_one_forward_and_match_separate_forwards():
+    cfg = CVAEConfig(k=4)
+    model, batch = make(cfg)
+    calls = []
+    hook = model.backbone.register_forward_hook(lambda m, a, o: calls.append(a[0].shape))
+    out = model(batch)
+    hook.remove()
+    assert calls == [batch.zfree.input_ids.shape, (4 * len(SAMPLES), batch.zcond.input_ids.shape[1])]
+    for k in range(4):  # copy k of the batched pass == a pass with <z_k> written in by hand
+        ids = batch.zcond.input_ids.scatter(1, batch.slot_pos, VOCAB.latent_id(k))
+        logits, _ = model.backbone(ids)
+        from pipeline.templates import gather_s, token_surprisal
+        nll = token_surprisal(gather_s(logits, batch.zcond.logit_pos), batch.zcond.targets, batch.zcond.mask)
+        torch.testing.assert_close(out.nll[:, k], nll)
+
+
+def test_discrete_prior_is_the_decoders_distribution_at_z():
+    cfg = CVAEConfig(k=3)
+    model, batch = make(cfg)
+    out = model(batch)
+    torch.testing.assert_close(out.prior.exp().sum(-1), torch.ones(3, dtype=torch.float64))
+    ids = hand_ids(SAMPLES[0], [VOCAB.latent_id(1)])
+    logits, _ = model.backbone(torch.tensor([ids]))
+    zpos = ids.index(VOCAB.id("<z>"))
+    want = torch.softmax(logits[0, zpos, [VOCAB.latent_id(k) for k in range(3)]], -1)
+    torch.testing.assert_close(out.prior[0].exp(), want)

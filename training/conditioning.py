@@ -1,0 +1,53 @@
+"""How z reaches the decoder: the z pathways of the z-conditioned template.
+
+- ``token``:     one latent slot; a discrete z writes its ``<z_k>`` token there, a continuous z
+                 a learned projection of z (through ``GPT.forward(tok_emb=...)``);
+- ``prefix``:    M slots, filled the same way (``<z_k>`` in each, or a projection to M x d);
+- ``layernorm``: one slot as in ``token``, and z also modulates every LayerNorm's scale
+                 and shift (``GPT.forward(ln_cond=...)``). The modulation reaches the
+                 positions before ``<z>`` too, so the prior is then read from an
+                 unconditioned pass over the prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+MODES = ("token", "prefix", "layernorm")
+
+
+class Conditioning(nn.Module):
+    def __init__(self, mode: str, slots: int, d_model: int, n_layernorms: int, features: int, continuous: bool):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"conditioning must be one of {MODES}, got {mode!r}")
+        if mode != "prefix" and slots != 1:
+            raise ValueError(f"{mode!r} conditioning uses one slot, got slots={slots}")
+        self.mode, self.slots, self.d_model, self.n_layernorms = mode, slots, d_model, n_layernorms
+        self.slot_proj = nn.Linear(features, slots * d_model) if continuous else None
+        self.ln_proj = nn.Linear(features, n_layernorms * 2 * d_model) if mode == "layernorm" else None
+        for lin in filter(None, (self.slot_proj, self.ln_proj)):  # GPT-2's embedding scale
+            nn.init.normal_(lin.weight, std=0.02)
+            nn.init.zeros_(lin.bias)
+
+    @property
+    def modulates_prefix(self) -> bool:
+        return self.ln_proj is not None
+
+    def decoder_inputs(self, backbone, ids: torch.Tensor, slot_pos: torch.Tensor, z: torch.Tensor,
+                       slot_ids: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        """ids (N, L) with placeholder slots, slot_pos (N, M), z (N, F) features, slot_ids (N,) or None
+        -> (ids, keyword arguments of GPT.forward)."""
+        N, M = slot_pos.shape
+        z = z.to(backbone.wte.weight.dtype)
+        kwargs = {}
+        if slot_ids is not None:
+            ids = ids.scatter(1, slot_pos, slot_ids[:, None].expand(N, M))
+        else:
+            emb = backbone.embed(ids)  # (N, L, d)
+            slot_emb = self.slot_proj(z).view(N, M, self.d_model)
+            kwargs["tok_emb"] = emb.scatter(1, slot_pos[..., None].expand(N, M, self.d_model), slot_emb)
+        if self.ln_proj is not None:
+            kwargs["ln_cond"] = self.ln_proj(z).view(N, self.n_layernorms, 2, self.d_model)
+        return ids, kwargs

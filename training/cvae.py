@@ -1,0 +1,135 @@
+"""The CVAE: the entangled backbone + a z pathway (conditioning) + a latent, composed.
+
+One backbone serves three reads per step:
+- the z-free pass: its pooled hidden state feeds the posterior head, and its S logits
+  are the current model's z-free surprisal (the ``dynamic`` baseline, no extra pass);
+- the z-conditioned pass: every example's latent copies (K for a discrete latent, one
+  sample for a continuous one) as ONE batched forward of B * copies rows;
+- the prior: the decoder's own output at ``<z>`` (taken from copy 0, which has seen x only,
+  or from an unconditioned prefix pass when the z pathway reaches the prefix).
+
+Posterior input: the z-free hidden state at the last position (``<eos>``), which has
+attended to all of x and y. The model returns per-token NLLs; the objective is a pure
+function of them (``objective``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from pipeline.templates import gather_s, token_surprisal
+from pipeline.vocab import Vocab
+from training.conditioning import MODES, Conditioning
+from training.data import TrainBatch
+from training.latent import CategoricalLatent, GaussianLatent
+from training.losses import free_bits_kl, weighted_reconstruction
+from training.model import GPT
+
+
+@dataclass(frozen=True)
+class CVAEConfig:
+    latent: str = "discrete"
+    """"discrete" (K values, exact expectation) or "continuous" (Gaussian, reparameterised)."""
+    k: int = 4
+    """Latent values of a discrete latent (<= the vocabulary's k_max)."""
+    z_dim: int = 8
+    """Dimensions of a continuous latent."""
+    prior: str = "learned"
+    """Continuous prior: "learned" (conditional, from the decoder at <z>) or "standard" N(0, I)."""
+    cond: str = "token"
+    """z pathway: "token" (one slot), "prefix" (`slots` slots) or "layernorm" (one slot + LayerNorm modulation)."""
+    slots: int = 1
+    """Latent slots of the z-conditioned template (prefix only; 1 otherwise)."""
+
+    def __post_init__(self):
+        if self.latent not in ("discrete", "continuous"):
+            raise ValueError(f"latent must be 'discrete' or 'continuous', got {self.latent!r}")
+        if self.cond not in MODES:
+            raise ValueError(f"cond must be one of {MODES}, got {self.cond!r}")
+        if self.k < 2 or self.z_dim < 1 or self.slots < 1:
+            raise ValueError("need k >= 2, z_dim >= 1, slots >= 1")
+        if self.cond != "prefix" and self.slots != 1:
+            raise ValueError(f"slots={self.slots} needs cond='prefix'")
+        if self.prior not in ("learned", "standard"):
+            raise ValueError(f"prior must be 'learned' or 'standard', got {self.prior!r}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class CVAEOutput:
+    post: Any  # (B, K) log q, or ((B, D) mu, (B, D) logvar)
+    prior: Any  # same shapes as post
+    nll: torch.Tensor  # (B, copies, T_max) l_t(z) nats over S, 0 where masked
+    zfree_nll: torch.Tensor  # (B, T_max) the current backbone's z-free surprisal, detached
+
+
+class CVAE(nn.Module):
+    def __init__(self, backbone: GPT, latent: nn.Module, conditioning: Conditioning):
+        super().__init__()
+        self.backbone, self.latent, self.conditioning = backbone, latent, conditioning
+
+    @property
+    def posterior_parameters(self) -> list[nn.Parameter]:
+        """The posterior head's parameters: where the gradient diagnostic is measured."""
+        return list(self.latent.head.parameters())
+
+    def forward(self, batch: TrainBatch, generator: torch.Generator | None = None) -> CVAEOutput:
+        free, cond = batch.zfree, batch.zcond
+        B = len(batch)
+        logits_free, hidden_free = self.backbone(free.input_ids)  # (B, L, V), (B, L, d)
+        post = self.latent.posterior(hidden_free[torch.arange(B), batch.last_pos])
+        with torch.no_grad():
+            zfree_nll = token_surprisal(gather_s(logits_free, free.logit_pos), free.targets, free.mask)
+
+        C = self.latent.copies  # example i's copies are rows i*C .. i*C + C-1
+        z, slot_ids = self.latent.decoder_inputs(post, generator)
+        rep = lambda t: t.repeat_interleave(C, 0)
+        ids, kwargs = self.conditioning.decoder_inputs(self.backbone, rep(cond.input_ids), rep(batch.slot_pos),
+                                                       z, slot_ids)
+        logits, hidden = self.backbone(ids, **kwargs)  # (B*C, L', V): all copies in one forward
+        nll = token_surprisal(gather_s(logits, rep(cond.logit_pos)), rep(cond.targets), rep(cond.mask))
+        prior = self.latent.prior(*self._at_z(batch, logits[::C], hidden[::C]))
+        return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll)
+
+    def _at_z(self, batch: TrainBatch, logits: torch.Tensor, hidden: torch.Tensor):
+        """(B, V) logits and (B, d) hidden state at <z>, from a pass that has not seen z."""
+        if self.conditioning.modulates_prefix:
+            prefix = batch.zcond.input_ids[:, : int(batch.z_pos.max()) + 1]
+            logits, hidden = self.backbone(prefix)
+        rows = torch.arange(len(batch), device=logits.device)
+        return logits[rows, batch.z_pos], hidden[rows, batch.z_pos]
+
+
+def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
+    d, n_ln = backbone.cfg.d_model, backbone.cfg.n_layernorms
+    if cfg.latent == "discrete":
+        if cfg.k > vocab.k_max:
+            raise ValueError(f"k={cfg.k} exceeds the vocabulary's {vocab.k_max} latent tokens")
+        latent = CategoricalLatent(cfg.k, d, [vocab.latent_id(k) for k in range(cfg.k)])
+    else:
+        latent = GaussianLatent(cfg.z_dim, d, cfg.prior)
+    conditioning = Conditioning(cfg.cond, cfg.slots, d, n_ln, latent.features, continuous=cfg.latent == "continuous")
+    return CVAE(backbone, latent, conditioning)
+
+
+@dataclass
+class Objective:
+    loss: torch.Tensor  # () recon + beta * kl_term
+    recon: torch.Tensor  # () batch mean of E_q[R(z)]
+    kl_term: torch.Tensor  # () the KL as optimised (free bits applied)
+    kl: torch.Tensor  # (B,) or (B, D) nats
+
+
+def objective(latent: nn.Module, out: CVAEOutput, pi: torch.Tensor, beta: float, free_bits: float = 0.0) -> Objective:
+    """J = mean_i E_q[R_i(z)] + beta * KL term; pi (B, T_max) from losses.reconstruction_weights."""
+    R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, copies)
+    recon = latent.expectation(R, out.post).mean()
+    kl = latent.kl(out.post, out.prior)
+    kl_term = free_bits_kl(kl, free_bits)
+    return Objective(recon + beta * kl_term, recon, kl_term, kl)

@@ -1,0 +1,300 @@
+"""Training data: WebDataset shards -> (store join) -> encoded examples -> TrainBatch.
+
+A stream is a chain of generator stages, each ``Iterator[A] -> Iterator[B]``:
+
+    shard urls -> (url, Sample)                       pipeline.shards.iter_shard
+               -> (url, Sample, stored row | None)    join_store: by (__url__, __key__), before any shuffle
+               -> Example                             encode: templates, T and echoed-id checks
+               -> Example (shuffled, this rank's)     shuffle (seeded), take_every (rank / worker)
+               -> TrainBatch                          batched + collate_examples, inside the loader worker
+
+Training reads an infinite resampled stream that every rank draws identically (same
+seed) and splits by example, so ranks take equal steps by construction and the union
+of the ranks' batches at a step is the one-process batch of the same global size.
+Evaluation is an exact pass, shards split by node and by worker.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+import webdataset as wds
+
+from pipeline.samples import Sample
+from pipeline.shards import iter_shard, resolve_shards
+from pipeline.templates import Batch, Layout, check_length, collate, s_targets, zcond_ids, zfree_ids
+from pipeline.vocab import Vocab
+
+
+class StoreMismatchError(ValueError):
+    """A sample and the baseline store disagree; the message names key, shard and fingerprints."""
+
+
+# ---------------------------------------------------------------- store side
+
+
+@dataclass(frozen=True)
+class StoreRef:
+    """Which store rows to join, and the fingerprint they must have been computed with."""
+
+    root: str
+    """Store root (holding ``fingerprint=<fp>/`` folders)."""
+    fingerprint: str
+    """The baseline checkpoint's fingerprint; the store must hold exactly this one."""
+
+    def open(self, vocab: Vocab | None = None):
+        from store.baseline_store import BaselineStore
+
+        store = BaselineStore(self.root)
+        found = store.fingerprints()
+        if self.fingerprint not in found:
+            raise StoreMismatchError(
+                f"store {self.root} holds fingerprints {found or '(none)'}, not the baseline checkpoint's "
+                f"{self.fingerprint}: its b was computed by another model (extract it for this checkpoint)")
+        view = store.open(self.fingerprint)
+        if not view.manifest.get("complete", False):
+            raise StoreMismatchError(f"store {view.dir} is incomplete (manifest complete=false): finish extraction")
+        if vocab is not None and list(view.vocab_tokens()) != list(vocab.tokens):
+            raise StoreMismatchError(f"store {view.dir} was written with another vocabulary than the checkpoint's")
+        return view
+
+
+def join_store(items: Iterable[tuple[str, Sample]], view, fingerprint: str) -> Iterator[tuple]:
+    """(url, Sample) -> (url, Sample, row): a whole part is loaded when the url changes."""
+    current, rows = None, {}
+    for url, sample in items:
+        if url != current:
+            try:
+                rows = view.rows_for_shard(url)
+            except KeyError as e:
+                raise StoreMismatchError(f"shard {url} has no part in store {view.dir} "
+                                         f"(store fingerprint {view.fingerprint}, baseline {fingerprint}): {e}") from None
+            current = url
+        row = rows.get(sample.key)
+        if row is None:
+            raise StoreMismatchError(f"key {sample.key!r} of shard {url} has no row in store {view.dir} "
+                                     f"(store fingerprint {view.fingerprint}, baseline {fingerprint})")
+        yield url, sample, row
+
+
+# ---------------------------------------------------------------- examples
+
+
+@dataclass(frozen=True)
+class Example:
+    """One sample in both templates; ``b`` (T,) float32 nats over S when joined with the store."""
+
+    key: str
+    url: str
+    zfree: tuple[int, ...]
+    zcond: tuple[int, ...]  # latent slots hold a placeholder, written per copy by the CVAE
+    layout: Layout  # of the z-conditioned sequence; Layout(m, n) is the z-free one
+    strategy: str | None
+    t0: int | None
+    b: np.ndarray | None = field(default=None, compare=False)
+
+
+def encode(items: Iterable[tuple], vocab: Vocab, slots: int, block_size: int,
+           fingerprints: tuple[str, str] | None = None) -> Iterator[Example]:
+    """(url, Sample[, row]) -> Example, checking T and the echoed S token ids of every stored row.
+
+    fingerprints: (store, baseline) named in errors.
+    """
+    placeholder = [vocab.latent_id(0)] * slots
+    for url, sample, *row in items:
+        zfree = zfree_ids(vocab, sample.x, sample.y, key=sample.key)
+        zcond = zcond_ids(vocab, sample.x, sample.y, placeholder, key=sample.key)
+        check_length(len(zcond), block_size, key=sample.key)
+        layout = Layout(len(sample.x), len(sample.y), slots)
+        b = None
+        if row and row[0] is not None:
+            b = _checked_b(row[0], s_targets(zfree, Layout(layout.m, layout.n)), sample.key, url, fingerprints)
+        yield Example(sample.key, url, tuple(zfree), tuple(zcond), layout, sample.strategy, sample.t0, b)
+
+
+def _checked_b(row: dict, targets: list[int], key: str, url: str, fingerprints) -> np.ndarray:
+    where = f"key {key!r} in shard {url} (store fingerprint {fingerprints[0]}, baseline {fingerprints[1]})"
+    if int(row["T"]) != len(targets):
+        raise StoreMismatchError(f"stored T={int(row['T'])} but the sample has T={len(targets)}: {where}")
+    stored = np.asarray(row["target_id"])
+    if len(stored) != len(targets) or not np.array_equal(stored, targets):
+        raise StoreMismatchError(f"stored S token ids {stored.tolist()} != the sample's {targets}: {where}")
+    b = np.asarray(row["b"], dtype=np.float32)
+    if b.shape != (len(targets),) or not np.isfinite(b).all():
+        raise StoreMismatchError(f"stored b has shape {b.shape} or non-finite values: {where}")
+    return b
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """A batch in both templates. Per-token tensors are (B, T_max) over S.
+
+    zfree, zcond: templates.Batch (input_ids, logit_pos, targets, mask); same targets and mask.
+    z_pos:     (B,) position of <z> in zcond (its logits are the discrete prior)
+    slot_pos:  (B, M) positions of the latent slots in zcond
+    last_pos:  (B,) last position of the z-free sequence (<eos>): the posterior reads it
+    b:         (B, T_max) float32 nats over S from the store, 0 where masked; None without a store
+    t0:        (B,) long ground-truth t0, -1 where unknown
+    """
+
+    zfree: Batch
+    zcond: Batch
+    z_pos: torch.Tensor
+    slot_pos: torch.Tensor
+    last_pos: torch.Tensor
+    b: torch.Tensor | None
+    t0: torch.Tensor
+    keys: tuple[str, ...]
+    urls: tuple[str, ...]
+    strategies: tuple[str | None, ...]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def to(self, device) -> "TrainBatch":
+        move = lambda t: None if t is None else t.to(device)
+        return TrainBatch(self.zfree.to(device), self.zcond.to(device), move(self.z_pos), move(self.slot_pos),
+                          move(self.last_pos), move(self.b), move(self.t0), self.keys, self.urls, self.strategies)
+
+
+def collate_examples(examples: Sequence[Example]) -> TrainBatch:
+    layouts = [ex.layout for ex in examples]
+    zfree = collate([ex.zfree for ex in examples], [Layout(lay.m, lay.n) for lay in layouts])
+    zcond = collate([ex.zcond for ex in examples], layouts)
+    b = None
+    if all(ex.b is not None for ex in examples):
+        b = torch.zeros(zfree.mask.shape, dtype=torch.float32)
+        for i, ex in enumerate(examples):
+            b[i, : len(ex.b)] = torch.from_numpy(ex.b)
+    return TrainBatch(
+        zfree=zfree, zcond=zcond,
+        z_pos=torch.tensor([lay.z_pos for lay in layouts]),
+        slot_pos=torch.tensor([list(lay.slot_positions) for lay in layouts]),
+        last_pos=torch.tensor([len(ex.zfree) - 1 for ex in examples]),
+        b=b, t0=torch.tensor([-1 if ex.t0 is None else ex.t0 for ex in examples]),
+        keys=tuple(ex.key for ex in examples), urls=tuple(ex.url for ex in examples),
+        strategies=tuple(ex.strategy for ex in examples))
+
+
+# ---------------------------------------------------------------- generic stages
+
+
+def shuffle(items: Iterable, buffer: int, rng: random.Random) -> Iterator:
+    """Reservoir shuffle with a seeded rng; buffer <= 1 passes items through."""
+    pool = []
+    for item in items:
+        if len(pool) < buffer:
+            pool.append(item)
+            continue
+        i = rng.randrange(buffer)
+        yield pool[i]
+        pool[i] = item
+    rng.shuffle(pool)
+    yield from pool
+
+
+def take_every(items: Iterable, start: int, step: int) -> Iterator:
+    return islice(items, start, None, step)
+
+
+def batched(items: Iterable[Example], batch_size: int, *, partial: bool) -> Iterator[TrainBatch]:
+    it = iter(items)
+    while chunk := list(islice(it, batch_size)):
+        if len(chunk) < batch_size and not partial:
+            return
+        yield collate_examples(chunk)
+
+
+def shard_samples(urls: Iterable) -> Iterator[tuple[str, Sample]]:
+    for url in urls:
+        yield from iter_shard(url["url"] if isinstance(url, dict) else url)
+
+
+def _same_seed_everywhere() -> int:
+    """ResampledShards' worker seed: 0, so every rank and worker draws the same shard sequence."""
+    return 0
+
+
+# ---------------------------------------------------------------- datasets (picklable, built inside workers)
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """What a loader worker needs to rebuild its stream (plain, picklable values)."""
+
+    urls: tuple[str, ...]
+    vocab: Vocab
+    slots: int
+    block_size: int
+    batch_size: int
+    store: StoreRef | None = None
+    seed: int = 0
+    shuffle_buffer: int = 256
+
+
+def _worker_info() -> tuple[int, int]:
+    info = torch.utils.data.get_worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def _rank_info() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _joined(spec: StreamSpec, items: Iterable[tuple[str, Sample]]) -> Iterator[Example]:
+    if spec.store is None:
+        return encode(items, spec.vocab, spec.slots, spec.block_size)
+    view = spec.store.open(spec.vocab)
+    fps = (view.fingerprint, spec.store.fingerprint)
+    return encode(join_store(items, view, spec.store.fingerprint), spec.vocab, spec.slots, spec.block_size, fps)
+
+
+class TrainStream(torch.utils.data.IterableDataset):
+    """Infinite batches for this rank and worker: resampled shards, joined, shuffled, split."""
+
+    def __init__(self, spec: StreamSpec, rank: int, world: int):
+        super().__init__()
+        self.spec, self.rank, self.world = spec, rank, world
+
+    def __iter__(self) -> Iterator[TrainBatch]:
+        spec = self.spec
+        worker, workers = _worker_info()
+        shards = wds.ResampledShards(list(spec.urls), seed=spec.seed, worker_seed=_same_seed_everywhere,
+                                     deterministic=True)
+        examples = _joined(spec, shard_samples(shards))
+        mixed = shuffle(examples, spec.shuffle_buffer, random.Random(spec.seed))
+        mine = take_every(mixed, self.rank * workers + worker, self.world * workers)
+        return batched(mine, spec.batch_size, partial=False)
+
+
+class EvalStream(torch.utils.data.IterableDataset):
+    """One exact pass: shards split by node and by worker, last batch partial."""
+
+    def __init__(self, spec: StreamSpec):
+        super().__init__()
+        self.spec = spec
+
+    def __iter__(self) -> Iterator[TrainBatch]:
+        urls = wds.split_by_worker(wds.split_by_node(iter(self.spec.urls)))
+        return batched(_joined(self.spec, shard_samples(urls)), self.spec.batch_size, partial=True)
+
+
+def split_urls(data: str | Path, split: str) -> tuple[str, ...]:
+    root = Path(data)
+    _, paths = resolve_shards(root / split if (root / split).is_dir() else root)
+    return tuple(str(p) for p in paths)
+
+
+def loader(dataset: torch.utils.data.IterableDataset, num_workers: int, steps: int | None = None):
+    """A WebLoader over ready batches (collated in the worker); ``steps`` caps an infinite stream."""
+    kw = dict(multiprocessing_context="forkserver", persistent_workers=False) if num_workers else {}
+    dl = wds.WebLoader(dataset, batch_size=None, num_workers=num_workers, **kw)
+    return dl.with_epoch(steps) if steps is not None else dl

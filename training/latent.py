@@ -1,0 +1,104 @@
+"""The latent variable: posterior head, prior, how z is enumerated or sampled, KL.
+
+Two latents with one interface, so the CVAE composes either:
+- ``posterior(h)``: (B, d) pooled z-free hidden state -> posterior parameters
+- ``prior(z_logits, z_hidden)``: the decoder's (B, V) logits and (B, d) hidden state at
+  ``<z>`` -> prior parameters
+- ``decoder_inputs(post, generator)``: the latent values the decoder is run with, as
+  (N, F) features and (N,) slot token ids (discrete) or None (continuous); N = B * copies
+- ``expectation(R, post)``: (B, copies) reconstructions -> (B,) E_q[R]
+- ``kl(post, prior)``: (B,) or (B, D) nats
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from training.losses import categorical_kl, gaussian_kl
+
+
+class CategoricalLatent(nn.Module):
+    """K values, summed over exactly (no sampling): every example runs K decoder copies.
+
+    Prior p(k|x): softmax over the decoder's logits of ``<z_0..z_{K-1}>`` at ``<z>``.
+    Posterior q(k|x,y): a linear head on the pooled z-free hidden state.
+    """
+
+    kind = "discrete"
+
+    def __init__(self, k: int, d_model: int, latent_ids: list[int]):
+        super().__init__()
+        if len(latent_ids) != k:
+            raise ValueError(f"need {k} latent token ids, got {len(latent_ids)}")
+        self.k = k
+        self.features = k  # one-hot
+        self.head = nn.Linear(d_model, k)
+        self.register_buffer("latent_ids", torch.tensor(latent_ids), persistent=False)
+
+    @property
+    def copies(self) -> int:
+        return self.k
+
+    def posterior(self, h: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(self.head(h), -1)  # (B, K) log q
+
+    def prior(self, z_logits: torch.Tensor, z_hidden: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(z_logits[:, self.latent_ids], -1)  # (B, K) log p
+
+    def decoder_inputs(self, log_q: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy i*K + k of example i carries value k: (B*K, K) one-hot and (B*K,) token ids."""
+        B = log_q.shape[0]
+        onehot = torch.eye(self.k, device=log_q.device, dtype=self.head.weight.dtype).repeat(B, 1)
+        return onehot, self.latent_ids.repeat(B)
+
+    def expectation(self, R: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+        return (log_q.exp() * R).sum(-1)  # (B,) sum_k q(k) R(k)
+
+    def kl(self, log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+        return categorical_kl(log_q, log_p)  # (B,)
+
+
+class GaussianLatent(nn.Module):
+    """z in R^D, one reparameterised sample per example; N(0, I) or a learned conditional prior.
+
+    The learned prior p(z|x) is a head on the decoder's hidden state at ``<z>``, which
+    has seen x only.
+    """
+
+    kind = "continuous"
+    copies = 1
+
+    def __init__(self, z_dim: int, d_model: int, prior: str = "learned"):
+        super().__init__()
+        if prior not in ("learned", "standard"):
+            raise ValueError(f"prior must be 'learned' or 'standard', got {prior!r}")
+        self.features = z_dim
+        self.head = nn.Linear(d_model, 2 * z_dim)
+        self.prior_head = nn.Linear(d_model, 2 * z_dim) if prior == "learned" else None
+        for lin in filter(None, (self.head, self.prior_head)):  # start near N(0, I)
+            nn.init.normal_(lin.weight, std=0.02)
+            nn.init.zeros_(lin.bias)
+
+    def posterior(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mu, logvar = self.head(h).chunk(2, -1)
+        return mu, logvar  # (B, D) each
+
+    def prior(self, z_logits: torch.Tensor, z_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.prior_head is None:
+            zeros = z_hidden.new_zeros(z_hidden.shape[0], self.features)
+            return zeros, zeros
+        mu, logvar = self.prior_head(z_hidden).chunk(2, -1)
+        return mu, logvar
+
+    def decoder_inputs(self, post, generator=None) -> tuple[torch.Tensor, None]:
+        mu, logvar = post
+        noise = torch.randn(mu.shape, generator=generator, dtype=mu.dtype, device="cpu").to(mu.device)
+        return mu + (0.5 * logvar).exp() * noise, None  # (B, D) reparameterised sample
+
+    def expectation(self, R: torch.Tensor, post) -> torch.Tensor:
+        return R[:, 0]  # one sample: a Monte-Carlo estimate of E_q[R]
+
+    def kl(self, post, prior) -> torch.Tensor:
+        return gaussian_kl(*post, *prior)  # (B, D)
