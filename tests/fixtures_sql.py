@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from store.manifest import fingerprint_dir, part_name, stats, tool_version, write_json_atomic
-from store.parts import PART_FORMATS, write_part
+from store.parts import PART_FORMATS, sha256_path, write_part
 from store.schema import PART_SCHEMA, SCHEMA_VERSION
 
 VOCAB = ["<pad>", "<bos>", "<eos>", "a", "b", "c", "d", "</y>"]
@@ -50,8 +50,12 @@ def rows_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=PART_SCHEMA)
 
 
-def write_store(store: Path, fp: str, rows: list[dict], *, fmt: str = "parquet", complete: bool = True) -> Path:
-    """One fingerprint directory: a part per distinct shard of ``rows`` and the manifest."""
+def write_store(store: Path, fp: str, rows: list[dict], *, fmt: str = "parquet", complete: bool = True,
+                input_files: dict[str, Path] | None = None) -> Path:
+    """One fingerprint directory: a part per distinct shard of ``rows`` and the manifest.
+
+    input_files: shard name -> tar file, to record the inputs' real size and sha256.
+    """
     directory = fingerprint_dir(store, fp)
     directory.mkdir(parents=True, exist_ok=True)
     shards = sorted({r["shard"] for r in rows})
@@ -63,7 +67,8 @@ def write_store(store: Path, fp: str, rows: list[dict], *, fmt: str = "parquet",
         parts.append({"name": name, "input": shard, **written, "rows": len(mine),
                       "tokens": sum(r["T"] for r in mine), "b_sum": math.fsum(r["b_sum"] for r in mine),
                       "sum_example_mean_b": math.fsum(r["b_sum"] / r["T"] for r in mine), "skipped": {}})
-        inputs.append({"name": shard, "size": 0, "sha256": "0" * 64, "samples": len(mine), "part": name})
+        sha, size = sha256_path(input_files[shard]) if input_files else ("0" * 64, 0)
+        inputs.append({"name": shard, "size": size, "sha256": sha, "samples": len(mine), "part": name})
     manifest = {"tool": "tokweight", "tool_version": tool_version(), "schema_version": SCHEMA_VERSION,
                 "fingerprint": fp, "format": fmt, "dtype": "float32", "units": "nats", "template_version": "test",
                 "checkpoint": {"path": "none", "fingerprint": fp, "model_config": {}},
@@ -86,5 +91,5 @@ def tiny_pipeline(tmp_path_factory):
     data, ckpt, store = root / "data", root / "base", root / "store"
     write_dataset(replace(PRESETS["tiny"], seed=0), data)
     train_run(BaseTrainConfig(data=str(data), out=str(ckpt), **{**BASE_PRESETS["tiny"], "steps": 30}))
-    extract_run(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store)))
+    extract_run(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store), progress=False))
     return {"data": data, "checkpoint": ckpt, "store": store}

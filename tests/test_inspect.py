@@ -1,0 +1,85 @@
+"""`tokweight inspect`: the report files, the summary against SQL, ground truth from --data, the tiny pipeline."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.samples import Sample
+from pipeline.shards import write_shards
+from store.report import InspectConfig, run
+from tests.fixtures_sql import example_rows, make_row, tiny_pipeline, write_store  # noqa: F401 (fixture)
+
+FP = "e" * 32
+PLOTS = ("profile.png", "t0_confusion.png", "amplification.png", "concentration.png")
+
+
+def _check_report(out):
+    report = (out / "report.md").read_text()
+    for plot in PLOTS:
+        assert (out / plot).stat().st_size > 1000, plot
+        assert f"]({plot})" in report
+    for heading in ("## Definitions", "## Surprisal profile by position", "## t0 estimates against the ground truth",
+                    "## Dilution and predicted amplification", "## Weight concentration"):
+        assert heading in report
+    return report, json.loads((out / "summary.json").read_text())
+
+
+def test_report_files_and_summary(tmp_path):
+    rows = example_rows(7, 200, max_T=9)
+    write_store(tmp_path / "store", FP, rows)
+    run(InspectConfig(store=str(tmp_path / "store"), out=str(tmp_path / "report"), q=0.8))
+    report, summary = _check_report(tmp_path / "report")
+    (fp,) = summary["fingerprints"]
+    assert fp["fingerprint"] == FP and fp["examples"] == 200 and fp["complete"] is True
+    assert summary["params"] == {"q": 0.8, "tau": 0.1, "eps": 1e-6}
+    truth = [(np.nonzero(r["cumsum_b"] >= 0.8 * r["b_sum"])[0][0], r["t0"]) for r in rows
+             if r["t0"] is not None and r["b_sum"] >= 1e-6]
+    assert math.isclose(fp["t0_share_exact"], np.mean([e == t for e, t in truth]))
+    assert f"{fp['t0_share_exact']:.1%}" in report
+    assert json.loads((tmp_path / "report" / "config.json").read_text())["q"] == 0.8
+    header = (tmp_path / "report" / "profile_by_position.csv").read_text().splitlines()[0]
+    assert header.startswith("fingerprint,pos,n,mean_b")
+
+
+def test_data_fills_in_missing_ground_truth(tmp_path):
+    """Rows stored without strategy/t0 get them from the dataset, its shards matched by content."""
+    rng = np.random.default_rng(0)
+    samples = [Sample(key=f"s{i}", x=("a",), y=("b",) * int(rng.integers(1, 6)), strategy="copy", t0=i % 2)
+               for i in range(12)]
+    paths = write_shards(samples, tmp_path / "data" / "train", shard_size=5)
+    names = [f"moved/elsewhere-{i}.tar" for i in range(len(paths))]  # the store knows other names
+    rows = [make_row(s.key, names[i // 5], rng.random(len(s.y) + 1), rng=rng) for i, s in enumerate(samples)]
+    write_store(tmp_path / "store", FP, rows, input_files=dict(zip(names, paths)))
+
+    without = run(InspectConfig(store=str(tmp_path / "store"), out=str(tmp_path / "r0")))
+    assert without["fingerprints"][0]["with_true_t0"] == 0
+    assert without["fingerprints"][0]["t0_share_exact"] is None
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path / "store"), "--out", str(tmp_path / "r1"),
+                                       "--data", str(tmp_path / "data")])
+    assert result.exit_code == 0, result.output
+    assert "report.md" in result.output
+    fp = json.loads((tmp_path / "r1" / "summary.json").read_text())["fingerprints"][0]
+    assert fp["with_true_t0"] == 12
+    assert isinstance(fp["t0_share_exact"], float)
+
+
+def test_inspect_bad_store_is_a_clean_error(tmp_path):
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 1 and "no fingerprint" in result.output and "Traceback" not in result.output
+
+
+def test_inspect_on_the_tiny_pipeline(tiny_pipeline, tmp_path):  # noqa: F811
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, ["inspect", str(tiny_pipeline["store"]), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    _, summary = _check_report(out)
+    (fp,) = summary["fingerprints"]
+    assert fp["examples"] > 0 and fp["with_true_t0"] == fp["examples"]
+    assert isinstance(fp["t0_share_exact"], float) and 0.0 <= fp["t0_share_exact"] <= 1.0
+    assert isinstance(fp["t0_share_mae"], float)

@@ -1,0 +1,213 @@
+"""store.sql: every estimator against a numpy reference, views over manifest-listed parts only."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store.sql import EstimatorParams, connect, read_sql
+from tests.fixtures_sql import TIE_VALUES, VOCAB, example_rows, make_row, write_store
+
+FP = "f" * 32
+
+
+# ---------------------------------------------------------------- numpy references (float64 throughout)
+
+
+def ref_t0_share(row, q, eps):
+    if row["b_sum"] < eps:
+        return None
+    hits = np.nonzero(row["cumsum_b"].astype(np.float64) >= q * row["b_sum"])[0]
+    return int(hits[0]) if hits.size else row["T"] - 1
+
+
+def ref_t0_threshold(row, tau):
+    above = np.nonzero(row["b"].astype(np.float64) > tau)[0]
+    return int(above[-1]) if above.size else None
+
+
+def ref_concentration(row, eps):
+    if row["b_sum"] < eps:
+        return None, None, None
+    pi = row["b"].astype(np.float64) / row["b_sum"]
+    positive = pi[pi > 0]
+    return float(-np.sum(positive * np.log(positive))), float(1.0 / np.sum(pi**2)), float(pi.max())
+
+
+def _close(a, b):
+    if a is None or b is None:
+        return a is None and b is None
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+# ---------------------------------------------------------------- per-example estimators
+
+_b = st.lists(st.sampled_from(TIE_VALUES.tolist()), min_size=1, max_size=9)
+_example = st.one_of(_b, st.integers(1, 6).map(lambda T: [0.0] * T), st.just([1.0]), st.just([0.0]))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bs=st.lists(_example, min_size=1, max_size=12), q=st.sampled_from([0.25, 0.5, 0.9, 1.0]),
+       tau=st.sampled_from([0.0, 0.05, 0.1, 0.25, 1.0]), eps=st.sampled_from([1e-6, 0.3]))
+def test_example_estimators_match_numpy(bs, q, tau, eps):
+    rng = np.random.default_rng(0)
+    rows = [make_row(f"k{i}", f"s{i % 2}.tar", b, t0=i % len(b), rng=rng) for i, b in enumerate(bs)]
+    with tempfile.TemporaryDirectory() as d:
+        write_store(Path(d), FP, rows)
+        con = connect(d, params=EstimatorParams(q=q, tau=tau, eps=eps))
+        got = {r[0]: r[1:] for r in con.sql(
+            "SELECT key, degenerate, t0_share, t0_threshold, dilution, amplification, amplification_true, "
+            "share_entropy, effective_tokens, max_share FROM examples").fetchall()}
+    assert len(got) == len(rows)
+    for row in rows:
+        degenerate, t0s, t0t, dil, amp, amp_true, ent, eff, mx = got[row["key"]]
+        T, want_t0s = row["T"], ref_t0_share(row, q, eps)
+        assert degenerate == (row["b_sum"] < eps)
+        assert t0s == want_t0s, row
+        assert t0t == ref_t0_threshold(row, tau), row
+        assert _close(dil, None if want_t0s is None else (want_t0s + 1) / T)
+        assert _close(amp, None if want_t0s is None else T / (want_t0s + 1))
+        assert _close(amp_true, T / (row["t0"] + 1))
+        for g, w in zip((ent, eff, mx), ref_concentration(row, eps)):
+            assert _close(g, w), (row, g, w)
+
+
+def test_share_ties_reach_exactly_q():
+    """cumsum exactly at q * sum b counts as reached (>=); T = 1 gives position 0."""
+    rows = [make_row("tie", "s.tar", [0.5, 0.5, 0.5, 0.5]), make_row("one", "s.tar", [2.0]),
+            make_row("zero", "s.tar", [0.0, 0.0])]
+    with tempfile.TemporaryDirectory() as d:
+        write_store(Path(d), FP, rows)
+        con = connect(d, params=EstimatorParams(q=0.5, tau=0.5))
+        got = dict(con.sql("SELECT key, [t0_share, t0_threshold] FROM examples").fetchall())
+    assert got == {"tie": [1, None], "one": [0, 0], "zero": [None, None]}
+
+
+# ---------------------------------------------------------------- aggregate queries
+
+
+@pytest.fixture(scope="module")
+def random_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("random_store")
+    rows = example_rows(3, 400, max_T=10, shards=3)
+    write_store(root, FP, rows)
+    return root, rows
+
+
+def _tokens(rows):
+    for r in rows:
+        for pos, b in enumerate(r["b"]):
+            yield r, pos, float(b)
+
+
+def test_profiles_match_numpy(random_store):
+    root, rows = random_store
+    con = connect(root)
+    by_pos = {r["pos"]: r for r in con.sql(read_sql("profile_by_position")).to_arrow_table().to_pylist()}
+    for pos in range(10):
+        values = np.array([b for _, p, b in _tokens(rows) if p == pos])
+        got = by_pos[pos]
+        assert got["n"] == len(values)
+        assert math.isclose(got["mean_b"], values.mean(), rel_tol=1e-9)
+        for column, q in (("q10_b", 0.1), ("median_b", 0.5), ("q90_b", 0.9)):
+            assert math.isclose(got[column], np.quantile(values, q), rel_tol=1e-6, abs_tol=1e-9)
+    for name, key in (("profile_by_strategy", "strategy"), ("profile_by_T", "T")):
+        for got in con.sql(read_sql(name)).to_arrow_table().to_pylist():
+            values = np.array([b for r, p, b in _tokens(rows) if p == got["pos"] and r[key] == got[key]])
+            assert got["n"] == len(values)
+            assert math.isclose(got["mean_b"], values.mean(), rel_tol=1e-9)
+            assert math.isclose(got["median_b"], np.median(values), rel_tol=1e-6, abs_tol=1e-9)
+
+
+def test_summary_matches_numpy(random_store):
+    root, rows = random_store
+    params = EstimatorParams()
+    (got,) = connect(root, params=params).sql(read_sql("summary")).to_arrow_table().to_pylist()
+    pairs = [(ref_t0_share(r, params.q, params.eps), r["t0"]) for r in rows]
+    pairs = [(e, t) for e, t in pairs if e is not None and t is not None]
+    err = np.array([abs(e - t) for e, t in pairs])
+    assert got["examples"] == len(rows) and got["tokens"] == sum(r["T"] for r in rows)
+    assert got["degenerate"] == sum(r["b_sum"] < params.eps for r in rows) > 0
+    assert got["t0_share_compared"] == len(pairs)
+    assert math.isclose(got["t0_share_exact"], np.mean(err == 0))
+    assert math.isclose(got["t0_share_mae"], err.mean())
+    assert math.isclose(got["t0_share_within_1"], np.mean(err <= 1))
+    assert got["t0_threshold_none"] == sum(ref_t0_threshold(r, params.tau) is None for r in rows)
+    eff = [ref_concentration(r, params.eps)[1] / r["T"] for r in rows if r["b_sum"] >= params.eps]
+    assert math.isclose(got["mean_effective_fraction"], np.mean(eff), rel_tol=1e-9)
+
+
+def test_tokens_view_symbols_and_shares(random_store):
+    root, rows = random_store
+    con = connect(root)
+    row = rows[0]
+    got = con.sql(f"SELECT pos, b, token_id, symbol, pi FROM tokens WHERE key = '{row['key']}' ORDER BY pos").fetchall()
+    assert [g[0] for g in got] == list(range(row["T"]))
+    assert [g[1] for g in got] == pytest.approx(row["b"].tolist())
+    assert [g[3] for g in got] == [VOCAB[i] for i in row["target_id"]]
+    assert [g[4] for g in got] == pytest.approx((row["b"] / row["b_sum"]).tolist())
+
+
+# ---------------------------------------------------------------- what the views read
+
+
+def test_only_manifest_listed_parts_are_read(tmp_path):
+    rows = example_rows(1, 40, shards=2)
+    directory = write_store(tmp_path, FP, rows)
+    listed = sorted(p.name for p in directory.iterdir())
+    # a stray valid part (another run's), a torn temporary part, and a truncated part-named file
+    write_store(tmp_path / "other", FP, example_rows(2, 30, shards=1))
+    (tmp_path / "other" / f"fingerprint={FP}" / "part-00000.parquet").rename(directory / "part-00007.parquet")
+    (directory / "part-00001.parquet.tmp").write_bytes((directory / "part-00001.parquet").read_bytes()[:100])
+    (directory / "part-00009.parquet").write_bytes(b"PAR1 torn")
+    assert sorted(p.name for p in directory.iterdir()) != listed
+    con = connect(tmp_path)
+    assert con.sql("SELECT count(*) FROM examples").fetchall() == [(40,)]
+    assert sorted(k for (k,) in con.sql("SELECT key FROM examples").fetchall()) == sorted(r["key"] for r in rows)
+
+
+def test_a_damaged_listed_part_is_an_error_naming_it(tmp_path):
+    directory = write_store(tmp_path, FP, example_rows(1, 20, shards=2))
+    part = directory / "part-00001.parquet"
+    part.write_bytes(part.read_bytes()[:-10])
+    with pytest.raises(ValueError, match="part-00001.parquet"):
+        connect(tmp_path)
+
+
+def test_fingerprints_side_by_side_as_text(tmp_path):
+    digits = "0" * 31 + "7"  # all digits, leading zeros: must stay text
+    write_store(tmp_path, FP, example_rows(1, 30))
+    write_store(tmp_path, digits, example_rows(2, 12), fmt="zarr")
+    con = connect(tmp_path)
+    counts = dict(con.sql("SELECT fingerprint, count(*) FROM examples GROUP BY ALL").fetchall())
+    assert counts == {FP: 30, digits: 12}
+    assert con.sql("SELECT DISTINCT typeof(fingerprint) FROM tokens").fetchall() == [("VARCHAR",)]
+    assert dict(con.sql("SELECT fingerprint, count(*) FROM vocab GROUP BY ALL").fetchall()) == {FP: 8, digits: 8}
+    assert dict(con.sql("SELECT fingerprint, format FROM manifests").fetchall()) == {FP: "parquet", digits: "zarr"}
+    only = connect(tmp_path, [digits])
+    assert only.sql("SELECT DISTINCT fingerprint FROM examples").fetchall() == [(digits,)]
+
+
+def test_zarr_and_parquet_give_the_same_examples(tmp_path):
+    rows = example_rows(5, 60, shards=3)
+    write_store(tmp_path / "p", FP, rows)
+    write_store(tmp_path / "z", FP, rows, fmt="zarr")
+    query = "SELECT * EXCLUDE (fingerprint) FROM examples ORDER BY key"
+    assert connect(tmp_path / "p").sql(query).fetchall() == connect(tmp_path / "z").sql(query).fetchall()
+
+
+def test_bad_parameters_are_refused():
+    for kwargs in ({"q": 0.0}, {"q": 1.5}, {"tau": -1.0}, {"eps": 0.0}):
+        with pytest.raises(ValueError):
+            EstimatorParams(**kwargs)
+
+
+def test_empty_store_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="no fingerprint"):
+        connect(tmp_path)
