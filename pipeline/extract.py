@@ -27,12 +27,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 from tqdm import tqdm
+from webdataset.tariterators import base_plus_ext
 
 from pipeline.bucketing import bucket
 from pipeline.errors import SampleError
 from pipeline.ranks import Ranks
 from pipeline.samples import Sample
-from pipeline.shards import count_samples, iter_shard, resolve_shards, shard_name
+from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name
 from pipeline.templates import TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, token_surprisal, zfree_ids
 from pipeline.vocab import Vocab
 from store.lock import StoreLock
@@ -107,9 +108,41 @@ class Scores:
 ErrorHandler = Callable[[SampleError], None] | None
 
 
-def read_samples(path: Path, on_error: ErrorHandler) -> Iterator[Sample]:
-    """Stage: one shard's valid samples in file order (shards.iter_shard does the checks)."""
-    for _, sample in iter_shard(path, on_error=on_error):
+def _wds_key(name: str) -> str:
+    return base_plus_ext(name)[0]
+
+
+def tar_keys(names: list[str]) -> tuple[int, dict[str, str]]:
+    """(samples in the tar, {dotted key: the key WebDataset makes of it}) from member names.
+
+    A sample is a ``<key>.json`` member (keyed by the name minus ".json"), or a group of
+    other members that has no json. WebDataset cuts names at the first dot, so
+    ``k.1.json`` would silently become a member "1.json" of sample "k": such keys are
+    found here, from the names, before WebDataset regroups them.
+    """
+    names = [n for n in names if not Path(n).name.startswith("__")]
+    json_keys = {n[: -len(".json")] for n in names if n.endswith(".json")}
+    grouped = {_wds_key(n) for n in names if n.endswith(".json")}
+    others = {_wds_key(n) for n in names if not n.endswith(".json")} - grouped
+    dotted = {k: _wds_key(k + ".json") for k in sorted(json_keys) if "." in Path(k).name}
+    return len(json_keys) + len(others), dotted
+
+
+def read_samples(path: Path, shard: str, on_error: ErrorHandler) -> Iterator[Sample]:
+    """Stage: one shard's valid samples in file order (shards.iter_shard does the per-sample checks)."""
+    _, dotted = tar_keys(scan_shard(path))
+    for key in dotted:
+        error = SampleError("bad-key", "key contains '.', which WebDataset splits on", key=key, shard=shard)
+        if on_error is None:
+            raise error
+        on_error(error)
+    residue = set(dotted.values())  # what WebDataset makes of a dotted key: reported above already
+
+    def forward(error: SampleError) -> None:
+        if not (error.reason == "missing-field" and error.key in residue):
+            on_error(error)
+
+    for _, sample in iter_shard(path, on_error=None if on_error is None else forward):
         yield sample
 
 
@@ -221,11 +254,11 @@ def shard_table(task: Task, ckpt: Checkpoint, cfg: ExtractConfig, device: torch.
     skipped: Counter = Counter()
     on_error = None if cfg.on_bad_sample == "error" else (lambda e: skipped.update([e.reason]))
     name = task.shard.name
-    samples = read_samples(task.shard.path, on_error)  # stream: Sample, file order
+    samples = read_samples(task.shard.path, name, on_error)  # stream: Sample, file order
     encoded = list(encode(samples, ckpt.vocab, ckpt.model.cfg.block_size, name, on_error))  # Encoded, file order
     batches = bucket(encoded, cfg.batch_tokens, lambda e: e.scored_length)  # list[Encoded], by length
     table = part_table(name, list(score(batches, ckpt.model, device, name, on_tokens)))  # file order again
-    in_tar = count_samples(task.shard.path)  # distinct keys; a duplicate's extra copies are not samples
+    in_tar, _ = tar_keys(scan_shard(task.shard.path))  # distinct keys; a duplicate's extra copies are not samples
     accounted = len(table) + sum(n for r, n in skipped.items() if r != "duplicate-key")
     if accounted != in_tar:
         raise RuntimeError(f"shard {name!r}: {in_tar} samples in the tar but {len(table)} rows + "

@@ -41,13 +41,13 @@ def _reference(logits_fn, vocab, sample):
 def test_b_equals_unbatched_float64(world):
     ckpt = load_checkpoint(world.ckpt)
     model64 = copy.deepcopy(ckpt.model).double()
-    path, _ = _first_train_shard(world)
+    path, name = _first_train_shard(world)
     view = BaselineStore(world.store).open()
     rows = view.rows_for_shard(path)
     table = view.read_part(view.input_for_shard(path)["part"])
     entropy = dict(zip(table.column("key").to_pylist(), table.column("entropy").to_pylist()))
     top1 = dict(zip(table.column("key").to_pylist(), table.column("top1").to_pylist()))
-    samples = list(read_samples(path, None))
+    samples = list(read_samples(path, name, None))
     assert list(rows) == [s.key for s in samples]  # rows in shard order
     with torch.no_grad():
         for sample in samples:
@@ -71,7 +71,7 @@ def _scores_by_key(ckpt, samples, shard, batch_tokens):
 def test_b_invariant_to_batch_size_and_bucketing(world, batch_tokens):
     ckpt = load_checkpoint(world.ckpt)
     path, name = _first_train_shard(world)
-    samples = list(read_samples(path, None))
+    samples = list(read_samples(path, name, None))
     reference = BaselineStore(world.store).open().rows_for_shard(path)
     table = _scores_by_key(ckpt, samples, name, batch_tokens)
     assert table.column("key").to_pylist() == [s.key for s in samples]  # order restored after bucketing
@@ -81,8 +81,8 @@ def test_b_invariant_to_batch_size_and_bucketing(world, batch_tokens):
 
 def test_b_invariant_to_padding_and_mixed_lengths(world):
     ckpt = load_checkpoint(world.ckpt)
-    path, _ = _first_train_shard(world)
-    samples = list(read_samples(path, None))[:24]
+    path, name = _first_train_shard(world)
+    samples = list(read_samples(path, name, None))[:24]
     reference = BaselineStore(world.store).open().rows_for_shard(path)
     rng = np.random.default_rng(0)
     order = rng.permutation(len(samples))  # unbucketed: lengths mixed inside the batch
@@ -102,10 +102,10 @@ def test_b_equals_transformers_gpt2(world, tmp_path):
 
     hf = GPT2LMHeadModel.from_pretrained(export_hf(world.ckpt, tmp_path / "hf")).eval()
     vocab = load_checkpoint(world.ckpt).vocab
-    path, _ = _first_train_shard(world)
+    path, name = _first_train_shard(world)
     rows = BaselineStore(world.store).open().rows_for_shard(path)
     with torch.no_grad():
-        for sample in list(read_samples(path, None))[:32]:
+        for sample in list(read_samples(path, "train", None))[:32]:
             b, _, _ = _reference(lambda idx: hf(idx).logits, vocab, sample)
             np.testing.assert_allclose(rows[sample.key]["b"], b, rtol=0, atol=TOL)
 
