@@ -1,0 +1,90 @@
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.fixtures_train import tiny  # noqa: F401
+from training.baselines import Frozen, dynamic
+from training.checkpoint import load_checkpoint
+from training.cvae import CVAEConfig, build_cvae
+from training.data import EvalStream, StreamSpec, loader, split_urls
+from training.schedules import BetaSchedule
+from training.train import TrainConfig, load_run, run
+
+
+def config(tiny, out, **kw):
+    data, ckpt = tiny
+    base = dict(checkpoint=str(ckpt), data=str(data), out=str(out), policy="frozen", steps=6, batch_size=8,
+                log_every=2, grad_diag_every=3, ckpt_every=2, num_workers=0, eval_batch_size=64)
+    return TrainConfig(**{**base, **kw})
+
+
+def lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_run_writes_config_metrics_checkpoint_and_resumes(tiny, tmp_path):
+    cfg = config(tiny, tmp_path / "run", steps=4)
+    result = run(cfg)
+    assert result["split"] == "val" and result["examples"] == 128 and 0 <= result["mi"] <= math.log(4)
+    assert TrainConfig.from_json(json.loads((tmp_path / "run" / "config.json").read_text())) == cfg
+    recs = lines(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in recs if "loss" in r] == [0, 1, 3]  # log_every 2, diagnostics at step 0 and 3
+    assert {"grad_recon", "grad_kl", "grad_ratio"} <= set(recs[0])
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 4
+    # resume: the same run, longer, continues from step 4
+    run(replace(cfg, steps=6))
+    recs = lines(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in recs if "loss" in r][-2:] == [3, 5]
+    _, model, _, meta = load_run(tmp_path / "run")
+    assert meta["step"] == 6
+    # another config in the same directory is refused
+    with pytest.raises(ValueError, match="another config"):
+        run(replace(cfg, steps=8, lr=5e-4))
+
+
+def test_same_seed_same_parameters(tiny, tmp_path):
+    cfg = config(tiny, tmp_path / "a", cvae=CVAEConfig(latent="continuous", z_dim=3), num_workers=1)
+    run(cfg)
+    run(replace(cfg, out=str(tmp_path / "b")))
+    a = load_file(tmp_path / "a" / "checkpoint" / "model.safetensors")
+    b = load_file(tmp_path / "b" / "checkpoint" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    run(replace(cfg, out=str(tmp_path / "c"), seed=1))
+    c = load_file(tmp_path / "c" / "checkpoint" / "model.safetensors")
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_dynamic_baseline_is_the_z_free_pass_and_equals_frozen_at_init(tiny):
+    data, ckpt_dir = tiny
+    ckpt = load_checkpoint(ckpt_dir)
+    model = build_cvae(ckpt.model, ckpt.vocab, CVAEConfig(k=2)).eval()
+    spec = StreamSpec(urls=split_urls(data, "val"), vocab=ckpt.vocab, slots=1, block_size=ckpt.model.cfg.block_size,
+                      batch_size=16)
+    batch = next(iter(loader(EvalStream(spec), 0)))
+    frozen = Frozen(ckpt.model)
+    out = model(batch)
+    torch.testing.assert_close(dynamic(batch, out), frozen(batch), atol=1e-6, rtol=0)
+    assert (dynamic(batch, out)[batch.zfree.mask] > 0).all()
+
+
+def test_config_refusals(tiny, tmp_path):
+    with pytest.raises(ValueError, match="log K"):
+        config(tiny, tmp_path, free_bits=math.log(4))
+    with pytest.raises(ValueError, match="needs --store"):
+        config(tiny, tmp_path, policy="precomputed")
+    with pytest.raises(ValueError, match="weighting"):
+        config(tiny, tmp_path, weighting="median")
+
+
+def test_beta_schedules():
+    assert BetaSchedule(0.5).at(7, 10) == 0.5
+    lin = BetaSchedule(1.0, "linear", warmup_steps=4)
+    assert [lin.at(s, 10) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    cyc = BetaSchedule(1.0, "cyclical", cycles=2, ramp_ratio=0.5)  # period 5: ramp over 2.5 steps, then hold
+    assert [round(cyc.at(s, 10), 3) for s in range(10)] == [0.0, 0.4, 0.8, 1.0, 1.0] * 2
+    with pytest.raises(ValueError):
+        BetaSchedule(1.0, "linear", warmup_steps=0)

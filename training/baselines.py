@@ -1,0 +1,54 @@
+"""Where b_t comes from each step (SPEC §3 `policy`); every policy returns (B, T_max) nats over S, detached.
+
+- precomputed: the store's row, joined into the batch by the data stream (no forward pass);
+- frozen:      a frozen copy of the baseline (entangled) model, one extra z-free forward;
+- dynamic:     the current backbone's z-free surprisal, taken from the posterior's z-free
+               pass (the backbone is shared, so no extra pass).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+
+from training.cvae import CVAEOutput
+from training.data import TrainBatch
+from training.model import GPT
+from training.train_base import s_nll
+
+POLICIES = ("precomputed", "frozen", "dynamic")
+
+Baseline = Callable[[TrainBatch, CVAEOutput], torch.Tensor]
+
+
+def precomputed(batch: TrainBatch, out: CVAEOutput) -> torch.Tensor:
+    if batch.b is None:
+        raise ValueError("policy 'precomputed' needs batches joined with a store (b is missing)")
+    return batch.b
+
+
+def dynamic(batch: TrainBatch, out: CVAEOutput) -> torch.Tensor:
+    return out.zfree_nll
+
+
+class Frozen:
+    """b from a frozen copy of the baseline model (no gradients, eval mode)."""
+
+    def __init__(self, model: GPT):
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def __call__(self, batch: TrainBatch, out: CVAEOutput | None = None) -> torch.Tensor:
+        with torch.no_grad():
+            return s_nll(self.model, batch.zfree)
+
+
+def make_baseline(policy: str, baseline_model: GPT | None) -> Baseline:
+    if policy == "frozen":
+        if baseline_model is None:
+            raise ValueError("policy 'frozen' needs the baseline model")
+        return Frozen(baseline_model)
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    return {"precomputed": precomputed, "dynamic": dynamic}[policy]

@@ -1,0 +1,399 @@
+"""Stage two: train a CVAE from the entangled checkpoint with a weighted reconstruction.
+
+setup -> fit -> validate. ``run(cfg)`` is the whole job; the CLI only builds the config.
+Outputs in RUN/: config.json (the resolved TrainConfig), metrics.jsonl (one line per
+logged step, then the validation line), checkpoint/ (safetensors model + optimizer,
+state.json, vocab.json; replaced atomically), and resume from it.
+
+Data parallel (torchrun, gloo): every rank draws the same shuffled stream and keeps
+every world-th example (``data.TrainStream``); gradients are averaged with one
+all_reduce per parameter, so N ranks with batch B step exactly like one process with
+batch N*B. Rank 0 writes everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from pipeline.vocab import Vocab
+from training.baselines import POLICIES, Baseline, make_baseline
+from training.checkpoint import load_checkpoint
+from training.cvae import CVAE, CVAEConfig, build_cvae, objective
+from training.data import StoreRef, StreamSpec, EvalStream, TrainBatch, TrainStream, loader, split_urls
+from training.losses import WEIGHTINGS, WeightingParams, check_free_bits, reconstruction_weights, weighted_reconstruction
+from training.metrics import EvalRecords, entropy, posterior_gradient_norms
+from training.model import GPT, ModelConfig
+from training.schedules import BetaSchedule
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    checkpoint: str
+    """The entangled checkpoint the CVAE is initialised from."""
+    data: str
+    """Dataset directory with train/ and val/ shards."""
+    out: str
+    """Run directory (config.json, metrics.jsonl, checkpoint/)."""
+    store: str | None = None
+    """Baseline store root; needed by policy 'precomputed' and weighting 'distribution-rescale'."""
+    baseline_checkpoint: str | None = None
+    """The checkpoint b was (or is) computed with; None: the init checkpoint."""
+    cvae: CVAEConfig = field(default_factory=CVAEConfig)
+    """Latent, z pathway and slots."""
+    weighting: str = "surprisal-share"
+    """Reconstruction weighting, one of losses.WEIGHTINGS."""
+    token_weighted_reconstruction_weight: float = 1.0
+    """lambda: (1 - lambda) * uniform + lambda * weighting."""
+    eps: float = 1e-6
+    """Weight-sum epsilon and degenerate threshold on sum_t b_t (nats)."""
+    eps_inv: float = 1e-2
+    """inverse-surprisal's floor under b (nats)."""
+    policy: str = "precomputed"
+    """Where b comes from: precomputed (store), frozen (extra pass), dynamic (current backbone)."""
+    beta: BetaSchedule = field(default_factory=BetaSchedule)
+    """The KL weight over training."""
+    free_bits: float = 0.0
+    """KL floor lambda in nats (0: off); refused at >= log K for a discrete latent."""
+    steps: int = 300
+    """Optimizer steps (global: every rank takes them all)."""
+    batch_size: int = 32
+    """Examples per step per rank."""
+    lr: float = 1e-3
+    """AdamW learning rate (constant)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0: off)."""
+    log_every: int = 10
+    """Steps between metrics.jsonl lines."""
+    grad_diag_every: int = 50
+    """Steps between posterior-gradient diagnostics (0: off)."""
+    ckpt_every: int = 100
+    """Steps between checkpoints (the last step always writes one)."""
+    num_workers: int = 1
+    """Loader worker processes (forkserver); 0 reads in the main process."""
+    shuffle_buffer: int = 256
+    """Examples in the seeded shuffle buffer (after the store join)."""
+    eval_batch_size: int = 128
+    """Examples per validation batch."""
+    seed: int = 0
+    """Seeds the heads, the data order and the continuous latent's noise."""
+    device: str = "cpu"
+    """torch device of the model."""
+
+    def __post_init__(self):
+        if isinstance(self.cvae, dict):
+            object.__setattr__(self, "cvae", CVAEConfig(**self.cvae))
+        if isinstance(self.beta, dict):
+            object.__setattr__(self, "beta", BetaSchedule(**self.beta))
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {sorted(WEIGHTINGS)}, got {self.weighting!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.store is None and (self.policy == "precomputed" or self.weighting == "distribution-rescale"):
+            raise ValueError(f"policy {self.policy!r} with weighting {self.weighting!r} needs --store")
+        if not 0 <= self.token_weighted_reconstruction_weight <= 1:
+            raise ValueError("token_weighted_reconstruction_weight must be in [0, 1]")
+        check_free_bits(self.free_bits, self.cvae.latent, self.cvae.k)
+        for name in ("steps", "batch_size", "log_every", "ckpt_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.num_workers < 0 or self.grad_diag_every < 0 or self.shuffle_buffer < 0:
+            raise ValueError("num_workers, grad_diag_every and shuffle_buffer must be >= 0")
+        WeightingParams(self.eps, self.eps_inv)  # validates both
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "TrainConfig":
+        return cls(**obj)
+
+
+# ---------------------------------------------------------------- setup
+
+
+@dataclass
+class State:
+    cfg: TrainConfig
+    model: CVAE
+    opt: torch.optim.Optimizer
+    baseline: Baseline
+    params: WeightingParams
+    spec: StreamSpec
+    vocab: Vocab
+    rank: int
+    world: int
+    step: int = 0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.cfg.device)
+
+
+def init_distributed() -> tuple[int, int]:
+    """(rank, world): a gloo process group when launched by torchrun with WORLD_SIZE > 1."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def data_seed(seed: int, start_step: int) -> int:
+    """The stream's seed: a resumed run draws a fresh (still deterministic) stream from its step."""
+    return int(np.random.SeedSequence([seed, start_step]).generate_state(1)[0])
+
+
+def setup(cfg: TrainConfig, rank: int, world: int) -> State:
+    torch.manual_seed(cfg.seed)
+    init = load_checkpoint(cfg.checkpoint)
+    same = cfg.baseline_checkpoint is None or Path(cfg.baseline_checkpoint).resolve() == Path(cfg.checkpoint).resolve()
+    base = init if same else load_checkpoint(cfg.baseline_checkpoint)
+    if list(base.vocab.tokens) != list(init.vocab.tokens):
+        raise ValueError(f"baseline checkpoint {base.path} and init checkpoint {init.path} have different vocabularies")
+    model = build_cvae(init.model.train(), init.vocab, cfg.cvae).to(cfg.device)
+    store = StoreRef(cfg.store, base.fingerprint) if cfg.store else None
+    urls = split_urls(cfg.data, "train")
+    dataset_mean_b = None
+    if store is not None:
+        view = store.open(init.vocab)  # fails early on a wrong fingerprint, vocabulary or incomplete store
+        dataset_mean_b = float(view.mean_example_mean_b(list(urls))) if cfg.weighting == "distribution-rescale" else None
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    state = State(cfg, model, opt, make_baseline(cfg.policy, base.model.to(cfg.device)),
+                  WeightingParams(cfg.eps, cfg.eps_inv, dataset_mean_b), spec=None, vocab=init.vocab, rank=rank,
+                  world=world, meta={"init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
+                                     "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b})
+    resume(state)
+    if world > 1:  # identical starting points, whatever the ranks computed on their own
+        for p in model.parameters():
+            dist.broadcast(p.data, 0)
+    state.spec = StreamSpec(urls=urls, vocab=init.vocab, slots=cfg.cvae.slots, block_size=init.model.cfg.block_size,
+                            batch_size=cfg.batch_size, store=store if cfg.policy == "precomputed" else None,
+                            seed=data_seed(cfg.seed, state.step), shuffle_buffer=cfg.shuffle_buffer)
+    return state
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def save_run_checkpoint(state: State) -> None:
+    """RUN/checkpoint/: written under checkpoint.tmp, then swapped in (an interrupted save leaves the old one)."""
+    out = Path(state.cfg.out)
+    tmp, final = out / "checkpoint.tmp", out / "checkpoint"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.model.state_dict().items()}, tmp / "model.safetensors")
+    opt_state = state.opt.state_dict()
+    tensors = {f"{i}.{name}": t.detach().cpu().contiguous()
+               for i, s in opt_state["state"].items() for name, t in s.items()}
+    save_file(tensors or {"empty": torch.zeros(0)}, tmp / "optimizer.safetensors")
+    state.vocab.save(tmp / "vocab.json")
+    (tmp / "state.json").write_text(json.dumps({"step": state.step, "cvae": state.cfg.cvae.to_json(), **state.meta,
+                                                "param_groups": opt_state["param_groups"]}, indent=1) + "\n")
+    old = out / "checkpoint.old"
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def resume(state: State) -> None:
+    """Load RUN/checkpoint/ if present; refuse one from another config or init checkpoint."""
+    out, cfg = Path(state.cfg.out), state.cfg
+    ckpt = out / "checkpoint"
+    if not (ckpt / "state.json").is_file():
+        return
+    saved = json.loads((out / "config.json").read_text())
+    mine = cfg.to_json()
+    differ = sorted(k for k in mine if k not in ("steps",) and saved.get(k) != mine[k])
+    if differ:
+        raise ValueError(f"{out} holds a run with another config ({', '.join(differ)} differ); use a new --out")
+    meta = json.loads((ckpt / "state.json").read_text())
+    if meta["init_fingerprint"] != state.meta["init_fingerprint"]:
+        raise ValueError(f"{ckpt} was trained from checkpoint {meta['init_fingerprint']}, "
+                         f"not {state.meta['init_fingerprint']}")
+    state.model.load_state_dict(load_file(ckpt / "model.safetensors"))
+    flat = load_file(ckpt / "optimizer.safetensors")
+    nested: dict[int, dict] = {}
+    for name, t in flat.items():
+        if name != "empty":
+            i, key = name.split(".", 1)
+            nested.setdefault(int(i), {})[key] = t
+    state.opt.load_state_dict({"state": nested, "param_groups": meta["param_groups"]})
+    state.step = int(meta["step"])
+
+
+def load_run(run: str | Path, device: str = "cpu") -> tuple[TrainConfig, CVAE, Vocab, dict]:
+    """(config, model in eval mode, vocabulary, checkpoint state.json) of a run directory."""
+    run = Path(run)
+    if not (run / "checkpoint" / "state.json").is_file():
+        raise FileNotFoundError(f"{run}: no checkpoint/state.json (not a tokweight train run, or not started)")
+    cfg = TrainConfig.from_json(json.loads((run / "config.json").read_text()))
+    meta = json.loads((run / "checkpoint" / "state.json").read_text())
+    vocab = Vocab.load(run / "checkpoint" / "vocab.json")
+    model = build_cvae(GPT(ModelConfig(**meta["model_config"])), vocab, CVAEConfig(**meta["cvae"]))
+    model.load_state_dict(load_file(run / "checkpoint" / "model.safetensors"))
+    return cfg, model.to(device).eval(), vocab, meta
+
+
+# ---------------------------------------------------------------- one step
+
+
+def sample_generator(seed: int, rank: int, step: int) -> torch.Generator:
+    """The continuous latent's noise for one step: a function of (seed, rank, step), so resumes repeat it."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0]))
+
+
+def forward_backward(state: State, batch: TrainBatch) -> dict:
+    cfg, model, step = state.cfg, state.model, state.step
+    out = model(batch, generator=sample_generator(cfg.seed, state.rank, step))
+    mask = batch.zfree.mask
+    b = state.baseline(batch, out)  # (B, T_max) nats over S, detached
+    pi, degenerate = reconstruction_weights(cfg.weighting, b, mask, state.params, cfg.token_weighted_reconstruction_weight)
+    beta = cfg.beta.at(step, cfg.steps)
+    obj = objective(model.latent, out, pi, beta, cfg.free_bits)
+    record = {"step": step, "loss": obj.loss.item(), "recon": obj.recon.item(), "kl": obj.kl.sum(-1).mean().item()
+              if obj.kl.dim() > 1 else obj.kl.mean().item(), "kl_term": obj.kl_term.item(), "beta": beta,
+              "degenerate": int(degenerate.sum()), **latent_summary(model, out, batch, state.params)}
+    if cfg.grad_diag_every and step % cfg.grad_diag_every == 0:
+        record |= posterior_gradient_norms(obj.recon, beta * obj.kl_term, model.posterior_parameters)
+    state.opt.zero_grad(set_to_none=True)
+    obj.loss.backward()
+    return record
+
+
+@torch.no_grad()
+def latent_summary(model: CVAE, out, batch: TrainBatch, params: WeightingParams) -> dict:
+    """Uniform reconstruction E_q[sum_t l_t / T]; discrete: mean H(q), the spread
+    mean_i (max_k R_ik - min_k R_ik) of the uniform R across latent values, usage mean_i q_i."""
+    pi_u, _ = reconstruction_weights("uniform", out.zfree_nll, batch.zfree.mask, params)
+    R = weighted_reconstruction(out.nll, pi_u)  # (B, copies)
+    summary = {"recon_uniform": model.latent.expectation(R, out.post).mean().item()}
+    if model.latent.kind == "discrete":
+        q = out.post.exp()
+        summary |= {"q_entropy": float(entropy(q.cpu().numpy()).mean()),
+                    "R_spread": (R.max(1).values - R.min(1).values).mean().item(), "usage": q.mean(0).tolist()}
+    return summary
+
+
+def optimizer_step(state: State) -> None:
+    params = [p for p in state.model.parameters() if p.requires_grad]
+    if state.world > 1:  # average the ranks' gradients: the global batch's mean
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad.div_(state.world)
+    if state.cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, state.cfg.grad_clip)
+    state.opt.step()
+
+
+# ---------------------------------------------------------------- fit / validate
+
+
+def fit(state: State) -> None:
+    cfg, out = state.cfg, Path(state.cfg.out)
+    if state.step >= cfg.steps:
+        return
+    batches = loader(TrainStream(state.spec, state.rank, state.world), cfg.num_workers, cfg.steps - state.step)
+    log = (out / "metrics.jsonl").open("a") if state.rank == 0 else None
+    bar = tqdm(total=cfg.steps, initial=state.step, desc="train", unit="step", disable=state.rank != 0,
+               mininterval=1.0)
+    try:
+        for batch in batches:
+            record = forward_backward(state, batch.to(state.device))
+            optimizer_step(state)
+            state.step += 1
+            bar.update(1)
+            if log and (state.step % cfg.log_every == 0 or state.step == cfg.steps or "grad_recon" in record):
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}")
+            if state.rank == 0 and (state.step % cfg.ckpt_every == 0 or state.step == cfg.steps):
+                save_run_checkpoint(state)
+    finally:
+        bar.close()
+        if log:
+            log.close()
+    if state.step != cfg.steps:
+        raise RuntimeError(f"the training stream ended after {state.step} of {cfg.steps} steps")
+
+
+@torch.no_grad()
+def evaluate_pass(model: CVAE, batches, baseline: Baseline, cfg: TrainConfig, params: WeightingParams,
+                  device) -> EvalRecords:
+    """Per-example recon (weighted and uniform), KL and posterior over the batches (this rank's)."""
+    model.eval()
+    records = EvalRecords()
+    for batch in batches:
+        batch = batch.to(device)
+        out = model(batch, generator=torch.Generator().manual_seed(cfg.seed))
+        b = baseline(batch, out)
+        pi, degenerate = reconstruction_weights(cfg.weighting, b, batch.zfree.mask, params,
+                                                cfg.token_weighted_reconstruction_weight)
+        pi_u, _ = reconstruction_weights("uniform", b, batch.zfree.mask, params)
+        recon = model.latent.expectation(weighted_reconstruction(out.nll, pi), out.post)
+        recon_u = model.latent.expectation(weighted_reconstruction(out.nll, pi_u), out.post)
+        kl = model.latent.kl(out.post, out.prior)
+        post = out.post.exp() if model.latent.kind == "discrete" else out.post[0]
+        records.add(recon, recon_u, kl.sum(-1) if kl.dim() > 1 else kl, post, list(batch.strategies), degenerate)
+    model.train()
+    return records
+
+
+def gather_records(records: EvalRecords, world: int) -> EvalRecords:
+    """One collective after the loop: every rank's records to every rank."""
+    if world == 1:
+        return records
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, records)
+    return EvalRecords().merge(everyone)
+
+
+def validate(state: State, split: str = "val") -> dict:
+    cfg = state.cfg
+    spec = replace(state.spec, urls=split_urls(cfg.data, split), batch_size=cfg.eval_batch_size)
+    batches = loader(EvalStream(spec), 0)
+    records = gather_records(evaluate_pass(state.model, batches, state.baseline, cfg, state.params, state.device),
+                             state.world)
+    metrics = {"split": split, "step": state.step,
+               **records.finalize(cfg.cvae.latent, cfg.cvae.k, cfg.seed)}
+    if state.rank == 0:
+        with (Path(cfg.out) / "metrics.jsonl").open("a") as log:
+            log.write(json.dumps(metrics) + "\n")
+    return metrics
+
+
+def run(cfg: TrainConfig) -> dict:
+    rank, world = init_distributed()
+    try:
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        state = setup(cfg, rank, world)
+        if rank == 0:
+            (out / "config.json").write_text(json.dumps(cfg.to_json(), indent=1) + "\n")
+        t0 = time.perf_counter()
+        fit(state)
+        wall = time.perf_counter() - t0
+        metrics = validate(state)
+        return {**metrics, "train_wall_s": wall}
+    finally:
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
