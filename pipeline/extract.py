@@ -31,7 +31,7 @@ from webdataset.tariterators import base_plus_ext
 
 from pipeline.bucketing import bucket
 from pipeline.errors import SampleError
-from pipeline.ranks import Ranks
+from pipeline.ranks import RankFailed, Ranks
 from pipeline.samples import Sample
 from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name
 from pipeline.templates import TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, token_surprisal, zfree_ids
@@ -463,7 +463,7 @@ def run(cfg: ExtractConfig) -> dict:
             if isinstance(planned, Exception):
                 if ranks.is_main:
                     raise planned
-                raise RuntimeError(f"rank 0 could not plan the extraction: {planned}")
+                raise RankFailed(f"rank 0 could not plan the extraction: {planned}")
             data_root, shards, plan = planned
             if plan.committed:
                 return {"fingerprint": ckpt.fingerprint, "store": str(directory), "nothing_to_do": True,
@@ -477,7 +477,7 @@ def run(cfg: ExtractConfig) -> dict:
             outcomes = ranks.gather(outcome)
             failed = [(r, msg) for r, (status, msg) in enumerate(outcomes) if status == "error"]
             if failed:
-                raise RuntimeError("; ".join(f"rank {r} failed: {msg}" for r, msg in failed))
+                raise RankFailed("; ".join(f"rank {r} failed: {msg}" for r, msg in failed))
             written = [rec for _, recs in outcomes for rec in recs]
             if ranks.is_main:
                 commit(directory, build_manifest(ckpt, cfg, data_root, plan.carried + plan.done + written))

@@ -26,13 +26,14 @@ def extract(checkpoint, data, store, fmt, batch_tokens, device, on_bad_sample, w
     """Compute per-token baselines b_t of CHECKPOINT once and store them under STORE/fingerprint=<fp>/."""
     from pipeline.errors import SampleError
     from pipeline.extract import ExtractConfig, run
+    from pipeline.ranks import RankFailed
     from store.lock import StoreLockedError
 
     cfg = ExtractConfig(checkpoint=checkpoint, data=data, store=store, format=fmt, batch_tokens=batch_tokens,
                         device=device, on_bad_sample=on_bad_sample, lock_wait_s=wait_lock, progress=progress)
     try:
         summary = run(cfg)
-    except (SampleError, StoreLockedError, FileNotFoundError, ValueError) as e:
+    except (SampleError, StoreLockedError, RankFailed, FileNotFoundError, ValueError) as e:
         raise click.ClickException(str(e)) from e
     if summary["nothing_to_do"]:
         click.echo(f"store {summary['store']} is complete for these inputs: nothing to do", err=True)

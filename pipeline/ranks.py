@@ -12,6 +12,10 @@ import os
 from datetime import timedelta
 
 
+class RankFailed(RuntimeError):
+    """Another rank of the job failed; its message is included."""
+
+
 class Ranks:
     def __init__(self, timeout_s: float = 1800.0):
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
