@@ -53,3 +53,14 @@ def two_regime(tmp_path_factory):
     train_base(BaseTrainConfig(data=str(root / "data"), out=str(root / "base"), steps=300, batch_size=32,
                                d_model=32, n_head=2, eval_every=300, warmup_steps=10, lr=3e-3))
     return root / "data", root / "base"
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tiny, tmp_path_factory):
+    """The tiny base model's baseline store over every split of the tiny data."""
+    from pipeline.extract import ExtractConfig, run as extract
+
+    data, ckpt = tiny
+    store = tmp_path_factory.mktemp("tiny_store") / "store"
+    extract(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store), progress=False))
+    return store

@@ -171,7 +171,7 @@ def collate_examples(examples: Sequence[Example]) -> TrainBatch:
     if all(ex.b is not None for ex in examples):
         b = torch.zeros(zfree.mask.shape, dtype=torch.float32)
         for i, ex in enumerate(examples):
-            b[i, : len(ex.b)] = torch.from_numpy(ex.b)
+            b[i, : len(ex.b)] = torch.tensor(ex.b)
     return TrainBatch(
         zfree=zfree, zcond=zcond,
         z_pos=torch.tensor([lay.z_pos for lay in layouts]),

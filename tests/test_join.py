@@ -1,0 +1,120 @@
+"""The store join: precomputed b is the frozen model's b, is really consumed, and every mismatch raises."""
+
+import json
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.shards import iter_samples, write_shards
+from tests.fixtures_train import tiny, tiny_store  # noqa: F401
+from training.baselines import Frozen
+from training.checkpoint import load_checkpoint, save_checkpoint
+from training.cvae import CVAEConfig, build_cvae, objective
+from training.data import (StoreMismatchError, StoreRef, collate_examples, encode, join_store, split_urls)
+from training.losses import WeightingParams, reconstruction_weights
+from training.train import TrainConfig, run
+
+
+class EditedView:
+    """A real StoreView whose rows go through ``edit(key, row) -> row`` (None drops the row)."""
+
+    def __init__(self, view, edit):
+        self.view, self.edit = view, edit
+        self.dir, self.fingerprint = view.dir, view.fingerprint
+
+    def rows_for_shard(self, url):
+        rows = {k: self.edit(k, dict(r)) for k, r in self.view.rows_for_shard(url).items()}
+        return {k: r for k, r in rows.items() if r is not None}
+
+
+def joined_batch(tiny, store, edit=lambda k, r: r, n=24):
+    data, ckpt_dir = tiny
+    ckpt = load_checkpoint(ckpt_dir)
+    ref = StoreRef(str(store), ckpt.fingerprint)
+    view = EditedView(ref.open(ckpt.vocab), edit)
+    url = split_urls(data, "train")[0]
+    items = list(iter_samples([url]))[:n]
+    examples = encode(join_store(items, view, ref.fingerprint), ckpt.vocab, 1, ckpt.model.cfg.block_size,
+                      (view.fingerprint, ref.fingerprint))
+    return ckpt, collate_examples(list(examples))
+
+
+def test_stored_b_is_the_frozen_models_b(tiny, tiny_store):
+    ckpt, batch = joined_batch(tiny, tiny_store)
+    torch.testing.assert_close(batch.b, Frozen(ckpt.model)(batch), atol=1e-5, rtol=0)
+    assert (batch.b[~batch.zfree.mask] == 0).all()
+
+
+def test_precomputed_and_frozen_give_the_same_loss_at_every_step(tiny, tiny_store, tmp_path):
+    data, ckpt = tiny
+    losses = {}
+    for policy in ("precomputed", "frozen"):
+        cfg = TrainConfig(checkpoint=str(ckpt), data=str(data), store=str(tiny_store), out=str(tmp_path / policy),
+                          policy=policy, steps=5, batch_size=8, log_every=1, grad_diag_every=0, num_workers=0)
+        run(cfg)
+        recs = [json.loads(x) for x in (tmp_path / policy / "metrics.jsonl").read_text().splitlines()]
+        losses[policy] = [r["loss"] for r in recs if "loss" in r]
+    assert len(losses["frozen"]) == 5
+    np.testing.assert_allclose(losses["precomputed"], losses["frozen"], atol=1e-5, rtol=0)
+
+
+def test_poisoned_b_changes_the_loss(tiny, tiny_store):
+    def poison(key, row):
+        return {**row, "b": row["b"][::-1].copy()}  # same values, other tokens
+
+    ckpt, clean = joined_batch(tiny, tiny_store)
+    _, poisoned = joined_batch(tiny, tiny_store, poison)
+    torch.manual_seed(0)
+    model = build_cvae(ckpt.model, ckpt.vocab, CVAEConfig(k=2)).eval()
+    out = model(clean)
+    loss = {}
+    for name, batch in (("clean", clean), ("poisoned", poisoned)):
+        pi, _ = reconstruction_weights("surprisal-share", batch.b, batch.zfree.mask, WeightingParams())
+        loss[name] = objective(model.latent, out, pi, beta=1.0).loss.item()
+    assert abs(loss["clean"] - loss["poisoned"]) > 1e-3
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda k, r: None if k.endswith("3") else r, "has no row"),
+    (lambda k, r: {**r, "T": r["T"] + 1}, "stored T="),
+    (lambda k, r: {**r, "target_id": r["target_id"][::-1].copy()}, "stored S token ids"),
+    (lambda k, r: {**r, "b": r["b"][:-1]}, "stored b has shape"),
+])
+def test_each_row_mismatch_raises_naming_key_shard_and_fingerprints(tiny, tiny_store, edit, match):
+    with pytest.raises(StoreMismatchError, match=match) as info:
+        joined_batch(tiny, tiny_store, edit)
+    msg = str(info.value)
+    assert "key 'train-" in msg and "shard-000000.tar" in msg and "fingerprint" in msg
+
+
+def test_store_of_another_checkpoint_is_refused(tiny, tiny_store, tmp_path):
+    data, ckpt_dir = tiny
+    ckpt = load_checkpoint(ckpt_dir)
+    with torch.no_grad():
+        ckpt.model.wte.weight[0, 0] += 1.0
+    other = tmp_path / "other"
+    other_fp = save_checkpoint(other, ckpt.model, ckpt.vocab)
+    cfg = TrainConfig(checkpoint=str(ckpt_dir), data=str(data), store=str(tiny_store), out=str(tmp_path / "run"),
+                      baseline_checkpoint=str(other), steps=2, num_workers=0)
+    with pytest.raises(StoreMismatchError) as info:
+        run(cfg)
+    assert other_fp in str(info.value) and load_checkpoint(ckpt_dir).fingerprint in str(info.value)
+
+
+def test_changed_shard_and_incomplete_store_are_refused(tiny, tiny_store, tmp_path):
+    data, ckpt_dir = tiny
+    ckpt = load_checkpoint(ckpt_dir)
+    ref = StoreRef(str(tiny_store), ckpt.fingerprint)
+    changed = [replace(s, y=s.y[::-1]) for _, s in iter_samples(split_urls(data, "train")[:1])]
+    [shard] = write_shards(changed, tmp_path / "changed", shard_size=1000)
+    with pytest.raises(StoreMismatchError, match="shard .*shard-000000.tar has no part"):
+        list(join_store(iter_samples([shard]), ref.open(ckpt.vocab), ref.fingerprint))
+    copy = tmp_path / "store"
+    shutil.copytree(tiny_store, copy)
+    manifest = next(copy.glob("fingerprint=*/manifest.json"))
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "complete": False}))
+    with pytest.raises(StoreMismatchError, match="incomplete"):
+        StoreRef(str(copy), ckpt.fingerprint).open(ckpt.vocab)
