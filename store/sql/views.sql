@@ -7,18 +7,19 @@
 -- `t0` and `strategy` are the ground truth passed through from the sample (may be NULL);
 -- `dilution`/`amplification` use t0_share, `amplification_true` the ground-truth t0.
 CREATE OR REPLACE VIEW examples AS
-SELECT *,
-       b_sum / T AS mean_b,
-       is_degenerate(b_sum, getvariable('eps')) AS degenerate,
-       t0_share(cumsum_b, b_sum, getvariable('q'), getvariable('eps')) AS t0_share,
-       t0_threshold(b, getvariable('tau')) AS t0_threshold,
+SELECT *,  -- the t0 estimate is computed once below, then reused (an alias would be re-evaluated)
        dilution(t0_share, T) AS dilution,
        amplification(t0_share, T) AS amplification,
-       amplification(t0, T) AS amplification_true,
-       share_entropy(b, b_sum, getvariable('eps')) AS share_entropy,
-       effective_tokens(b, b_sum, getvariable('eps')) AS effective_tokens,
-       max_share(b, b_sum, getvariable('eps')) AS max_share
-FROM store_rows;
+       amplification(t0, T) AS amplification_true
+FROM (SELECT *,
+             b_sum / T AS mean_b,
+             is_degenerate(b_sum, getvariable('eps')) AS degenerate,
+             t0_share(cumsum_b, b_sum, getvariable('q'), getvariable('eps')) AS t0_share,
+             t0_threshold(b, getvariable('tau')) AS t0_threshold,
+             share_entropy(b, b_sum, getvariable('eps')) AS share_entropy,
+             effective_tokens(b, b_sum, getvariable('eps')) AS effective_tokens,
+             max_share(b, b_sum, getvariable('eps')) AS max_share
+      FROM store_rows);
 
 -- tokens: one row per supervised token. `pos` is the 0-based position in S, `token_id`
 -- and `symbol` the target token, `entropy` the base model's predictive entropy (nats),
