@@ -107,6 +107,9 @@ from pipeline.extract_cli import extract  # noqa: E402  (click only; torch loads
 main.add_command(extract)
 from store.cli import store  # noqa: E402
 main.add_command(store)
+from training.train_cli import evaluate as eval_cmd, train as train_cmd  # noqa: E402  (click only; torch loads inside)
+main.add_command(train_cmd)
+main.add_command(eval_cmd)
 
 if __name__ == "__main__":
     main()

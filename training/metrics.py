@@ -75,6 +75,8 @@ def hungarian_accuracy(table: np.ndarray) -> float:
     """max over one-to-one maps cluster -> label of (matched counts) / N (scipy's assignment)."""
     from scipy.optimize import linear_sum_assignment
 
+    if table.sum() == 0:
+        return 0.0
     rows, cols = linear_sum_assignment(-table)
     return float(table[rows, cols].sum() / table.sum())
 

@@ -1,0 +1,48 @@
+import json
+
+import numpy as np
+import pytest
+
+from tests.fixtures_train import tiny, two_regime, two_regime_samples  # noqa: F401
+from training.checkpoint import load_checkpoint
+from training.cvae import CVAEConfig, build_cvae
+from training.evaluate import EvalConfig, greedy_decode, latent_values, run_eval, strategy_outputs
+from training.metrics import contingency, exact_mi, hungarian_accuracy, nmi
+from training.train import TrainConfig, run
+
+
+@pytest.mark.parametrize("cond", ["token", "prefix", "layernorm"])
+def test_greedy_decode_per_latent_follows_the_base_model(two_regime, cond):
+    _, ckpt_dir = two_regime
+    ckpt = load_checkpoint(ckpt_dir)
+    model = build_cvae(ckpt.model, ckpt.vocab, CVAEConfig(k=2, cond=cond, slots=2 if cond == "prefix" else 1)).eval()
+    samples = two_regime_samples(6, seed=5, max_x=4)
+    z, slot_ids = latent_values(model, None)
+    out = greedy_decode(model, ckpt.vocab, samples, z, slot_ids, max_new=15)
+    assert len(out) == 12  # example-major, 2 latent values each
+    for y in out:  # the suffix is certain; the two strategy tokens are one of the options
+        assert y[2:] == ("e",) * 10 and y[0] in "ab" and y[1] in "cd", y
+
+
+def test_eval_writes_json_and_markdown(tiny, tmp_path):
+    data, ckpt = tiny
+    run(TrainConfig(checkpoint=str(ckpt), data=str(data), out=str(tmp_path / "run"), policy="frozen", steps=2,
+                    batch_size=8, num_workers=0, cvae=CVAEConfig(latent="continuous", z_dim=2)))
+    result = run_eval(EvalConfig(run=str(tmp_path / "run"), data=str(data), split="test", decode_examples=16))
+    saved = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert saved["metrics"]["examples"] == 128 and "active_units" in saved["metrics"]
+    assert saved["decode"]["latent_values"] == 4 and 0.0 <= saved["decode"]["control_accuracy"] <= 1.0
+    assert set(saved["decode"]["executes"]["0"]) == {"copy", "reverse", "sort", "sort-desc", "none"}
+    assert "| strategy_nmi |" in (tmp_path / "run" / "eval.md").read_text()
+    outputs = strategy_outputs(data)
+    assert outputs(("c", "a", "b"))["sort"] == ("a", "b", "c")
+
+
+def test_information_metrics_by_hand():
+    q = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert exact_mi(q) == pytest.approx(np.log(2))
+    assert exact_mi(np.full((3, 2), 0.5)) == pytest.approx(0.0)
+    table, names = contingency(["x", "y", "x", "y"], np.array([1, 0, 1, 0]))
+    assert names == ["x", "y"] and nmi(table) == pytest.approx(1.0) and hungarian_accuracy(table) == 1.0
+    table, _ = contingency(["x", "y", "x", "y"], np.array([0, 0, 1, 1]))
+    assert nmi(table) == pytest.approx(0.0, abs=1e-12) and hungarian_accuracy(table) == 0.5

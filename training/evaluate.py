@@ -1,0 +1,175 @@
+"""`tokweight eval`: every metric on a split, plus decode-per-latent, to RUN/eval.json and RUN/eval.md.
+
+Decode-per-latent: for every latent value (discrete: each k; continuous: the K k-means
+centres of the posterior means over the split) each example is decoded greedily from
+its z-conditioned prefix ``... <z> slots </z> <y>`` until ``</y>``. An output *executes*
+strategy s when it equals s(x) exactly (synthetic data, whose dataset.json names the
+generator config). Control accuracy = matched executions / (examples x K) under the
+one-to-one map latent value -> strategy that maximises them (Hungarian).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.samples import Sample
+from pipeline.shards import iter_samples
+from pipeline.templates import Layout, zcond_ids
+from training.baselines import make_baseline
+from training.checkpoint import load_checkpoint
+from training.cvae import CVAE
+from training.data import EvalStream, StoreRef, StreamSpec, loader, split_urls
+from training.losses import WeightingParams
+from training.metrics import hungarian_accuracy, kmeans
+from training.train import evaluate_pass, load_run
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    run: str
+    """The train run directory."""
+    data: str
+    """Dataset directory holding the split."""
+    split: str = "test"
+    """Split to evaluate (a subdirectory of data)."""
+    batch_size: int = 128
+    """Examples per forward batch."""
+    decode_examples: int = 256
+    """Examples decoded per latent value (the first ones of the split)."""
+    device: str = "cpu"
+    """torch device."""
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.decode_examples < 0:
+            raise ValueError("batch_size must be >= 1 and decode_examples >= 0")
+
+
+def strategy_outputs(data: str | Path):
+    """x -> {strategy: y} for synthetic data (from dataset.json's generator config), else None."""
+    meta = Path(data) / "dataset.json"
+    if not meta.is_file():
+        return None
+    from pipeline.synth import SynthConfig, candidate_sequences, symbol_name
+
+    info = json.loads(meta.read_text())
+    if info.get("generator") != "tokweight.synth":
+        return None
+    cfg = SynthConfig(**info["config"])
+    index = {symbol_name(i): i for i in range(cfg.alphabet_size)}
+
+    def outputs(x: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        cands = candidate_sequences(tuple(index[s] for s in x), cfg)
+        return {name: tuple(t if isinstance(t, str) else symbol_name(t) for t in seq[:-1])
+                for name, seq in cands.items()}
+
+    return outputs
+
+
+@torch.no_grad()
+def greedy_decode(model: CVAE, vocab, samples: list[Sample], z: torch.Tensor, slot_ids: torch.Tensor | None,
+                  max_new: int) -> list[tuple[str, ...]]:
+    """Greedy y for every (example, latent value): z (V, F) features, slot_ids (V,) or None.
+
+    Returns len(samples) * V outputs, example-major. Examples are batched by prefix length.
+    """
+    V, M = z.shape[0], model.conditioning.slots
+    end, outputs = vocab.id("</y>"), {}
+    by_len = defaultdict(list)
+    for i, s in enumerate(samples):
+        by_len[len(s.x)].append(i)
+    for m, idx in by_len.items():
+        lay = Layout(m, 1, M)
+        prefix = torch.tensor([zcond_ids(vocab, samples[i].x, samples[i].y, [vocab.latent_id(0)] * M)
+                               [: lay.s_start] for i in idx]).repeat_interleave(V, 0)  # (n*V, s_start)
+        zz, sid = z.repeat(len(idx), 1), None if slot_ids is None else slot_ids.repeat(len(idx))
+        slot_pos = torch.tensor([list(lay.slot_positions)]).expand(len(prefix), M)
+        ids, done = prefix, torch.zeros(len(prefix), dtype=torch.bool)
+        for _ in range(min(max_new, model.backbone.cfg.block_size - prefix.shape[1])):
+            inp, kwargs = model.conditioning.decoder_inputs(model.backbone, ids, slot_pos, zz, sid)
+            nxt = model.backbone(inp, **kwargs)[0][:, -1].argmax(-1)
+            ids = torch.cat([ids, nxt[:, None]], 1)
+            done |= nxt == end
+            if done.all():
+                break
+        for row, i_v in enumerate(ids[:, lay.s_start:].tolist()):
+            gen = i_v[: i_v.index(end)] if end in i_v else i_v
+            outputs[(idx[row // V], row % V)] = tuple(vocab.decode(gen))
+    return [outputs[(i, v)] for i in range(len(samples)) for v in range(V)]
+
+
+def latent_values(model: CVAE, centres: np.ndarray | None):
+    """(z features (V, F), slot ids (V,) or None): every k, or the continuous cluster centres."""
+    lat = model.latent
+    if lat.kind == "discrete":
+        return torch.eye(lat.k), lat.latent_ids.clone()
+    return torch.as_tensor(centres, dtype=torch.float32), None
+
+
+def decode_per_latent(model: CVAE, vocab, samples: list[Sample], centres, outputs_of) -> dict:
+    z, slot_ids = latent_values(model, centres)
+    V = z.shape[0]
+    max_new = max(len(s.y) for s in samples) + 2
+    decoded = greedy_decode(model, vocab, samples, z, slot_ids, max_new)
+    names = sorted(outputs_of(samples[0].x)) if outputs_of else []
+    counts = np.zeros((V, len(names) + 1))  # last column: executes no strategy
+    examples = []
+    for i, s in enumerate(samples):
+        cands = outputs_of(s.x) if outputs_of else {}
+        row = {"key": s.key, "strategy": s.strategy, "outputs": []}
+        for v in range(V):
+            y = decoded[i * V + v]
+            hit = [n for n in names if cands.get(n) == y]
+            counts[v, names.index(hit[0]) if hit else len(names)] += 1
+            row["outputs"].append({"latent": v, "y": " ".join(y), "executes": hit[0] if hit else None})
+        examples.append(row)
+    result = {"latent_values": V, "examples": len(samples),
+              "executes": {str(v): {n: float(counts[v, j] / len(samples)) for j, n in enumerate(names + ["none"])}
+                           for v in range(V)},
+              "sample_outputs": examples[:8]}
+    if names:
+        result["control_accuracy"] = float(hungarian_accuracy(counts[:, :-1]) * counts[:, :-1].sum() / counts.sum())
+    return result
+
+
+def markdown(metrics: dict, decode: dict) -> str:
+    lines = ["| metric | value |", "|---|---|"]
+    for k, v in metrics.items():
+        if isinstance(v, (int, float)):
+            lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
+    if decode:
+        names = list(next(iter(decode["executes"].values())))
+        lines += ["", "| latent | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for v, row in decode["executes"].items():
+            lines.append(f"| {v} | " + " | ".join(f"{row[n]:.2f}" for n in names) + " |")
+        if "control_accuracy" in decode:
+            lines += ["", f"control accuracy: {decode['control_accuracy']:.3f}"]
+    return "\n".join(lines) + "\n"
+
+
+def run_eval(cfg: EvalConfig) -> dict:
+    tcfg, model, vocab, meta = load_run(cfg.run, cfg.device)
+    baseline_model = None
+    if tcfg.policy == "frozen":
+        baseline_model = load_checkpoint(tcfg.baseline_checkpoint or tcfg.checkpoint, device=cfg.device).model
+    store = StoreRef(tcfg.store, meta["baseline_fingerprint"]) if tcfg.policy == "precomputed" else None
+    params = WeightingParams(tcfg.eps, tcfg.eps_inv, meta.get("dataset_mean_b"))
+    urls = split_urls(cfg.data, cfg.split)
+    spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
+                      batch_size=cfg.batch_size, store=store)
+    records = evaluate_pass(model, loader(EvalStream(spec), 0), make_baseline(tcfg.policy, baseline_model), tcfg,
+                            params, torch.device(cfg.device))
+    model.eval()
+    metrics = records.finalize(tcfg.cvae.latent, tcfg.cvae.k, tcfg.seed)
+    centres = kmeans(np.stack(records.rows["post"]), tcfg.cvae.k, tcfg.seed)[0] if tcfg.cvae.latent == "continuous" else None
+    samples = [s for _, s in iter_samples(list(urls))][: cfg.decode_examples]
+    decode = decode_per_latent(model, vocab, samples, centres, strategy_outputs(cfg.data)) if samples else {}
+    result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "metrics": metrics, "decode": decode}
+    Path(cfg.run, "eval.json").write_text(json.dumps(result, indent=1) + "\n")
+    Path(cfg.run, "eval.md").write_text(markdown(metrics, decode))
+    return result

@@ -1,0 +1,89 @@
+"""`tokweight train` and `tokweight eval`: build the config, call run. Heavy imports stay inside."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+
+@click.command("train")
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), required=True,
+              help="Entangled checkpoint to initialise the CVAE from.")
+@click.option("--data", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--store", type=click.Path(file_okay=False), default=None, help="Baseline store root.")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Run directory (resumed if present).")
+@click.option("--latent", type=click.Choice(["discrete", "continuous"]), default="discrete")
+@click.option("--k", type=int, default=4, help="Latent values (discrete); clusters for continuous evaluation.")
+@click.option("--z-dim", type=int, default=8, help="Continuous latent dimensions.")
+@click.option("--prior", type=click.Choice(["learned", "standard"]), default="learned", help="Continuous prior.")
+@click.option("--cond", type=click.Choice(["token", "prefix", "layernorm"]), default="token", help="z pathway.")
+@click.option("--slots", type=int, default=1, help="Latent slots (prefix only).")
+@click.option("--weighting", type=click.Choice(["uniform", "sum", "surprisal-share", "inverse-surprisal",
+                                                "example-inverse", "distribution-rescale"]),
+              default="surprisal-share")
+@click.option("--token-weighted-reconstruction-weight", "lam", type=float, default=1.0,
+              help="lambda in (1 - lambda) * uniform + lambda * weighting.")
+@click.option("--policy", type=click.Choice(["precomputed", "frozen", "dynamic"]), default="precomputed")
+@click.option("--baseline-checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Checkpoint b came from (default: --checkpoint).")
+@click.option("--beta", type=float, default=1.0)
+@click.option("--beta-schedule", type=click.Choice(["constant", "linear", "cyclical"]), default="constant")
+@click.option("--warmup-steps", type=int, default=0, help="Linear schedule: steps from 0 to beta.")
+@click.option("--cycles", type=int, default=4, help="Cyclical schedule: M.")
+@click.option("--ramp-ratio", type=float, default=0.5, help="Cyclical schedule: R.")
+@click.option("--free-bits", type=float, default=0.0, help="KL floor in nats (< log K for discrete).")
+@click.option("--steps", type=int, default=300)
+@click.option("--batch-size", type=int, default=32, help="Per rank.")
+@click.option("--lr", type=float, default=1e-3)
+@click.option("--num-workers", type=int, default=1)
+@click.option("--log-every", type=int, default=10)
+@click.option("--grad-diag-every", type=int, default=50)
+@click.option("--ckpt-every", type=int, default=100)
+@click.option("--seed", type=int, default=0)
+@click.option("--device", default="cpu")
+def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, weighting, lam, policy,
+          baseline_checkpoint, beta, beta_schedule, warmup_steps, cycles, ramp_ratio, free_bits, steps, batch_size,
+          lr, num_workers, log_every, grad_diag_every, ckpt_every, seed, device):
+    """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready)."""
+    import torch
+
+    from training.cvae import CVAEConfig
+    from training.schedules import BetaSchedule
+    from training.train import TrainConfig, run
+
+    torch.set_num_threads(1)
+    try:
+        cfg = TrainConfig(
+            checkpoint=checkpoint, data=data, store=store, out=out, baseline_checkpoint=baseline_checkpoint,
+            cvae=CVAEConfig(latent=latent, k=k, z_dim=z_dim, prior=prior, cond=cond, slots=slots),
+            weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,
+            beta=BetaSchedule(beta, beta_schedule, warmup_steps, cycles, ramp_ratio), free_bits=free_bits,
+            steps=steps, batch_size=batch_size, lr=lr, num_workers=num_workers, log_every=log_every,
+            grad_diag_every=grad_diag_every, ckpt_every=ckpt_every, seed=seed, device=device)
+        result = run(cfg)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    if int(os.environ.get("RANK", "0")) == 0:  # one report under torchrun
+        click.echo(json.dumps(result, indent=1))
+
+
+@click.command("eval")
+@click.option("--run", "run_dir", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--data", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--split", default="test")
+@click.option("--decode-examples", type=int, default=256)
+@click.option("--device", default="cpu")
+def evaluate(run_dir, data, split, decode_examples, device):
+    """All metrics on a split plus decode-per-latent -> RUN/eval.json and RUN/eval.md."""
+    from training.evaluate import EvalConfig, run_eval
+
+    try:
+        result = run_eval(EvalConfig(run=run_dir, data=data, split=split, decode_examples=decode_examples,
+                                     device=device))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo((Path(run_dir) / "eval.md").read_text())
+    click.echo(json.dumps(result["metrics"], indent=1))
