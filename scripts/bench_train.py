@@ -1,0 +1,179 @@
+"""Training speed, side by side in one run (K = 4): a benchmark, not a test.
+
+1. step time, precomputed vs frozen (same batches, alternating rounds, medians);
+   SPEC target: precomputed / frozen <= (3K+3)/(3K+4) + 0.02;
+2. memory of each policy: parameters held (model + frozen copy), and the peak of live CPU
+   allocations within one step from torch.profiler (profile_memory=True); process RSS is
+   no use here: about 0.5 GB of runtime hides a model of under 1 MiB;
+3. join overhead per step: reading the train stream with the store join minus without,
+   per batch, as a share of a precomputed step;
+4. one batched forward over K copies vs K forwards of B rows (forward + backward).
+
+    python scripts/bench_train.py [--work DIR] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from itertools import islice
+from pathlib import Path
+
+import torch
+
+K = 4
+
+
+def prepare(work: Path) -> tuple[Path, Path, Path]:
+    from pipeline.extract import ExtractConfig, run as extract
+    from pipeline.synth import PRESETS, write_dataset
+    from training.train_base import BaseTrainConfig, run as train_base
+
+    data, ckpt, store = work / "data", work / "base", work / "store"
+    if not (data / "dataset.json").exists():
+        write_dataset(replace(PRESETS["default"], n_train=2000, n_val=200, n_test=200, shard_size=500), data)
+    if not (ckpt / "fingerprint.json").exists():
+        train_base(BaseTrainConfig(data=str(data), out=str(ckpt), steps=100, eval_every=100))
+    extract(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store), progress=False))
+    return data, ckpt, store
+
+
+def make_state(data, ckpt, store, work, policy, batch_size):
+    from training.cvae import CVAEConfig
+    from training.train import TrainConfig, setup
+
+    cfg = TrainConfig(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(work / f"run-{policy}"),
+                      policy=policy, cvae=CVAEConfig(k=K), batch_size=batch_size, steps=10**6, grad_diag_every=0,
+                      num_workers=0)
+    return setup(cfg, 0, 1)
+
+
+def batches(state, n):
+    from training.data import TrainStream, loader
+
+    return list(islice(iter(loader(TrainStream(state.spec, 0, 1), 0)), n))
+
+
+def step_time(state, batch) -> float:
+    from training.train import forward_backward, optimizer_step
+
+    t = time.perf_counter()
+    forward_backward(state, batch)
+    optimizer_step(state)
+    return time.perf_counter() - t
+
+
+def bench_steps(data, ckpt, store, work, steps, batch_size) -> dict:
+    states = {p: make_state(data, ckpt, store, work, p, batch_size) for p in ("precomputed", "frozen")}
+    fed = batches(states["precomputed"], steps)  # joined batches; frozen ignores their b
+    for p in states:  # warm-up
+        step_time(states[p], fed[0])
+    times = {p: [] for p in states}
+    for batch in fed:  # alternate, so drifts of a noisy machine hit both alike
+        for p in states:
+            times[p].append(step_time(states[p], batch))
+    med = {p: statistics.median(v) for p, v in times.items()}
+    return {"step_s": med, "ratio": med["precomputed"] / med["frozen"], "target": (3 * K + 3) / (3 * K + 4) + 0.02,
+            "memory": bench_memory(states, fed[1])}
+
+
+def held_mib(state) -> float:
+    """Parameters and buffers a policy keeps: the CVAE, plus the frozen copy under 'frozen'."""
+    modules = [state.model] + ([state.baseline.model] if hasattr(state.baseline, "model") else [])
+    return sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()]) / 2**20
+
+
+def step_peak_mib(state, batch) -> float:
+    """Peak of live CPU allocations during one step: torch.profiler(profile_memory=True), each
+    op's self allocations (frees negative) summed in start order; relative to the step's start."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step_time(state, batch)
+    live = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += event.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak / 2**20
+
+
+def bench_memory(states: dict, batch) -> dict:
+    return {p: {"held_mib": held_mib(st), "step_peak_mib": step_peak_mib(st, batch)} for p, st in states.items()}
+
+
+def bench_join(state, n) -> dict:
+    from training.data import TrainStream, loader
+
+    def read(spec):
+        t = time.perf_counter()
+        for _ in islice(iter(loader(TrainStream(spec, 0, 1), 0)), n):
+            pass
+        return (time.perf_counter() - t) / n
+
+    with_join, without = read(state.spec), read(replace(state.spec, store=None))
+    with_join, without = min(with_join, read(state.spec)), min(without, read(replace(state.spec, store=None)))
+    return {"read_s_per_batch_with_join": with_join, "read_s_per_batch_without": without,
+            "join_s_per_batch": with_join - without}
+
+
+def bench_copies(state, batch, reps=20) -> dict:
+    model = state.model
+    B = len(batch)
+    ids = batch.zcond.input_ids.repeat_interleave(K, 0).scatter(
+        1, batch.slot_pos.repeat_interleave(K, 0), model.latent.latent_ids.repeat(B)[:, None])
+
+    def batched():
+        model.backbone(ids)[0].float().logsumexp(-1).sum().backward()
+
+    def separate():
+        for k in range(K):
+            one = batch.zcond.input_ids.scatter(1, batch.slot_pos, int(model.latent.latent_ids[k]))
+            model.backbone(one)[0].float().logsumexp(-1).sum().backward()
+
+    fns = {"one_batched_forward_s": batched, "k_forwards_s": separate}
+    times = {name: [] for name in fns}
+    for rep in range(reps + 1):  # alternating rounds; round 0 warms up
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            if rep:
+                times[name].append(time.perf_counter() - t)
+    out = {name: statistics.median(ts) for name, ts in times.items()}
+    out["k_forwards_over_batched"] = out["k_forwards_s"] / out["one_batched_forward_s"]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--batch-size", type=int, default=32)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench_train_"))
+    data, ckpt, store = prepare(work)
+    steps = bench_steps(data, ckpt, store, work, args.steps, args.batch_size)
+    print(f"step time (median of {args.steps}, batch {args.batch_size}, K={K}): precomputed "
+          f"{steps['step_s']['precomputed'] * 1e3:.1f} ms, frozen {steps['step_s']['frozen'] * 1e3:.1f} ms, "
+          f"ratio {steps['ratio']:.3f} (target <= {steps['target']:.4f})")
+    mem = steps.pop("memory")
+    print("memory (torch.profiler, one step): " + ", ".join(
+        f"{p} step peak {m['step_peak_mib']:.2f} MiB + held {m['held_mib']:.2f} MiB" for p, m in mem.items()))
+    state = make_state(data, ckpt, store, work, "precomputed", args.batch_size)
+    join = bench_join(state, args.steps)
+    share = join["join_s_per_batch"] / steps["step_s"]["precomputed"]
+    print(f"join overhead: {join['join_s_per_batch'] * 1e3:.2f} ms per batch "
+          f"(read {join['read_s_per_batch_with_join'] * 1e3:.2f} ms with join, "
+          f"{join['read_s_per_batch_without'] * 1e3:.2f} ms without) = {share:.1%} of a precomputed step")
+    copies = bench_copies(state, batches(state, 1)[0])
+    print(f"K={K} copies, forward+backward: one batched {copies['one_batched_forward_s'] * 1e3:.1f} ms, "
+          f"K separate {copies['k_forwards_s'] * 1e3:.1f} ms, ratio {copies['k_forwards_over_batched']:.2f}x")
+    print(json.dumps({"steps": steps, "memory": mem, "join": join, "copies": copies}, default=float))
+
+
+if __name__ == "__main__":
+    main()
