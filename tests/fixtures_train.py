@@ -15,16 +15,29 @@ from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
 
 AMP_T, AMP_T0 = 13, 1  # two strategy tokens, then ten filler tokens and </y>
 
+# A fixture imported by several test modules gets one definition per module; this cache
+# makes each artefact be built once per session all the same.
+_BUILT: dict[str, tuple] = {}
+
+
+def _once(name, build):
+    if name not in _BUILT:
+        _BUILT[name] = build()
+    return _BUILT[name]
+
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """(data dir, checkpoint dir): the tiny synthetic preset and a 30-step base model."""
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("tiny")
-    write_dataset(replace(PRESETS["tiny"], seed=0), root / "data")
-    train_base(BaseTrainConfig(data=str(root / "data"), out=str(root / "base"),
-                               **{**BASE_PRESETS["tiny"], "steps": 30}))
-    return root / "data", root / "base"
+    def build():
+        torch.set_num_threads(1)
+        root = tmp_path_factory.mktemp("tiny")
+        write_dataset(replace(PRESETS["tiny"], seed=0), root / "data")
+        train_base(BaseTrainConfig(data=str(root / "data"), out=str(root / "base"),
+                                   **{**BASE_PRESETS["tiny"], "steps": 30}))
+        return root / "data", root / "base"
+
+    return _once("tiny", build)
 
 
 def two_regime_samples(n: int, seed: int, max_x: int = 8) -> list[Sample]:
@@ -46,13 +59,16 @@ def two_regime_samples(n: int, seed: int, max_x: int = 8) -> list[Sample]:
 @pytest.fixture(scope="session")
 def two_regime(tmp_path_factory):
     """(data dir, checkpoint dir): two-regime data and a base model confident after t0."""
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("two_regime")
-    for split, seed in (("train", 1), ("val", 2)):
-        write_shards(two_regime_samples(256, seed), root / "data" / split, shard_size=128)
-    train_base(BaseTrainConfig(data=str(root / "data"), out=str(root / "base"), steps=300, batch_size=32,
-                               d_model=32, n_head=2, eval_every=300, warmup_steps=10, lr=3e-3))
-    return root / "data", root / "base"
+    def build():
+        torch.set_num_threads(1)
+        root = tmp_path_factory.mktemp("two_regime")
+        for split, seed in (("train", 1), ("val", 2)):
+            write_shards(two_regime_samples(256, seed), root / "data" / split, shard_size=128)
+        train_base(BaseTrainConfig(data=str(root / "data"), out=str(root / "base"), steps=300, batch_size=32,
+                                   d_model=32, n_head=2, eval_every=300, warmup_steps=10, lr=3e-3))
+        return root / "data", root / "base"
+
+    return _once("two_regime", build)
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +76,10 @@ def tiny_store(tiny, tmp_path_factory):
     """The tiny base model's baseline store over every split of the tiny data."""
     from pipeline.extract import ExtractConfig, run as extract
 
-    data, ckpt = tiny
-    store = tmp_path_factory.mktemp("tiny_store") / "store"
-    extract(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store), progress=False))
-    return store
+    def build():
+        data, ckpt = tiny
+        store = tmp_path_factory.mktemp("tiny_store") / "store"
+        extract(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store), progress=False))
+        return store
+
+    return _once("tiny_store", build)
