@@ -17,6 +17,8 @@ commits nothing; re-running resumes from the journal.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -128,9 +130,13 @@ def tar_keys(names: list[str]) -> tuple[int, dict[str, str]]:
     return len(json_keys) + len(others), dotted
 
 
-def read_samples(path: Path, shard: str, on_error: ErrorHandler) -> Iterator[Sample]:
-    """Stage: one shard's valid samples in file order (shards.iter_shard does the per-sample checks)."""
-    _, dotted = tar_keys(scan_shard(path))
+def read_samples(path: Path, shard: str, on_error: ErrorHandler, names: list[str] | None = None) -> Iterator[Sample]:
+    """Stage: one shard's valid samples in file order (shards.iter_shard does the per-sample checks).
+
+    names: the tar's member names if the caller has scanned it already (``scan_shard``).
+    """
+    names = scan_shard(path) if names is None else names
+    _, dotted = tar_keys(names)
     for key in dotted:
         error = SampleError("bad-key", "key contains '.', which WebDataset splits on", key=key, shard=shard)
         if on_error is None:
@@ -142,7 +148,7 @@ def read_samples(path: Path, shard: str, on_error: ErrorHandler) -> Iterator[Sam
         if not (error.reason == "missing-field" and error.key in residue):
             on_error(error)
 
-    for _, sample in iter_shard(path, on_error=None if on_error is None else forward):
+    for _, sample in iter_shard(path, on_error=None if on_error is None else forward, names=names):
         yield sample
 
 
@@ -187,15 +193,59 @@ def score(batches: Iterable[list[Encoded]], model: GPT, device: torch.device, sh
     for items in batches:
         batch = collate([e.ids for e in items], [e.layout for e in items])
         b, entropy, top1 = (t.cpu().numpy() for t in score_batch(model, batch.to(device)))
+        finite = np.isfinite(b) & np.isfinite(entropy)  # masked positions hold 0
+        if not finite.all():
+            bad = items[int(np.argwhere(~finite)[0, 0])].sample.key
+            raise FloatingPointError(f"non-finite surprisal or entropy for key {bad!r} in shard {shard!r}: "
+                                     "the checkpoint is broken; nothing was written")
         targets = batch.targets.numpy().astype(np.int32)
         for row, item in enumerate(items):
             T = item.layout.T
-            scores = Scores(b[row, :T], entropy[row, :T], top1[row, :T], targets[row, :T])
-            if not (np.isfinite(scores.b).all() and np.isfinite(scores.entropy).all()):
-                raise FloatingPointError(f"non-finite surprisal or entropy for key {item.sample.key!r} in "
-                                         f"shard {shard!r}: the checkpoint is broken; nothing was written")
-            yield item, scores
+            yield item, Scores(b[row, :T], entropy[row, :T], top1[row, :T], targets[row, :T])
         on_tokens(sum(e.layout.T for e in items))
+
+
+def prefetch(items: Iterable, depth: int = 1) -> Iterator:
+    """Stage: the same stream, produced by a background thread up to ``depth`` items ahead.
+
+    Reading and parsing tars is Python (it holds the GIL) while the forward pass runs in
+    torch kernels (they release it), so the two overlap. An exception of the producer is
+    raised here, at the item where it happened; leaving early stops the producer.
+    """
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(entry) -> None:
+        while not stop.is_set():
+            try:
+                return slots.put(entry, timeout=0.1)
+            except queue.Full:
+                continue
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                put((item, None))
+            put((end, None))
+        except BaseException as error:  # handed to the consumer, raised there
+            put((None, error))
+
+    worker = threading.Thread(target=produce, name="extract-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, error = slots.get()
+            if error is not None:
+                raise error
+            if item is end:
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join(timeout=10)
 
 
 def _flat_list(values: list[np.ndarray], offsets: pa.Array, value_type: pa.DataType) -> pa.Array:
@@ -248,37 +298,51 @@ class Task:
     rank: int
 
 
-def shard_table(task: Task, ckpt: Checkpoint, cfg: ExtractConfig, device: torch.device,
-                on_tokens: Callable[[int], None]) -> tuple[pa.Table, Counter, int]:
-    """The part table of one shard, skipped samples per reason (the 'skip' policy), samples in the tar."""
+@dataclass
+class LoadedShard:
+    """A shard read and encoded (or found truncated, under 'skip'), ready for the model."""
+
+    task: Task
+    encoded: list[Encoded]  # file order
+    skipped: Counter  # bad samples per reason
+    in_tar: int  # samples in the tar: rows + skipped (a duplicate's extra copies are not samples)
+    truncated: bool = False
+
+
+def load_shard(task: Task, vocab: Vocab, block_size: int, policy: str) -> LoadedShard:
+    """Read and encode one shard. A truncated tar raises, or under 'skip' is marked whole."""
     skipped: Counter = Counter()
-    on_error = None if cfg.on_bad_sample == "error" else (lambda e: skipped.update([e.reason]))
+    on_error = None if policy == "error" else (lambda e: skipped.update([e.reason]))
     name = task.shard.name
-    samples = read_samples(task.shard.path, name, on_error)  # stream: Sample, file order
-    encoded = list(encode(samples, ckpt.vocab, ckpt.model.cfg.block_size, name, on_error))  # Encoded, file order
-    batches = bucket(encoded, cfg.batch_tokens, lambda e: e.scored_length)  # list[Encoded], by length
-    table = part_table(name, list(score(batches, ckpt.model, device, name, on_tokens)))  # file order again
-    in_tar, _ = tar_keys(scan_shard(task.shard.path))  # distinct keys; a duplicate's extra copies are not samples
-    accounted = len(table) + sum(n for r, n in skipped.items() if r != "duplicate-key")
+    try:
+        names = scan_shard(task.shard.path)
+        samples = read_samples(task.shard.path, name, on_error, names)  # stream: Sample, file order
+        encoded = list(encode(samples, vocab, block_size, name, on_error))  # Encoded, file order
+    except SampleError as error:
+        if error.reason != "truncated-shard" or policy == "error":
+            raise
+        return LoadedShard(task, [], skipped, 0, truncated=True)
+    in_tar, _ = tar_keys(names)
+    accounted = len(encoded) + sum(n for r, n in skipped.items() if r != "duplicate-key")
     if accounted != in_tar:
-        raise RuntimeError(f"shard {name!r}: {in_tar} samples in the tar but {len(table)} rows + "
-                           f"{accounted - len(table)} skipped; refusing to write a part that lacks samples")
-    return table, skipped, in_tar
+        raise RuntimeError(f"shard {name!r}: {in_tar} samples in the tar but {len(encoded)} read + "
+                           f"{accounted - len(encoded)} skipped; refusing to write a part that lacks samples")
+    return LoadedShard(task, encoded, skipped, in_tar)
 
 
-def extract_part(task: Task, ckpt: Checkpoint, cfg: ExtractConfig, directory: Path, device: torch.device,
+def extract_part(loaded: LoadedShard, ckpt: Checkpoint, cfg: ExtractConfig, directory: Path, device: torch.device,
                  on_tokens: Callable[[int], None]) -> dict:
-    """Write one shard's part and its journal record; returns the record {"input", "part"}.
+    """Score a loaded shard, write its part and journal record; returns the record {"input", "part"}.
 
     A truncated tar under the 'skip' policy gives no part: the input is recorded as
     skipped (whole) so that it is never mistaken for a short shard.
     """
-    try:
-        table, skipped, in_tar = shard_table(task, ckpt, cfg, device, on_tokens)
-    except SampleError as error:
-        if error.reason != "truncated-shard" or cfg.on_bad_sample == "error":
-            raise
+    task, skipped, in_tar = loaded.task, loaded.skipped, loaded.in_tar
+    if loaded.truncated:
         return {"input": {**task.shard.entry(None, None), "skipped": "truncated-shard"}, "part": None}
+    batches = bucket(loaded.encoded, cfg.batch_tokens, lambda e: e.scored_length)  # list[Encoded], by length
+    scored = score(batches, ckpt.model, device, task.shard.name, on_tokens)  # (Encoded, Scores), by length
+    table = part_table(task.shard.name, list(scored))  # file order again
     written = write_part(table, directory / task.part, cfg.format)
     part = {"name": task.part, "input": task.shard.name, **written, "rows": len(table),
             "tokens": int(np.sum(table.column("T").to_numpy())),
@@ -439,11 +503,13 @@ def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, directory: Pa
     bar = tqdm(desc=f"extract[{ranks.rank}]" if ranks.world > 1 else "extract", unit="tok", unit_scale=True,
                disable=not cfg.progress, position=ranks.rank, mininterval=0.5)
     records = []
+    loaded = prefetch(load_shard(t, ckpt.vocab, ckpt.model.cfg.block_size, cfg.on_bad_sample) for t in mine)
     try:
-        for task in mine:
-            records.append(extract_part(task, ckpt, cfg, directory, device, bar.update))
+        for shard in loaded:  # the next shard is read while this one is scored
+            records.append(extract_part(shard, ckpt, cfg, directory, device, bar.update))
             bar.set_postfix(parts=f"{len(records)}/{len(mine)}")
     finally:
+        loaded.close()
         bar.close()
     return records
 

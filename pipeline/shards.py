@@ -220,10 +220,11 @@ def _report(on_error: ErrorHandler | None, error: SampleError) -> None:
     on_error(error)
 
 
-def iter_shard(url: str | Path, *, on_error: ErrorHandler | None = None) -> Iterator[tuple[str, Sample]]:
-    """(url, Sample) for one shard; see ``iter_samples``."""
+def iter_shard(url: str | Path, *, on_error: ErrorHandler | None = None,
+               names: list[str] | None = None) -> Iterator[tuple[str, Sample]]:
+    """(url, Sample) for one shard; see ``iter_samples``. ``names``: ``scan_shard(url)`` if already done."""
     url = str(url)
-    names = scan_shard(url)  # truncated-shard is raised whatever on_error says
+    names = scan_shard(url) if names is None else names  # truncated-shard is raised whatever on_error says
     for key in duplicate_keys(names):  # reported before anything is yielded
         _report(on_error, SampleError("duplicate-key", "key occurs more than once in the shard",
                                       key=key, shard=url))
