@@ -8,6 +8,9 @@ Per input shard, a stream of generator stages:
     score          batch -> (Encoded, Scores): b, entropy, top-1 over S, float32
     part_table     scores back in shard order -> one PART_SCHEMA table -> one part
 
+Reading and encoding (``load_shard``) run one shard ahead in a background thread
+(``prefetch``), so tar parsing overlaps the forward pass when a core is free.
+
 and around it the store protocol (SPEC §4, notes/store_contract.md): rank 0 takes the
 store lock and plans (which parts are already on disk with a matching sha256, which are
 to be written, under which names); each rank writes its shards' parts (temp name, fsync,
@@ -36,7 +39,8 @@ from pipeline.errors import SampleError
 from pipeline.ranks import RankFailed, Ranks
 from pipeline.samples import Sample
 from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name
-from pipeline.templates import TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, token_surprisal, zfree_ids
+from pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, token_surprisal,
+                                zfree_ids)
 from pipeline.vocab import Vocab
 from store.lock import StoreLock
 from store.manifest import (TOOL, fingerprint_dir, part_index, part_name, read_manifest, read_records,
@@ -532,8 +536,8 @@ def run(cfg: ExtractConfig) -> dict:
                 raise RankFailed(f"rank 0 could not plan the extraction: {planned}")
             data_root, shards, plan = planned
             if plan.committed:
-                return {"fingerprint": ckpt.fingerprint, "store": str(directory), "nothing_to_do": True,
-                        "parts_written": 0, "parts_reused": len(plan.done)}
+                return {"fingerprint": ckpt.fingerprint, "store": str(directory), "rank": ranks.rank,
+                        "nothing_to_do": True, "parts_written": 0, "parts_reused": len(plan.done)}
             try:
                 outcome = ("ok", _write_parts(plan, ckpt, cfg, directory, ranks))
             except Exception as e:
@@ -552,7 +556,7 @@ def run(cfg: ExtractConfig) -> dict:
         manifest = read_manifest(directory) if ranks.is_main else None
         wall = time.perf_counter() - t_start
         tokens = sum(r["part"]["tokens"] for r in written if r["part"])
-        summary = {"fingerprint": ckpt.fingerprint, "store": str(directory), "nothing_to_do": False,
+        summary = {"fingerprint": ckpt.fingerprint, "store": str(directory), "rank": ranks.rank, "nothing_to_do": False,
                    "parts_written": len(written), "parts_reused": len(plan.done), "wall_s": round(wall, 3),
                    "tokens_written": tokens, "tokens_per_s": round(tokens / wall, 1) if wall > 0 else None}
         if manifest is not None:

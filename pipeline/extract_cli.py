@@ -35,7 +35,8 @@ def extract(checkpoint, data, store, fmt, batch_tokens, device, on_bad_sample, w
         summary = run(cfg)
     except (SampleError, StoreLockedError, RankFailed, FileNotFoundError, ValueError) as e:
         raise click.ClickException(str(e)) from e
+    if summary["rank"] != 0:  # rank 0 (or a single process) reports
+        return
     if summary["nothing_to_do"]:
         click.echo(f"store {summary['store']} is complete for these inputs: nothing to do", err=True)
-    if summary.get("stats") is not None or summary["nothing_to_do"]:  # rank 0 (or a single process) reports
-        click.echo(json.dumps(summary, indent=1))
+    click.echo(json.dumps(summary, indent=1))

@@ -1,7 +1,6 @@
 """Each class of bad input under both policies: 'error' names shard and key and commits nothing;
 'skip' leaves the sample out, counts it per reason, and keeps the other rows in order."""
 
-import json
 
 import pytest
 import torch

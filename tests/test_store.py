@@ -25,7 +25,8 @@ def test_manifest_matches_contract_and_parts(world):
     assert m["fingerprint"] == view.fingerprint and len(view.fingerprint) == 32
     assert m["checkpoint"]["fingerprint"] == view.fingerprint
     assert [p["name"] for p in view.parts()] == [f"part-{i:05d}.parquet" for i in range(6)]
-    assert sorted(p.name for p in view.dir.iterdir()) == sorted([".lock", "manifest.json", *[p["name"] for p in view.parts()]])
+    listed = [".lock", "manifest.json", *[p["name"] for p in view.parts()]]
+    assert sorted(p.name for p in view.dir.iterdir()) == sorted(listed)
     total_rows = total_tokens = 0
     for entry in view.parts():
         table = view.read_part(entry["name"])
