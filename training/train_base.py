@@ -47,6 +47,9 @@ class BaseTrainConfig:
     """Latent tokens <z_0..z_{k_max-1}> in the vocabulary, untrained here."""
     max_slots: int = 4
     """Context reserved for the latent slots of the z-conditioned template."""
+    position_jitter: bool = True
+    """Shift each training sequence's positions by 0..max_slots+2, so that the CVAE's
+    z-conditioned template (y moved later by slots+2) only uses trained positions."""
     eval_every: int = 500
     seed: int = 0
     device: str = "cpu"
@@ -107,9 +110,9 @@ class EncodedSplit:
         return collate([self.seqs[i] for i in idx], [self.layouts[i] for i in idx])
 
 
-def s_nll(model: GPT, batch) -> torch.Tensor:
+def s_nll(model: GPT, batch, pos_offset: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T_max) per-token NLL over S, 0 where masked."""
-    logits, _ = model(batch.input_ids)
+    logits, _ = model(batch.input_ids, pos_offset=pos_offset)
     return token_surprisal(gather_s(logits, batch.logit_pos), batch.targets, batch.mask)
 
 
@@ -157,7 +160,7 @@ def run(cfg: BaseTrainConfig) -> dict:
     synth_cfg = load_synth_config(cfg.data)
     train_enc, val_enc = EncodedSplit(train, vocab), EncodedSplit(val, vocab, synth_cfg)
     longest = max(lay.length for lay in train_enc.layouts + val_enc.layouts)
-    block_size = 8 * math.ceil((longest + 2 + cfg.max_slots) / 8)
+    block_size = 8 * math.ceil((longest + 2 + cfg.max_slots) / 8)  # room for <z> slots </z>
     mcfg = ModelConfig(vocab_size=len(vocab), block_size=block_size, n_layer=cfg.n_layer,
                        n_head=cfg.n_head, d_model=cfg.d_model)
     model = GPT(mcfg).to(device)
@@ -171,7 +174,9 @@ def run(cfg: BaseTrainConfig) -> dict:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         batch = train_enc.batch(torch.randint(len(train_enc), (cfg.batch_size,), generator=gen).tolist()).to(device)
-        nll = s_nll(model, batch)
+        offset = (torch.randint(cfg.max_slots + 3, (cfg.batch_size,), generator=gen).to(device)
+                  if cfg.position_jitter else None)
+        nll = s_nll(model, batch, offset)
         loss = nll.sum() / batch.mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
