@@ -7,10 +7,14 @@ stays instant.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import click
+
+from pipeline.extract_cli import extract
+from store.cli import store
+from store.inspect_cli import inspect_cmd, sql_cmd
+from training.train_cli import evaluate as eval_cmd, train as train_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -20,7 +24,7 @@ def main():
 
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Dataset directory to write.")
-@click.option("--preset", type=click.Choice(["tiny", "default"]), default="default")
+@click.option("--preset", type=click.Choice(["tiny", "small", "default"]), default="default")
 @click.option("--seed", type=int, default=0)
 @click.option("--header-len", type=int, default=None, help="Shared header tokens before the strategy output.")
 @click.option("--min-len", type=int, default=None)
@@ -57,7 +61,7 @@ def convert(jsonl, out, shard_size, on_bad):
 @main.command("train-base")
 @click.option("--data", type=click.Path(exists=True, file_okay=False), required=True)
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Checkpoint directory.")
-@click.option("--preset", type=click.Choice(["tiny", "default"]), default="default")
+@click.option("--preset", type=click.Choice(["tiny", "small", "default"]), default="default")
 @click.option("--steps", type=int, default=None)
 @click.option("--seed", type=int, default=0)
 @click.option("--device", default="cpu")
@@ -82,34 +86,25 @@ def export_hf_cmd(checkpoint, out):
 
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False), default="demo", help="Where everything goes.")
-@click.option("--preset", type=click.Choice(["tiny", "default"]), default="default")
+@click.option("--preset", type=click.Choice(["tiny", "small", "default"]), default="small",
+              help="Data and base-model size; small runs in a few minutes on a laptop CPU.")
+@click.option("--cvae-steps", type=int, default=300)
+@click.option("--beta", type=float, default=0.3)
 @click.option("--seed", type=int, default=0)
-def demo(out, preset, seed):
+def demo(out, preset, cvae_steps, beta, seed):
     """The whole pipeline on built-in data: synth -> train-base -> extract -> train -> eval -> inspect."""
-    from dataclasses import replace
+    from training.demo import DemoConfig, run
 
-    from pipeline.synth import PRESETS, write_dataset
-    from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base_run
-
-    root = Path(out)
-    data, ckpt = root / "data", root / "base"
-    click.echo(f"[1/2] synth ({preset}) -> {data}")
-    write_dataset(replace(PRESETS[preset], seed=seed), data)
-    click.echo(f"[2/2] train-base -> {ckpt}")
-    base = train_base_run(BaseTrainConfig(data=str(data), out=str(ckpt), seed=seed, **BASE_PRESETS[preset]))
-    click.echo(json.dumps(base, indent=1))
+    result = run(DemoConfig(out=out, preset=preset, cvae_steps=cvae_steps, beta=beta, seed=seed))
+    cvae = result["cvae"]
+    click.echo(json.dumps({"timings_s": result["timings"], "base": result["base"],
+                           "cvae": {k: cvae[k] for k in sorted(cvae) if not isinstance(cvae[k], (list, dict))}},
+                          indent=1))
+    click.echo(f"report: {result['report']}")
 
 
-from store.inspect_cli import inspect_cmd, sql_cmd  # noqa: E402  (click only; duckdb loads inside)
-main.add_command(sql_cmd)
-main.add_command(inspect_cmd)
-from pipeline.extract_cli import extract  # noqa: E402  (click only; torch loads inside)
-main.add_command(extract)
-from store.cli import store  # noqa: E402
-main.add_command(store)
-from training.train_cli import evaluate as eval_cmd, train as train_cmd  # noqa: E402  (click only; torch loads inside)
-main.add_command(train_cmd)
-main.add_command(eval_cmd)
+for command in (extract, store, sql_cmd, inspect_cmd, train_cmd, eval_cmd):
+    main.add_command(command)
 
 if __name__ == "__main__":
     main()
