@@ -7,7 +7,6 @@ stays instant.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
