@@ -15,7 +15,7 @@ function of them (``objective``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -44,6 +44,13 @@ class CVAEConfig:
     """z pathway: "token" (one slot), "prefix" (`slots` slots) or "layernorm" (one slot + LayerNorm modulation)."""
     slots: int = 1
     """Latent slots of the z-conditioned template (prefix only; 1 otherwise)."""
+    posterior_encoder: str = "shared"
+    """What the posterior head reads: "shared" (the backbone's z-free pass) or "separate" (a small
+    Transformer of its own, so posterior updates leave the decoder alone)."""
+    encoder_layers: int = 1
+    """Layers of the separate posterior encoder."""
+    encoder_d_model: int = 64
+    """Width of the separate posterior encoder (4 heads)."""
 
     def __post_init__(self):
         if self.latent not in ("discrete", "continuous"):
@@ -56,6 +63,10 @@ class CVAEConfig:
             raise ValueError(f"slots={self.slots} needs cond='prefix'")
         if self.prior not in ("learned", "standard"):
             raise ValueError(f"prior must be 'learned' or 'standard', got {self.prior!r}")
+        if self.posterior_encoder not in ("shared", "separate"):
+            raise ValueError(f"posterior_encoder must be 'shared' or 'separate', got {self.posterior_encoder!r}")
+        if self.encoder_layers < 1 or self.encoder_d_model < 4 or self.encoder_d_model % 4:
+            raise ValueError("need encoder_layers >= 1 and encoder_d_model a positive multiple of 4")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -67,23 +78,36 @@ class CVAEOutput:
     prior: Any  # same shapes as post
     nll: torch.Tensor  # (B, copies, T_max) l_t(z) nats over S, 0 where masked
     zfree_nll: torch.Tensor  # (B, T_max) the current backbone's z-free surprisal, detached
+    pooled: torch.Tensor | None = None  # (B, d_post) the posterior head's input
 
 
 class CVAE(nn.Module):
-    def __init__(self, backbone: GPT, latent: nn.Module, conditioning: Conditioning):
+    def __init__(self, backbone: GPT, latent: nn.Module, conditioning: Conditioning, encoder: GPT | None = None):
         super().__init__()
         self.backbone, self.latent, self.conditioning = backbone, latent, conditioning
+        self.encoder = encoder  # None: the posterior reads the backbone's z-free pass
 
     @property
     def posterior_parameters(self) -> list[nn.Parameter]:
-        """The posterior head's parameters: where the gradient diagnostic is measured."""
-        return list(self.latent.head.parameters())
+        """The posterior's own parameters (head, and the separate encoder if any): where the
+        gradient diagnostic is measured and what aggressive posterior updates move."""
+        own = list(self.latent.head.parameters())
+        return own + (list(self.encoder.parameters()) if self.encoder is not None else [])
+
+    def posterior_input(self, batch: TrainBatch, hidden_free: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, d_post) the state at <eos> of the z-free sequence: the encoder's, or the backbone's
+        (``hidden_free`` (B, L, d), which the caller has already computed)."""
+        rows = torch.arange(len(batch), device=batch.last_pos.device)
+        if self.encoder is not None:
+            hidden_free = self.encoder(batch.zfree.input_ids)[1]
+        return hidden_free[rows, batch.last_pos]
 
     def forward(self, batch: TrainBatch, generator: torch.Generator | None = None) -> CVAEOutput:
         free, cond = batch.zfree, batch.zcond
         B = len(batch)
         logits_free, hidden_free = self.backbone(free.input_ids)  # (B, L, V), (B, L, d)
-        post = self.latent.posterior(hidden_free[torch.arange(B), batch.last_pos])
+        pooled = self.posterior_input(batch, hidden_free)
+        post = self.latent.posterior(pooled)
         with torch.no_grad():
             zfree_nll = token_surprisal(gather_s(logits_free, free.logit_pos), free.targets, free.mask)
 
@@ -95,7 +119,7 @@ class CVAE(nn.Module):
         logits, hidden = self.backbone(ids, **kwargs)  # (B*C, L', V): all copies in one forward
         nll = token_surprisal(gather_s(logits, rep(cond.logit_pos)), rep(cond.targets), rep(cond.mask))
         prior = self.latent.prior(*self._at_z(batch, logits[::C], hidden[::C]))
-        return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll)
+        return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll, pooled)
 
     def _at_z(self, batch: TrainBatch, logits: torch.Tensor, hidden: torch.Tensor):
         """(B, V) logits and (B, d) hidden state at <z>, from a pass that has not seen z."""
@@ -108,14 +132,34 @@ class CVAE(nn.Module):
 
 def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
     d, n_ln = backbone.cfg.d_model, backbone.cfg.n_layernorms
+    encoder = None
+    if cfg.posterior_encoder == "separate":
+        encoder = GPT(replace(backbone.cfg, n_layer=cfg.encoder_layers, d_model=cfg.encoder_d_model, n_head=4))
+    d_post = cfg.encoder_d_model if encoder is not None else d
     if cfg.latent == "discrete":
         if cfg.k > vocab.k_max:
             raise ValueError(f"k={cfg.k} exceeds the vocabulary's {vocab.k_max} latent tokens")
-        latent = CategoricalLatent(cfg.k, d, [vocab.latent_id(k) for k in range(cfg.k)])
+        latent = CategoricalLatent(cfg.k, d_post, [vocab.latent_id(k) for k in range(cfg.k)])
     else:
-        latent = GaussianLatent(cfg.z_dim, d, cfg.prior)
+        latent = GaussianLatent(cfg.z_dim, d_post, cfg.prior)
     conditioning = Conditioning(cfg.cond, cfg.slots, d, n_ln, latent.features, continuous=cfg.latent == "continuous")
-    return CVAE(backbone, latent, conditioning)
+    return CVAE(backbone, latent, conditioning, encoder)
+
+
+def spread_latent_embeddings(backbone: GPT, latent_ids: list[int], norm: float, generator: torch.Generator) -> None:
+    """Re-initialise the rows of ``<z_0..z_{K-1}>`` as mutually orthogonal random vectors of one norm.
+
+    Why: an entangled checkpoint never sees a latent token, and with tied embeddings every
+    unseen token's row receives the same push (its logit pushed down), so the K rows end
+    up nearly parallel (cosine ~0.997 on the default checkpoint): the decoder starts
+    almost z-invariant. Orthogonal rows give each k a distinct direction from step 0.
+    """
+    K, d = len(latent_ids), backbone.cfg.d_model
+    if K > d:
+        raise ValueError(f"cannot make {K} orthogonal latent embeddings in d_model={d}")
+    basis, _ = torch.linalg.qr(torch.randn(d, K, generator=generator, dtype=torch.float64))  # (d, K) orthonormal
+    with torch.no_grad():
+        backbone.wte.weight[torch.tensor(latent_ids)] = (norm * basis.T).to(backbone.wte.weight.dtype)
 
 
 @dataclass

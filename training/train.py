@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,8 @@ from tqdm import tqdm
 from pipeline.vocab import Vocab
 from training.baselines import POLICIES, Baseline, make_baseline
 from training.checkpoint import load_checkpoint
-from training.cvae import CVAE, CVAEConfig, build_cvae, objective
+from training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent_embeddings
+from training.estep import EStepConfig, em_objective
 from training.data import StoreRef, StreamSpec, EvalStream, TrainBatch, TrainStream, loader, split_urls
 from training.losses import WEIGHTINGS, WeightingParams, check_free_bits, reconstruction_weights, weighted_reconstruction
 from training.metrics import EvalRecords, entropy, posterior_gradient_norms
@@ -67,6 +69,16 @@ class TrainConfig:
     """The KL weight over training."""
     free_bits: float = 0.0
     """KL floor lambda in nats (0: off); refused at >= log K for a discrete latent."""
+    estep: EStepConfig = field(default_factory=EStepConfig)
+    """EM-style E-step from the decoder's own K passes (discrete latent; ``estep.py``); off by default."""
+    latent_embedding_norm: float = 0.0
+    """> 0: re-initialise the K latent token embeddings as orthogonal vectors of this norm before
+    training (``cvae.spread_latent_embeddings``); 0 keeps the checkpoint's (nearly parallel) rows."""
+    aggressive_steps: int = 0
+    """Aggressive posterior updates (He et al. 2019): up to this many posterior-only steps on each
+    batch, decoder fixed, until the posterior's objective stops improving; 0: off."""
+    aggressive_until: int = 0
+    """Training steps during which aggressive updates run (He et al. stop them once MI plateaus)."""
     steps: int = 300
     """Optimizer steps (global: every rank takes them all)."""
     batch_size: int = 32
@@ -89,6 +101,10 @@ class TrainConfig:
     """Examples in the seeded shuffle buffer (after the store join)."""
     eval_batch_size: int = 128
     """Examples per validation batch."""
+    eval_every: int = 0
+    """Steps between validations on the first ``eval_examples`` val examples, logged to metrics.jsonl (0: off)."""
+    eval_examples: int = 256
+    """Val examples of each periodic validation (rounded up to whole eval batches); the final one reads all."""
     seed: int = 0
     """Seeds the heads, the data order and the continuous latent's noise."""
     device: str = "cpu"
@@ -99,6 +115,13 @@ class TrainConfig:
             object.__setattr__(self, "cvae", CVAEConfig(**self.cvae))
         if isinstance(self.beta, dict):
             object.__setattr__(self, "beta", BetaSchedule(**self.beta))
+        if isinstance(self.estep, dict):
+            object.__setattr__(self, "estep", EStepConfig(**self.estep))
+        discrete_only = {"estep": self.estep.mode != "off", "latent_embedding_norm": self.latent_embedding_norm > 0}
+        if self.cvae.latent != "discrete" and any(discrete_only.values()):
+            raise ValueError(f"{[k for k, on in discrete_only.items() if on]} need a discrete latent")
+        if self.latent_embedding_norm < 0 or self.aggressive_steps < 0 or self.aggressive_until < 0:
+            raise ValueError("latent_embedding_norm, aggressive_steps and aggressive_until must be >= 0")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {sorted(WEIGHTINGS)}, got {self.weighting!r}")
         if self.policy not in POLICIES:
@@ -108,11 +131,11 @@ class TrainConfig:
         if not 0 <= self.token_weighted_reconstruction_weight <= 1:
             raise ValueError("token_weighted_reconstruction_weight must be in [0, 1]")
         check_free_bits(self.free_bits, self.cvae.latent, self.cvae.k)
-        for name in ("steps", "batch_size", "log_every", "ckpt_every", "eval_batch_size"):
+        for name in ("steps", "batch_size", "log_every", "ckpt_every", "eval_batch_size", "eval_examples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.num_workers < 0 or self.grad_diag_every < 0 or self.shuffle_buffer < 0:
-            raise ValueError("num_workers, grad_diag_every and shuffle_buffer must be >= 0")
+        if min(self.num_workers, self.grad_diag_every, self.shuffle_buffer, self.eval_every) < 0:
+            raise ValueError("num_workers, grad_diag_every, shuffle_buffer and eval_every must be >= 0")
         WeightingParams(self.eps, self.eps_inv)  # validates both
 
     def to_json(self) -> dict:
@@ -139,6 +162,7 @@ class State:
     world: int
     step: int = 0
     meta: dict = field(default_factory=dict)
+    post_opt: torch.optim.Optimizer | None = None  # aggressive posterior updates only
 
     @property
     def device(self) -> torch.device:
@@ -167,6 +191,9 @@ def setup(cfg: TrainConfig, rank: int, world: int) -> State:
     if list(base.vocab.tokens) != list(init.vocab.tokens):
         raise ValueError(f"baseline checkpoint {base.path} and init checkpoint {init.path} have different vocabularies")
     model = build_cvae(init.model.train(), init.vocab, cfg.cvae).to(cfg.device)
+    if cfg.latent_embedding_norm > 0:  # before resume: a resumed run loads its trained rows over these
+        spread_latent_embeddings(model.backbone, model.latent.latent_ids.tolist(), cfg.latent_embedding_norm,
+                                 torch.Generator().manual_seed(cfg.seed))
     store = StoreRef(cfg.store, base.fingerprint) if cfg.store else None
     urls = split_urls(cfg.data, "train")
     dataset_mean_b = None
@@ -174,10 +201,13 @@ def setup(cfg: TrainConfig, rank: int, world: int) -> State:
         view = store.open(init.vocab)  # fails early on a wrong fingerprint, vocabulary or incomplete store
         dataset_mean_b = float(view.mean_example_mean_b(list(urls))) if cfg.weighting == "distribution-rescale" else None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    post_opt = (torch.optim.AdamW(model.posterior_parameters, lr=cfg.lr, betas=(0.9, 0.95))
+                if cfg.aggressive_steps else None)
     state = State(cfg, model, opt, make_baseline(cfg.policy, base.model.to(cfg.device)),
                   WeightingParams(cfg.eps, cfg.eps_inv, dataset_mean_b), spec=None, vocab=init.vocab, rank=rank,
                   world=world, meta={"init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
-                                     "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b})
+                                     "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b},
+                  post_opt=post_opt)
     resume(state)
     if world > 1:  # identical starting points, whatever the ranks computed on their own
         for p in model.parameters():
@@ -266,10 +296,14 @@ def forward_backward(state: State, batch: TrainBatch) -> dict:
     b = state.baseline(batch, out)  # (B, T_max) nats over S, detached
     pi, degenerate = reconstruction_weights(cfg.weighting, b, mask, state.params, cfg.token_weighted_reconstruction_weight)
     beta = cfg.beta.at(step, cfg.steps)
-    obj = objective(model.latent, out, pi, beta, cfg.free_bits)
+    em = cfg.estep.active(step)
+    if cfg.aggressive_steps and step < cfg.aggressive_until:
+        out.post = aggressive_posterior_updates(state, batch, out, pi, beta, em)
+    obj = em_objective(model.latent, out, pi, beta, cfg.free_bits, cfg.estep) if em else \
+        objective(model.latent, out, pi, beta, cfg.free_bits)
     record = {"step": step, "loss": obj.loss.item(), "recon": obj.recon.item(), "kl": obj.kl.sum(-1).mean().item()
               if obj.kl.dim() > 1 else obj.kl.mean().item(), "kl_term": obj.kl_term.item(), "beta": beta,
-              "degenerate": int(degenerate.sum()), **latent_summary(model, out, batch, state.params)}
+              "degenerate": int(degenerate.sum()), "estep": em, **latent_summary(model, out, batch, state.params, pi)}
     if cfg.grad_diag_every and step % cfg.grad_diag_every == 0:
         record |= posterior_gradient_norms(obj.recon, beta * obj.kl_term, model.posterior_parameters)
     state.opt.zero_grad(set_to_none=True)
@@ -277,17 +311,57 @@ def forward_backward(state: State, batch: TrainBatch) -> dict:
     return record
 
 
+def aggressive_posterior_updates(state: State, batch: TrainBatch, out, pi: torch.Tensor, beta: float, em: bool):
+    """He et al. 2019: optimise the posterior alone, decoder outputs fixed, until its objective
+    stops improving (at most ``aggressive_steps`` steps); returns the posterior recomputed with
+    the updated parameters, still attached to the shared backbone's graph for the joint step.
+
+    The posterior's objective is the step's own (plain or E-step) with R and the prior detached.
+    """
+    cfg, model = state.cfg, state.model
+    fixed = replace(out, nll=out.nll.detach(), prior=detach(out.prior))
+    shared_input = out.pooled.detach() if model.encoder is None else None
+
+    def posterior_loss() -> torch.Tensor:
+        pooled = shared_input if shared_input is not None else model.posterior_input(batch)
+        inner = replace(fixed, post=model.latent.posterior(pooled))
+        make = em_objective if em else objective
+        extra = (cfg.estep,) if em else ()
+        return make(model.latent, inner, pi, beta, cfg.free_bits, *extra).loss
+
+    best = float("inf")
+    for _ in range(cfg.aggressive_steps):
+        loss = posterior_loss()
+        if loss.item() > best - 1e-4:
+            break
+        best = loss.item()
+        state.post_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        state.post_opt.step()
+    return model.latent.posterior(out.pooled if model.encoder is None else model.posterior_input(batch))
+
+
+def detach(value):
+    return value.detach() if isinstance(value, torch.Tensor) else tuple(v.detach() for v in value)
+
+
 @torch.no_grad()
-def latent_summary(model: CVAE, out, batch: TrainBatch, params: WeightingParams) -> dict:
-    """Uniform reconstruction E_q[sum_t l_t / T]; discrete: mean H(q), the spread
-    mean_i (max_k R_ik - min_k R_ik) of the uniform R across latent values, usage mean_i q_i."""
+def latent_summary(model: CVAE, out, batch: TrainBatch, params: WeightingParams, pi: torch.Tensor) -> dict:
+    """Uniform reconstruction E_q[sum_t l_t / T]; discrete: mean H(q), the spreads
+    mean_i (max_k R_ik - min_k R_ik) of the uniform R and of the trained (weighted, ``pi``) R
+    across latent values, usage mean_i q_i, and argmin_usage: the share of examples whose
+    weighted R is lowest at k (where a hard E-step would send them)."""
     pi_u, _ = reconstruction_weights("uniform", out.zfree_nll, batch.zfree.mask, params)
     R = weighted_reconstruction(out.nll, pi_u)  # (B, copies)
     summary = {"recon_uniform": model.latent.expectation(R, out.post).mean().item()}
     if model.latent.kind == "discrete":
         q = out.post.exp()
+        Rw = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, K)
+        winners = torch.bincount(Rw.argmin(1), minlength=model.latent.k) / len(Rw)
         summary |= {"q_entropy": float(entropy(q.cpu().numpy()).mean()),
-                    "R_spread": (R.max(1).values - R.min(1).values).mean().item(), "usage": q.mean(0).tolist()}
+                    "R_spread": (R.max(1).values - R.min(1).values).mean().item(),
+                    "R_spread_weighted": (Rw.max(1).values - Rw.min(1).values).mean().item(),
+                    "usage": q.mean(0).tolist(), "argmin_usage": winners.tolist()}
     return summary
 
 
@@ -325,6 +399,8 @@ def fit(state: State) -> None:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 bar.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}")
+            if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step != cfg.steps:
+                validate(state, examples=cfg.eval_examples)
             if state.rank == 0 and (state.step % cfg.ckpt_every == 0 or state.step == cfg.steps):
                 save_run_checkpoint(state)
     finally:
@@ -366,10 +442,13 @@ def gather_records(records: EvalRecords, world: int) -> EvalRecords:
     return EvalRecords().merge(everyone)
 
 
-def validate(state: State, split: str = "val") -> dict:
+def validate(state: State, split: str = "val", examples: int | None = None) -> dict:
+    """Metrics over the split (its first ``examples`` rounded up to whole batches; None: all), logged."""
     cfg = state.cfg
     spec = replace(state.spec, urls=split_urls(cfg.data, split), batch_size=cfg.eval_batch_size)
     batches = loader(EvalStream(spec), 0)
+    if examples is not None:
+        batches = islice(batches, -(-examples // cfg.eval_batch_size))
     records = gather_records(evaluate_pass(state.model, batches, state.baseline, cfg, state.params, state.device),
                              state.world)
     metrics = {"split": split, "step": state.step,

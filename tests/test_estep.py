@@ -1,0 +1,89 @@
+import itertools
+import math
+
+import pytest
+import torch
+
+from training.cvae import CVAEOutput
+from training.estep import (EStepConfig, assigned_reconstruction, assignment, distillation, em_objective,
+                            exact_posterior, sinkhorn)
+from training.latent import CategoricalLatent
+
+
+def brute_force_minimiser(R, log_p, beta, grid=60):
+    """argmin over a grid of the simplex of sum_k q R + beta KL(q || p), K = 3."""
+    best, arg = math.inf, None
+    for i, j in itertools.product(range(1, grid), repeat=2):
+        if i + j >= grid:
+            continue
+        q = torch.tensor([i, j, grid - i - j], dtype=torch.float64) / grid
+        J = float((q * R).sum() + beta * (q * (q.log() - log_p)).sum())
+        if J < best:
+            best, arg = J, q
+    return arg
+
+
+def test_exact_posterior_is_the_softmax_and_minimises_the_objective():
+    R = torch.tensor([[0.7, 0.2, 1.1]], dtype=torch.float64)
+    log_p = torch.tensor([[0.5, 0.2, 0.3]], dtype=torch.float64).log()
+    beta = 0.4
+    q = exact_posterior(R, log_p, beta).exp()[0]
+    unnorm = [0.5 * math.exp(-0.7 / beta), 0.2 * math.exp(-0.2 / beta), 0.3 * math.exp(-1.1 / beta)]
+    assert torch.allclose(q, torch.tensor(unnorm, dtype=torch.float64) / sum(unnorm))
+    assert torch.allclose(q, brute_force_minimiser(R[0], log_p[0], beta), atol=1.5 / 60)
+
+
+def test_exact_posterior_goes_hard_as_the_temperature_falls():
+    R = torch.tensor([[0.30, 0.31, 0.9]])
+    q = exact_posterior(R, torch.zeros(1, 3), 1e-4).exp()
+    assert q[0, 0] > 0.999
+
+
+def test_sinkhorn_equipartitions_a_batch_that_prefers_one_value():
+    torch.manual_seed(0)
+    scores = torch.randn(12, 3) + torch.tensor([4.0, 0.0, 0.0])  # everyone prefers k = 0
+    a = sinkhorn(scores, 50)
+    assert torch.allclose(a.sum(1), torch.ones(12), atol=1e-5)
+    assert torch.allclose(a.sum(0), torch.full((3,), 4.0), atol=1e-3)
+    assert sinkhorn(scores, 0).argmax(1).eq(0).all()  # unbalanced: rich get richer
+
+
+def test_hard_assignment_is_the_argmin_and_uniform_prior_ignores_the_learned_one():
+    R = torch.tensor([[2.0, 1.0, 3.0], [0.1, 0.5, 0.2]])
+    log_p = torch.tensor([[0.0, -50.0, 0.0], [-50.0, 0.0, 0.0]])
+    hard = assignment(R, log_p, EStepConfig(mode="hard"))
+    assert hard.tolist() == [[0, 1, 0], [1, 0, 0]]
+    learned = assignment(R, log_p, EStepConfig(mode="hard", prior="learned"))
+    assert learned.tolist() == [[1, 0, 0], [0, 0, 1]]
+
+
+def test_distillation_and_assigned_reconstruction_by_hand():
+    log_q = torch.tensor([[0.5, 0.25, 0.25]]).log()
+    a = torch.tensor([[0.0, 1.0, 0.0]])
+    assert distillation(log_q, a).item() == pytest.approx(math.log(4))
+    R = torch.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    assigned_reconstruction(R, torch.tensor([[0.2, 0.8, 0.0]])).sum().backward()
+    assert torch.allclose(R.grad, torch.tensor([[0.2, 0.8, 0.0]]))
+
+
+def test_em_objective_trains_copies_by_assignment_and_the_posterior_by_distillation():
+    latent = CategoricalLatent(2, 4, [10, 11])
+    nll = torch.tensor([[[1.0, 3.0], [2.0, 0.0]]], requires_grad=True)  # (B=1, K=2, T=2)
+    post = torch.tensor([[0.8, 0.2]]).log().requires_grad_()
+    prior = torch.tensor([[0.5, 0.5]]).log()
+    out = CVAEOutput(post, prior, nll, torch.zeros(1, 2))
+    pi = torch.tensor([[0.5, 0.5]])  # R = (2.0, 1.0): k = 1 wins
+    obj = em_objective(latent, out, pi, beta=0.0, free_bits=0.0, cfg=EStepConfig(mode="hard"))
+    assert obj.loss.item() == pytest.approx(1.0 - math.log(0.2))
+    assert obj.recon.item() == pytest.approx(0.8 * 2.0 + 0.2 * 1.0)
+    obj.loss.backward()
+    assert nll.grad[0, 0].abs().sum() == 0 and nll.grad[0, 1].tolist() == [0.5, 0.5]
+    assert torch.allclose(post.grad, torch.tensor([[0.0, -1.0]]))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="mode"):
+        EStepConfig(mode="viterbi")
+    with pytest.raises(ValueError, match="temperature"):
+        EStepConfig(temperature=0.0)
+    assert not EStepConfig(mode="hard", until_step=5).active(5) and EStepConfig(mode="hard").active(10 ** 6)

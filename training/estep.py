@@ -1,0 +1,120 @@
+"""Remedies that make a discrete latent learnable, as pure functions of tensors.
+
+With K small, the decoder's K passes give every R(k) exactly, so the posterior that
+minimises the objective for a fixed decoder is available without the amortised head:
+
+    J(q) = sum_k q(k) R(k) + beta * KL(q || p)   is minimised by
+    q*(k) = p(k|x) exp(-R(k) / beta) / Z          (a softmax over -R / beta),
+
+(derivative of the Lagrangian: R(k) + beta (log q(k) - log p(k) + 1) + mu = 0). At
+beta -> 0 it is a hard argmin over k. R is the chosen weighting's reconstruction, so the
+weighting sets *which tokens* separate the k; its overall scale acts as 1 / temperature
+(uniform R = sum R / T: a hard E-step cannot tell uniform and sum apart).
+
+Used as an E-step (EM; Shen et al. 2019, "Mixture Models for Diverse Machine
+Translation: Tricks of the Trade", hard EM with a uniform prior): decoder copy k is
+trained on the examples assigned to k, and the amortised posterior is distilled towards
+the assignment. A balanced assignment (Sinkhorn-Knopp equipartition over the batch, as
+in SwAV, Caron et al. 2020) keeps one k from taking every example ("rich get richer").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+MODES = ("off", "soft", "hard")
+PRIORS = ("uniform", "learned")
+
+
+@dataclass(frozen=True)
+class EStepConfig:
+    mode: str = "off"
+    """"off": decoder copies weighted by the amortised q (the plain objective); "soft": by
+    q* = softmax(log p - R / temperature); "hard": by the one-hot argmax of q*."""
+    temperature: float = 1.0
+    """Of the soft E-step (nats of R per nat of log q); temperature = beta is the exact E-step of J."""
+    prior: str = "uniform"
+    """p(k|x) inside q*: "uniform" (Shen et al.'s choice against rich-get-richer) or "learned"."""
+    balance_iters: int = 0
+    """Sinkhorn-Knopp iterations making the batch's assignment equipartitioned over k (0: off)."""
+    posterior_weight: float = 1.0
+    """Weight of the distillation cross-entropy -sum_k a(k) log q(k) training the amortised posterior."""
+    until_step: int = 0
+    """E-step objective for steps < until_step, then the plain objective (a warm start); 0: every step."""
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"estep mode must be one of {MODES}, got {self.mode!r}")
+        if self.prior not in PRIORS:
+            raise ValueError(f"estep prior must be one of {PRIORS}, got {self.prior!r}")
+        if not self.temperature > 0 or self.balance_iters < 0 or self.posterior_weight < 0 or self.until_step < 0:
+            raise ValueError("need temperature > 0, balance_iters >= 0, posterior_weight >= 0, until_step >= 0")
+
+    def active(self, step: int) -> bool:
+        return self.mode != "off" and (self.until_step == 0 or step < self.until_step)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def exact_posterior(R: torch.Tensor, log_prior: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log q*(k) = log_softmax(log p(k) - R(k) / temperature): R (B, K) nats, log_prior (B, K) -> (B, K)."""
+    return F.log_softmax(log_prior - R / temperature, -1)
+
+
+def sinkhorn(log_scores: torch.Tensor, iters: int) -> torch.Tensor:
+    """Balanced soft assignment (B, K): rows sum to 1, columns to about B / K (exactly after the
+    column step; the last step normalises rows). log_scores (B, K) unnormalised log-weights."""
+    B, K = log_scores.shape
+    log_a = log_scores
+    for _ in range(iters):
+        log_a = log_a - torch.logsumexp(log_a, 0, keepdim=True) + math.log(B / K)  # columns: B / K each
+        log_a = log_a - torch.logsumexp(log_a, 1, keepdim=True)  # rows: 1 each
+    return log_a.exp()
+
+
+def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig) -> torch.Tensor:
+    """The E-step's (B, K) weights of the decoder copies, detached: soft q*, or its hard argmax.
+
+    R (B, K) nats per copy; log_prior (B, K) the learned prior (ignored under prior "uniform").
+    Balancing acts on q* before the argmax, so a hard assignment is balanced too.
+    """
+    R = R.detach()
+    prior = torch.zeros_like(R) if cfg.prior == "uniform" else log_prior.detach()
+    log_q = exact_posterior(R, prior, cfg.temperature)
+    a = sinkhorn(log_q, cfg.balance_iters) if cfg.balance_iters else log_q.exp()
+    if cfg.mode == "hard":
+        a = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
+    return a
+
+
+def distillation(log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy -sum_k a(k) log q(k): amortised log q (B, K), target a (B, K) -> (B,) nats."""
+    return -(target.detach() * log_q).sum(-1)
+
+
+def assigned_reconstruction(R: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """sum_k a(k) R(k) with a detached: R (B, K) -> (B,). Copy k learns from the examples given to k."""
+    return (a.detach() * R).sum(-1)
+
+
+def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig):
+    """J_EM = mean_i [sum_k a_ik R_ik + w * CE(a_i, q_i)] + beta * KL term, a = assignment(R, p).
+
+    The decoder learns from the assignment a (detached), the amortised posterior from the
+    distillation term (and the KL); E_q[R] is reported as ``recon`` as in the plain objective.
+    """
+    from training.cvae import Objective
+    from training.losses import free_bits_kl, weighted_reconstruction
+
+    R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, K)
+    a = assignment(R, out.prior, cfg)
+    fit = assigned_reconstruction(R, a).mean() + cfg.posterior_weight * distillation(out.post, a).mean()
+    kl = latent.kl(out.post, out.prior)
+    kl_term = free_bits_kl(kl, free_bits)
+    recon = latent.expectation(R, out.post).mean().detach()
+    return Objective(fit + beta * kl_term, recon, kl_term, kl)
