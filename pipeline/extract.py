@@ -42,9 +42,10 @@ from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name
 from pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, token_surprisal,
                                 zfree_ids)
 from pipeline.vocab import Vocab
+from store.derived import DERIVED_SCALARS, derived_columns
 from store.lock import StoreLock
-from store.manifest import (TOOL, fingerprint_dir, part_index, part_name, read_manifest, read_records,
-                            record_path, skipped_totals, stats, tool_version, write_json_atomic)
+from store.manifest import (TOOL, check_schema_version, fingerprint_dir, part_index, part_name, read_manifest,
+                            read_records, record_path, skipped_totals, stats, tool_version, write_json_atomic)
 from store.parts import TMP_SUFFIX, part_format, remove_path, sha256_path, write_part
 from store.schema import PART_SCHEMA, SCHEMA_VERSION
 from training.checkpoint import Checkpoint, load_checkpoint
@@ -262,17 +263,18 @@ def part_table(shard: str, rows: list[tuple[Encoded, Scores]]) -> pa.Table:
     rows = sorted(rows, key=lambda r: r[0].index)
     T = np.array([e.layout.T for e, _ in rows], dtype=np.int32)
     offsets = pa.array(np.concatenate([[0], np.cumsum(T)]).astype(np.int32))
-    b64 = [s.b.astype(np.float64) for _, s in rows]  # sums accumulate in float64
+    b = np.concatenate([s.b for _, s in rows]) if rows else np.zeros(0, np.float32)
+    derived = derived_columns(b, T)  # cumsum_b and the per-example sums, float64
     columns = {
         "key": pa.array([e.sample.key for e, _ in rows], type=pa.string()),
         "shard": pa.array([shard] * len(rows), type=pa.string()),
         "T": pa.array(T),
-        "b": _flat_list([s.b for _, s in rows], offsets, pa.float32()),
+        "b": pa.ListArray.from_arrays(offsets, pa.array(b, type=pa.float32())),
         "target_id": _flat_list([s.target_id for _, s in rows], offsets, pa.int32()),
         "entropy": _flat_list([s.entropy for _, s in rows], offsets, pa.float32()),
         "top1": _flat_list([s.top1 for _, s in rows], offsets, pa.bool_()),
-        "cumsum_b": _flat_list([np.cumsum(b).astype(np.float32) for b in b64], offsets, pa.float32()),
-        "b_sum": pa.array([b.sum() for b in b64], type=pa.float64()),
+        "cumsum_b": pa.ListArray.from_arrays(offsets, pa.array(derived["cumsum_b"], type=pa.float32())),
+        **{name: pa.array(derived[name]) for name in DERIVED_SCALARS},
         "strategy": pa.array([e.sample.strategy for e, _ in rows], type=pa.string()),
         "t0": pa.array([e.sample.t0 for e, _ in rows], type=pa.int32()),
     }
@@ -352,7 +354,8 @@ def extract_part(loaded: LoadedShard, ckpt: Checkpoint, cfg: ExtractConfig, dire
             "tokens": int(np.sum(table.column("T").to_numpy())),
             "b_sum": float(np.sum(table.column("b_sum").to_numpy())),
             "sum_example_mean_b": sum_example_mean_b(table), "skipped": dict(sorted(skipped.items()))}
-    record = {"input": task.shard.entry(in_tar, task.part), "part": part, "fingerprint": ckpt.fingerprint}
+    record = {"input": task.shard.entry(in_tar, task.part), "part": part, "fingerprint": ckpt.fingerprint,
+              "schema_version": SCHEMA_VERSION}
     write_json_atomic(record_path(directory, task.part), record)
     return record
 
@@ -414,6 +417,8 @@ def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -
     of ranks, names every part the same way. Shard i of the run goes to rank i % world.
     """
     manifest = read_manifest(directory)
+    if manifest is not None:
+        check_schema_version(manifest, directory)
     if manifest is not None and manifest["format"] != fmt:
         raise ValueError(f"{directory} holds {manifest['format']} parts; extract with --format {manifest['format']} "
                          "or into another store")

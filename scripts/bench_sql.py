@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from store.derived import DERIVED_SCALARS, derived_columns
 from store.manifest import fingerprint_dir, part_name, stats, tool_version, write_json_atomic
 from store.parts import PART_FORMATS, write_part
 from store.schema import PART_SCHEMA, SCHEMA_VERSION
@@ -57,10 +58,7 @@ def synthetic_part(rng: np.random.Generator, shard: str, first: int, rows: int, 
     pos = np.arange(offsets[-1]) - np.repeat(offsets[:-1], T)
     informative = pos <= np.repeat(t0, T)
     b = np.where(informative, rng.exponential(1.0, offsets[-1]), rng.exponential(0.01, offsets[-1])).astype(np.float32)
-    row_of = np.repeat(np.arange(rows), T)
-    cumsum = np.cumsum(b, dtype=np.float64)
-    cumsum_b = (cumsum - np.repeat(np.concatenate([[0.0], cumsum[offsets[1:-1] - 1]]), T)).astype(np.float32)
-    b_sum = np.bincount(row_of, weights=b.astype(np.float64), minlength=rows)
+    derived = derived_columns(b, T)
 
     def lists(values, dtype):
         return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, dtype))
@@ -69,7 +67,8 @@ def synthetic_part(rng: np.random.Generator, shard: str, first: int, rows: int, 
         pa.array([f"k{first + i:09d}" for i in range(rows)]), pa.array([shard] * rows), pa.array(T),
         lists(b, pa.float32()), lists(rng.integers(0, VOCAB_SIZE, offsets[-1]).astype(np.int32), pa.int32()),
         lists(rng.random(offsets[-1]).astype(np.float32), pa.float32()),
-        lists(rng.random(offsets[-1]) < 0.5, pa.bool_()), lists(cumsum_b, pa.float32()), pa.array(b_sum),
+        lists(rng.random(offsets[-1]) < 0.5, pa.bool_()), lists(derived["cumsum_b"], pa.float32()),
+        *(pa.array(derived[name]) for name in DERIVED_SCALARS),
         pa.array(rng.choice(["copy", "reverse", "sort", "sort-desc"], rows)), pa.array(t0),
     ], schema=PART_SCHEMA)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from store.manifest import FINGERPRINT_PREFIX, MANIFEST_NAME, list_fingerprint_dirs, read_manifest
+from store.manifest import (FINGERPRINT_PREFIX, MANIFEST_NAME, check_schema_version, list_fingerprint_dirs,
+                            read_manifest)
 from store.parts import read_part, sha256_path
-from store.schema import SCHEMA_VERSION
 
 
 class BaselineStore:
@@ -53,9 +53,10 @@ class StoreView:
         manifest = read_manifest(self.dir)
         if manifest is None:
             raise FileNotFoundError(f"{self.dir}: no {MANIFEST_NAME}")
-        if manifest.get("schema_version") != SCHEMA_VERSION or manifest.get("fingerprint") != fingerprint:
-            raise ValueError(f"{self.dir / MANIFEST_NAME}: schema_version {manifest.get('schema_version')} / "
-                             f"fingerprint {manifest.get('fingerprint')} do not match {SCHEMA_VERSION} / {fingerprint}")
+        check_schema_version(manifest, self.dir)
+        if manifest.get("fingerprint") != fingerprint:
+            raise ValueError(f"{self.dir / MANIFEST_NAME}: fingerprint {manifest.get('fingerprint')!r} does not "
+                             f"match its directory ({fingerprint!r})")
         self.manifest = manifest
         self._parts = {p["name"]: p for p in manifest["parts"]}
         self._shard_sha: dict[tuple, str] = {}  # (path, size, mtime_ns) -> sha256: each tar hashed once

@@ -23,6 +23,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from store.parts import TMP_SUFFIX, fsync_dir, write_bytes_durable
+from store.schema import SCHEMA_VERSION
 
 TOOL = "tokweight"
 MANIFEST_NAME = "manifest.json"
@@ -76,15 +77,25 @@ def read_manifest(directory: Path) -> dict | None:
         raise ValueError(f"{path}: unreadable manifest ({e})") from None
 
 
+def check_schema_version(manifest: dict, directory: Path) -> None:
+    """Refuse a manifest whose parts have another column set than this tokweight's PART_SCHEMA."""
+    found = manifest.get("schema_version")
+    if found != SCHEMA_VERSION:
+        raise ValueError(f"{directory / MANIFEST_NAME}: store schema version {found}, but this tokweight "
+                         f"reads and writes version {SCHEMA_VERSION} (store/schema.py); re-extract into a new "
+                         f"store, or delete {directory} and run `tokweight extract` again")
+
+
 def read_records(directory: Path) -> list[dict]:
-    """Journal records that parse; a torn or foreign one is ignored (its part is re-extracted)."""
+    """Journal records of this schema version that parse; a torn, foreign or older one is ignored
+    (its part is re-extracted)."""
     records = []
     for path in sorted(directory.glob("part-*.json")):
         if not RECORD_NAME.match(path.name):
             continue
         try:
             record = json.loads(path.read_text())
-            if {"part", "input"} <= set(record):
+            if {"part", "input"} <= set(record) and record.get("schema_version") == SCHEMA_VERSION:
                 records.append(record)
         except ValueError:
             pass

@@ -198,4 +198,12 @@ def write_part(table: pa.Table, final: Path, fmt: str) -> dict:
 
 
 def read_part(path: Path, fmt: str) -> pa.Table:
-    return part_format(fmt).read(Path(path))
+    """A part as a PART_SCHEMA table; ValueError naming the part if its columns differ (another schema version)."""
+    try:
+        table = part_format(fmt).read(Path(path))
+    except KeyError as e:  # a Zarr part without one of PART_SCHEMA's arrays
+        raise ValueError(f"{path}: no array {e} of store schema version {SCHEMA_VERSION}; re-extract it") from None
+    if not table.schema.equals(PART_SCHEMA, check_metadata=False):
+        raise ValueError(f"{path}: its columns are not those of store schema version {SCHEMA_VERSION} "
+                         f"(store/schema.py PART_SCHEMA); re-extract it\n{table.schema}")
+    return table

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from store.derived import DERIVED_SCALARS, derived_columns
 from store.manifest import fingerprint_dir, part_name, stats, tool_version, write_json_atomic
 from store.parts import PART_FORMATS, sha256_path, write_part
 from store.schema import PART_SCHEMA, SCHEMA_VERSION
@@ -23,14 +24,15 @@ TIE_VALUES = np.array([0.0, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0], dtype=np.
 
 
 def make_row(key: str, shard: str, b, *, strategy=None, t0=None, rng=None) -> dict:
-    """One PART_SCHEMA row; the running sum is accumulated in float64 and stored float32."""
+    """One PART_SCHEMA row; the columns derived from b come from extraction's own definition."""
     b = np.asarray(b, dtype=np.float32)
     rng = rng or np.random.default_rng(0)
+    derived = derived_columns(b, np.array([len(b)]))
     return {"key": key, "shard": shard, "T": len(b), "b": b,
             "target_id": rng.integers(0, len(VOCAB), len(b)).astype(np.int32),
             "entropy": rng.random(len(b)).astype(np.float32), "top1": rng.random(len(b)) < 0.5,
-            "cumsum_b": np.cumsum(b, dtype=np.float64).astype(np.float32),
-            "b_sum": float(np.sum(b, dtype=np.float64)), "strategy": strategy, "t0": t0}
+            "cumsum_b": derived["cumsum_b"], **{name: derived[name].item() for name in DERIVED_SCALARS},
+            "strategy": strategy, "t0": t0}
 
 
 def example_rows(seed: int, n: int, *, max_T: int = 8, shards: int = 2, values=TIE_VALUES) -> list[dict]:

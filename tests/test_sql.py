@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import tempfile
 from pathlib import Path
 
@@ -76,6 +77,26 @@ def test_example_estimators_match_numpy(bs, q, tau, eps):
         assert _close(amp_true, T / (row["t0"] + 1))
         for g, w in zip((ent, eff, mx), ref_concentration(row, eps)):
             assert _close(g, w), (row, g, w)
+
+
+def _reference_forms() -> dict[str, str]:
+    """The list forms that estimators.sql documents as the definitions of the scalar-based macros."""
+    forms = re.findall(r"^-- reference (\w+)\s+= (.+)$", read_sql("estimators"), flags=re.MULTILINE)
+    return dict(forms)
+
+
+def test_documented_list_forms_equal_the_stored_scalars(random_store):
+    """share_entropy, effective_tokens and max_share read scalars written at extraction; their
+    documented list forms, evaluated over b, give the same numbers."""
+    root, rows = random_store
+    forms = _reference_forms()
+    assert set(forms) == {"share_entropy", "effective_tokens", "max_share"}
+    columns = ", ".join(f"{name}, {form} AS {name}_list" for name, form in forms.items())
+    got = connect(root).sql(f"SELECT {columns} FROM examples WHERE NOT degenerate").fetchall()
+    assert len(got) == sum(r["b_sum"] >= EstimatorParams().eps for r in rows) > 0
+    for row in got:
+        for stored, listed in zip(row[::2], row[1::2]):
+            assert math.isclose(stored, listed, rel_tol=1e-12, abs_tol=1e-12), row
 
 
 def test_share_ties_reach_exactly_q():

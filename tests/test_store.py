@@ -12,7 +12,10 @@ from pipeline.cli import main
 from pipeline.extract import run
 from pipeline.shards import resolve_shards
 from store.baseline_store import BaselineStore
+from store.derived import DERIVED_SCALARS
 from store.lock import StoreLock, StoreLockedError
+from store.parts import read_part
+from store.schema import SCHEMA_VERSION
 from store.verify import verify_dir
 
 from tests.fixtures_extract import copy_store, fp_dir, part_bytes, world  # noqa: F401
@@ -31,9 +34,12 @@ def test_manifest_matches_contract_and_parts(world):
     for entry in view.parts():
         table = view.read_part(entry["name"])
         assert len(table) == entry["rows"] == 128 and table.column("T").to_numpy().sum() == entry["tokens"]
-        b_sum = table.column("b_sum").to_numpy()
-        for b, cs, s in zip(table.column("b").to_pylist(), table.column("cumsum_b").to_pylist(), b_sum):
-            assert cs[-1] == pytest.approx(s, abs=1e-4) and sum(b) == pytest.approx(s, abs=1e-4)
+        b_sum, b_sq_sum, b_xlogx_sum, b_max = (table.column(c).to_numpy() for c in DERIVED_SCALARS)
+        for i, (b, cs) in enumerate(zip(table.column("b").to_pylist(), table.column("cumsum_b").to_pylist())):
+            b = np.array(b, dtype=np.float64)
+            assert cs[-1] == pytest.approx(b_sum[i], abs=1e-4) and b.sum() == pytest.approx(b_sum[i], rel=1e-12)
+            assert b_sq_sum[i] == pytest.approx(np.sum(b * b), rel=1e-12) and b_max[i] == b.max()
+            assert b_xlogx_sum[i] == pytest.approx(np.sum(b[b > 0] * np.log(b[b > 0])), rel=1e-12, abs=1e-15)
         total_rows, total_tokens = total_rows + len(table), total_tokens + entry["tokens"]
     assert m["stats"]["rows"] == total_rows and m["stats"]["tokens"] == total_tokens
     inputs = {e["name"]: e for e in m["inputs"]}
@@ -157,6 +163,21 @@ def test_other_format_in_same_fingerprint_is_refused(world, tmp_path):
     store = copy_store(world.store, tmp_path / "s")
     with pytest.raises(ValueError, match="--format parquet"):
         run(world.config(store, format="zarr"))
+
+
+def test_store_of_another_schema_version_is_refused(world, tmp_path):
+    """Readers and extract name the directory and both versions instead of reading other columns."""
+    store = copy_store(world.store, tmp_path / "s")
+    manifest_path = fp_dir(store) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest_path.write_text(json.dumps({**manifest, "schema_version": SCHEMA_VERSION - 1}))
+    for action in (lambda: BaselineStore(store).open(), lambda: run(world.config(store))):
+        with pytest.raises(ValueError, match=f"schema version {SCHEMA_VERSION - 1}.*version {SCHEMA_VERSION}"):
+            action()
+    part = fp_dir(store) / manifest["parts"][0]["name"]
+    pq.write_table(pq.read_table(part).drop_columns(["b_sq_sum"]), part)
+    with pytest.raises(ValueError, match=f"{part.name}: its columns are not those of store schema version"):
+        read_part(part, "parquet")
 
 
 def test_lock_excludes_a_second_writer(world, tmp_path):

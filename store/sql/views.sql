@@ -16,9 +16,9 @@ FROM (SELECT *,
              is_degenerate(b_sum, getvariable('eps')) AS degenerate,
              t0_share(cumsum_b, b_sum, getvariable('q'), getvariable('eps')) AS t0_share,
              t0_threshold(b, getvariable('tau')) AS t0_threshold,
-             share_entropy(b, b_sum, getvariable('eps')) AS share_entropy,
-             effective_tokens(b, b_sum, getvariable('eps')) AS effective_tokens,
-             max_share(b, b_sum, getvariable('eps')) AS max_share
+             share_entropy(b_sum, b_xlogx_sum, getvariable('eps')) AS share_entropy,
+             effective_tokens(b_sum, b_sq_sum, getvariable('eps')) AS effective_tokens,
+             max_share(b_max, b_sum, getvariable('eps')) AS max_share
       FROM store_rows);
 
 -- tokens: one row per supervised token. `pos` is the 0-based position in S, `token_id`
