@@ -87,3 +87,11 @@ def test_config_validation():
     with pytest.raises(ValueError, match="temperature"):
         EStepConfig(temperature=0.0)
     assert not EStepConfig(mode="hard", until_step=5).active(5) and EStepConfig(mode="hard").active(10 ** 6)
+
+
+def test_follow_beta_is_the_exact_e_step_and_hard_at_beta_zero():
+    R = torch.tensor([[0.4, 0.1, 0.9]])
+    log_p = torch.tensor([[0.2, 0.3, 0.5]]).log()
+    cfg = EStepConfig(mode="soft", prior="learned", follow_beta=True, temperature=5.0)
+    assert torch.allclose(assignment(R, log_p, cfg, beta=0.3), exact_posterior(R, log_p, 0.3).exp())
+    assert assignment(R, log_p, cfg, beta=0.0).tolist() == [[0.0, 1.0, 0.0]]

@@ -36,7 +36,11 @@ class EStepConfig:
     """"off": decoder copies weighted by the amortised q (the plain objective); "soft": by
     q* = softmax(log p - R / temperature); "hard": by the one-hot argmax of q*."""
     temperature: float = 1.0
-    """Of the soft E-step (nats of R per nat of log q); temperature = beta is the exact E-step of J."""
+    """Of q* (nats of R per nat of log q). Under "hard" it only shapes the balancing before the
+    argmax (an unbalanced argmax does not depend on it)."""
+    follow_beta: bool = False
+    """Soft mode: use the step's beta as the temperature, which makes q* the exact E-step of J;
+    at beta = 0 that is the hard argmin."""
     prior: str = "uniform"
     """p(k|x) inside q*: "uniform" (Shen et al.'s choice against rich-get-richer) or "learned"."""
     balance_iters: int = 0
@@ -77,17 +81,22 @@ def sinkhorn(log_scores: torch.Tensor, iters: int) -> torch.Tensor:
     return log_a.exp()
 
 
-def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig) -> torch.Tensor:
+def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float = 0.0) -> torch.Tensor:
     """The E-step's (B, K) weights of the decoder copies, detached: soft q*, or its hard argmax.
 
-    R (B, K) nats per copy; log_prior (B, K) the learned prior (ignored under prior "uniform").
+    R (B, K) nats per copy; log_prior (B, K) the learned prior (ignored under prior "uniform");
+    beta: the step's KL weight, the temperature under ``follow_beta`` (hard at beta = 0).
     Balancing acts on q* before the argmax, so a hard assignment is balanced too.
     """
     R = R.detach()
     prior = torch.zeros_like(R) if cfg.prior == "uniform" else log_prior.detach()
-    log_q = exact_posterior(R, prior, cfg.temperature)
+    if cfg.follow_beta and beta == 0:  # the beta -> 0 limit of p exp(-R / beta): argmin R whatever p
+        hard, prior = True, torch.zeros_like(R)
+    else:
+        hard = cfg.mode == "hard"
+    log_q = exact_posterior(R, prior, beta if cfg.follow_beta and beta > 0 else cfg.temperature)
     a = sinkhorn(log_q, cfg.balance_iters) if cfg.balance_iters else log_q.exp()
-    if cfg.mode == "hard":
+    if hard:
         a = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
     return a
 
@@ -112,7 +121,7 @@ def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, c
     from training.losses import free_bits_kl, weighted_reconstruction
 
     R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, K)
-    a = assignment(R, out.prior, cfg)
+    a = assignment(R, out.prior, cfg, beta)
     fit = assigned_reconstruction(R, a).mean() + cfg.posterior_weight * distillation(out.post, a).mean()
     kl = latent.kl(out.post, out.prior)
     kl_term = free_bits_kl(kl, free_bits)

@@ -35,6 +35,19 @@ import click
 @click.option("--cycles", type=int, default=4, help="Cyclical schedule: M.")
 @click.option("--ramp-ratio", type=float, default=0.5, help="Cyclical schedule: R.")
 @click.option("--free-bits", type=float, default=0.0, help="KL floor in nats (< log K for discrete).")
+@click.option("--recipe", default="baseline", show_default=True,
+              help="Named remedy preset (training/recipes.py); the flags below override its fields.")
+@click.option("--estep", type=click.Choice(["off", "soft", "hard"]), default=None,
+              help="E-step from the decoder's K passes (discrete).")
+@click.option("--estep-temperature", type=float, default=None, help="Soft E-step temperature (= beta: exact).")
+@click.option("--estep-prior", type=click.Choice(["uniform", "learned"]), default=None)
+@click.option("--estep-balance-iters", type=int, default=None, help="Sinkhorn iterations (0: unbalanced).")
+@click.option("--estep-until", type=int, default=None, help="E-step for the first N steps only (0: always).")
+@click.option("--latent-embedding-norm", type=float, default=None,
+              help="Re-initialise the K latent embeddings orthogonal with this norm (0: keep).")
+@click.option("--aggressive-steps", type=int, default=None, help="He et al. 2019 inner posterior steps (0: off).")
+@click.option("--aggressive-until", type=int, default=None, help="Training steps with aggressive updates.")
+@click.option("--posterior-encoder", type=click.Choice(["shared", "separate"]), default=None)
 @click.option("--steps", type=int, default=300)
 @click.option("--batch-size", type=int, default=32, help="Per rank.")
 @click.option("--lr", type=float, default=1e-3)
@@ -45,12 +58,17 @@ import click
 @click.option("--seed", type=int, default=0)
 @click.option("--device", default="cpu")
 def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, weighting, lam, policy,
-          baseline_checkpoint, beta, beta_schedule, warmup_steps, cycles, ramp_ratio, free_bits, steps, batch_size,
-          lr, num_workers, log_every, grad_diag_every, ckpt_every, seed, device):
+          baseline_checkpoint, beta, beta_schedule, warmup_steps, cycles, ramp_ratio, free_bits, recipe, estep,
+          estep_temperature, estep_prior, estep_balance_iters, estep_until, latent_embedding_norm, aggressive_steps,
+          aggressive_until, posterior_encoder, steps, batch_size, lr, num_workers, log_every, grad_diag_every,
+          ckpt_every, seed, device):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready)."""
     import torch
 
+    from dataclasses import replace
+
     from training.cvae import CVAEConfig
+    from training.recipes import with_recipe
     from training.schedules import BetaSchedule
     from training.train import TrainConfig, run
 
@@ -63,6 +81,14 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
             beta=BetaSchedule(beta, beta_schedule, warmup_steps, cycles, ramp_ratio), free_bits=free_bits,
             steps=steps, batch_size=batch_size, lr=lr, num_workers=num_workers, log_every=log_every,
             grad_diag_every=grad_diag_every, ckpt_every=ckpt_every, seed=seed, device=device)
+        cfg = with_recipe(cfg, recipe)
+        given = lambda **kw: {k: v for k, v in kw.items() if v is not None}
+        cfg = replace(cfg, estep=replace(cfg.estep, **given(mode=estep, temperature=estep_temperature,
+                                                             prior=estep_prior, balance_iters=estep_balance_iters,
+                                                             until_step=estep_until)),
+                      cvae=replace(cfg.cvae, **given(posterior_encoder=posterior_encoder)),
+                      **given(latent_embedding_norm=latent_embedding_norm, aggressive_steps=aggressive_steps,
+                              aggressive_until=aggressive_until))
         result = run(cfg)
     except ValueError as e:
         raise click.ClickException(str(e)) from e

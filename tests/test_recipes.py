@@ -1,0 +1,81 @@
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tests.fixtures_train import tiny  # noqa: F401
+from training.checkpoint import load_checkpoint
+from training.cvae import CVAEConfig, build_cvae, spread_latent_embeddings
+from training.estep import EStepConfig
+from training.recipes import RECIPES, check_recipe, with_recipe
+from training.train import TrainConfig, load_run, run
+
+
+def config(tiny, out, **kw):
+    data, ckpt = tiny
+    base = dict(checkpoint=str(ckpt), data=str(data), out=str(out), policy="frozen", steps=4, batch_size=8,
+                log_every=1, grad_diag_every=2, ckpt_every=4, num_workers=0, eval_batch_size=64, eval_every=2,
+                eval_examples=32)
+    return TrainConfig(**{**base, **kw})
+
+
+REMEDIES = {
+    "estep-hard-balanced": dict(estep=EStepConfig(mode="hard", balance_iters=3)),
+    "estep-soft-learned-prior-warm-start": dict(estep=EStepConfig(mode="soft", temperature=0.5, prior="learned",
+                                                                  until_step=2)),
+    "latent-embedding-norm": dict(latent_embedding_norm=3.0),
+    "aggressive": dict(aggressive_steps=3, aggressive_until=3),
+    "separate-encoder-aggressive-em": dict(cvae=CVAEConfig(posterior_encoder="separate", encoder_d_model=16),
+                                           aggressive_steps=2, aggressive_until=2,
+                                           estep=EStepConfig(mode="hard", balance_iters=2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REMEDIES))
+def test_a_short_run_per_remedy_gives_finite_metrics(tiny, tmp_path, name):
+    cfg = config(tiny, tmp_path / name, beta={"beta": 0.1}, **REMEDIES[name])
+    result = run(cfg)
+    assert 0 <= result["mi"] <= math.log(cfg.cvae.k) + 1e-9 and math.isfinite(result["recon"])
+    recs = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in recs if "loss" in r]
+    assert len(train) == 4 and all(math.isfinite(r["loss"]) and math.isfinite(r["R_spread_weighted"]) for r in train)
+    assert [r["estep"] for r in train] == [cfg.estep.active(s) for s in range(4)]
+    assert [r["step"] for r in recs if r.get("split") == "val"] == [2, 4]  # periodic, then the final one
+    assert TrainConfig.from_json(json.loads((tmp_path / name / "config.json").read_text())) == cfg
+    load_run(tmp_path / name)  # the run's model rebuilds from its config
+
+
+def test_spread_latent_embeddings_are_orthogonal_with_the_given_norm(tiny):
+    ckpt = load_checkpoint(tiny[1])
+    ids = [ckpt.vocab.latent_id(k) for k in range(4)]
+    spread_latent_embeddings(ckpt.model, ids, 2.5, torch.Generator().manual_seed(0))
+    E = ckpt.model.wte.weight[ids].detach()
+    assert torch.allclose(E @ E.T, 6.25 * torch.eye(4), atol=1e-4)
+
+
+def test_separate_encoder_owns_the_posterior_and_leaves_the_backbone_out():
+    from training.model import GPT, ModelConfig
+    from pipeline.vocab import Vocab
+
+    vocab = Vocab(symbols=("a", "b"), k_max=4)
+    backbone = GPT(ModelConfig(vocab_size=len(vocab), d_model=32, n_head=4))
+    model = build_cvae(backbone, vocab, CVAEConfig(posterior_encoder="separate", encoder_d_model=16))
+    owned = {id(p) for p in model.posterior_parameters}
+    assert owned.isdisjoint(id(p) for p in backbone.parameters())
+    assert model.latent.head.in_features == 16
+
+
+def test_recipes_set_only_remedy_fields(tiny, tmp_path):
+    cfg = config(tiny, tmp_path, weighting="uniform", beta={"beta": 0.3})
+    em = with_recipe(cfg, "em-balanced")
+    assert em.estep.mode == "hard" and em.latent_embedding_norm == RECIPES["em-balanced"]["latent_embedding_norm"]
+    assert replace(em, estep=cfg.estep, latent_embedding_norm=cfg.latent_embedding_norm) == cfg
+    assert with_recipe(cfg, "baseline") == cfg
+    with pytest.raises(ValueError, match="unknown recipe"):
+        with_recipe(cfg, "magic")
+    with pytest.raises(ValueError, match="beta"):
+        check_recipe({"beta": {"beta": 0.0}})
+    with pytest.raises(ValueError, match="cvae.cond"):
+        check_recipe({"cvae": {"cond": "prefix"}})

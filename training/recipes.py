@@ -1,0 +1,47 @@
+"""Named recipes: TrainConfig overrides that make the discrete latent learnable.
+
+A recipe sets only the remedy fields (E-step, latent embedding init, aggressive
+posterior updates, posterior encoder), never what an experiment varies (weighting, beta,
+policy, z pathway, steps), so ``with_recipe(cfg, name)`` composes with any experiment
+grid. Measurements behind each recipe: docs/latent-learnability.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from training.estep import EStepConfig
+
+REMEDY_FIELDS = frozenset({"estep", "latent_embedding_norm", "aggressive_steps", "aggressive_until", "cvae"})
+CVAE_REMEDY_FIELDS = frozenset({"posterior_encoder", "encoder_layers", "encoder_d_model"})
+
+RECIPES: dict[str, dict] = {
+    # The plain exact-expectation objective on the checkpoint's latent embeddings.
+    "baseline": {},
+    # Distinct latent embeddings only (symmetry broken at init, plain objective).
+    "spread": {"latent_embedding_norm": 3.0},
+    # Distinct embeddings + hard EM with a uniform prior and a Sinkhorn-balanced batch
+    # assignment (Shen et al. 2019; Caron et al. 2020); the amortised posterior is distilled.
+    "em-balanced": {"latent_embedding_norm": 3.0, "estep": {"mode": "hard", "balance_iters": 3}},
+}
+
+
+def check_recipe(overrides: dict) -> None:
+    unknown = set(overrides) - REMEDY_FIELDS
+    unknown |= {f"cvae.{k}" for k in set(overrides.get("cvae", {})) - CVAE_REMEDY_FIELDS}
+    if unknown:
+        raise ValueError(f"a recipe may set only remedy fields {sorted(REMEDY_FIELDS)} "
+                         f"(cvae: {sorted(CVAE_REMEDY_FIELDS)}), not {sorted(unknown)}")
+
+
+def with_recipe(cfg, name: str):
+    """``cfg`` (a TrainConfig) with recipe ``name``'s remedy fields set; the rest unchanged."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; expected one of {sorted(RECIPES)}")
+    overrides = dict(RECIPES[name])
+    check_recipe(overrides)
+    if "estep" in overrides:
+        overrides["estep"] = EStepConfig(**overrides["estep"])
+    if "cvae" in overrides:
+        overrides["cvae"] = replace(cfg.cvae, **overrides["cvae"])
+    return replace(cfg, **overrides)
