@@ -1,15 +1,18 @@
 """Stage one: per-token baselines b_t of a frozen checkpoint, once, into a fingerprinted store.
 
-Per input shard, a stream of generator stages:
+Per input shard, a stream of stages:
 
     read_samples   tar -> Sample, in shard order (bad samples raise or are counted)
     encode         Sample -> Encoded: z-free ids, layout, position in the shard
-    bucket         Encoded -> batches of similar length (pipeline.bucketing)
-    score          batch -> (Encoded, Scores): b, entropy, top-1 over S, float32
-    part_table     scores back in shard order -> one PART_SCHEMA table -> one part
+    ShardBatches   Encoded -> batches of similar length (pipeline.bucketing), collated
+    score_shard    batches -> b, entropy, top-1 over S, float32, scattered back to shard
+                   order, + the derived columns (store.derived) -> one PART_SCHEMA table
+    extract_part   table -> one part (temp name, fsync, rename) + its journal record
 
-Reading and encoding (``load_shard``) run one shard ahead in a background thread
-(``prefetch``), so tar parsing overlaps the forward pass when a core is free.
+The first three (``prepare_shard``) run in a DataLoader worker process (``ShardReader``)
+one or two shards ahead, so that the Python of reading does not compete with the
+forward pass for the GIL; parts are written by a background thread while the next shard
+is scored. The main process does little besides the model.
 
 and around it the store protocol (SPEC §4, notes/store_contract.md): rank 0 takes the
 store lock and plans (which parts are already on disk with a matching sha256, which are
@@ -20,17 +23,22 @@ commits nothing; re-running resumes from the journal.
 
 from __future__ import annotations
 
-import queue
+import builtins
+import os
 import threading
 import time
+import traceback
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import torch
+from torch.utils.data import DataLoader, IterableDataset
 from tqdm import tqdm
 from webdataset.tariterators import base_plus_ext
 
@@ -75,6 +83,9 @@ class ExtractConfig:
     """Seconds to wait for another extract holding this store's lock; 0 fails at once."""
     progress: bool = True
     """Show a tqdm bar with tokens/s (S tokens)."""
+    reader_process: bool = True
+    """Read, parse, encode and batch shards in a separate (spawned) process, ahead of the model, so that
+    it runs on another core; False does it all in this process (no ~2 s worker start: tiny inputs, tests)."""
 
     def __post_init__(self):
         part_format(self.format)  # raises on an unknown format
@@ -100,16 +111,6 @@ class Encoded:
     def scored_length(self) -> int:
         """Tokens the model must see: up to the last position whose logits predict S (not </y> <eos>)."""
         return self.layout.s_logit_positions()[-1] + 1
-
-
-@dataclass(frozen=True)
-class Scores:
-    """One example's per-token outputs over S, each (T,)."""
-
-    b: np.ndarray  # float32 nats, -log p(y_t | x, y_<t)
-    entropy: np.ndarray  # float32 nats, entropy of the next-token distribution
-    top1: np.ndarray  # bool, the target is the argmax
-    target_id: np.ndarray  # int32, echoed S token ids
 
 
 ErrorHandler = Callable[[SampleError], None] | None
@@ -175,6 +176,41 @@ def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str,
         index += 1
 
 
+@dataclass
+class ShardBatches:
+    """One shard's kept samples ready for the model: per-row columns in file order, and the batches.
+
+    Built where the shard is read (possibly a reader process), so that the model's
+    process receives plain arrays and collated tensors, no per-sample objects.
+    """
+
+    shard: str  # name relative to the data root
+    keys: list[str]  # (N,) file order
+    strategies: list[str | None]
+    t0s: list[int | None]
+    T: np.ndarray  # (N,) int32, |S| per row
+    batches: list[tuple[np.ndarray, Batch]]  # (rows (B,) int64 indices into the N rows, collated batch)
+
+    @classmethod
+    def build(cls, shard: str, encoded: list[Encoded], batch_tokens: int) -> "ShardBatches":
+        """Bucket by scored length (pipeline.bucketing) and collate each bucket."""
+        batches = [(np.array([e.index for e in items], dtype=np.int64),
+                    collate([e.ids for e in items], [e.layout for e in items]))
+                   for items in bucket(encoded, batch_tokens, lambda e: e.scored_length)]
+        return cls(shard, [e.sample.key for e in encoded], [e.sample.strategy for e in encoded],
+                   [e.sample.t0 for e in encoded], np.array([e.layout.T for e in encoded], dtype=np.int32), batches)
+
+    def __getstate__(self) -> dict:
+        """Batches as numpy arrays, pickled inline: between processes a tensor costs a shared-memory file
+        descriptor each, and a shard of one-example batches would run out of them."""
+        return {**self.__dict__, "batches": [(index, [getattr(batch, f.name).numpy() for f in fields(Batch)])
+                                             for index, batch in self.batches]}
+
+    def __setstate__(self, state: dict) -> None:
+        batches = [(index, Batch(*map(torch.from_numpy, arrays))) for index, arrays in state["batches"]]
+        self.__dict__.update({**state, "batches": batches})
+
+
 @torch.inference_mode()
 def score_batch(model: GPT, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(b, entropy, top1), each (B, T_max) over S; 0 / False where masked.
@@ -192,91 +228,46 @@ def score_batch(model: GPT, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, t
     return b, entropy, top1
 
 
-def score(batches: Iterable[list[Encoded]], model: GPT, device: torch.device, shard: str,
-          on_tokens: Callable[[int], None]) -> Iterator[tuple[Encoded, Scores]]:
-    """Stage: batches -> (Encoded, Scores) per example, in batch order. Never yields NaN or inf."""
-    for items in batches:
-        batch = collate([e.ids for e in items], [e.layout for e in items])
-        b, entropy, top1 = (t.cpu().numpy() for t in score_batch(model, batch.to(device)))
-        finite = np.isfinite(b) & np.isfinite(entropy)  # masked positions hold 0
-        if not finite.all():
-            bad = items[int(np.argwhere(~finite)[0, 0])].sample.key
-            raise FloatingPointError(f"non-finite surprisal or entropy for key {bad!r} in shard {shard!r}: "
-                                     "the checkpoint is broken; nothing was written")
-        targets = batch.targets.numpy().astype(np.int32)
-        for row, item in enumerate(items):
-            T = item.layout.T
-            yield item, Scores(b[row, :T], entropy[row, :T], top1[row, :T], targets[row, :T])
-        on_tokens(sum(e.layout.T for e in items))
+def score_shard(rows: ShardBatches, model: GPT, device: torch.device,
+                on_tokens: Callable[[int], None]) -> pa.Table:
+    """Stage: every batch through the model, outputs scattered back to file order -> one PART_SCHEMA table.
 
-
-def prefetch(items: Iterable, depth: int = 1) -> Iterator:
-    """Stage: the same stream, produced by a background thread up to ``depth`` items ahead.
-
-    Reading and parsing tars is Python (it holds the GIL) while the forward pass runs in
-    torch kernels (they release it), so the two overlap. An exception of the producer is
-    raised here, at the item where it happened; leaving early stops the producer.
+    Never returns NaN or inf: a non-finite output raises, naming the key and shard.
     """
-    slots: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    end = object()
+    starts = np.concatenate([[0], np.cumsum(rows.T, dtype=np.int64)])  # (N+1,) flat offsets of the rows
+    n = int(starts[-1])
+    b, entropy = np.zeros(n, np.float32), np.zeros(n, np.float32)  # flat, row after row, nats
+    top1, target_id = np.zeros(n, np.bool_), np.zeros(n, np.int32)
+    for index, batch in rows.batches:
+        b_bt, entropy_bt, top1_bt = (t.cpu().numpy() for t in score_batch(model, batch.to(device)))  # (B, T_max)
+        finite = np.isfinite(b_bt) & np.isfinite(entropy_bt)  # masked positions hold 0
+        if not finite.all():
+            bad = rows.keys[int(index[np.argwhere(~finite)[0, 0]])]
+            raise FloatingPointError(f"non-finite surprisal or entropy for key {bad!r} in shard {rows.shard!r}: "
+                                     "the checkpoint is broken; nothing was written")
+        mask = batch.mask.numpy()  # (B, T_max), True on each row's first T positions
+        dest = (starts[index][:, None] + np.arange(mask.shape[1]))[mask]  # flat positions, row-major like [mask]
+        b[dest], entropy[dest], top1[dest] = b_bt[mask], entropy_bt[mask], top1_bt[mask]
+        target_id[dest] = batch.targets.numpy()[mask]
+        on_tokens(len(dest))
+    offsets = pa.array(starts.astype(np.int32))
+    derived = derived_columns(b, rows.T)  # cumsum_b and the per-example sums, float64
 
-    def put(entry) -> None:
-        while not stop.is_set():
-            try:
-                return slots.put(entry, timeout=0.1)
-            except queue.Full:
-                continue
+    def lists(values: np.ndarray, value_type: pa.DataType) -> pa.Array:
+        return pa.ListArray.from_arrays(offsets, pa.array(values, type=value_type))
 
-    def produce() -> None:
-        try:
-            for item in items:
-                if stop.is_set():
-                    return
-                put((item, None))
-            put((end, None))
-        except BaseException as error:  # handed to the consumer, raised there
-            put((None, error))
-
-    worker = threading.Thread(target=produce, name="extract-prefetch", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item, error = slots.get()
-            if error is not None:
-                raise error
-            if item is end:
-                return
-            yield item
-    finally:
-        stop.set()
-        worker.join(timeout=10)
-
-
-def _flat_list(values: list[np.ndarray], offsets: pa.Array, value_type: pa.DataType) -> pa.Array:
-    flat = np.concatenate(values) if values else np.zeros(0)
-    return pa.ListArray.from_arrays(offsets, pa.array(flat, type=value_type))
-
-
-def part_table(shard: str, rows: list[tuple[Encoded, Scores]]) -> pa.Table:
-    """Rows (any order) -> one PART_SCHEMA table in shard order."""
-    rows = sorted(rows, key=lambda r: r[0].index)
-    T = np.array([e.layout.T for e, _ in rows], dtype=np.int32)
-    offsets = pa.array(np.concatenate([[0], np.cumsum(T)]).astype(np.int32))
-    b = np.concatenate([s.b for _, s in rows]) if rows else np.zeros(0, np.float32)
-    derived = derived_columns(b, T)  # cumsum_b and the per-example sums, float64
     columns = {
-        "key": pa.array([e.sample.key for e, _ in rows], type=pa.string()),
-        "shard": pa.array([shard] * len(rows), type=pa.string()),
-        "T": pa.array(T),
-        "b": pa.ListArray.from_arrays(offsets, pa.array(b, type=pa.float32())),
-        "target_id": _flat_list([s.target_id for _, s in rows], offsets, pa.int32()),
-        "entropy": _flat_list([s.entropy for _, s in rows], offsets, pa.float32()),
-        "top1": _flat_list([s.top1 for _, s in rows], offsets, pa.bool_()),
-        "cumsum_b": pa.ListArray.from_arrays(offsets, pa.array(derived["cumsum_b"], type=pa.float32())),
+        "key": pa.array(rows.keys, type=pa.string()),
+        "shard": pa.array([rows.shard] * len(rows.keys), type=pa.string()),
+        "T": pa.array(rows.T),
+        "b": lists(b, pa.float32()),
+        "target_id": lists(target_id, pa.int32()),
+        "entropy": lists(entropy, pa.float32()),
+        "top1": lists(top1, pa.bool_()),
+        "cumsum_b": lists(derived["cumsum_b"], pa.float32()),
         **{name: pa.array(derived[name]) for name in DERIVED_SCALARS},
-        "strategy": pa.array([e.sample.strategy for e, _ in rows], type=pa.string()),
-        "t0": pa.array([e.sample.t0 for e, _ in rows], type=pa.int32()),
+        "strategy": pa.array(rows.strategies, type=pa.string()),
+        "t0": pa.array(rows.t0s, type=pa.int32()),
     }
     return pa.Table.from_pydict(columns, schema=PART_SCHEMA)
 
@@ -305,18 +296,17 @@ class Task:
 
 
 @dataclass
-class LoadedShard:
-    """A shard read and encoded (or found truncated, under 'skip'), ready for the model."""
+class PreparedShard:
+    """A shard read, encoded and batched (or found truncated, under 'skip'), ready for the model."""
 
     task: Task
-    encoded: list[Encoded]  # file order
+    rows: ShardBatches | None  # None: a truncated tar skipped whole
     skipped: Counter  # bad samples per reason
     in_tar: int  # samples in the tar: rows + skipped (a duplicate's extra copies are not samples)
-    truncated: bool = False
 
 
-def load_shard(task: Task, vocab: Vocab, block_size: int, policy: str) -> LoadedShard:
-    """Read and encode one shard. A truncated tar raises, or under 'skip' is marked whole."""
+def prepare_shard(task: Task, vocab: Vocab, block_size: int, policy: str, batch_tokens: int) -> PreparedShard:
+    """Read, encode and batch one shard. A truncated tar raises, or under 'skip' is marked whole."""
     skipped: Counter = Counter()
     on_error = None if policy == "error" else (lambda e: skipped.update([e.reason]))
     name = task.shard.name
@@ -327,28 +317,118 @@ def load_shard(task: Task, vocab: Vocab, block_size: int, policy: str) -> Loaded
     except SampleError as error:
         if error.reason != "truncated-shard" or policy == "error":
             raise
-        return LoadedShard(task, [], skipped, 0, truncated=True)
+        return PreparedShard(task, None, skipped, 0)
     in_tar, _ = tar_keys(names)
     accounted = len(encoded) + sum(n for r, n in skipped.items() if r != "duplicate-key")
     if accounted != in_tar:
         raise RuntimeError(f"shard {name!r}: {in_tar} samples in the tar but {len(encoded)} read + "
                            f"{accounted - len(encoded)} skipped; refusing to write a part that lacks samples")
-    return LoadedShard(task, encoded, skipped, in_tar)
+    return PreparedShard(task, ShardBatches.build(name, encoded, batch_tokens), skipped, in_tar)
 
 
-def extract_part(loaded: LoadedShard, ckpt: Checkpoint, cfg: ExtractConfig, directory: Path, device: torch.device,
-                 on_tokens: Callable[[int], None]) -> dict:
-    """Score a loaded shard, write its part and journal record; returns the record {"input", "part"}.
+@dataclass(frozen=True)
+class ReaderFailure:
+    """An exception of the reader process, in a form that survives pickling (SampleError's does not)."""
+
+    kind: str  # "sample" (rebuilt as the SampleError) or the exception's type name
+    args: tuple
+    trace: str
+
+    @classmethod
+    def of(cls, error: BaseException) -> "ReaderFailure":
+        trace = "".join(traceback.format_exception(error))
+        if isinstance(error, SampleError):
+            return cls("sample", (error.reason, error.detail, error.key, error.shard), trace)
+        return cls(type(error).__name__, (str(error),), trace)
+
+    def exception(self) -> BaseException:
+        if self.kind == "sample":
+            reason, detail, key, shard = self.args
+            return SampleError(reason, detail, key=key, shard=shard)
+        builtin = getattr(builtins, self.kind, None)
+        error = (builtin(*self.args) if isinstance(builtin, type) and issubclass(builtin, Exception)
+                 else RuntimeError(f"{self.kind}: {self.args[0]}"))
+        error.add_note(f"raised in the extraction reader process:\n{self.trace}")
+        return error
+
+
+class ShardReader(IterableDataset):
+    """The reading stage as a DataLoader dataset: one PreparedShard per task, in order, in a worker process.
+
+    Reading tars, JSON and encoding is Python that holds the GIL, so in a thread it
+    slows the forward pass of the main thread; in a process it runs on another core. An
+    exception is handed over as a ``ReaderFailure`` and ends the stream.
+    """
+
+    def __init__(self, tasks: list[Task], vocab: Vocab, block_size: int, policy: str, batch_tokens: int):
+        self.tasks, self.vocab, self.block_size = tasks, vocab, block_size
+        self.policy, self.batch_tokens = policy, batch_tokens
+
+    def __iter__(self) -> Iterator[PreparedShard | ReaderFailure]:
+        for task in self.tasks:
+            try:
+                yield prepare_shard(task, self.vocab, self.block_size, self.policy, self.batch_tokens)
+            except Exception as error:
+                yield ReaderFailure.of(error)
+                return
+
+
+def _exit_with_parent(parent: int, worker_id: int) -> None:
+    """DataLoader ``worker_init_fn`` (with the extracting process's pid bound): end the reader process as
+    soon as that process is gone.
+
+    DataLoader's own watchdog takes the parent to be whatever it is when the worker has
+    started, which is init if the parent was killed during the start-up; and when it does
+    notice, the worker waits forever at exit to flush a large item into a pipe that it
+    holds open itself.
+    """
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="extract-reader-watchdog", daemon=True).start()
+
+
+def prepared_shards(tasks: list[Task], vocab: Vocab, block_size: int, cfg: ExtractConfig) -> Iterator[PreparedShard]:
+    """Stage: the rank's tasks, prepared, in order.
+
+    With ``cfg.reader_process`` the first shard is prepared here while a DataLoader
+    worker process starts (it imports torch, about 2 s) and prepares the others one or
+    two shards ahead of the model.
+    """
+    def prepare(task: Task) -> PreparedShard:
+        return prepare_shard(task, vocab, block_size, cfg.on_bad_sample, cfg.batch_tokens)
+
+    if not cfg.reader_process or len(tasks) < 2:
+        yield from map(prepare, tasks)
+        return
+    reader = ShardReader(tasks[1:], vocab, block_size, cfg.on_bad_sample, cfg.batch_tokens)
+    # spawn: like forkserver, a fresh interpreter (forking a process that runs threads can deadlock, STACK-NOTES),
+    # and the worker is this process's child, so DataLoader's watchdog ends it if this process is killed; a
+    # forkserver child outlives a SIGKILLed parent (it holds the server's liveness pipe open).
+    loader = iter(DataLoader(reader, batch_size=None, num_workers=1, multiprocessing_context="spawn",
+                             prefetch_factor=2, worker_init_fn=partial(_exit_with_parent, os.getpid())))
+    try:
+        yield prepare(tasks[0])
+        for item in loader:
+            if isinstance(item, ReaderFailure):
+                raise item.exception()
+            yield item
+    finally:
+        del loader  # the last reference: the iterator shuts its worker down now, also after an early stop
+
+
+def extract_part(prepared: PreparedShard, table: pa.Table | None, ckpt: Checkpoint, cfg: ExtractConfig,
+                 directory: Path) -> dict:
+    """Write a scored shard's part and its journal record; returns the record {"input", "part"}.
 
     A truncated tar under the 'skip' policy gives no part: the input is recorded as
     skipped (whole) so that it is never mistaken for a short shard.
     """
-    task, skipped, in_tar = loaded.task, loaded.skipped, loaded.in_tar
-    if loaded.truncated:
+    task, skipped, in_tar = prepared.task, prepared.skipped, prepared.in_tar
+    if table is None:
         return {"input": {**task.shard.entry(None, None), "skipped": "truncated-shard"}, "part": None}
-    batches = bucket(loaded.encoded, cfg.batch_tokens, lambda e: e.scored_length)  # list[Encoded], by length
-    scored = score(batches, ckpt.model, device, task.shard.name, on_tokens)  # (Encoded, Scores), by length
-    table = part_table(task.shard.name, list(scored))  # file order again
     written = write_part(table, directory / task.part, cfg.format)
     part = {"name": task.part, "input": task.shard.name, **written, "rows": len(table),
             "tokens": int(np.sum(table.column("T").to_numpy())),
@@ -506,20 +586,28 @@ def _plan_on_rank0(cfg: ExtractConfig, directory: Path, ranks: Ranks, lock: Stor
 
 
 def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, directory: Path, ranks: Ranks) -> list[dict]:
+    """Score this rank's shards; each part is written by a background thread while the next shard is scored."""
     device = _device(cfg, ranks)
     ckpt.model.to(device).eval()
     mine = [t for t in plan.tasks if t.rank == ranks.rank]
     bar = tqdm(desc=f"extract[{ranks.rank}]" if ranks.world > 1 else "extract", unit="tok", unit_scale=True,
                disable=not cfg.progress, position=ranks.rank, mininterval=0.5)
-    records = []
-    loaded = prefetch(load_shard(t, ckpt.vocab, ckpt.model.cfg.block_size, cfg.on_bad_sample) for t in mine)
-    try:
-        for shard in loaded:  # the next shard is read while this one is scored
-            records.append(extract_part(shard, ckpt, cfg, directory, device, bar.update))
-            bar.set_postfix(parts=f"{len(records)}/{len(mine)}")
-    finally:
-        loaded.close()
-        bar.close()
+    records: list[dict] = []
+    writing: Future | None = None  # at most one part in flight: its errors surface one shard later
+    shards = prepared_shards(mine, ckpt.vocab, ckpt.model.cfg.block_size, cfg)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-write") as writer:
+        try:
+            for prepared in shards:
+                table = None if prepared.rows is None else score_shard(prepared.rows, ckpt.model, device, bar.update)
+                if writing is not None:
+                    records.append(writing.result())
+                writing = writer.submit(extract_part, prepared, table, ckpt, cfg, directory)
+                bar.set_postfix(parts=f"{len(records) + 1}/{len(mine)}")
+            if writing is not None:
+                records.append(writing.result())
+        finally:
+            shards.close()
+            bar.close()
     return records
 
 

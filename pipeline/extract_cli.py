@@ -22,7 +22,9 @@ import click
               help="Stop at a bad sample or truncated shard, or skip it and count it in the manifest.")
 @click.option("--wait-lock", type=float, default=0.0, help="Seconds to wait for another extract on this store.")
 @click.option("--progress/--no-progress", default=True)
-def extract(checkpoint, data, store, fmt, batch_tokens, device, on_bad_sample, wait_lock, progress):
+@click.option("--reader-process/--no-reader-process", default=True,
+              help="Read and batch shards in a separate process ahead of the model (default), or in this one.")
+def extract(checkpoint, data, store, fmt, batch_tokens, device, on_bad_sample, wait_lock, progress, reader_process):
     """Compute per-token baselines b_t of CHECKPOINT once and store them under STORE/fingerprint=<fp>/."""
     from pipeline.errors import SampleError
     from pipeline.extract import ExtractConfig, run
@@ -30,7 +32,8 @@ def extract(checkpoint, data, store, fmt, batch_tokens, device, on_bad_sample, w
     from store.lock import StoreLockedError
 
     cfg = ExtractConfig(checkpoint=checkpoint, data=data, store=store, format=fmt, batch_tokens=batch_tokens,
-                        device=device, on_bad_sample=on_bad_sample, lock_wait_s=wait_lock, progress=progress)
+                        device=device, on_bad_sample=on_bad_sample, lock_wait_s=wait_lock, progress=progress,
+                        reader_process=reader_process)
     try:
         summary = run(cfg)
     except (SampleError, StoreLockedError, RankFailed, FileNotFoundError, ValueError) as e:

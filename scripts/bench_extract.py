@@ -1,16 +1,19 @@
 """Extraction throughput against a bare forward pass over the same batches (SPEC §6).
 
-On the `default` synthetic data (generated into --workdir once and reused), with a
-briefly trained base model unless --checkpoint is given (quality does not matter for
-speed). Prints, side by side from one run:
+On the `default` synthetic data (--data, or generated into --workdir once and reused),
+with the given --checkpoint or a briefly trained base model (quality does not matter for
+speed). The machine is shared and noisy, so every round runs each measurement once,
+interleaved, and the medians over --repeats rounds are printed side by side, with the
+load average before and after:
 
 - bare forward tokens/s: `model(input_ids)` over exactly the batches extraction builds
   (read, encoded and bucketed beforehand, not timed): the limit;
-- scoring tokens/s: the same plus float32 surprisal, entropy and top-1 over S;
+- forward + scoring tokens/s: the same plus float32 surprisal, entropy and top-1 over S;
 - full extraction tokens/s: `pipeline.extract.run` end to end (read tars, parse, encode,
-  bucket, score, write Parquet, fsync, manifest) into a fresh store, and the ratio;
-- the padded fraction of computed tokens, and the LM head's share of the forward;
-- bytes per S token of the `b` column on disk (Parquet column-chunk metadata).
+  bucket, score, write Parquet, fsync, manifest) into a fresh store, with the reader
+  process (the default) and without it, and their ratios to the bare forward;
+- the read + parse + encode + batch stage alone (once);
+- the padded fraction of computed tokens, and bytes per S token of `b` on disk.
 
 Tokens are S tokens (the ones stored) for every throughput, so the ratios compare
 like with like.
@@ -19,7 +22,9 @@ like with like.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import statistics
 import tempfile
 import time
 from dataclasses import replace
@@ -29,17 +34,17 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.bucketing import bucket, padded_fraction, plan_batches
-from pipeline.extract import ExtractConfig, InputShard, Task, encode, load_shard, read_samples, run, score_batch
+from pipeline.extract import ExtractConfig, InputShard, Task, encode, prepare_shard, read_samples, run, score_batch
 from pipeline.shards import resolve_shards, shard_name
 from pipeline.synth import PRESETS, write_dataset
-from pipeline.templates import collate, gather_s
+from pipeline.templates import collate
 from store.baseline_store import BaselineStore
 from training.checkpoint import load_checkpoint
 from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
 
 
-def prepare(workdir: Path, checkpoint: str | None, train_steps: int) -> tuple[Path, Path]:
-    data = workdir / "data"
+def prepare(workdir: Path, data: str | None, checkpoint: str | None, train_steps: int) -> tuple[Path, Path]:
+    data = Path(data) if data else workdir / "data"
     if not (data / "dataset.json").is_file():
         write_dataset(replace(PRESETS["default"], seed=0), data, overwrite=True)
     if checkpoint:
@@ -67,22 +72,18 @@ def build_batches(data: Path, ckpt, batch_tokens: int):
     return batches, padded / computed
 
 
-def read_all(data: Path, ckpt) -> None:
-    """The reading stage alone (tar scan, WebDataset, JSON, validation, encoding) over every shard."""
+def read_all(data: Path, ckpt, batch_tokens: int) -> None:
+    """The reading stage alone (tar scan, WebDataset, JSON, validation, encoding, batching) over every shard."""
     root, paths = resolve_shards(data)
     for i, path in enumerate(paths):
         task = Task(InputShard(path, shard_name(root, path), 0, ""), f"part-{i:05d}.parquet", 0)
-        load_shard(task, ckpt.vocab, ckpt.model.cfg.block_size, "error")
+        prepare_shard(task, ckpt.vocab, ckpt.model.cfg.block_size, "error", batch_tokens)
 
 
-def timed(fn, repeats: int) -> float:
-    """Best of ``repeats`` wall times (the machine is shared and noisy)."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def _device_of(model) -> torch.device:
@@ -110,19 +111,6 @@ def scoring(model, batches) -> None:
         [t.cpu() for t in score_batch(model, batch.to(device))]
 
 
-@torch.inference_mode()
-def head_share(model, batches) -> tuple[float, float]:
-    """(time of hidden @ wte.T on every position, on S positions only) / time of the forward."""
-    device = _device_of(model)
-    hiddens = [model(b.input_ids[:, : int(b.logit_pos.max()) + 1].to(device))[1] for b in batches]
-    positions = [b.logit_pos.to(device) for b in batches]
-    wte = model.wte.weight
-    full = timed(lambda: ([h @ wte.T for h in hiddens], _sync(device)), 3)
-    s_only = timed(lambda: ([gather_s(h, p) @ wte.T for h, p in zip(hiddens, positions)], _sync(device)), 3)
-    forward = timed(lambda: bare_forward(model, batches), 3)
-    return full / forward, s_only / forward
-
-
 def b_bytes_per_token(store: Path) -> tuple[float, float]:
     """(bytes of the b column, bytes of the whole part) per S token over every part."""
     view = BaselineStore(store).open()
@@ -138,9 +126,14 @@ def b_bytes_per_token(store: Path) -> tuple[float, float]:
     return b_bytes / tokens, sum(p["bytes"] for p in view.parts()) / tokens
 
 
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "tokweight-bench-extract"))
+    parser.add_argument("--data", default=None, help="dataset directory (default: generate `default` in --workdir)")
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--train-steps", type=int, default=50)
     parser.add_argument("--batch-tokens", type=int, default=16384)
@@ -150,37 +143,44 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     workdir = Path(args.workdir)
-    data, ckpt_dir = prepare(workdir, args.checkpoint, args.train_steps)
+    data, ckpt_dir = prepare(workdir, args.data, args.checkpoint, args.train_steps)
     ckpt = load_checkpoint(ckpt_dir, device=args.device)
     batches, pad = build_batches(data, ckpt, args.batch_tokens)
     s_tokens = sum(int(b.mask.sum()) for b in batches)
     computed = sum(b.input_ids.shape[0] * (int(b.logit_pos.max()) + 1) for b in batches)
     bare_forward(ckpt.model, batches[:4])  # warm-up
+    load_before = load()
 
-    t_bare = timed(lambda: bare_forward(ckpt.model, batches), args.repeats)
-    t_score = timed(lambda: scoring(ckpt.model, batches), args.repeats)
-    t_load = timed(lambda: read_all(data, ckpt), 1)
-    t_extract = float("inf")
-    for _ in range(args.repeats):
+    def extraction(reader_process: bool) -> None:
         store = workdir / "store"
         shutil.rmtree(store, ignore_errors=True)
-        start = time.perf_counter()
-        run(ExtractConfig(checkpoint=str(ckpt_dir), data=str(data), store=str(store),
-                          batch_tokens=args.batch_tokens, device=args.device, progress=False))
-        t_extract = min(t_extract, time.perf_counter() - start)
-    full_head, s_head = head_share(ckpt.model, batches)
+        run(ExtractConfig(checkpoint=str(ckpt_dir), data=str(data), store=str(store), batch_tokens=args.batch_tokens,
+                          device=args.device, progress=False, reader_process=reader_process))
+
+    rounds = {"bare forward": lambda: bare_forward(ckpt.model, batches),
+              "forward + scoring": lambda: scoring(ckpt.model, batches),
+              "extract, reader process": lambda: extraction(True),
+              "extract, in-process": lambda: extraction(False)}
+    times: dict[str, list[float]] = {name: [] for name in rounds}
+    for _ in range(args.repeats):
+        for name, fn in rounds.items():
+            times[name].append(timed(fn))
+    t_read = timed(lambda: read_all(data, ckpt, args.batch_tokens))
     b_bpt, part_bpt = b_bytes_per_token(workdir / "store")
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    t_bare = median["bare forward"]
 
     print(f"data: {data} ({len(batches)} batches, {s_tokens} S tokens, {computed} computed tokens, "
           f"batch_tokens={args.batch_tokens}, threads={args.threads}, device={args.device})")
     print(f"model: {ckpt.model.cfg}")
-    print(f"bare forward      {s_tokens / t_bare:12.0f} S tok/s   ({t_bare:.3f} s)")
-    print(f"forward + scoring {s_tokens / t_score:12.0f} S tok/s   ({t_score:.3f} s)  ratio {t_bare / t_score:.3f}")
-    print(f"read+parse+encode {s_tokens / t_load:12.0f} S tok/s   ({t_load:.3f} s)  (overlapped with the forward)")
-    print(f"full extraction   {s_tokens / t_extract:12.0f} S tok/s   ({t_extract:.3f} s)  ratio {t_bare / t_extract:.3f}"
-          "  (target >= 0.9)")
+    print(f"load average (1, 5, 15 min): before {load_before}, after {load()}; {os.cpu_count()} CPUs; "
+          f"medians of {args.repeats} interleaved rounds")
+    for name, t in median.items():
+        runs = ", ".join(f"{x:.2f}" for x in times[name])
+        print(f"{name:<24}{s_tokens / t:10.0f} S tok/s  {t:7.3f} s  ratio to bare {t_bare / t:.3f}  (runs: {runs})")
+    print(f"{'read+encode+batch alone':<24}{s_tokens / t_read:10.0f} S tok/s  {t_read:7.3f} s  (one run)")
+    print("target: extract / bare >= 0.9")
     print(f"padded fraction of computed tokens: {pad:.4f}  (target <= 0.05)")
-    print(f"LM head share of the forward: all positions {full_head:.3f}, S positions only {s_head:.3f}")
     print(f"b column: {b_bpt:.3f} bytes per S token  (target <= 4.5); whole part: {part_bpt:.3f} bytes per S token")
 
 

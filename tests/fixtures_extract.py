@@ -26,8 +26,9 @@ class World:
     store: Path  # a finished Parquet store of ckpt over data (do not modify: copy it)
 
     def config(self, store: Path, **overrides) -> ExtractConfig:
+        """In-process reading unless overridden: a reader process costs ~2 s to start, per run."""
         return ExtractConfig(**{"checkpoint": str(self.ckpt), "data": str(self.data), "store": str(store),
-                                "progress": False, **overrides})
+                                "progress": False, "reader_process": False, **overrides})
 
 
 @pytest.fixture(scope="session")

@@ -93,5 +93,6 @@ def tiny_pipeline(tmp_path_factory):
     data, ckpt, store = root / "data", root / "base", root / "store"
     write_dataset(replace(PRESETS["tiny"], seed=0), data)
     train_run(BaseTrainConfig(data=str(data), out=str(ckpt), **{**BASE_PRESETS["tiny"], "steps": 30}))
-    extract_run(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store), progress=False))
+    extract_run(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store), progress=False,
+                              reader_process=False))
     return {"data": data, "checkpoint": ckpt, "store": store}

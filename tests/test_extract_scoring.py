@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from pipeline.bucketing import bucket, padded_fraction, plan_batches
-from pipeline.extract import encode, part_table, read_samples, score, score_batch
+from pipeline.extract import ShardBatches, encode, read_samples, score_batch, score_shard
 from pipeline.shards import resolve_shards, shard_name
 from pipeline.templates import Layout, collate, zfree_ids
 from store.baseline_store import BaselineStore
@@ -62,9 +62,8 @@ def test_b_equals_unbatched_float64(world):
 
 def _scores_by_key(ckpt, samples, shard, batch_tokens):
     encoded = list(encode(samples, ckpt.vocab, ckpt.model.cfg.block_size, shard, None))
-    table = part_table(shard, list(score(bucket(encoded, batch_tokens, lambda e: e.scored_length),
-                                         ckpt.model, torch.device("cpu"), shard, lambda n: None)))
-    return table
+    rows = ShardBatches.build(shard, encoded, batch_tokens)
+    return score_shard(rows, ckpt.model, torch.device("cpu"), lambda n: None)
 
 
 @pytest.mark.parametrize("batch_tokens", [1, 37, 100_000])

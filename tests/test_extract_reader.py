@@ -1,0 +1,51 @@
+"""The reader process (a spawned DataLoader worker) gives the same store as reading in-process,
+and its errors reach the caller as the same exceptions, naming shard and key."""
+
+import pytest
+
+from pipeline.errors import SampleError
+from pipeline.extract import ReaderFailure, run
+from store.baseline_store import BaselineStore
+
+from tests.fixtures_extract import fp_dir, part_bytes, sample_member, world, write_raw_tar  # noqa: F401
+
+GOOD = {"x": ["a", "b"], "y": ["c", "d", "e"], "strategy": "copy", "t0": 1}
+
+
+def test_reader_process_store_is_byte_identical(world, tmp_path):
+    """Shard 0 is prepared in-process and shards 1-5 by the worker: every part equals the in-process store's."""
+    summary = run(world.config(tmp_path / "s", reader_process=True))
+    assert summary["parts_written"] == 6
+    assert part_bytes(tmp_path / "s") == part_bytes(world.store)
+
+
+def _data(tmp_path, bad_record):
+    """a/shard.tar (good, prepared in-process) then b/shard.tar with one bad sample k1 (prepared by the worker)."""
+    write_raw_tar(tmp_path / "data" / "a" / "shard.tar", [sample_member(f"g{i}", GOOD) for i in range(3)])
+    write_raw_tar(tmp_path / "data" / "b" / "shard.tar",
+                  [sample_member("k0", GOOD), sample_member("k1", bad_record), sample_member("k2", GOOD)])
+    return tmp_path / "data"
+
+
+def test_worker_sample_error_names_shard_and_key(world, tmp_path):
+    data = _data(tmp_path, {"x": ["a"], "y": ["c", "zz"]})
+    with pytest.raises(SampleError) as info:
+        run(world.config(tmp_path / "s", data=str(data), reader_process=True))
+    assert info.value.reason == "unknown-symbol" and info.value.key == "k1"
+    assert "b/shard.tar" in str(info.value)
+    assert not (fp_dir(tmp_path / "s") / "manifest.json").exists()
+    summary = run(world.config(tmp_path / "s", data=str(data), reader_process=True, on_bad_sample="skip"))
+    assert summary["skipped"] == {"unknown-symbol": 1}
+    view = BaselineStore(tmp_path / "s").open()
+    assert [p["rows"] for p in view.parts()] == [3, 2]
+
+
+def test_reader_failure_survives_pickling_as_the_same_exception():
+    import pickle
+
+    sample = pickle.loads(pickle.dumps(ReaderFailure.of(SampleError("too-long", "long", key="k", shard="s.tar"))))
+    error = sample.exception()
+    assert isinstance(error, SampleError) and (error.reason, error.key, error.shard) == ("too-long", "k", "s.tar")
+    other = pickle.loads(pickle.dumps(ReaderFailure.of(RuntimeError("refusing to write")))).exception()
+    assert isinstance(other, RuntimeError) and str(other) == "refusing to write"
+    assert "reader process" in other.__notes__[0]
