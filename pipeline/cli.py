@@ -14,6 +14,7 @@ from pipeline.extract_cli import extract
 from store.cli import store
 from store.inspect_cli import inspect_cmd, sql_cmd
 from training.train_cli import evaluate as eval_cmd, train as train_cmd
+from training.experiment_cli import experiment
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -102,7 +103,7 @@ def demo(out, preset, cvae_steps, beta, seed):
     click.echo(f"report: {result['report']}")
 
 
-for command in (extract, store, sql_cmd, inspect_cmd, train_cmd, eval_cmd):
+for command in (extract, store, sql_cmd, inspect_cmd, train_cmd, eval_cmd, experiment):
     main.add_command(command)
 
 if __name__ == "__main__":
