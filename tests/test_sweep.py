@@ -1,0 +1,92 @@
+"""The beta sweep: beta_c as defined (hand-made MI tables, bisection), and the quick path on the tiny task."""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import replace
+
+import pytest
+
+from training import sweep as sw
+from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK, experiment_root  # noqa: F401  (fixture)
+
+HALF_LOG2 = 0.5 * math.log(2)
+
+
+def test_beta_c_is_the_largest_beta_that_kept_z():
+    assert sw.beta_c({0.01: 0.69, 0.1: 0.40, 1.0: 0.01, 10.0: 0.0}, HALF_LOG2) == 0.1
+    assert sw.beta_c({0.01: 0.1, 0.1: 0.5, 1.0: 0.0}, HALF_LOG2) == 0.1  # not monotone: still the largest
+    assert sw.beta_c({0.01: 0.69, 0.1: 0.69, 1.0: 0.69}, HALF_LOG2) == 1.0
+    assert sw.beta_c({0.01: HALF_LOG2, 1.0: 0.0}, HALF_LOG2) == 0.01  # at the threshold counts as kept
+    assert sw.beta_c({0.01: None, 0.1: 0.5}, HALF_LOG2) == 0.1
+
+
+def test_no_beta_kept_z_is_none_never_zero():
+    assert sw.beta_c({0.01: 0.2, 0.1: 0.0, 1.0: 0.0}, HALF_LOG2) is None
+    assert sw.beta_c({}, HALF_LOG2) is None
+    assert sw.show(None) == sw.NO_BETA != "0"
+    assert sw.show(0.1) == "0.1"
+
+
+def test_bracket_and_bisection():
+    grid = (0.01, 0.1, 1.0, 10.0)
+    assert sw.bracket(grid, 0.1) == (0.1, 1.0)
+    assert sw.bracket(grid, 10.0) is None and sw.bracket(grid, None) is None
+    true_c, seen = 0.37, []
+
+    def measure(beta):
+        seen.append(beta)
+        return 0.69 if beta <= true_c else 0.0
+
+    found = sw.bisect((0.1, 1.0), measure, HALF_LOG2, 6)
+    assert len(seen) == 6 and found <= true_c and true_c / found < (1.0 / 0.1) ** (1 / 2 ** 6) * 1.001
+    assert sw.bisect((0.1, 1.0), measure, HALF_LOG2, 0) == 0.1
+
+
+def test_ratio_rows_cover_every_case():
+    def rows(ss, uni):
+        return [{"recipe": "baseline", "setting": "a", "ratio_true": 8.0, "ratio_inspect": 7.5, "weighting": w,
+                 "beta_c": b} for w, b in (("surprisal-share", ss), ("uniform", uni))]
+
+    grid = (0.01, 10.0)
+    assert sw.ratio_rows(rows("0.8", "0.1"), grid)[0]["measured_ratio"] == "8"
+    assert sw.ratio_rows(rows("0.8", sw.NO_BETA), grid)[0]["measured_ratio"].startswith("> 80")
+    assert sw.ratio_rows(rows(sw.NO_BETA, "0.1"), grid)[0]["measured_ratio"].startswith("< 0.1")
+    assert sw.ratio_rows(rows(sw.NO_BETA, sw.NO_BETA), grid)[0]["measured_ratio"].startswith("undefined")
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="unknown settings"):
+        sw.SweepConfig(out="x", task=TINY_TASK, settings=("nope",))
+    with pytest.raises(ValueError, match="distinct values > 0"):
+        sw.SweepConfig(out="x", task=TINY_TASK, betas=(0.0, 1.0))
+    assert sw.SweepConfig(out="x", betas=(1.0, 0.1)).betas == (0.1, 1.0)
+    assert len(sw.log_grid(0.01, 10, 8)) == 8 and sw.log_grid(0.01, 10, 8)[-1] == 10.0
+
+
+def test_quick_sweep_files_and_beta_c_as_defined(experiment_root):  # noqa: F811
+    cfg = replace(sw.quick_sweep(sw.SweepConfig(out=str(experiment_root / "sweep"), task=TINY_TASK)),
+                  weightings=("uniform", "surprisal-share"), betas=(0.1, 1.0, 10.0), budget=TINY_BUDGET)
+    assert cfg.settings == ("h2",) and cfg.seeds == (0,)
+    result = sw.run(cfg, echo=lambda line: None)
+    root = experiment_root / "sweep"
+    for name in ("beta_threshold.md", "beta_threshold.csv", "beta_ratio.csv", "beta_cells.csv"):
+        assert (root / name).stat().st_size > 0
+    for name in ("mi_vs_beta.png", "mi_vs_step.png"):
+        assert (root / name).read_bytes()[:4] == b"\x89PNG"
+    with (root / "beta_cells.csv").open() as f:
+        cells = list(csv.DictReader(f))
+    assert len(cells) == 2 * 3 and all(c["seed"] == "0" and math.isfinite(float(c["mi"])) for c in cells)
+    with (root / "beta_threshold.csv").open() as f:
+        summary = list(csv.DictReader(f))
+    assert [s["weighting"] for s in summary] == ["uniform", "surprisal-share"]
+    for s in summary:
+        mi = {float(c["beta"]): float(c["mi"]) for c in cells if c["weighting"] == s["weighting"]}
+        expected = sw.beta_c(mi, HALF_LOG2)
+        assert s["beta_c"] == sw.show(expected) and s["beta_c"] != "0"
+        assert (s["kept_z"] == "yes") == (expected is not None)
+        assert s["recipe"] == "baseline"
+    assert "no beta in the grid kept z" in (root / "beta_threshold.md").read_text() or \
+        all(s["kept_z"] == "yes" for s in summary)
+    assert len(result["ratios"]) == 1 and result["ratios"][0]["measured_ratio"]

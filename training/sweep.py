@@ -1,0 +1,296 @@
+"""`tokweight experiment --sweep beta`: the collapse threshold beta_c per weighting and T/(t0+1).
+
+The research note predicts where collapse happens: under uniform token-mean
+reconstruction the posterior survives only while (t0/T)|delta| > beta C, under
+surprisal-share while |delta| > beta C, so beta_c(surprisal-share) / beta_c(uniform)
+should be about T/(t0+1). Here, for each setting and weighting, the discrete CVAE is
+trained over a log-spaced beta grid (optionally refined by bisection per seed), and
+
+    beta_c = the largest beta whose final exact MI (test split) >= KEPT_FRACTION * log S.
+
+When no beta of the grid kept z there is no beta_c: it is reported as NO_BETA, never
+as 0. Data, base models, stores and cells are the experiment's (training.experiment),
+reused under the same keys. Outputs in DIR: beta_threshold.csv/.md, beta_cells.csv,
+mi_vs_beta.png, mi_vs_step.png, sweep_config.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from training.experiment import (Cell, CellBudget, Echo, TaskConfig, figure, header_lines, load_recipe, md_table,
+                                 mean_std, prepare_all, run_cells, write_csv, write_json, _f)
+
+KEPT_FRACTION = 0.5
+"""z counts as kept when the exact MI is at least this fraction of log S."""
+NO_BETA = "none"
+"""What a table says when no beta of the grid kept z (beta_c does not exist; it is not 0)."""
+
+
+def log_grid(lo: float, hi: float, n: int) -> tuple[float, ...]:
+    """n log-spaced values from lo to hi, rounded to 4 significant digits (readable keys and labels)."""
+    return tuple(float(f"{v:.4g}") for v in np.geomspace(lo, hi, n))
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """The beta sweep (QUICK_SWEEP shrinks it)."""
+
+    out: str
+    """Results directory; shares data/, base/, store/ and runs/ with the experiment when it is the same."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """Data and base models."""
+    settings: tuple[str, ...] = ()
+    """Names of the task's settings to sweep; empty: all."""
+    weightings: tuple[str, ...] = ("uniform", "sum", "surprisal-share")
+    """Weightings compared."""
+    betas: tuple[float, ...] = log_grid(0.01, 10.0, 8)
+    """The beta grid (sorted on use)."""
+    seeds: tuple[int, ...] = (0, 1)
+    """Seeds of every cell; beta_c is also reported per seed."""
+    refine: int = 0
+    """Bisection steps (log scale) per (setting, weighting, seed) between its grid beta_c and the next beta."""
+    budget: CellBudget = field(default_factory=CellBudget)
+    """Steps and evaluation size per cell."""
+    recipe: str = "baseline"
+    """Name in training.recipes.RECIPES applied to every cell; "baseline": none."""
+
+    def __post_init__(self):
+        if isinstance(self.task, dict):
+            object.__setattr__(self, "task", TaskConfig(**self.task))
+        if isinstance(self.budget, dict):
+            object.__setattr__(self, "budget", CellBudget(**self.budget))
+        for name in ("settings", "weightings", "seeds"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "betas", tuple(sorted(float(b) for b in self.betas)))
+        unknown = [s for s in self.settings if s not in {t.name for t in self.task.settings}]
+        if unknown:
+            raise ValueError(f"unknown settings {unknown}; the task has {[t.name for t in self.task.settings]}")
+        if len(self.betas) < 2 or any(not b > 0 for b in self.betas) or len(set(self.betas)) != len(self.betas):
+            raise ValueError(f"betas must be >= 2 distinct values > 0 (a log grid), got {self.betas}")
+        if not self.weightings or not self.seeds or self.refine < 0:
+            raise ValueError("weightings and seeds must be non-empty and refine >= 0")
+
+    @property
+    def setting_names(self) -> tuple[str, ...]:
+        return self.settings or tuple(s.name for s in self.task.settings)
+
+
+def quick_sweep(cfg: SweepConfig) -> SweepConfig:
+    """--quick: the largest T/(t0+1) only, one seed; the full grid of betas, so the transition shows."""
+    return replace(cfg, settings=(cfg.task.settings[-1].name,), seeds=cfg.seeds[:1])
+
+
+# ---------------------------------------------------------------- the definition
+
+
+def beta_c(mi_by_beta: dict[float, float | None], threshold: float) -> float | None:
+    """The largest beta whose MI >= threshold; None when no beta in the table kept z."""
+    kept = [b for b, mi in mi_by_beta.items() if mi is not None and mi >= threshold]
+    return max(kept) if kept else None
+
+
+def bracket(betas: tuple[float, ...], found: float | None) -> tuple[float, float] | None:
+    """(beta_c, the next grid beta above it): where bisection looks; None at either end of the grid."""
+    if found is None or found >= betas[-1]:
+        return None
+    return found, min(b for b in betas if b > found)
+
+
+def show(beta: float | None) -> str:
+    return NO_BETA if beta is None else f"{beta:.4g}"
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_sweep_cells(cfg: SweepConfig, prepared: dict, root: Path, threshold: float, echo: Echo) -> list[dict]:
+    """The grid for every (setting, weighting, seed), then its bisection steps; one row per cell."""
+    def run(cells: list[Cell]) -> list[dict]:
+        return run_cells(cells, prepared, cfg.task.k, 1, cfg.budget, cfg.recipe, root, echo)
+
+    grid = [Cell(s, "discrete", "token", w, b, seed, "sweep") for s in cfg.setting_names for w in cfg.weightings
+            for seed in cfg.seeds for b in cfg.betas]
+    echo(f"[sweep] {len(cfg.setting_names)} settings x {len(cfg.weightings)} weightings x {len(cfg.seeds)} seeds "
+         f"x {len(cfg.betas)} betas = {len(grid)} cells (+ up to {cfg.refine} bisection steps each), "
+         f"{cfg.budget.steps} steps per cell")
+    rows = run(grid)
+    for s in cfg.setting_names:
+        for w in cfg.weightings:
+            for seed in cfg.seeds:
+                mine = {r["beta"]: r["mi"] for r in rows if (r["setting"], r["weighting"], r["seed"]) == (s, w, seed)}
+                span = bracket(cfg.betas, beta_c(mine, threshold))
+                if span and cfg.refine:
+                    def measure(beta, s=s, w=w, seed=seed):
+                        rows.extend(run([Cell(s, "discrete", "token", w, beta, seed, "refine")]))
+                        return rows[-1]["mi"]
+
+                    bisect(span, measure, threshold, cfg.refine)
+    return rows
+
+
+def bisect(span: tuple[float, float], measure, threshold: float, steps: int) -> float:
+    """span = (a beta that kept z, a larger one that did not); halve it in log scale ``steps`` times,
+    measuring MI = measure(beta) at each midpoint. Returns the largest beta seen to keep z."""
+    lo, hi = span
+    for _ in range(steps):
+        mid = float(f"{math.sqrt(lo * hi):.4g}")
+        if measure(mid) >= threshold:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def summarize(rows: list[dict], cfg: SweepConfig, settings: dict[str, dict], threshold: float) -> list[dict]:
+    """beta_c per (setting, weighting): of the seed-mean MI curve over the grid, and per seed (grid + bisection)."""
+    out = []
+    for s in cfg.setting_names:
+        for w in cfg.weightings:
+            mine = [r for r in rows if (r["setting"], r["weighting"]) == (s, w)]
+            curve = {b: mean_std([r["mi"] for r in mine if r["beta"] == b and r["group"] == "sweep"])[0]
+                     for b in cfg.betas}
+            per_seed = [beta_c({r["beta"]: r["mi"] for r in mine if r["seed"] == seed}, threshold)
+                        for seed in cfg.seeds]
+            found = [b for b in per_seed if b is not None]
+            out.append({"recipe": cfg.recipe, "setting": s, "ratio_true": settings[s]["ratio_true"],
+                        "ratio_inspect": settings[s]["ratio_inspect"], "weighting": w, "threshold_nats": threshold,
+                        "beta_c": show(beta_c(curve, threshold)),
+                        "beta_c_seeds": ";".join(f"{seed}:{show(b)}" for seed, b in zip(cfg.seeds, per_seed)),
+                        "beta_c_seed_min": show(min(found)) if found else NO_BETA,
+                        "beta_c_seed_max": show(max(found)) if found else NO_BETA,
+                        "seeds_without_beta_c": len(per_seed) - len(found),
+                        "kept_z": "yes" if beta_c(curve, threshold) is not None else "no beta in the grid kept z"})
+    return out
+
+
+def ratio_rows(summary: list[dict], betas: tuple[float, ...]) -> list[dict]:
+    """beta_c(surprisal-share) / beta_c(uniform) per setting next to the predicted T/(t0+1)."""
+    out = []
+    by = {(r["setting"], r["weighting"]): r for r in summary}
+    for s in dict.fromkeys(r["setting"] for r in summary):
+        ss, uni = by.get((s, "surprisal-share")), by.get((s, "uniform"))
+        if ss is None or uni is None:
+            continue
+        if ss["beta_c"] != NO_BETA and uni["beta_c"] != NO_BETA:
+            measured = f"{float(ss['beta_c']) / float(uni['beta_c']):.3g}"
+        elif ss["beta_c"] != NO_BETA:  # uniform kept z at no beta: the ratio is only bounded below
+            measured = f"> {float(ss['beta_c']) / betas[0]:.3g} (uniform: {NO_BETA})"
+        elif uni["beta_c"] != NO_BETA:
+            measured = f"< {betas[0] / float(uni['beta_c']):.3g} (surprisal-share: {NO_BETA})"
+        else:
+            measured = f"undefined (neither kept z at any beta >= {betas[0]:g})"
+        out.append({"recipe": ss["recipe"], "setting": s, "predicted_T_over_t0p1": ss["ratio_true"],
+                    "inspection_T_over_t0p1": ss["ratio_inspect"], "beta_c_surprisal_share": ss["beta_c"],
+                    "beta_c_uniform": uni["beta_c"], "measured_ratio": measured})
+    return out
+
+
+# ---------------------------------------------------------------- plots
+
+
+def plot_mi_vs_beta(rows: list[dict], cfg: SweepConfig, settings: dict[str, dict], threshold: float):
+    """Exact MI against beta (log axis, grid cells, mean ± std over seeds): a curve per weighting, a panel per setting."""
+    fig, axes = figure(len(cfg.setting_names), width=4.8)
+    for ax, s in zip(axes, cfg.setting_names):
+        for w in cfg.weightings:
+            stats = [mean_std([r["mi"] for r in rows if (r["setting"], r["weighting"], r["beta"], r["group"])
+                               == (s, w, b, "sweep")]) for b in cfg.betas]
+            ax.errorbar(cfg.betas, [m for m, _ in stats], yerr=[sd for _, sd in stats], marker="o", capsize=3,
+                        label=w)
+        ax.axhline(threshold, color="grey", ls=":", lw=1, label=f"{KEPT_FRACTION} log S")
+        ax.set(xscale="log", xlabel="beta", ylabel="exact MI (nats)",
+               title=f"{s}: T/(t0+1) = {settings[s]['ratio_true']:.2f}")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def batch_mi(run_dir: Path) -> tuple[list[int], list[float]]:
+    """(steps, exact MI of each logged training batch = H(mean_i q_i) - mean_i H(q_i), nats)."""
+    steps, mi = [], []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "usage" in r and "q_entropy" in r:
+            u = np.asarray(r["usage"])
+            steps.append(r["step"])
+            mi.append(float(-(u * np.log(np.where(u > 0, u, 1))).sum() - r["q_entropy"]))
+    return steps, mi
+
+
+def plot_mi_vs_step(rows: list[dict], cfg: SweepConfig, root: Path):
+    """Batch MI against step at the largest swept setting, first seed: the smallest, a middle and the largest beta."""
+    s, seed = cfg.setting_names[-1], cfg.seeds[0]
+    shown = sorted({cfg.betas[0], cfg.betas[len(cfg.betas) // 2], cfg.betas[-1]})
+    fig, axes = figure(len(shown), width=4.5)
+    for ax, b in zip(axes, shown):
+        for r in rows:
+            if (r["setting"], r["seed"], r["beta"], r["group"]) == (s, seed, b, "sweep"):
+                ax.plot(*batch_mi(root / "runs" / r["run"]), label=r["weighting"])
+        ax.set(xlabel="step", ylabel="batch MI (nats)", title=f"{s}, beta = {b:g}, seed {seed}")
+        ax.legend(fontsize=7)
+    return fig
+
+
+# ---------------------------------------------------------------- report and job
+
+
+def render(cfg: SweepConfig, summary: list[dict], ratios: list[dict], rows: list[dict], settings: dict[str, dict],
+           threshold: float, command: str | None, wall_s: float) -> str:
+    out = header_lines("tokweight experiment --sweep beta: collapse thresholds", cfg.recipe, command, wall_s,
+                       cfg.task, len(rows), sum(r["reused"] for r in rows))
+    out += [f"beta_c = the largest beta whose final exact MI (test split) >= {KEPT_FRACTION} log S = "
+            f"{threshold:.3f} nats; '{NO_BETA}' = no beta in the grid kept z (beta_c < {cfg.betas[0]:g}, not 0). "
+            f"Grid: {', '.join(f'{b:g}' for b in cfg.betas)}; seeds {', '.join(map(str, cfg.seeds))}; "
+            f"{cfg.refine} bisection steps per seed; {cfg.budget.steps} steps per cell. 'beta_c' is that of the "
+            "seed-mean MI curve over the grid; per seed includes the bisection.", "",
+            "## beta_c(surprisal-share) / beta_c(uniform) against the predicted T/(t0+1)", "",
+            md_table(["setting", "predicted T/(t0+1)", "inspection", "beta_c surprisal-share", "beta_c uniform",
+                      "measured ratio"],
+                     [[r["setting"], _f(r["predicted_T_over_t0p1"], 2), _f(r["inspection_T_over_t0p1"], 2),
+                       r["beta_c_surprisal_share"], r["beta_c_uniform"], r["measured_ratio"]] for r in ratios]), "",
+            "## beta_c per weighting", "",
+            md_table(["setting", "T/(t0+1)", "weighting", "beta_c", "per seed", "seeds without beta_c"],
+                     [[r["setting"], _f(r["ratio_true"], 2), r["weighting"], r["beta_c"], r["beta_c_seeds"],
+                       str(r["seeds_without_beta_c"])] for r in summary]), ""]
+    for s in cfg.setting_names:
+        lines = [[w] + [_pm(rows, s, w, b) for b in cfg.betas] for w in cfg.weightings]
+        out += [f"## MI (nats) against beta: {s} (T/(t0+1) = {settings[s]['ratio_true']:.2f})", "",
+                md_table(["weighting"] + [f"{b:g}" for b in cfg.betas], lines), ""]
+    out += ["![MI against beta](mi_vs_beta.png)", "", "![batch MI against step](mi_vs_step.png)", ""]
+    return "\n".join(out)
+
+
+def _pm(rows: list[dict], s: str, w: str, b: float) -> str:
+    mean, std = mean_std([r["mi"] for r in rows if (r["setting"], r["weighting"], r["beta"], r["group"])
+                          == (s, w, b, "sweep")])
+    return "–" if mean is None else f"{mean:.3f} ± {std:.3f}"
+
+
+def run(cfg: SweepConfig, echo: Echo = print, command: str | None = None) -> dict:
+    start = time.perf_counter()
+    root = Path(cfg.out)
+    root.mkdir(parents=True, exist_ok=True)
+    recipe = load_recipe(cfg.recipe)
+    write_json(root / "sweep_config.json", {"config": json.loads(json.dumps(asdict(cfg))),
+                                            "recipe_overrides": json.loads(json.dumps(recipe, default=str))})
+    threshold = KEPT_FRACTION * math.log(cfg.task.k)
+    prepared = prepare_all(cfg.task, root, echo, cfg.setting_names)
+    settings = {name: p.stats for name, p in prepared.items()}
+    rows = run_sweep_cells(cfg, prepared, root, threshold, echo)
+    summary = summarize(rows, cfg, settings, threshold)
+    ratios = ratio_rows(summary, cfg.betas)
+    wall = time.perf_counter() - start
+    write_csv(root / "beta_cells.csv", rows)
+    write_csv(root / "beta_threshold.csv", summary)
+    write_csv(root / "beta_ratio.csv", ratios)
+    plot_mi_vs_beta(rows, cfg, settings, threshold).savefig(root / "mi_vs_beta.png", dpi=110)
+    plot_mi_vs_step(rows, cfg, root).savefig(root / "mi_vs_step.png", dpi=110)
+    (root / "beta_threshold.md").write_text(render(cfg, summary, ratios, rows, settings, threshold, command, wall))
+    echo(f"[sweep] done in {wall / 60:.1f} min: {root / 'beta_threshold.md'}")
+    return {"summary": summary, "ratios": ratios, "cells": rows, "settings": settings, "wall_s": wall}
