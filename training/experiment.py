@@ -67,8 +67,10 @@ class Setting:
             raise ValueError(f"setting {self.name}: need header_len >= 0 and 1 <= min_len <= max_len")
 
 
-# x of one fixed length per setting: T is the same for every example, and reverse is a
-# fixed position map (varying lengths left a 2-layer d=64 model at ~0.8 nats after t0).
+# x of one fixed length per setting, so T is the same for every example. Measured here with
+# 2 layers, d=64, 3000 steps: copy/reverse on 16 symbols stayed at 0.83 nats after t0 (and
+# varying lengths of 7-9 at ~0.8); copy/rotate-left over 32 symbols is learnt (a constant
+# offset, and few repeated symbols for the copy to confuse).
 DEFAULT_SETTINGS = (Setting("h3-n5", 3, 5, 5), Setting("h1-n8", 1, 8, 8), Setting("h0-n16", 0, 16, 16))
 
 
@@ -78,9 +80,9 @@ class TaskConfig:
 
     settings: tuple[Setting, ...] = DEFAULT_SETTINGS
     """T/(t0+1) settings, smallest first; the last is 'the largest' for the z-pathway cells."""
-    alphabet_size: int = 8
+    alphabet_size: int = 32
     """Data symbols."""
-    strategies: tuple[str, ...] = ("copy", "reverse")
+    strategies: tuple[str, ...] = ("copy", "rotate-left")
     """Generator strategies; the discrete latent has K = len(strategies)."""
     n_train: int = 8000
     """Train examples per setting."""
@@ -93,7 +95,7 @@ class TaskConfig:
     data_seed: int = 0
     """Seed of the generator and of the base model."""
     base_steps: int = 3000
-    """Base-model optimizer steps (3000 at lr 2e-3 reached ~0.01 nats after t0 on x of length 8)."""
+    """Base-model optimizer steps."""
     base_lr: float = 2e-3
     """Base-model peak learning rate."""
     base_batch_size: int = 64
