@@ -79,3 +79,16 @@ def test_recipes_set_only_remedy_fields(tiny, tmp_path):
         check_recipe({"beta": {"beta": 0.0}})
     with pytest.raises(ValueError, match="cvae.cond"):
         check_recipe({"cvae": {"cond": "prefix"}})
+
+
+def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re_initialised(tiny, tmp_path):
+    from training.baselines import Frozen
+    from training.data import EvalStream, loader
+    from training.train import setup
+
+    state = setup(config(tiny, tmp_path, latent_embedding_norm=3.0), 0, 1)
+    batch = next(iter(loader(EvalStream(state.spec), 0)))
+    reference = Frozen(load_checkpoint(tiny[1]).model)(batch)
+    assert torch.equal(state.baseline(batch, None), reference)
+    ids = state.model.latent.latent_ids
+    assert not torch.equal(state.model.backbone.wte.weight[ids], load_checkpoint(tiny[1]).model.wte.weight[ids])

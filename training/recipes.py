@@ -23,6 +23,10 @@ RECIPES: dict[str, dict] = {
     # Distinct embeddings + hard EM with a uniform prior and a Sinkhorn-balanced batch
     # assignment (Shen et al. 2019; Caron et al. 2020); the amortised posterior is distilled.
     "em-balanced": {"latent_embedding_norm": 3.0, "estep": {"mode": "hard", "balance_iters": 3}},
+    # As em-balanced, but the E-step is the exact one of J at the step's beta: q* proportional
+    # to p(k|x) exp(-R(k) / beta), balanced; hard at beta = 0. The weighting's scale matters again.
+    "em-exact": {"latent_embedding_norm": 3.0,
+                 "estep": {"mode": "soft", "follow_beta": True, "prior": "learned", "balance_iters": 3}},
 }
 
 

@@ -190,6 +190,7 @@ def setup(cfg: TrainConfig, rank: int, world: int) -> State:
     base = init if same else load_checkpoint(cfg.baseline_checkpoint)
     if list(base.vocab.tokens) != list(init.vocab.tokens):
         raise ValueError(f"baseline checkpoint {base.path} and init checkpoint {init.path} have different vocabularies")
+    baseline = make_baseline(cfg.policy, base.model.to(cfg.device))  # copies the checkpoint before any re-init
     model = build_cvae(init.model.train(), init.vocab, cfg.cvae).to(cfg.device)
     if cfg.latent_embedding_norm > 0:  # before resume: a resumed run loads its trained rows over these
         spread_latent_embeddings(model.backbone, model.latent.latent_ids.tolist(), cfg.latent_embedding_norm,
@@ -203,7 +204,7 @@ def setup(cfg: TrainConfig, rank: int, world: int) -> State:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     post_opt = (torch.optim.AdamW(model.posterior_parameters, lr=cfg.lr, betas=(0.9, 0.95))
                 if cfg.aggressive_steps else None)
-    state = State(cfg, model, opt, make_baseline(cfg.policy, base.model.to(cfg.device)),
+    state = State(cfg, model, opt, baseline,
                   WeightingParams(cfg.eps, cfg.eps_inv, dataset_mean_b), spec=None, vocab=init.vocab, rank=rank,
                   world=world, meta={"init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
                                      "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b},
