@@ -124,22 +124,17 @@ class GPT(nn.Module):
         return self.wte(idx)
 
     def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
-                ln_cond: torch.Tensor | None = None,
-                pos_offset: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                ln_cond: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """idx (B, L) -> logits (B, L, V) and final hidden states (B, L, d).
 
         tok_emb: (B, L, d) replaces `embed(idx)` when given.
         ln_cond: (B, n_layernorms, 2, d) scale/shift deltas, LayerNorms in forward order.
-        pos_offset: (B,) long, shifts each row's position ids (base-training augmentation).
         """
         B, L = idx.shape
-        pos = torch.arange(L, device=idx.device)  # (L,)
-        if pos_offset is not None:
-            pos = pos + pos_offset[:, None]  # (B, L)
-        if int(pos.max()) >= self.cfg.block_size:
-            raise ValueError(f"position {int(pos.max())} exceeds block_size {self.cfg.block_size}")
+        if L > self.cfg.block_size:
+            raise ValueError(f"sequence length {L} exceeds block_size {self.cfg.block_size}")
         x = self.embed(idx) if tok_emb is None else tok_emb
-        x = self.drop(x + self.wpe(pos))
+        x = self.drop(x + self.wpe(torch.arange(L, device=idx.device)))
         conds = [None] * self.cfg.n_layernorms if ln_cond is None else ln_cond.unbind(1)
         for i, block in enumerate(self.h):
             x = block(x, conds[2 * i], conds[2 * i + 1])
