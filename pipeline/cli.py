@@ -67,8 +67,11 @@ def convert(jsonl, out, shard_size, on_bad):
 @click.option("--device", default="cpu")
 def train_base(data, out, preset, steps, seed, device):
     """Train the entangled (z-free) base model on S and write a fingerprinted checkpoint."""
+    import torch
+
     from training.train_base import BASE_PRESETS, BaseTrainConfig, run
 
+    torch.set_num_threads(1)  # small models: one thread is fastest, two oversubscribe a shared core
     overrides = {"steps": steps} if steps else {}
     cfg = BaseTrainConfig(data=data, out=out, seed=seed, device=device, **{**BASE_PRESETS[preset], **overrides})
     click.echo(json.dumps(run(cfg), indent=1))
@@ -93,8 +96,11 @@ def export_hf_cmd(checkpoint, out):
 @click.option("--seed", type=int, default=0)
 def demo(out, preset, cvae_steps, beta, seed):
     """The whole pipeline on built-in data: synth -> train-base -> extract -> train -> eval -> inspect."""
+    import torch
+
     from training.demo import DemoConfig, run
 
+    torch.set_num_threads(1)  # small models: one thread is fastest (STACK-NOTES)
     result = run(DemoConfig(out=out, preset=preset, cvae_steps=cvae_steps, beta=beta, seed=seed))
     cvae = result["cvae"]
     click.echo(json.dumps({"timings_s": result["timings"], "base": result["base"],
