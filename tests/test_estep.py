@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from training.cvae import CVAEOutput
-from training.estep import (EStepConfig, assigned_reconstruction, assignment, distillation, em_objective,
-                            exact_posterior, sinkhorn)
+from training.estep import (EStepConfig, assigned_reconstruction, assignment, assignment_kl, distillation,
+                            em_objective, exact_posterior, sinkhorn)
 from training.latent import CategoricalLatent
 
 
@@ -95,3 +95,19 @@ def test_follow_beta_is_the_exact_e_step_and_hard_at_beta_zero():
     cfg = EStepConfig(mode="soft", prior="learned", follow_beta=True, temperature=5.0)
     assert torch.allclose(assignment(R, log_p, cfg, beta=0.3), exact_posterior(R, log_p, 0.3).exp())
     assert assignment(R, log_p, cfg, beta=0.0).tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_em_objective_fits_the_prior_to_the_assignment_and_leaves_q_out_of_the_kl():
+    latent = CategoricalLatent(2, 4, [10, 11])
+    nll = torch.tensor([[[1.0, 3.0], [2.0, 0.0]]])
+    post = torch.tensor([[0.8, 0.2]]).log().requires_grad_()
+    prior = torch.tensor([[0.6, 0.4]]).log().requires_grad_()
+    out = CVAEOutput(post, prior, nll, torch.zeros(1, 2))
+    obj = em_objective(latent, out, torch.tensor([[0.5, 0.5]]), beta=0.5, free_bits=0.0, cfg=EStepConfig(mode="hard"))
+    assert obj.kl_term.item() == pytest.approx(-math.log(0.4))  # KL(one-hot at k=1 || p)
+    assert obj.kl.item() == pytest.approx(0.8 * math.log(0.8 / 0.6) + 0.2 * math.log(0.2 / 0.4))
+    obj.loss.backward()
+    assert torch.allclose(prior.grad, torch.tensor([[0.0, -0.5]]))  # beta * d(-log p_1)
+    assert torch.allclose(post.grad, torch.tensor([[0.0, -1.0]]))  # distillation only
+    a = torch.tensor([[0.25, 0.75]])
+    assert assignment_kl(a, prior.detach()).item() == pytest.approx(0.25 * math.log(0.25 / 0.6) + 0.75 * math.log(0.75 / 0.4))

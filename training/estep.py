@@ -111,11 +111,21 @@ def assigned_reconstruction(R: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return (a.detach() * R).sum(-1)
 
 
-def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig):
-    """J_EM = mean_i [sum_k a_ik R_ik + w * CE(a_i, q_i)] + beta * KL term, a = assignment(R, p).
+def assignment_kl(a: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
+    """KL(a || p) = sum_k a(k) (log a(k) - log p(k)) with 0 log 0 = 0: (B, K) -> (B,) nats; a detached."""
+    a = a.detach()
+    return (torch.xlogy(a, a) - a * log_prior).sum(-1)
 
-    The decoder learns from the assignment a (detached), the amortised posterior from the
-    distillation term (and the KL); E_q[R] is reported as ``recon`` as in the plain objective.
+
+def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig):
+    """J_EM = mean_i [sum_k a_ik R_ik + w * CE(a_i, q_i)] + beta * KL term(a || p), a = assignment(R, p).
+
+    The M-step of each part against the E-step's a (detached): the decoder copies learn from
+    a, the amortised posterior is distilled to a, and the prior fits a through beta * KL(a || p),
+    which is J's own prior gradient at q = a. The posterior gets no KL gradient: a already
+    holds beta (under ``follow_beta``), and pulling q to p as well would count the prior twice.
+    Reported: ``recon`` = E_q[R] and ``kl`` = KL(q || p) of the amortised posterior, as in
+    the plain objective.
     """
     from training.cvae import Objective
     from training.losses import free_bits_kl, weighted_reconstruction
@@ -123,7 +133,6 @@ def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, c
     R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, K)
     a = assignment(R, out.prior, cfg, beta)
     fit = assigned_reconstruction(R, a).mean() + cfg.posterior_weight * distillation(out.post, a).mean()
-    kl = latent.kl(out.post, out.prior)
-    kl_term = free_bits_kl(kl, free_bits)
+    kl_term = free_bits_kl(assignment_kl(a, out.prior), free_bits)
     recon = latent.expectation(R, out.post).mean().detach()
-    return Objective(fit + beta * kl_term, recon, kl_term, kl)
+    return Objective(fit + beta * kl_term, recon, kl_term, latent.kl(out.post, out.prior).detach())
