@@ -136,8 +136,8 @@ PRESETS: dict[str, SynthConfig] = {
     # long outputs decided by their first token or two: mean T/(t0+1) about 12
     "default": SynthConfig(),
     # the demo's data: the default task at half the length, mean T/(t0+1) about 6
-    "small": SynthConfig(alphabet_size=10, min_len=6, max_len=9, n_train=8000, n_val=1000, n_test=1000,
-                         shard_size=1000),
+    "small": SynthConfig(alphabet_size=10, min_len=6, max_len=9, n_train=20000, n_val=1000, n_test=1000,
+                         shard_size=2000),
 }
 
 
