@@ -4,8 +4,7 @@ import math
 
 import torch
 
-from pipeline.vocab import Vocab
-from tests.fixtures_train import AMP_T, AMP_T0, two_regime, two_regime_samples  # noqa: F401
+from tests.fixtures_train import AMP_T, AMP_T0, two_regime_samples
 from training.checkpoint import load_checkpoint
 from training.cvae import CVAEConfig, build_cvae, objective
 from training.data import collate_examples, encode

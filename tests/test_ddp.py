@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests.fixtures_train import tiny, tiny_store  # noqa: F401
 from training.train import TrainConfig, run
 
 TIMEOUT_S = 180

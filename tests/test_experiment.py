@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from training import experiment as exp
-from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK, experiment_root  # noqa: F401  (fixture)
+from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK
 
 
 def read_csv(path: Path) -> list[dict]:

@@ -7,7 +7,7 @@ from pipeline.errors import SampleError
 from pipeline.extract import ReaderFailure, run
 from store.baseline_store import BaselineStore
 
-from tests.fixtures_extract import fp_dir, part_bytes, sample_member, world, write_raw_tar  # noqa: F401
+from tests.fixtures_extract import fp_dir, part_bytes, sample_member, write_raw_tar
 
 GOOD = {"x": ["a", "b"], "y": ["c", "d", "e"], "strategy": "copy", "t0": 1}
 

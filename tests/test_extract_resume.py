@@ -17,7 +17,7 @@ from store.manifest import read_records
 from store.parts import sha256_path
 from store.verify import verify_dir
 
-from tests.fixtures_extract import fp_dir, part_bytes, world  # noqa: F401
+from tests.fixtures_extract import fp_dir, part_bytes
 
 
 def _manifest(store):

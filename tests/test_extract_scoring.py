@@ -16,7 +16,6 @@ from store.baseline_store import BaselineStore
 from training.checkpoint import load_checkpoint
 from training.export_hf import export_hf
 
-from tests.fixtures_extract import world  # noqa: F401  (session fixture)
 
 TOL = 1e-5
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.fixtures_extract import fp_dir, part_bytes, world  # noqa: F401
+from tests.fixtures_extract import fp_dir, part_bytes
 
 TIMEOUT_S = 120
 

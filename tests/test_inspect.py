@@ -6,14 +6,13 @@ import json
 import math
 
 import numpy as np
-import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
 from pipeline.samples import Sample
 from pipeline.shards import write_shards
 from store.report import InspectConfig, run
-from tests.fixtures_sql import example_rows, make_row, tiny_pipeline, write_store  # noqa: F401 (fixture)
+from tests.fixtures_sql import example_rows, make_row, write_store
 
 FP = "e" * 32
 PLOTS = ("profile.png", "t0_confusion.png", "amplification.png", "concentration.png")

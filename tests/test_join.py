@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from pipeline.shards import iter_samples, write_shards
-from tests.fixtures_train import tiny, tiny_store  # noqa: F401
 from training.baselines import Frozen
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.cvae import CVAEConfig, build_cvae, objective

@@ -5,7 +5,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.fixtures_train import tiny  # noqa: F401
 from training.checkpoint import load_checkpoint
 from training.cvae import CVAEConfig, build_cvae, spread_latent_embeddings
 from training.estep import EStepConfig
@@ -92,3 +91,21 @@ def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re
     assert torch.equal(state.baseline(batch, None), reference)
     ids = state.model.latent.latent_ids
     assert not torch.equal(state.model.backbone.wte.weight[ids], load_checkpoint(tiny[1]).model.wte.weight[ids])
+
+
+def test_cli_recipe_and_flags_override_it(tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from training.train_cli import train
+
+    data, ckpt = tiny
+    args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(tmp_path / "cli"), "--policy", "frozen",
+            "--steps", "2", "--batch-size", "4", "--num-workers", "0", "--beta", "0", "--recipe", "em-balanced",
+            "--estep-balance-iters", "5"]
+    result = CliRunner().invoke(train, args)
+    assert result.exit_code == 0, result.output
+    saved = TrainConfig.from_json(json.loads((tmp_path / "cli" / "config.json").read_text()))
+    assert saved.estep == EStepConfig(mode="hard", balance_iters=5)
+    assert saved.latent_embedding_norm == RECIPES["em-balanced"]["latent_embedding_norm"]
+    bad = CliRunner().invoke(train, args[:-4] + ["--recipe", "magic", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code != 0 and "unknown recipe" in bad.output

@@ -18,7 +18,7 @@ from store.parts import read_part
 from store.schema import SCHEMA_VERSION
 from store.verify import verify_dir
 
-from tests.fixtures_extract import copy_store, fp_dir, part_bytes, world  # noqa: F401
+from tests.fixtures_extract import copy_store, fp_dir, part_bytes
 
 
 def test_manifest_matches_contract_and_parts(world):

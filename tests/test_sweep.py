@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from training import sweep as sw
-from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK, experiment_root  # noqa: F401  (fixture)
+from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK
 
 HALF_LOG2 = 0.5 * math.log(2)
 

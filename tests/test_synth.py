@@ -128,6 +128,10 @@ def test_write_dataset_layout_and_byte_determinism(tmp_path):
     assert [shard_name(root, p) for p in shards] == sorted(
         n for v in info["splits"].values() for n in v["shards"])
     assert info["splits"]["train"]["shards"] == [f"train/shard-00000{i}.tar" for i in range(3)]
+    assert again == info and other != info
+    for name in info["splits"]["train"]["shards"]:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert (tmp_path / "a" / "train/shard-000000.tar").read_bytes() != (tmp_path / "c" / "train/shard-000000.tar").read_bytes()
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*") if p.is_file())
     for rel in files:

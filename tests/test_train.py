@@ -6,7 +6,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.fixtures_train import tiny  # noqa: F401
 from training.baselines import Frozen, dynamic
 from training.checkpoint import load_checkpoint
 from training.cvae import CVAEConfig, build_cvae

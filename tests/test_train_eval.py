@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.fixtures_train import tiny, two_regime, two_regime_samples  # noqa: F401
+from tests.fixtures_train import two_regime_samples
 from training.checkpoint import load_checkpoint
 from training.cvae import CVAEConfig, build_cvae
 from training.evaluate import EvalConfig, greedy_decode, latent_values, run_eval, strategy_outputs
@@ -31,6 +31,7 @@ def test_eval_writes_json_and_markdown(tiny, tmp_path):
     result = run_eval(EvalConfig(run=str(tmp_path / "run"), data=str(data), split="test", decode_examples=16))
     saved = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert saved["metrics"]["examples"] == 128 and "active_units" in saved["metrics"]
+    assert result["metrics"] == saved["metrics"] and result["split"] == "test"
     assert saved["decode"]["latent_values"] == 4 and 0.0 <= saved["decode"]["control_accuracy"] <= 1.0
     assert set(saved["decode"]["executes"]["0"]) == {"copy", "reverse", "sort", "sort-desc", "none"}
     assert "| strategy_nmi |" in (tmp_path / "run" / "eval.md").read_text()
