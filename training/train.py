@@ -290,6 +290,14 @@ def sample_generator(seed: int, rank: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0]))
 
 
+def step_objective(cfg: TrainConfig, latent, out, pi: torch.Tensor, beta: float, em: bool):
+    """The E-step objective (``estep.em_objective``) while it is active, else the plain one.
+    Under the E-step ``recon`` is reported, not optimised, so the gradient diagnostic reads 0 there."""
+    if em:
+        return em_objective(latent, out, pi, beta, cfg.free_bits, cfg.estep)
+    return objective(latent, out, pi, beta, cfg.free_bits)
+
+
 def forward_backward(state: State, batch: TrainBatch) -> dict:
     cfg, model, step = state.cfg, state.model, state.step
     out = model(batch, generator=sample_generator(cfg.seed, state.rank, step))
@@ -300,8 +308,7 @@ def forward_backward(state: State, batch: TrainBatch) -> dict:
     em = cfg.estep.active(step)
     if cfg.aggressive_steps and step < cfg.aggressive_until:
         out.post = aggressive_posterior_updates(state, batch, out, pi, beta, em)
-    obj = em_objective(model.latent, out, pi, beta, cfg.free_bits, cfg.estep) if em else \
-        objective(model.latent, out, pi, beta, cfg.free_bits)
+    obj = step_objective(cfg, model.latent, out, pi, beta, em)
     record = {"step": step, "loss": obj.loss.item(), "recon": obj.recon.item(), "kl": obj.kl.sum(-1).mean().item()
               if obj.kl.dim() > 1 else obj.kl.mean().item(), "kl_term": obj.kl_term.item(), "beta": beta,
               "degenerate": int(degenerate.sum()), "estep": em, **latent_summary(model, out, batch, state.params, pi)}
@@ -325,10 +332,7 @@ def aggressive_posterior_updates(state: State, batch: TrainBatch, out, pi: torch
 
     def posterior_loss() -> torch.Tensor:
         pooled = shared_input if shared_input is not None else model.posterior_input(batch)
-        inner = replace(fixed, post=model.latent.posterior(pooled))
-        make = em_objective if em else objective
-        extra = (cfg.estep,) if em else ()
-        return make(model.latent, inner, pi, beta, cfg.free_bits, *extra).loss
+        return step_objective(cfg, model.latent, replace(fixed, post=model.latent.posterior(pooled)), pi, beta, em).loss
 
     best = float("inf")
     for _ in range(cfg.aggressive_steps):
