@@ -4,6 +4,11 @@ A recipe sets only the remedy fields (E-step, latent embedding init, aggressive
 posterior updates, posterior encoder), never what an experiment varies (weighting, beta,
 policy, z pathway, steps), so ``with_recipe(cfg, name)`` composes with any experiment
 grid. Measurements behind each recipe: docs/latent-learnability.md.
+
+Recommended: ``em-balanced`` to learn z at beta = 0 (the only recipe that made z carry
+the strategy on the default task); ``em-exact`` with a beta warm-up when beta must keep
+its meaning in J (its E-step is J's exact minimiser; it kept z at beta = 0.3 under
+surprisal-share, not under uniform).
 """
 
 from __future__ import annotations
