@@ -128,3 +128,14 @@ def test_config_validation():
         exp.TaskConfig(settings=(exp.Setting("a", 0, 1, 2), exp.Setting("a", 1, 1, 2)))
     with pytest.raises(ValueError, match="min_len"):
         exp.Setting("a", 0, 3, 2)
+
+
+def test_amplification_plot_skips_ratios_a_log_axis_cannot_show():
+    from training.experiment import plot_amplification
+
+    amp = [{"setting": "a", "ratio_true": 2.0, "measured_mean": 0.0, "measured_std": 0.0},
+           {"setting": "b", "ratio_true": 8.0, "measured_mean": 6.5, "measured_std": 0.1},
+           {"setting": "c", "ratio_true": 16.0, "measured_mean": None, "measured_std": None}]
+    fig = plot_amplification(amp, "em-balanced")
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log" and len(ax.texts) == 1  # one annotated point: setting b

@@ -647,7 +647,9 @@ def plot_mi_vs_ratio(agg: list[dict], cfg: ExperimentConfig):
 def plot_amplification(amp: list[dict], recipe: str):
     """Measured gradient ratio at init against predicted T/(t0+1), with the line measured = predicted."""
     fig, (ax,) = figure(1, width=5.5)
-    pts = [a for a in amp if a["measured_mean"] is not None]
+    # log axes: a zero ratio (e.g. an E-step recipe trains the posterior head by distillation,
+    # so its reconstruction gradient there is 0) has no place on them; the table still shows it
+    pts = [a for a in amp if a["measured_mean"] is not None and a["measured_mean"] > 0]
     ax.errorbar([a["ratio_true"] for a in pts], [a["measured_mean"] for a in pts],
                 yerr=[a["measured_std"] for a in pts], marker="o", ls="none", capsize=3, label="measured")
     for a in pts:
