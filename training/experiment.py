@@ -658,8 +658,12 @@ def plot_amplification(amp: list[dict], recipe: str):
         lo = min(min(a["ratio_true"], a["measured_mean"]) for a in pts)
         hi = max(max(a["ratio_true"], a["measured_mean"]) for a in pts)
         ax.plot([lo, hi], [lo, hi], color="grey", ls=":", label="measured = predicted")
-    ax.set(xscale="log", yscale="log", xlabel="predicted T/(t0+1)",
-           ylabel="grad norm ratio, surprisal-share / uniform", title=f"posterior gradient at init ({recipe})")
+    if pts:
+        ax.set(xscale="log", yscale="log")
+    else:
+        ax.text(0.5, 0.5, "no positive ratio to show", ha="center", transform=ax.transAxes)
+    ax.set(xlabel="predicted T/(t0+1)", ylabel="grad norm ratio, surprisal-share / uniform",
+           title=f"posterior gradient at init ({recipe})")
     ax.legend(fontsize=7)
     return fig
 
