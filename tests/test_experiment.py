@@ -1,9 +1,9 @@
 """`tokweight experiment` on the tiny task: the --quick path end to end, reuse, recipes, keys."""
 
-import io
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import replace
 from pathlib import Path
