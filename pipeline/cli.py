@@ -93,15 +93,16 @@ def export_hf_cmd(checkpoint, out):
               help="Data and base-model size; small runs in a few minutes on a laptop CPU.")
 @click.option("--cvae-steps", type=int, default=300)
 @click.option("--beta", type=float, default=0.3)
+@click.option("--recipe", default="em-balanced", help="training.recipes entry for the CVAE.")
 @click.option("--seed", type=int, default=0)
-def demo(out, preset, cvae_steps, beta, seed):
+def demo(out, preset, cvae_steps, beta, recipe, seed):
     """The whole pipeline on built-in data: synth -> train-base -> extract -> train -> eval -> inspect."""
     import torch
 
     from training.demo import DemoConfig, run
 
     torch.set_num_threads(1)  # small models: one thread is fastest (STACK-NOTES)
-    result = run(DemoConfig(out=out, preset=preset, cvae_steps=cvae_steps, beta=beta, seed=seed))
+    result = run(DemoConfig(out=out, preset=preset, cvae_steps=cvae_steps, beta=beta, recipe=recipe, seed=seed))
     cvae = result["cvae"]
     click.echo(json.dumps({"timings_s": result["timings"], "base": result["base"],
                            "cvae": {k: cvae[k] for k in sorted(cvae) if not isinstance(cvae[k], (list, dict))}},

@@ -26,6 +26,8 @@ class DemoConfig:
     """CVAE optimizer steps."""
     beta: float = 0.3
     """KL weight of the CVAE (RESEARCH-NOTES: weightings separate below beta = 1)."""
+    recipe: str = "em-balanced"
+    """training.recipes entry: the one that made z learnable (docs/latent-learnability.md)."""
     seed: int = 0
 
     def __post_init__(self):
@@ -41,6 +43,7 @@ def run(cfg: DemoConfig, echo=click.echo) -> dict:
     from store.report import InspectConfig, run as inspect
     from training.cvae import CVAEConfig
     from training.evaluate import EvalConfig, run_eval
+    from training.recipes import with_recipe
     from training.schedules import BetaSchedule
     from training.train import TrainConfig, run as train
     from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
@@ -68,10 +71,12 @@ def run(cfg: DemoConfig, echo=click.echo) -> dict:
     store = stage("extract", f"per-token baselines -> {paths['store']}", extract,
                   ExtractConfig(checkpoint=str(paths["base"]), data=str(paths["data"]), store=str(paths["store"])))
     shutil.rmtree(paths["cvae"], ignore_errors=True)  # a run directory would otherwise be resumed
-    stage("train", f"discrete CVAE (K={k}), surprisal-share, precomputed b -> {paths['cvae']}", train,
-          TrainConfig(checkpoint=str(paths["base"]), data=str(paths["data"]), store=str(paths["store"]),
-                      out=str(paths["cvae"]), cvae=CVAEConfig(latent="discrete", k=k), weighting="surprisal-share",
-                      policy="precomputed", beta=BetaSchedule(cfg.beta), steps=cfg.cvae_steps, seed=cfg.seed))
+    cvae_cfg = TrainConfig(checkpoint=str(paths["base"]), data=str(paths["data"]), store=str(paths["store"]),
+                           out=str(paths["cvae"]), cvae=CVAEConfig(latent="discrete", k=k),
+                           weighting="surprisal-share", policy="precomputed", beta=BetaSchedule(cfg.beta),
+                           steps=cfg.cvae_steps, seed=cfg.seed)
+    stage("train", f"discrete CVAE (K={k}), surprisal-share, precomputed b, recipe {cfg.recipe} -> {paths['cvae']}",
+          train, with_recipe(cvae_cfg, cfg.recipe))
     evaluated = stage("eval", "test split", run_eval,
                       EvalConfig(run=str(paths["cvae"]), data=str(paths["data"]), split="test"))
     summary = stage("inspect", f"DuckDB report -> {paths['report']}", inspect,
