@@ -14,9 +14,9 @@ one or two shards ahead, so that the Python of reading does not compete with the
 forward pass for the GIL; parts are written by a background thread while the next shard
 is scored. The main process does little besides the model.
 
-and around it the store protocol (SPEC §4, notes/store_contract.md): rank 0 takes the
-store lock and plans (which parts are already on disk with a matching sha256, which are
-to be written, under which names); each rank writes its shards' parts (temp name, fsync,
+and around it the store protocol (SPEC §4): rank 0 takes the store lock and plans
+(``pipeline.extract_plan``: which parts are already on disk with a matching sha256, which
+are to be written, under which names); each rank writes its shards' parts (temp name, fsync,
 rename) and a journal record per part; rank 0 commits the manifest last. An exception
 commits nothing; re-running resumes from the journal.
 """
@@ -30,7 +30,7 @@ import time
 import traceback
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -44,17 +44,18 @@ from webdataset.tariterators import base_plus_ext
 
 from pipeline.bucketing import bucket
 from pipeline.errors import SampleError
+from pipeline.extract_plan import Plan, Task, hash_inputs, make_plan, remove_temporaries
 from pipeline.ranks import RankFailed, Ranks
 from pipeline.samples import Sample
-from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name
+from pipeline.shards import iter_shard, resolve_shards, scan_shard
 from pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, token_surprisal,
                                 zfree_ids)
 from pipeline.vocab import Vocab
 from store.derived import DERIVED_SCALARS, derived_columns
 from store.lock import StoreLock
-from store.manifest import (TOOL, check_schema_version, fingerprint_dir, part_index, part_name, read_manifest,
-                            read_records, record_path, skipped_totals, stats, tool_version, write_json_atomic)
-from store.parts import TMP_SUFFIX, part_format, remove_path, sha256_path, write_part
+from store.manifest import (TOOL, fingerprint_dir, read_manifest, record_path, skipped_totals, stats, tool_version,
+                            write_json_atomic)
+from store.parts import part_format, write_part
 from store.schema import PART_SCHEMA, SCHEMA_VERSION
 from training.checkpoint import Checkpoint, load_checkpoint
 from training.model import GPT
@@ -280,26 +281,6 @@ def score_shard(rows: ShardBatches, model: GPT, device: torch.device,
 # ---------------------------------------------------------------- one shard -> one part
 
 
-@dataclass(frozen=True)
-class InputShard:
-    path: Path
-    name: str  # relative to the data root, e.g. "train/shard-000000.tar"
-    size: int
-    sha256: str
-
-    def entry(self, samples: int | None, part: str | None) -> dict:
-        return {"name": self.name, "size": self.size, "sha256": self.sha256, "samples": samples, "part": part}
-
-
-@dataclass(frozen=True)
-class Task:
-    """An input shard and the part it maps to; ``rank`` is the rank that writes it if needed."""
-
-    shard: InputShard
-    part: str
-    rank: int
-
-
 @dataclass
 class PreparedShard:
     """A shard read, encoded and batched (or found truncated, under 'skip'), ready for the model."""
@@ -450,91 +431,6 @@ def sum_example_mean_b(table: pa.Table) -> float:
     if not len(table):
         return 0.0
     return float(np.sum(table.column("b_sum").to_numpy() / table.column("T").to_numpy()))
-
-
-# ---------------------------------------------------------------- planning (rank 0, under the lock)
-
-
-@dataclass
-class Plan:
-    tasks: list[Task]  # parts to write, each with its rank
-    done: list[dict] = field(default_factory=list)  # records {"input", "part"} of this run's inputs already on disk
-    carried: list[dict] = field(default_factory=list)  # committed records of inputs not in this run
-    committed: bool = False  # every input of this run is in the committed manifest and verified
-
-
-def hash_inputs(root: Path, paths: list[Path]) -> list[InputShard]:
-    shards = []
-    for path in paths:
-        sha, size = sha256_path(path)
-        shards.append(InputShard(path, shard_name(root, path), size, sha))
-    seen: dict[tuple, str] = {}
-    for s in shards:
-        if (s.size, s.sha256) in seen:
-            raise ValueError(f"shards {seen[(s.size, s.sha256)]!r} and {s.name!r} have identical content; "
-                             "a store matches shards by content, so each input must be distinct")
-        seen[(s.size, s.sha256)] = s.name
-    return shards
-
-
-def _committed_records(manifest: dict | None) -> list[dict]:
-    if manifest is None:
-        return []
-    parts = {p["name"]: p for p in manifest["parts"]}
-    return [{"input": e, "part": parts.get(e["part"])} for e in manifest["inputs"]]
-
-
-def _intact(directory: Path, record: dict | None) -> bool:
-    """The record's part exists and hashes to what the record says (or the record is a whole-shard skip)."""
-    if record is None:
-        return False
-    if record["part"] is None:
-        return record["input"].get("skipped") is not None
-    path = directory / record["part"]["name"]
-    return path.exists() and sha256_path(path)[0] == record["part"]["sha256"]
-
-
-def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -> Plan:
-    """Which of this run's shards still need a part, and under which name.
-
-    Part names depend only on the committed manifest and this run's inputs (never on
-    what an interrupted run finished), so a resumed run, or a run with another number
-    of ranks, names every part the same way. Shard i of the run goes to rank i % world.
-    """
-    manifest = read_manifest(directory)
-    if manifest is not None:
-        check_schema_version(manifest, directory)
-    if manifest is not None and manifest["format"] != fmt:
-        raise ValueError(f"{directory} holds {manifest['format']} parts; extract with --format {manifest['format']} "
-                         "or into another store")
-    committed = {(r["input"]["size"], r["input"]["sha256"]): r for r in _committed_records(manifest)}
-    journal = {(r["input"]["size"], r["input"]["sha256"], r["part"]["name"]): r for r in read_records(directory)}
-    next_index = 1 + max((part_index(r["part"]["name"]) for r in committed.values() if r["part"]), default=-1)
-    suffix = part_format(fmt).suffix
-    plan = Plan(tasks=[], committed=True)
-    for i, shard in enumerate(shards):
-        record = committed.get((shard.size, shard.sha256))
-        if record is not None:
-            name = record["input"]["part"]
-        else:
-            plan.committed = False
-            name = part_name(next_index, suffix)
-            next_index += 1
-            record = journal.get((shard.size, shard.sha256, name))
-        if _intact(directory, record):
-            plan.done.append(record)
-        else:
-            plan.committed = False
-            plan.tasks.append(Task(shard, name, rank=i % world))
-    ours = {(s.size, s.sha256) for s in shards}
-    plan.carried = [r for key, r in committed.items() if key not in ours]
-    return plan
-
-
-def remove_temporaries(directory: Path) -> None:
-    """Leftovers of a killed writer (under the lock nobody else writes them)."""
-    for path in directory.glob(f"*{TMP_SUFFIX}"):
-        remove_path(path)
 
 
 # ---------------------------------------------------------------- commit (rank 0)

@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.bucketing import bucket, padded_fraction, plan_batches
-from pipeline.extract import ExtractConfig, InputShard, Task, encode, prepare_shard, read_samples, run, score_batch
+from pipeline.extract import ExtractConfig, encode, prepare_shard, read_samples, run, score_batch
+from pipeline.extract_plan import InputShard, Task
 from pipeline.shards import resolve_shards, shard_name
 from pipeline.synth import PRESETS, write_dataset
 from pipeline.templates import collate
