@@ -94,7 +94,7 @@ def _bad_lines_error(path: Path, report: _Report) -> ValueError:
     listed = ", ".join(f"line {b['line']} ({b['reason']}: {b['message']})" for b in report.bad[:ERROR_LISTED])
     more = f", and {report.bad_count - ERROR_LISTED} more" if report.bad_count > ERROR_LISTED else ""
     return ValueError(f"{path}: {report.bad_count} bad line(s): {listed}{more}; "
-                      "fix them or convert with on_bad='skip'")
+                      "fix them, or skip them with `tokweight convert --on-bad skip` (on_bad='skip')")
 
 
 def convert_jsonl(jsonl_path: str | Path, out_dir: str | Path, *, shard_size: int = 1000,
