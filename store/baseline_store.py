@@ -1,4 +1,4 @@
-"""Reading a baseline store (notes/store_contract.md): what training and inspection use.
+"""Reading a baseline store (docs/store-contract.md): what training and inspection use.
 
 Readers open only the parts a committed manifest lists, and check each part's sha256
 against the manifest before parsing it, so a torn, damaged or stray file is an error

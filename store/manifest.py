@@ -1,6 +1,6 @@
 """The manifest of one fingerprint directory, and the journal records written before it.
 
-Layout (SPEC §4, notes/store_contract.md):
+Layout (SPEC §4, docs/store-contract.md):
 
     STORE/fingerprint=<fp>/manifest.json       the commit point, written last
     STORE/fingerprint=<fp>/part-NNNNN.parquet  (or part-NNNNN.zarr/) one per input shard
