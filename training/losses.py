@@ -154,6 +154,11 @@ def gaussian_kl(mu_q: torch.Tensor, logvar_q: torch.Tensor, mu_p: torch.Tensor,
     return 0.5 * (logvar_p - logvar_q + (logvar_q.exp() + (mu_q - mu_p) ** 2) / logvar_p.exp() - 1.0)
 
 
+def example_kl(kl: torch.Tensor) -> torch.Tensor:
+    """An example's whole KL: (B,) categorical or (B, D) per Gaussian dimension -> (B,) nats."""
+    return kl.sum(-1) if kl.dim() > 1 else kl
+
+
 def free_bits_kl(kl: torch.Tensor, free_bits: float) -> torch.Tensor:
     """The KL term with free bits: sum over dimensions of max(lambda, batch-mean KL_d).
 

@@ -1,6 +1,6 @@
 """Stage two: train a CVAE from the entangled checkpoint with a weighted reconstruction.
 
-setup -> fit -> validate. ``run(cfg)`` is the whole job; the CLI only builds the config.
+setup -> fit -> validate (``validation.py``). ``run(cfg)`` is the whole job; the CLI only builds the config.
 Outputs in RUN/: config.json (the resolved TrainConfig), metrics.jsonl (one line per
 logged step, then the validation line), checkpoint/ (safetensors model + optimizer,
 state.json, vocab.json; replaced atomically), and resume from it.
@@ -20,8 +20,6 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from itertools import islice
-from typing import Any
 
 import numpy as np
 import torch
@@ -34,11 +32,13 @@ from training.baselines import POLICIES, Baseline, make_baseline
 from training.checkpoint import load_checkpoint
 from training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent_embeddings
 from training.estep import EStepConfig, em_objective
-from training.data import StoreRef, StreamSpec, EvalStream, TrainBatch, TrainStream, loader, split_urls
-from training.losses import WEIGHTINGS, WeightingParams, check_free_bits, reconstruction_weights, weighted_reconstruction
-from training.metrics import EvalRecords, entropy, posterior_gradient_norms
+from training.data import StoreRef, StreamSpec, TrainBatch, TrainStream, loader, split_urls
+from training.losses import (WEIGHTINGS, WeightingParams, check_free_bits, example_kl, reconstruction_weights,
+                             weighted_reconstruction)
+from training.metrics import entropy, posterior_gradient_norms
 from training.model import GPT, ModelConfig
 from training.schedules import BetaSchedule
+from training.validation import evaluate_pass, validate  # noqa: F401  (evaluate_pass: re-exported for training.evaluate)
 
 
 @dataclass(frozen=True)
@@ -309,9 +309,8 @@ def forward_backward(state: State, batch: TrainBatch) -> dict:
     if cfg.aggressive_steps and step < cfg.aggressive_until:
         out.post = aggressive_posterior_updates(state, batch, out, pi, beta, em)
     obj = step_objective(cfg, model.latent, out, pi, beta, em)
-    record = {"step": step, "loss": obj.loss.item(), "recon": obj.recon.item(), "kl": obj.kl.sum(-1).mean().item()
-              if obj.kl.dim() > 1 else obj.kl.mean().item(), "kl_term": obj.kl_term.item(), "beta": beta,
-              "degenerate": int(degenerate.sum()), "estep": em, **latent_summary(model, out, batch, state.params, pi)}
+    record = {"step": step, "loss": obj.loss.item(), "recon": obj.recon.item(),
+              "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": beta, "degenerate": int(degenerate.sum()), "estep": em, **latent_summary(model, out, batch, state.params, pi)}
     if cfg.grad_diag_every and step % cfg.grad_diag_every == 0:
         record |= posterior_gradient_norms(obj.recon, beta * obj.kl_term, model.posterior_parameters)
     state.opt.zero_grad(set_to_none=True)
@@ -383,7 +382,7 @@ def optimizer_step(state: State) -> None:
     state.opt.step()
 
 
-# ---------------------------------------------------------------- fit / validate
+# ---------------------------------------------------------------- fit
 
 
 def fit(state: State) -> None:
@@ -414,54 +413,6 @@ def fit(state: State) -> None:
             log.close()
     if state.step != cfg.steps:
         raise RuntimeError(f"the training stream ended after {state.step} of {cfg.steps} steps")
-
-
-@torch.no_grad()
-def evaluate_pass(model: CVAE, batches, baseline: Baseline, cfg: TrainConfig, params: WeightingParams,
-                  device) -> EvalRecords:
-    """Per-example recon (weighted and uniform), KL and posterior over the batches (this rank's)."""
-    model.eval()
-    records = EvalRecords()
-    for batch in batches:
-        batch = batch.to(device)
-        out = model(batch, generator=torch.Generator().manual_seed(cfg.seed))
-        b = baseline(batch, out)
-        pi, degenerate = reconstruction_weights(cfg.weighting, b, batch.zfree.mask, params,
-                                                cfg.token_weighted_reconstruction_weight)
-        pi_u, _ = reconstruction_weights("uniform", b, batch.zfree.mask, params)
-        recon = model.latent.expectation(weighted_reconstruction(out.nll, pi), out.post)
-        recon_u = model.latent.expectation(weighted_reconstruction(out.nll, pi_u), out.post)
-        kl = model.latent.kl(out.post, out.prior)
-        post = out.post.exp() if model.latent.kind == "discrete" else out.post[0]
-        records.add(recon, recon_u, kl.sum(-1) if kl.dim() > 1 else kl, post, list(batch.strategies), degenerate)
-    model.train()
-    return records
-
-
-def gather_records(records: EvalRecords, world: int) -> EvalRecords:
-    """One collective after the loop: every rank's records to every rank."""
-    if world == 1:
-        return records
-    everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, records)
-    return EvalRecords().merge(everyone)
-
-
-def validate(state: State, split: str = "val", examples: int | None = None) -> dict:
-    """Metrics over the split (its first ``examples`` rounded up to whole batches; None: all), logged."""
-    cfg = state.cfg
-    spec = replace(state.spec, urls=split_urls(cfg.data, split), batch_size=cfg.eval_batch_size)
-    batches = loader(EvalStream(spec), 0)
-    if examples is not None:
-        batches = islice(batches, -(-examples // cfg.eval_batch_size))
-    records = gather_records(evaluate_pass(state.model, batches, state.baseline, cfg, state.params, state.device),
-                             state.world)
-    metrics = {"split": split, "step": state.step,
-               **records.finalize(cfg.cvae.latent, cfg.cvae.k, cfg.seed)}
-    if state.rank == 0:
-        with (Path(cfg.out) / "metrics.jsonl").open("a") as log:
-            log.write(json.dumps(metrics) + "\n")
-    return metrics
 
 
 def run(cfg: TrainConfig) -> dict:
