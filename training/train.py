@@ -38,7 +38,7 @@ from training.losses import (WEIGHTINGS, WeightingParams, check_free_bits, examp
 from training.metrics import entropy, posterior_gradient_norms
 from training.model import GPT, ModelConfig
 from training.schedules import BetaSchedule
-from training.validation import evaluate_pass, validate  # noqa: F401  (evaluate_pass: re-exported for training.evaluate)
+from training.validation import evaluate_pass, validate  # noqa: F401 (evaluate_pass: for training.evaluate)
 
 
 @dataclass(frozen=True)
@@ -310,7 +310,8 @@ def forward_backward(state: State, batch: TrainBatch) -> dict:
         out.post = aggressive_posterior_updates(state, batch, out, pi, beta, em)
     obj = step_objective(cfg, model.latent, out, pi, beta, em)
     record = {"step": step, "loss": obj.loss.item(), "recon": obj.recon.item(),
-              "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": beta, "degenerate": int(degenerate.sum()), "estep": em, **latent_summary(model, out, batch, state.params, pi)}
+              "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": beta,
+              "degenerate": int(degenerate.sum()), "estep": em, **latent_summary(model, out, batch, state.params, pi)}
     if cfg.grad_diag_every and step % cfg.grad_diag_every == 0:
         record |= posterior_gradient_norms(obj.recon, beta * obj.kl_term, model.posterior_parameters)
     state.opt.zero_grad(set_to_none=True)
