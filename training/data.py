@@ -243,12 +243,6 @@ def _worker_info() -> tuple[int, int]:
     return (info.id, info.num_workers) if info is not None else (0, 1)
 
 
-def _rank_info() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
 def _joined(spec: StreamSpec, items: Iterable[tuple[str, Sample]]) -> Iterator[Example]:
     if spec.store is None:
         return encode(items, spec.vocab, spec.slots, spec.block_size)

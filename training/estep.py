@@ -26,6 +26,9 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from training.cvae import Objective
+from training.losses import free_bits_kl, weighted_reconstruction
+
 MODES = ("off", "soft", "hard")
 PRIORS = ("uniform", "learned")
 
@@ -127,9 +130,6 @@ def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, c
     Reported: ``recon`` = E_q[R] and ``kl`` = KL(q || p) of the amortised posterior, as in
     the plain objective.
     """
-    from training.cvae import Objective
-    from training.losses import free_bits_kl, weighted_reconstruction
-
     R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, K)
     a = assignment(R, out.prior, cfg, beta)
     fit = assigned_reconstruction(R, a).mean() + cfg.posterior_weight * distillation(out.post, a).mean()
