@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import tarfile
 import threading
 import time
 import traceback
@@ -142,13 +143,14 @@ def tar_keys(names: list[str]) -> tuple[int, dict[str, str]]:
     return len(json_keys) + len(others), dotted
 
 
-def read_samples(path: Path, shard: str, on_error: ErrorHandler, names: list[str] | None = None) -> Iterator[Sample]:
+def read_samples(path: Path, shard: str, on_error: ErrorHandler,
+                 members: list[tarfile.TarInfo] | None = None) -> Iterator[Sample]:
     """Stage: one shard's valid samples in file order (shards.iter_shard does the per-sample checks).
 
-    names: the tar's member names if the caller has scanned it already (``scan_shard``).
+    members: ``scan_shard(path)`` if the caller has scanned the tar already.
     """
-    names = scan_shard(path) if names is None else names
-    _, dotted = tar_keys(names)
+    members = scan_shard(path) if members is None else members
+    _, dotted = tar_keys([m.name for m in members])
     for key in dotted:
         error = SampleError("bad-key", "key contains '.', which WebDataset splits on", key=key, shard=shard)
         if on_error is None:
@@ -160,7 +162,7 @@ def read_samples(path: Path, shard: str, on_error: ErrorHandler, names: list[str
         if not (error.reason == "missing-field" and error.key in residue):
             on_error(error)
 
-    for _, sample in iter_shard(path, on_error=None if on_error is None else forward, names=names):
+    for _, sample in iter_shard(path, on_error=None if on_error is None else forward, members=members):
         yield sample
 
 
@@ -297,14 +299,14 @@ def prepare_shard(task: Task, vocab: Vocab, block_size: int, policy: str, batch_
     on_error = None if policy == "error" else (lambda e: skipped.update([e.reason]))
     name = task.shard.name
     try:
-        names = scan_shard(task.shard.path)
-        samples = read_samples(task.shard.path, name, on_error, names)  # stream: Sample, file order
+        members = scan_shard(task.shard.path)
+        samples = read_samples(task.shard.path, name, on_error, members)  # stream: Sample, file order
         encoded = list(encode(samples, vocab, block_size, name, on_error))  # Encoded, file order
     except SampleError as error:
         if error.reason != "truncated-shard" or policy == "error":
             raise
         return PreparedShard(task, None, skipped, 0)
-    in_tar, _ = tar_keys(names)
+    in_tar, _ = tar_keys([m.name for m in members])
     accounted = len(encoded) + sum(n for r, n in skipped.items() if r != "duplicate-key")
     if accounted != in_tar:
         raise RuntimeError(f"shard {name!r}: {in_tar} samples in the tar but {len(encoded)} read + "

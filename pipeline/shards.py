@@ -3,7 +3,9 @@
 Reading never loses samples silently: before a shard is streamed its tar headers are
 walked once (``scan_shard``) and a shard without a complete last member and an
 end-of-archive block raises ``SampleError('truncated-shard')``; WebDataset on its own
-stops quietly at a cut that falls on a 512-byte block boundary.
+stops quietly at a cut that falls on a 512-byte block boundary. The scan's members are
+then read by offset and grouped into samples by WebDataset's own ``group_by_keys``, so
+the headers are parsed once.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import webdataset as wds
-from webdataset.cache import StreamingOpen
-from webdataset.tariterators import base_plus_ext
+from webdataset.tariterators import base_plus_ext, group_by_keys
 
 from pipeline.errors import SampleError
 from pipeline.samples import Sample, check_key, parse_sample, sample_to_json
@@ -122,8 +123,8 @@ def shard_name(root: str | Path, path: str | Path) -> str:
 # ---------------------------------------------------------------- checking
 
 
-def scan_shard(path: str | Path) -> list[str]:
-    """Names of the regular members, in order; SampleError('truncated-shard') if incomplete.
+def scan_shard(path: str | Path) -> list[tarfile.TarInfo]:
+    """The regular members, in order; SampleError('truncated-shard') if incomplete.
 
     Complete means: every member's data is present and an all-zero end-of-archive
     block follows the last member.
@@ -131,7 +132,7 @@ def scan_shard(path: str | Path) -> list[str]:
     shard = str(path)
     try:
         with tarfile.open(shard, "r:*") as tar:
-            names = [m.name for m in tar if m.isreg()]  # walks every header
+            members = [m for m in tar if m.isreg()]  # walks every header
             tar.fileobj.seek(tar.offset)  # just past the last member's padded data
             marker = tar.fileobj.read(tarfile.BLOCKSIZE)
     except (tarfile.TarError, EOFError, OSError) as exc:
@@ -141,7 +142,7 @@ def scan_shard(path: str | Path) -> list[str]:
     if marker != tarfile.NUL * tarfile.BLOCKSIZE:
         raise SampleError("truncated-shard", "tar ends without an end-of-archive block (truncated?)",
                           shard=shard)
-    return names
+    return members
 
 
 def _member_key(name: str) -> tuple[str | None, str | None]:
@@ -176,7 +177,7 @@ def duplicate_keys(names: list[str]) -> list[str]:
 
 def count_samples(path: str | Path) -> int:
     """Number of distinct sample keys in a shard (checks it is complete first)."""
-    return len({key for key, _ in map(_member_key, scan_shard(path)) if key is not None})
+    return len({_member_key(m.name)[0] for m in scan_shard(path)} - {None})
 
 
 # ---------------------------------------------------------------- reading
@@ -189,27 +190,16 @@ def _continue_after_duplicate_name(exn: Exception) -> bool:
     raise exn
 
 
-def _open_local(sources: Iterable) -> Iterator[dict]:
-    """WebDataset's opener stage for local files, but each file is closed once read.
+def _raw_samples(url: str, members: list[tarfile.TarInfo]) -> Iterator[dict]:
+    """Raw WebDataset dicts of one shard in file order: the scanned members' data, grouped as WebDataset groups.
 
-    (``StreamingOpen`` leaves closing to the garbage collector, and parses the path as
-    a URL, which breaks on names with '#' or '?'.)
+    Members that WebDataset skips (``__meta__`` names, names without a suffix) are not read.
     """
-    for source in sources:
-        url = source["url"] if isinstance(source, dict) else source
-        with open(url, "rb") as stream:
-            yield dict(url=url, stream=stream, local_path=url)
-
-
-def _raw_samples(url: str) -> Iterator[dict]:
-    """Raw WebDataset dicts of one shard, in file order, no splitting or shuffling."""
-    dataset = wds.WebDataset([url], shardshuffle=False, nodesplitter=None, workersplitter=None,
-                             empty_check=False, seed=0, handler=_continue_after_duplicate_name)
-    openers = [i for i, stage in enumerate(dataset.pipeline) if isinstance(stage, StreamingOpen)]
-    assert len(openers) == 1, "unexpected WebDataset pipeline layout"
-    dataset.pipeline[openers[0]] = _open_local
     try:
-        yield from dataset
+        with tarfile.open(url, "r:*") as tar:  # parses the first header only: the rest come from scan_shard
+            files = (dict(fname=m.name, data=tar.extractfile(m).read(), __url__=url, __local_path__=url)
+                     for m in members if _member_key(m.name)[0] is not None)
+            yield from group_by_keys(files, handler=_continue_after_duplicate_name)
     except (tarfile.TarError, EOFError) as exc:  # the file changed after scan_shard
         raise SampleError("truncated-shard", f"tar read failed: {exc}", shard=url) from None
 
@@ -221,15 +211,15 @@ def _report(on_error: ErrorHandler | None, error: SampleError) -> None:
 
 
 def iter_shard(url: str | Path, *, on_error: ErrorHandler | None = None,
-               names: list[str] | None = None) -> Iterator[tuple[str, Sample]]:
-    """(url, Sample) for one shard; see ``iter_samples``. ``names``: ``scan_shard(url)`` if already done."""
+               members: list[tarfile.TarInfo] | None = None) -> Iterator[tuple[str, Sample]]:
+    """(url, Sample) for one shard; see ``iter_samples``. ``members``: ``scan_shard(url)`` if already done."""
     url = str(url)
-    names = scan_shard(url) if names is None else names  # truncated-shard is raised whatever on_error says
-    for key in duplicate_keys(names):  # reported before anything is yielded
+    members = scan_shard(url) if members is None else members  # truncated-shard is raised whatever on_error says
+    for key in duplicate_keys([m.name for m in members]):  # reported before anything is yielded
         _report(on_error, SampleError("duplicate-key", "key occurs more than once in the shard",
                                       key=key, shard=url))
     seen: set[str] = set()
-    for raw in _raw_samples(url):
+    for raw in _raw_samples(url, members):
         key = raw.get("__key__")
         if key in seen:  # a later occurrence of a duplicate key: reported above
             continue
