@@ -200,7 +200,8 @@ def setup(cfg: TrainConfig, rank: int, world: int) -> State:
     dataset_mean_b = None
     if store is not None:
         view = store.open(init.vocab)  # fails early on a wrong fingerprint, vocabulary or incomplete store
-        dataset_mean_b = float(view.mean_example_mean_b(list(urls))) if cfg.weighting == "distribution-rescale" else None
+        if cfg.weighting == "distribution-rescale":
+            dataset_mean_b = float(view.mean_example_mean_b(list(urls)))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     post_opt = (torch.optim.AdamW(model.posterior_parameters, lr=cfg.lr, betas=(0.9, 0.95))
                 if cfg.aggressive_steps else None)
