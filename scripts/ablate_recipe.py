@@ -41,13 +41,12 @@ def first_step_at(points: list[tuple[int, float, float]], threshold: float) -> i
     return next((step for step, mi, _ in points if mi >= threshold), None)
 
 
-def run_cell(base, recipe: str, weighting: str, out: Path) -> dict:
+def run_cell(base, recipe: str, weighting: str, run_dir: Path) -> dict:
     from dataclasses import replace
 
     from training.recipes import with_recipe
     from training.train import run
 
-    run_dir = out / f"{recipe}__{weighting}"
     done = run_dir / "result.json"
     if done.is_file():
         return json.loads(done.read_text())
@@ -121,8 +120,9 @@ def main() -> None:
     cells = []
     for recipe in args.recipes.split(","):
         for weighting in args.weightings.split(","):
-            result = run_cell(base, recipe, weighting, out)
-            points = curve(out / f"{recipe}__{weighting}")
+            run_dir = out / f"{recipe}__{weighting}"
+            result = run_cell(base, recipe, weighting, run_dir)
+            points = curve(run_dir)
             cells.append({"recipe": recipe, "weighting": weighting, "seed": args.seed, "steps": args.steps,
                           "beta": args.beta, "mi": result["mi"], "strategy_nmi": result.get("strategy_nmi", float("nan")),
                           "val_examples": result["examples"], "train_wall_s": result["train_wall_s"],
