@@ -32,6 +32,9 @@ from typing import Callable
 
 import numpy as np
 
+from pipeline.shards import write_json_atomic
+from store.fingerprint import canonical_json
+
 ALL_WEIGHTINGS = ("uniform", "sum", "surprisal-share", "inverse-surprisal", "example-inverse",
                   "distribution-rescale")
 COND_MODES = ("token", "prefix", "layernorm")
@@ -140,6 +143,13 @@ class CellBudget:
             raise ValueError("need steps, batch_size, decode_examples >= 1 and lr > 0")
 
 
+def coerce_nested(cfg, **types) -> None:
+    """Nested config fields given as dicts (a config read back from JSON) become their dataclass."""
+    for name, cls in types.items():
+        if isinstance(getattr(cfg, name), dict):
+            object.__setattr__(cfg, name, cls(**getattr(cfg, name)))
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     """The grid of `tokweight experiment` (QUICK shrinks it)."""
@@ -166,10 +176,7 @@ class ExperimentConfig:
     """Name in training.recipes.RECIPES whose TrainConfig overrides every cell; "baseline": none."""
 
     def __post_init__(self):
-        if isinstance(self.task, dict):
-            object.__setattr__(self, "task", TaskConfig(**self.task))
-        if isinstance(self.budget, dict):
-            object.__setattr__(self, "budget", CellBudget(**self.budget))
+        coerce_nested(self, task=TaskConfig, budget=CellBudget)
         for name in ("weightings", "betas", "seeds", "continuous_weightings", "cond_modes"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         bad = [w for w in self.weightings + self.continuous_weightings if w not in ALL_WEIGHTINGS]
@@ -191,21 +198,16 @@ def quick(cfg: ExperimentConfig) -> ExperimentConfig:
     return replace(cfg, **QUICK)
 
 
-# ---------------------------------------------------------------- recipes (issue 7's training/recipes.py)
+# ---------------------------------------------------------------- recipes (training/recipes.py)
 
 
 def load_recipe(name: str) -> dict:
-    """TrainConfig overrides of recipe ``name``; "baseline" is no overrides until recipes.py names it."""
-    try:
-        from training.recipes import RECIPES
-    except ImportError:
-        RECIPES = {}
-    if name in RECIPES:
-        return dict(RECIPES[name])
-    if name == "baseline":
-        return {}
-    known = ", ".join(sorted({"baseline", *RECIPES}))
-    raise ValueError(f"unknown recipe {name!r} (known: {known})")
+    """TrainConfig overrides of recipe ``name`` (``training.recipes.RECIPES``; "baseline" is none)."""
+    from training.recipes import RECIPES
+
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r} (known: {', '.join(sorted(RECIPES))})")
+    return dict(RECIPES[name])
 
 
 # ---------------------------------------------------------------- keys and files
@@ -213,15 +215,7 @@ def load_recipe(name: str) -> dict:
 
 def key_of(obj) -> str:
     """12 hex digits of sha256 over canonical JSON; refuses what JSON cannot hold."""
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def write_json(path: Path, obj) -> None:
-    """Written to a temporary name, then renamed: a reader sees the whole file or none."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    return hashlib.sha256(canonical_json(obj)).hexdigest()[:12]
 
 
 def read_json(path: Path) -> dict | None:
@@ -297,7 +291,7 @@ def prepare_base(task: TaskConfig, setting: Setting, data: Path, data_key: str, 
             pass  # damaged or replaced: train it again
     shutil.rmtree(path, ignore_errors=True)
     result = {"key": key, **train_base(base_config(task, data, path))}
-    write_json(path / "base_result.json", result)
+    write_json_atomic(path / "base_result.json", result)
     return path, result, False
 
 
@@ -441,7 +435,7 @@ def run_cell(cell: Cell, prep: Prepared, k: int, prefix_slots: int, budget: Cell
               "usage_perplexity": metrics.get("usage_perplexity"), "val_mi": trained.get("mi"),
               **init_gradients(run_dir / "metrics.jsonl"), "train_wall_s": trained["train_wall_s"],
               "wall_s": time.perf_counter() - start}
-    write_json(run_dir / "cell.json", record)
+    write_json_atomic(run_dir / "cell.json", record)
     return record, False
 
 
@@ -677,7 +671,7 @@ def run(cfg: ExperimentConfig, echo: Echo = print, command: str | None = None) -
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
     recipe = load_recipe(cfg.recipe)  # fails before any work on an unknown recipe
-    write_json(root / "experiment_config.json", {"config": json.loads(json.dumps(asdict(cfg))),
+    write_json_atomic(root / "experiment_config.json", {"config": json.loads(json.dumps(asdict(cfg))),
                                                  "recipe_overrides": json.loads(json.dumps(recipe, default=str))})
     cells = experiment_cells(cfg)
     echo(f"[experiment] {len(cfg.task.settings)} settings, {len(cells)} cells of {cfg.budget.steps} steps, "

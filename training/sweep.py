@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from training.experiment import (Cell, CellBudget, Echo, TaskConfig, figure, header_lines, load_recipe, md_table,
-                                 mean_std, prepare_all, run_cells, write_csv, write_json, _f)
+from pipeline.shards import write_json_atomic
+from training.experiment import (Cell, CellBudget, Echo, TaskConfig, coerce_nested, figure, header_lines, load_recipe,
+                                 md_table, mean_std, prepare_all, run_cells, write_csv, _f)
 
 KEPT_FRACTION = 0.5
 """z counts as kept when the exact MI is at least this fraction of log S."""
@@ -62,10 +63,7 @@ class SweepConfig:
     """Name in training.recipes.RECIPES applied to every cell; "baseline": none."""
 
     def __post_init__(self):
-        if isinstance(self.task, dict):
-            object.__setattr__(self, "task", TaskConfig(**self.task))
-        if isinstance(self.budget, dict):
-            object.__setattr__(self, "budget", CellBudget(**self.budget))
+        coerce_nested(self, task=TaskConfig, budget=CellBudget)
         for name in ("settings", "weightings", "seeds"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "betas", tuple(sorted(float(b) for b in self.betas)))
@@ -277,7 +275,7 @@ def run(cfg: SweepConfig, echo: Echo = print, command: str | None = None) -> dic
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
     recipe = load_recipe(cfg.recipe)
-    write_json(root / "sweep_config.json", {"config": json.loads(json.dumps(asdict(cfg))),
+    write_json_atomic(root / "sweep_config.json", {"config": json.loads(json.dumps(asdict(cfg))),
                                             "recipe_overrides": json.loads(json.dumps(recipe, default=str))})
     threshold = KEPT_FRACTION * math.log(cfg.task.k)
     prepared = prepare_all(cfg.task, root, echo, cfg.setting_names)
