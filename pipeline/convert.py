@@ -8,7 +8,6 @@ made safe for WebDataset ('.', '/' and whitespace become '_') and made unique wi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import warnings
@@ -18,6 +17,7 @@ from typing import Iterator
 from pipeline.errors import SampleError
 from pipeline.samples import Sample, sample_from_record
 from pipeline.shards import prepare_output_dir, shard_name, write_json_atomic, write_shards
+from store.parts import sha256_path
 
 _UNSAFE = re.compile(r"[.\s/]")
 MAX_LISTED_BAD_LINES = 100  # in dataset.json; the count is always complete
@@ -82,14 +82,6 @@ def _good_samples(path: Path, report: _Report) -> Iterator[Sample]:
             yield sample
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _bad_lines_error(path: Path, report: _Report) -> ValueError:
     listed = ", ".join(f"line {b['line']} ({b['reason']}: {b['message']})" for b in report.bad[:ERROR_LISTED])
     more = f", and {report.bad_count - ERROR_LISTED} more" if report.bad_count > ERROR_LISTED else ""
@@ -118,9 +110,10 @@ def convert_jsonl(jsonl_path: str | Path, out_dir: str | Path, *, shard_size: in
     if report.deduplicated:
         warnings.warn(f"{path}: {report.deduplicated} duplicate key(s) renamed with a _dupN suffix")
     n = len(report.keys)
+    sha256, size = sha256_path(path)
     info = {
         "generator": "tokweight.convert",
-        "source": {"name": path.name, "size": path.stat().st_size, "sha256": _sha256(path)},
+        "source": {"name": path.name, "size": size, "sha256": sha256},
         "config": {"shard_size": shard_size, "on_bad": on_bad},
         "symbols": sorted(report.symbols),
         "splits": {split: {"samples": n, "shards": [shard_name(out_dir, p) for p in shards]}},
