@@ -13,8 +13,10 @@ The logit that predicts sequence position p sits at p - 1 (next-token prediction
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from pipeline.errors import SampleError
@@ -119,22 +121,22 @@ class Batch:
 
 
 def collate(seqs: Sequence[Sequence[int]], layouts: Sequence[Layout], *, pad_to: int | None = None) -> Batch:
-    """Pad sequences to one length and build the S index maps."""
-    B = len(seqs)
-    L = max(len(s) for s in seqs) if pad_to is None else pad_to
-    T_max = max(lay.T for lay in layouts)
-    input_ids = torch.zeros(B, L, dtype=torch.long)
-    logit_pos = torch.zeros(B, T_max, dtype=torch.long)
-    targets = torch.zeros(B, T_max, dtype=torch.long)
-    mask = torch.zeros(B, T_max, dtype=torch.bool)
-    for i, (seq, lay) in enumerate(zip(seqs, layouts)):
-        if len(seq) != lay.length:
-            raise ValueError(f"sequence {i} has {len(seq)} tokens, its layout says {lay.length}")
-        input_ids[i, : len(seq)] = torch.as_tensor(seq)
-        logit_pos[i, : lay.T] = torch.as_tensor(lay.s_logit_positions())
-        targets[i, : lay.T] = torch.as_tensor(s_targets(seq, lay))
-        mask[i, : lay.T] = True
-    return Batch(input_ids, logit_pos, targets, mask)
+    """Pad sequences to one length and build the S index maps (array operations, no per-row tensors)."""
+    lengths = np.array([len(s) for s in seqs])  # (B,)
+    expected = np.array([lay.length for lay in layouts])
+    if (bad := np.flatnonzero(lengths != expected)).size:
+        i = int(bad[0])
+        raise ValueError(f"sequence {i} has {lengths[i]} tokens, its layout says {expected[i]}")
+    L = int(lengths.max()) if pad_to is None else pad_to
+    T = np.array([lay.T for lay in layouts])  # (B,)
+    s_start = np.array([lay.s_start for lay in layouts])  # (B,)
+    input_ids = np.zeros((len(seqs), L), dtype=np.int64)
+    input_ids[np.arange(L) < lengths[:, None]] = np.fromiter(chain.from_iterable(seqs), np.int64, lengths.sum())
+    t = np.arange(T.max())  # (T_max,)
+    mask = t < T[:, None]  # (B, T_max)
+    logit_pos = np.where(mask, s_start[:, None] - 1 + t, 0)
+    targets = np.where(mask, np.take_along_axis(input_ids, np.where(mask, logit_pos + 1, 0), axis=1), 0)
+    return Batch(*(torch.from_numpy(a) for a in (input_ids, logit_pos, targets, mask)))
 
 
 def gather_s(per_position: torch.Tensor, logit_pos: torch.Tensor) -> torch.Tensor:
