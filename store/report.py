@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from store.manifest import write_json_atomic
 from store.sql import EstimatorParams, connect, read_sql
 
 PROFILE_QUERIES = ("profile_by_position", "profile_by_strategy", "profile_by_T")
@@ -103,8 +104,8 @@ def run(cfg: InspectConfig) -> dict:
             fig.savefig(out / name, dpi=110)
     summary = {"store": str(Path(cfg.store).resolve()), "params": asdict(cfg.params),
                "fingerprints": [{**m_row, **s_row} for m_row, s_row in _pair(manifests, summary_rows)]}
-    _write_json(out / "summary.json", summary)
-    _write_json(out / "config.json", asdict(cfg))
+    write_json_atomic(out / "summary.json", summary)
+    write_json_atomic(out / "config.json", asdict(cfg))
     (out / "report.md").write_text(render_report(cfg, summary, profiles, confusion,
                                                  [n for n, f in plots.items() if f is not None]))
     return summary
@@ -128,10 +129,6 @@ def _pair(manifests: list[dict], summaries: list[dict]):
                 "skipped": json.loads(m["skipped"])}, by_fp.get(m["fingerprint"], {}))
 
 
-def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n")
-
-
 # ---------------------------------------------------------------- plots (each returns a Figure or None)
 
 
@@ -142,19 +139,12 @@ def _figure(ncols: int, width: float = 5.0, height: float = 3.6):
     return fig, fig.subplots(1, ncols, squeeze=False)[0]
 
 
-def _by_fp(records: list[dict]) -> dict[str, list[dict]]:
-    groups: dict[str, list[dict]] = {}
-    for r in records:
-        groups.setdefault(r["fingerprint"], []).append(r)
-    return groups
-
-
 def plot_profile(by_position: list[dict], by_strategy: list[dict]):
     """Mean b by position with its 10-90% band, per fingerprint; mean b by position per strategy."""
     if not by_position:
         return None
     fig, (ax, ax_s) = _figure(2)
-    for fp, rows in _by_fp(by_position).items():
+    for (fp,), rows in _group(by_position, ("fingerprint",)).items():
         pos = [r["pos"] for r in rows]
         line, = ax.plot(pos, [r["mean_b"] for r in rows], marker=".", label=f"{fp[:8]} mean")
         ax.fill_between(pos, [r["q10_b"] for r in rows], [r["q90_b"] for r in rows], alpha=0.2, color=line.get_color())
