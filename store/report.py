@@ -62,17 +62,22 @@ def ground_truth_from_data(store: str | Path, fingerprints: list[str], data: str
     from store.baseline_store import BaselineStore
 
     base = BaselineStore(store)
+    views = [base.open(fp) for fp in fingerprints or base.fingerprints()]
     _, paths = resolve_shards(data)
     columns = {"fingerprint": [], "shard": [], "key": [], "strategy": [], "t0": []}
-    for fp in fingerprints or base.fingerprints():
-        view = base.open(fp)
-        for path in paths:
+    for path in paths:
+        names = {}  # fingerprint -> the input name this shard has there
+        for view in views:
             try:
-                name = view.input_for_shard(path)["name"]
+                names[view.fingerprint] = view.input_for_shard(path)["name"]
             except KeyError:
                 continue  # not extracted into this fingerprint
-            for _, sample in iter_samples([path]):
-                for col, value in zip(columns, (fp, name, sample.key, sample.strategy, sample.t0)):
+        if not names:
+            continue
+        samples = [(s.key, s.strategy, s.t0) for _, s in iter_samples([path])]  # read once for every fingerprint
+        for fp, name in names.items():
+            for row in samples:
+                for col, value in zip(columns, (fp, name, *row)):
                     columns[col].append(value)
     return pa.table({k: pa.array(v, pa.int32() if k == "t0" else pa.string()) for k, v in columns.items()})
 
