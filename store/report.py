@@ -255,8 +255,9 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _table(rows: list[dict], columns: list[str], headers: list[str] | None = None) -> str:
-    lines = ["| " + " | ".join(headers or columns) + " |", "|" + "---|" * len(columns)]
+def _table(rows: list[dict], columns: dict[str, str]) -> str:
+    """A markdown table of ``rows``: ``columns`` maps each row key to its header, in order."""
+    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -287,10 +288,10 @@ def render_report(cfg: InspectConfig, summary: dict, profiles: dict, confusion: 
         "- t0 accuracy against the ground truth: exact-match rate, mean absolute error (positions) and the rate "
         "within one position, over examples that have both values.",
         "## Stores",
-        _table(fps, ["fingerprint", "format", "complete", "examples", "tokens", "mean_b", "mean_example_mean_b",
-                     "mean_T", "degenerate"],
-               ["fingerprint", "format", "complete", "examples", "tokens", "mean b (nats)", "mean of example means",
-                "mean T", "degenerate"]),
+        _table(fps, {"fingerprint": "fingerprint", "format": "format", "complete": "complete",
+                     "examples": "examples", "tokens": "tokens", "mean_b": "mean b (nats)",
+                     "mean_example_mean_b": "mean of example means", "mean_T": "mean T",
+                     "degenerate": "degenerate"}),
     ]
     if any(not f["complete"] for f in fps):
         sections.append("**Incomplete store**: extraction has not finished; the numbers cover the parts written so far.")
@@ -306,16 +307,17 @@ def render_report(cfg: InspectConfig, summary: dict, profiles: dict, confusion: 
         sections.append("No example carries a ground-truth t0 (pass `--data` if the dataset has it).")
     sections += ["Full confusion counts: `t0_confusion.csv`." if confusion else "",
                  "## Dilution and predicted amplification",
-                 _table(fps, ["fingerprint", "mean_dilution", "mean_amplification", "median_amplification",
-                              "mean_amplification_true", "median_amplification_true"],
-                        ["fingerprint", "mean (t0_share+1)/T", "mean T/(t0_share+1)", "median T/(t0_share+1)",
-                         "mean T/(t0+1), true", "median T/(t0+1), true"]),
+                 _table(fps, {"fingerprint": "fingerprint", "mean_dilution": "mean (t0_share+1)/T",
+                              "mean_amplification": "mean T/(t0_share+1)",
+                              "median_amplification": "median T/(t0_share+1)",
+                              "mean_amplification_true": "mean T/(t0+1), true",
+                              "median_amplification_true": "median T/(t0+1), true"}),
                  _plot_md("amplification.png", plots),
                  "## Weight concentration",
-                 _table(fps, ["fingerprint", "mean_share_entropy", "mean_effective_tokens", "mean_effective_fraction",
-                              "mean_max_share", "degenerate"],
-                        ["fingerprint", "entropy of pi (nats)", "effective tokens", "effective tokens / T",
-                         "max share", "degenerate (excluded)"]),
+                 _table(fps, {"fingerprint": "fingerprint", "mean_share_entropy": "entropy of pi (nats)",
+                              "mean_effective_tokens": "effective tokens",
+                              "mean_effective_fraction": "effective tokens / T", "mean_max_share": "max share",
+                              "degenerate": "degenerate (excluded)"}),
                  _plot_md("concentration.png", plots),
                  "## Files", "`summary.json` (headline numbers), `config.json` (this run's settings), the CSV tables "
                  "and PNG plots above."]
@@ -334,15 +336,15 @@ def _t0_table(fps: list[dict]) -> str:
                          "exact": _pct(f.get(f"{est}_exact")), "mae": f.get(f"{est}_mae"),
                          "within_1": _pct(f.get(f"{est}_within_1")),
                          "no_estimate": f.get("degenerate") if est == "t0_share" else f.get("t0_threshold_none")})
-    return _table(rows, ["fingerprint", "estimator", "compared", "exact", "mae", "within_1", "no_estimate"],
-                  ["fingerprint", "estimator", "examples compared", "exact match", "MAE (positions)",
-                   "within 1", "no estimate"])
+    return _table(rows, {"fingerprint": "fingerprint", "estimator": "estimator", "compared": "examples compared",
+                         "exact": "exact match", "mae": "MAE (positions)", "within_1": "within 1",
+                         "no_estimate": "no estimate"})
 
 
 def _profile_table(rows: list[dict]) -> str:
     rows = [r for r in rows if r["pos"] < MAX_TABLE_POSITIONS]
-    return _table(rows, ["fingerprint", "pos", "n", "mean_b", "q10_b", "median_b", "q90_b", "mean_pi"],
-                  ["fingerprint", "pos", "n", "mean b", "10%", "median", "90%", "mean pi"])
+    return _table(rows, {"fingerprint": "fingerprint", "pos": "pos", "n": "n", "mean_b": "mean b", "q10_b": "10%",
+                         "median_b": "median", "q90_b": "90%", "mean_pi": "mean pi"})
 
 
 def _wide_profile(rows: list[dict], key: str) -> str:
@@ -354,4 +356,5 @@ def _wide_profile(rows: list[dict], key: str) -> str:
     for (fp, value), group in _group(rows, ("fingerprint", key)).items():
         means = {r["pos"]: r["mean_b"] for r in group}
         wide.append({"fingerprint": fp[:8], key: value, **{str(t): means.get(t) for t in range(width)}})
-    return _table(wide, ["fingerprint", key, *map(str, range(width))])
+    columns = ["fingerprint", key, *map(str, range(width))]
+    return _table(wide, dict(zip(columns, columns)))
