@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,8 @@ from training.cvae import CVAE
 from training.data import EvalStream, StoreRef, StreamSpec, loader, split_urls
 from training.losses import WeightingParams
 from training.metrics import hungarian_accuracy, kmeans
-from training.train import evaluate_pass, load_run
+from training.train import load_run
+from training.validation import evaluate_pass
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     model.eval()
     metrics = records.finalize(tcfg.cvae.latent, tcfg.cvae.k, tcfg.seed)
     centres = kmeans(np.stack(records.rows["post"]), tcfg.cvae.k, tcfg.seed)[0] if tcfg.cvae.latent == "continuous" else None
-    samples = [s for _, s in iter_samples(list(urls))][: cfg.decode_examples]
+    samples = [s for _, s in islice(iter_samples(list(urls)), cfg.decode_examples)]  # only the first ones are parsed
     decode = decode_per_latent(model, vocab, samples, centres, strategy_outputs(cfg.data)) if samples else {}
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "metrics": metrics, "decode": decode}
     Path(cfg.run, "eval.json").write_text(json.dumps(result, indent=1) + "\n")
