@@ -1,7 +1,7 @@
 """Training and evaluation metrics; each is defined by its formula in its docstring.
 
-Evaluation metrics are computed from sufficient statistics (sums and counts) that one
-``all_reduce`` can combine across ranks; ``finalize`` turns them into numbers.
+Evaluation metrics are computed from per-example records (``EvalRecords``) that one
+``all_gather`` combines across ranks; ``finalize`` turns them into numbers.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class EvalRecords:
         n = len(self.rows["recon"])
         if n == 0:
             return {"examples": 0}
-        out = {"examples": n, **{f"{m}": float(np.mean(self.rows[m])) for m in ("recon", "recon_uniform", "kl")},
+        out = {"examples": n, **{m: float(np.mean(self.rows[m])) for m in ("recon", "recon_uniform", "kl")},
                "degenerate": int(np.sum(self.rows["degenerate"]))}
         post = np.stack(self.rows["post"])
         if latent == "discrete":
