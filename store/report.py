@@ -90,7 +90,9 @@ def run(cfg: InspectConfig) -> dict:
     con = connect(cfg.store, cfg.fingerprints, cfg.params, ground_truth=truth)
     summary_rows = _records(con.sql(read_sql("summary")))
     manifests = _records(con.sql("SELECT * EXCLUDE (manifest) FROM manifests ORDER BY fingerprint"))
-    tables = {name: con.sql(read_sql(name)) for name in (*PROFILE_QUERIES, "t0_confusion")}
+    # each query runs once, into Arrow: the CSV file and the report's rows both read that result
+    tables = {name: con.from_arrow(con.sql(read_sql(name)).to_arrow_table())
+              for name in (*PROFILE_QUERIES, "t0_confusion")}
     for name, rel in tables.items():
         rel.write_csv(str(out / f"{name}.csv"))
     profiles = {name: _records(tables[name]) for name in PROFILE_QUERIES}
