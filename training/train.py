@@ -38,7 +38,7 @@ from training.losses import (WEIGHTINGS, WeightingParams, check_free_bits, examp
 from training.metrics import entropy, posterior_gradient_norms
 from training.model import GPT, ModelConfig
 from training.schedules import BetaSchedule
-from training.validation import evaluate_pass, validate  # noqa: F401 (evaluate_pass: for training.evaluate)
+from training.validation import validate
 
 
 @dataclass(frozen=True)
