@@ -143,3 +143,33 @@ def test_discrete_prior_is_the_decoders_distribution_at_z():
     zpos = ids.index(VOCAB.id("<z>"))
     want = torch.softmax(logits[0, zpos, [VOCAB.latent_id(k) for k in range(3)]], -1)
     torch.testing.assert_close(out.prior[0].exp(), want)
+
+
+def test_mean_pool_posterior_reads_the_mean_state_over_s():
+    cfg = CVAEConfig(latent="discrete", k=3, posterior_pool="mean")
+    model, batch = make(cfg)
+    out = model(batch)
+    for i, s in enumerate(SAMPLES):
+        ids = hand_ids(s, None)
+        _, hidden = model.backbone(torch.tensor([ids]))
+        j, T = ids.index(VOCAB.id("<y>")), len(s.y) + 1  # S = y + </y>, predicted at <y> .. the last y token
+        expected = torch.log_softmax(model.latent.head(hidden[0, j:j + T].mean(0)), -1)
+        assert torch.allclose(out.post[i], expected, atol=1e-10)
+        last = torch.log_softmax(model.latent.head(hidden[0, -1]), -1)
+        assert not torch.allclose(out.post[i], last, atol=1e-3)  # not the <eos> read
+
+
+def test_centred_latent_rows_keep_the_mean_and_offset_it_orthogonally():
+    from training.cvae import spread_latent_embeddings
+
+    model, _ = make(CVAEConfig(latent="discrete", k=3))
+    ids = model.latent.latent_ids.tolist()
+    weight = model.backbone.wte.weight
+    before = weight[ids].detach().clone()
+    spread_latent_embeddings(model.backbone, ids, 0.5, torch.Generator().manual_seed(0), center=True)
+    offsets = weight[ids].detach() - before.mean(0)
+    assert torch.allclose(offsets @ offsets.T, 0.25 * torch.eye(3, dtype=offsets.dtype), atol=1e-10)
+    assert torch.allclose(offsets @ before.mean(0), torch.zeros(3, dtype=offsets.dtype), atol=1e-10)
+    spread_latent_embeddings(model.backbone, ids, 2.0, torch.Generator().manual_seed(0))  # replaced, not offset
+    rows = weight[ids].detach()
+    assert torch.allclose(rows @ rows.T, 4.0 * torch.eye(3, dtype=rows.dtype), atol=1e-10)

@@ -9,7 +9,7 @@ One backbone serves three reads per step:
   or from an unconditioned prefix pass when the z pathway reaches the prefix).
 
 Posterior input: the z-free hidden state at the last position (``<eos>``), which has
-attended to all of x and y. The model returns per-token NLLs; the objective is a pure
+attended to all of x and y, or the mean of the states that predict S (``posterior_pool``). The model returns per-token NLLs; the objective is a pure
 function of them (``objective``).
 """
 
@@ -44,6 +44,11 @@ class CVAEConfig:
     """z pathway: "token" (one slot), "prefix" (`slots` slots) or "layernorm" (one slot + LayerNorm modulation)."""
     slots: int = 1
     """Latent slots of the z-conditioned template (prefix only; 1 otherwise)."""
+    posterior_pool: str = "last"
+    """Which z-free states the posterior head reads: "last" (the state at <eos>) or "mean" (the mean
+    of the states that predict S). Measured on the experiment's h0-n16 base: with the true strategy
+    as the distillation target, "last" stayed at strategy MI 0.000 for 300 steps, "mean" reached
+    NMI 1.0 in 90 (the strategy is in every state after t0, which must predict y; <eos> predicts nothing)."""
     posterior_encoder: str = "shared"
     """What the posterior head reads: "shared" (the backbone's z-free pass) or "separate" (a small
     Transformer of its own, so posterior updates leave the decoder alone)."""
@@ -63,6 +68,8 @@ class CVAEConfig:
             raise ValueError(f"slots={self.slots} needs cond='prefix'")
         if self.prior not in ("learned", "standard"):
             raise ValueError(f"prior must be 'learned' or 'standard', got {self.prior!r}")
+        if self.posterior_pool not in ("last", "mean"):
+            raise ValueError(f"posterior_pool must be 'last' or 'mean', got {self.posterior_pool!r}")
         if self.posterior_encoder not in ("shared", "separate"):
             raise ValueError(f"posterior_encoder must be 'shared' or 'separate', got {self.posterior_encoder!r}")
         if self.encoder_layers < 1 or self.encoder_d_model < 4 or self.encoder_d_model % 4:
@@ -82,10 +89,12 @@ class CVAEOutput:
 
 
 class CVAE(nn.Module):
-    def __init__(self, backbone: GPT, latent: nn.Module, conditioning: Conditioning, encoder: GPT | None = None):
+    def __init__(self, backbone: GPT, latent: nn.Module, conditioning: Conditioning, encoder: GPT | None = None,
+                 pool: str = "last"):
         super().__init__()
         self.backbone, self.latent, self.conditioning = backbone, latent, conditioning
         self.encoder = encoder  # None: the posterior reads the backbone's z-free pass
+        self.pool = pool  # CVAEConfig.posterior_pool
 
     @property
     def posterior_parameters(self) -> list[nn.Parameter]:
@@ -95,11 +104,16 @@ class CVAE(nn.Module):
         return own + (list(self.encoder.parameters()) if self.encoder is not None else [])
 
     def posterior_input(self, batch: TrainBatch, hidden_free: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, d_post) the state at <eos> of the z-free sequence: the encoder's, or the backbone's
-        (``hidden_free`` (B, L, d), which the caller has already computed)."""
-        rows = torch.arange(len(batch), device=batch.last_pos.device)
+        """(B, d_post) what the posterior head reads from the z-free sequence: the encoder's states
+        or the backbone's (``hidden_free`` (B, L, d), which the caller has already computed), at
+        <eos> ("last") or averaged over the positions that predict S ("mean")."""
         if self.encoder is not None:
             hidden_free = self.encoder(batch.zfree.input_ids)[1]
+        if self.pool == "mean":
+            states = gather_s(hidden_free, batch.zfree.logit_pos)  # (B, T_max, d)
+            mask = batch.zfree.mask[..., None].to(states.dtype)
+            return (states * mask).sum(1) / mask.sum(1).clamp(min=1)
+        rows = torch.arange(len(batch), device=batch.last_pos.device)
         return hidden_free[rows, batch.last_pos]
 
     def forward(self, batch: TrainBatch, generator: torch.Generator | None = None) -> CVAEOutput:
@@ -143,23 +157,36 @@ def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
     else:
         latent = GaussianLatent(cfg.z_dim, d_post, cfg.prior)
     conditioning = Conditioning(cfg.cond, cfg.slots, d, n_ln, latent.features, continuous=cfg.latent == "continuous")
-    return CVAE(backbone, latent, conditioning, encoder)
+    return CVAE(backbone, latent, conditioning, encoder, cfg.posterior_pool)
 
 
-def spread_latent_embeddings(backbone: GPT, latent_ids: list[int], norm: float, generator: torch.Generator) -> None:
-    """Re-initialise the rows of ``<z_0..z_{K-1}>`` as mutually orthogonal random vectors of one norm.
+def spread_latent_embeddings(backbone: GPT, latent_ids: list[int], norm: float, generator: torch.Generator,
+                             center: bool = False) -> None:
+    """Re-initialise the rows of ``<z_0..z_{K-1}>`` as mutually orthogonal random vectors of one norm;
+    with ``center``, as the checkpoint's mean latent row plus such vectors, orthogonal to that mean.
 
     Why: an entangled checkpoint never sees a latent token, and with tied embeddings every
     unseen token's row receives the same push (its logit pushed down), so the K rows end
     up nearly parallel (cosine ~0.997 on the default checkpoint): the decoder starts
     almost z-invariant. Orthogonal rows give each k a distinct direction from step 0.
+    Replacing the rows, though, feeds the decoder inputs it never saw (a base trained with
+    z sections reads its mean latent row as "ignore"): on the experiment's h0-n16 base the
+    token-mean NLL at step 0 is 0.069 nats with the checkpoint's rows, 5.15 with orthogonal
+    rows of norm 3, and 0.067 with centred rows at norm 1.
     """
     K, d = len(latent_ids), backbone.cfg.d_model
-    if K > d:
+    if K + center > d:
         raise ValueError(f"cannot make {K} orthogonal latent embeddings in d_model={d}")
-    basis, _ = torch.linalg.qr(torch.randn(d, K, generator=generator, dtype=torch.float64))  # (d, K) orthonormal
+    ids = torch.tensor(latent_ids)
     with torch.no_grad():
-        backbone.wte.weight[torch.tensor(latent_ids)] = (norm * basis.T).to(backbone.wte.weight.dtype)
+        weight = backbone.wte.weight
+        mean = weight[ids].double().mean(0) if center else torch.zeros(d, dtype=torch.float64)
+        directions = torch.randn(d, K, generator=generator, dtype=torch.float64)
+        if center:  # orthonormalise against the mean first, so each row is mean + (a direction off it)
+            directions = torch.linalg.qr(torch.cat([mean[:, None], directions], 1))[0][:, 1:]
+        else:
+            directions = torch.linalg.qr(directions)[0]  # (d, K) orthonormal
+        weight[ids] = (mean[None] + norm * directions.T).to(weight.dtype)
 
 
 @dataclass
