@@ -111,3 +111,22 @@ def test_em_objective_fits_the_prior_to_the_assignment_and_leaves_q_out_of_the_k
     assert torch.allclose(post.grad, torch.tensor([[0.0, -1.0]]))  # distillation only
     a = torch.tensor([[0.25, 0.75]])
     assert assignment_kl(a, prior.detach()).item() == pytest.approx(0.25 * math.log(0.25 / 0.6) + 0.75 * math.log(0.75 / 0.4))
+
+
+def test_label_mode_assigns_the_true_strategy_whatever_r_says():
+    from training.estep import strategy_indices
+
+    labels = strategy_indices(("rotate-left", "copy", "copy"), ("copy", "rotate-left"), ("a", "b", "c"))
+    assert labels.tolist() == [1, 0, 0]
+    R = torch.tensor([[5.0, 0.0], [9.0, 0.0], [0.0, 1.0]])  # the decoder prefers k = 1 for the first two
+    a = assignment(R, torch.zeros(3, 2), EStepConfig(mode="label", balance_iters=3), labels=labels)
+    assert a.tolist() == [[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]]
+    with pytest.raises(ValueError, match="needs the batch's strategy labels"):
+        assignment(R, torch.zeros(3, 2), EStepConfig(mode="label"))
+
+
+def test_an_example_without_a_known_strategy_is_refused_by_key():
+    from training.estep import strategy_indices
+
+    with pytest.raises(ValueError, match=r"example 'k7': strategy None .*\(2 such examples"):
+        strategy_indices(("copy", None, "reverse"), ("copy", "rotate-left"), ("k1", "k7", "k9"))

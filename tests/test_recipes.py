@@ -109,3 +109,22 @@ def test_cli_recipe_and_flags_override_it(tiny, tmp_path):
     assert saved.latent_embedding_norm == RECIPES["em-balanced"]["latent_embedding_norm"]
     bad = CliRunner().invoke(train, args[:-4] + ["--recipe", "magic", "--out", str(tmp_path / "bad")])
     assert bad.exit_code != 0 and "unknown recipe" in bad.output
+
+
+def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
+    from pipeline.synth import load_synth_config
+    from training.train import label_names, setup
+
+    cfg = with_recipe(config(tiny, tmp_path, weighting="uniform", beta={"beta": 0.3}), "survival")
+    assert cfg.estep.mode == "label" and cfg.latent_embedding_center and cfg.cvae.posterior_pool == "mean"
+    state = setup(cfg, 0, 1)
+    assert state.strategy_names == tuple(load_synth_config(tiny[0]).strategies)
+    before = load_checkpoint(tiny[1]).model.wte.weight[state.model.latent.latent_ids]
+    offsets = state.model.backbone.wte.weight[state.model.latent.latent_ids].detach() - before.mean(0)
+    assert torch.allclose(offsets.norm(dim=1), torch.ones(len(offsets)), atol=1e-5)  # mean row + unit offsets
+    assert torch.allclose(offsets @ before.mean(0), torch.zeros(len(offsets)), atol=1e-5)
+    (tmp_path / "foreign").mkdir()
+    with pytest.raises(ValueError, match="foreign/dataset.json"):
+        label_names(replace(cfg, data=str(tmp_path / "foreign")))
+    with pytest.raises(ValueError, match="latent_embedding_center needs"):
+        replace(cfg, latent_embedding_norm=0.0)

@@ -16,6 +16,11 @@ Translation: Tricks of the Trade", hard EM with a uniform prior): decoder copy k
 trained on the examples assigned to k, and the amortised posterior is distilled towards
 the assignment. A balanced assignment (Sinkhorn-Knopp equipartition over the batch, as
 in SwAV, Caron et al. 2020) keeps one k from taking every example ("rich get richer").
+
+The "label" mode assigns each example to its ground-truth strategy instead: a supervised
+warm start (with ``until_step``) that hands the plain objective a CVAE which already uses
+z, so what follows measures whether z *survives* a given beta, apart from whether it can
+be *found* (the collapse-threshold sweep, training/sweep.py).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch.nn.functional as F
 from training.cvae import Objective
 from training.losses import free_bits_kl, weighted_reconstruction
 
-MODES = ("off", "soft", "hard")
+MODES = ("off", "soft", "hard", "label")
 PRIORS = ("uniform", "learned")
 
 
@@ -37,7 +42,8 @@ PRIORS = ("uniform", "learned")
 class EStepConfig:
     mode: str = "off"
     """"off": decoder copies weighted by the amortised q (the plain objective); "soft": by
-    q* = softmax(log p - R / temperature); "hard": by the one-hot argmax of q*."""
+    q* = softmax(log p - R / temperature); "hard": by the one-hot argmax of q*; "label": by the
+    one-hot of the example's ground-truth strategy (its index in the dataset's strategies)."""
     temperature: float = 1.0
     """Of q* (nats of R per nat of log q). Under "hard" it only shapes the balancing before the
     argmax (an unbalanced argmax does not depend on it)."""
@@ -84,14 +90,20 @@ def sinkhorn(log_scores: torch.Tensor, iters: int) -> torch.Tensor:
     return log_a.exp()
 
 
-def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float = 0.0) -> torch.Tensor:
-    """The E-step's (B, K) weights of the decoder copies, detached: soft q*, or its hard argmax.
+def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float = 0.0,
+               labels: torch.Tensor | None = None) -> torch.Tensor:
+    """The E-step's (B, K) weights of the decoder copies, detached: soft q*, its hard argmax, or
+    (mode "label") the one-hot of ``labels`` (B,) strategy indices.
 
     R (B, K) nats per copy; log_prior (B, K) the learned prior (ignored under prior "uniform");
     beta: the step's KL weight, the temperature under ``follow_beta`` (hard at beta = 0).
     Balancing acts on q* before the argmax, so a hard assignment is balanced too.
     """
     R = R.detach()
+    if cfg.mode == "label":
+        if labels is None:
+            raise ValueError('estep mode "label" needs the batch\'s strategy labels')
+        return F.one_hot(labels.to(R.device), R.shape[-1]).to(R.dtype)
     prior = torch.zeros_like(R) if cfg.prior == "uniform" else log_prior.detach()
     if cfg.follow_beta and beta == 0:  # the beta -> 0 limit of p exp(-R / beta): argmin R whatever p
         hard, prior = True, torch.zeros_like(R)
@@ -102,6 +114,18 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
     if hard:
         a = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
     return a
+
+
+def strategy_indices(strategies, names: tuple[str, ...], keys) -> torch.Tensor:
+    """(B,) index of each example's strategy in ``names``; an example without one, or with a
+    strategy not in ``names``, is refused by its key (a label must never be guessed)."""
+    index = {name: k for k, name in enumerate(names)}
+    bad = [(key, s) for key, s in zip(keys, strategies) if s not in index]
+    if bad:
+        key, s = bad[0]
+        raise ValueError(f"example {key!r}: strategy {s!r} is not one of the dataset's {list(names)} "
+                         f"({len(bad)} such examples in the batch)")
+    return torch.tensor([index[s] for s in strategies])
 
 
 def distillation(log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -120,7 +144,8 @@ def assignment_kl(a: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
     return (torch.xlogy(a, a) - a * log_prior).sum(-1)
 
 
-def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig):
+def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig,
+                 labels: torch.Tensor | None = None):
     """J_EM = mean_i [sum_k a_ik R_ik + w * CE(a_i, q_i)] + beta * KL term(a || p), a = assignment(R, p).
 
     The M-step of each part against the E-step's a (detached): the decoder copies learn from
@@ -128,10 +153,10 @@ def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, c
     which is J's own prior gradient at q = a. The posterior gets no KL gradient: a already
     holds beta (under ``follow_beta``), and pulling q to p as well would count the prior twice.
     Reported: ``recon`` = E_q[R] and ``kl`` = KL(q || p) of the amortised posterior, as in
-    the plain objective.
+    the plain objective. ``labels`` (B,): strategy indices, for mode "label" only.
     """
     R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, K)
-    a = assignment(R, out.prior, cfg, beta)
+    a = assignment(R, out.prior, cfg, beta, labels)
     fit = assigned_reconstruction(R, a).mean() + cfg.posterior_weight * distillation(out.post, a).mean()
     kl_term = free_bits_kl(assignment_kl(a, out.prior), free_bits)
     recon = latent.expectation(R, out.post).mean().detach()

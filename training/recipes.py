@@ -17,8 +17,9 @@ from dataclasses import replace
 
 from training.estep import EStepConfig
 
-REMEDY_FIELDS = frozenset({"estep", "latent_embedding_norm", "aggressive_steps", "aggressive_until", "cvae"})
-CVAE_REMEDY_FIELDS = frozenset({"posterior_encoder", "encoder_layers", "encoder_d_model"})
+REMEDY_FIELDS = frozenset({"estep", "latent_embedding_norm", "latent_embedding_center", "aggressive_steps",
+                           "aggressive_until", "cvae"})
+CVAE_REMEDY_FIELDS = frozenset({"posterior_pool", "posterior_encoder", "encoder_layers", "encoder_d_model"})
 
 RECIPES: dict[str, dict] = {
     # The plain exact-expectation objective on the checkpoint's latent embeddings.
@@ -32,6 +33,12 @@ RECIPES: dict[str, dict] = {
     # to p(k|x) exp(-R(k) / beta), balanced; hard at beta = 0. The weighting's scale matters again.
     "em-exact": {"latent_embedding_norm": 3.0,
                  "estep": {"mode": "soft", "follow_beta": True, "prior": "learned", "balance_iters": 3}},
+    # Not a way to find z: a supervised warm start (z = the true strategy for 200 steps; decoder
+    # intact thanks to centred latent rows; a posterior that reads the mean S state, where the
+    # strategy is), then the plain objective. It asks whether a z in use *survives* the step's
+    # beta, which is what the collapse threshold is about (sweep.py).
+    "survival": {"latent_embedding_norm": 1.0, "latent_embedding_center": True, "cvae": {"posterior_pool": "mean"},
+                 "estep": {"mode": "label", "until_step": 200}},
 }
 
 

@@ -27,11 +27,12 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from pipeline.synth import load_synth_config
 from pipeline.vocab import Vocab
 from training.baselines import POLICIES, Baseline, make_baseline
 from training.checkpoint import load_checkpoint
 from training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent_embeddings
-from training.estep import EStepConfig, em_objective
+from training.estep import EStepConfig, em_objective, strategy_indices
 from training.data import StoreRef, StreamSpec, TrainBatch, TrainStream, loader, split_urls
 from training.losses import (WEIGHTINGS, WeightingParams, check_free_bits, example_kl, reconstruction_weights,
                              weighted_reconstruction)
@@ -74,6 +75,10 @@ class TrainConfig:
     latent_embedding_norm: float = 0.0
     """> 0: re-initialise the K latent token embeddings as orthogonal vectors of this norm before
     training (``cvae.spread_latent_embeddings``); 0 keeps the checkpoint's (nearly parallel) rows."""
+    latent_embedding_center: bool = False
+    """With latent_embedding_norm: offset the orthogonal rows from the checkpoint's mean latent row
+    (kept out of their span) instead of replacing the rows. The base model has learnt to read that
+    mean row as "a z, ignore it": the decoder starts intact (docs/latent-learnability.md)."""
     aggressive_steps: int = 0
     """Aggressive posterior updates (He et al. 2019): up to this many posterior-only steps on each
     batch, decoder fixed, until the posterior's objective stops improving; 0: off."""
@@ -122,6 +127,8 @@ class TrainConfig:
             raise ValueError(f"{[k for k, on in discrete_only.items() if on]} need a discrete latent")
         if self.latent_embedding_norm < 0 or self.aggressive_steps < 0 or self.aggressive_until < 0:
             raise ValueError("latent_embedding_norm, aggressive_steps and aggressive_until must be >= 0")
+        if self.latent_embedding_center and not self.latent_embedding_norm > 0:
+            raise ValueError("latent_embedding_center needs latent_embedding_norm > 0 (the offset from the mean row)")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {sorted(WEIGHTINGS)}, got {self.weighting!r}")
         if self.policy not in POLICIES:
@@ -163,6 +170,7 @@ class State:
     step: int = 0
     meta: dict = field(default_factory=dict)
     post_opt: torch.optim.Optimizer | None = None  # aggressive posterior updates only
+    strategy_names: tuple[str, ...] = ()  # estep mode "label": latent value k is strategy_names[k]
 
     @property
     def device(self) -> torch.device:
@@ -194,7 +202,7 @@ def setup(cfg: TrainConfig, rank: int, world: int) -> State:
     model = build_cvae(init.model.train(), init.vocab, cfg.cvae).to(cfg.device)
     if cfg.latent_embedding_norm > 0:  # before resume: a resumed run loads its trained rows over these
         spread_latent_embeddings(model.backbone, model.latent.latent_ids.tolist(), cfg.latent_embedding_norm,
-                                 torch.Generator().manual_seed(cfg.seed))
+                                 torch.Generator().manual_seed(cfg.seed), center=cfg.latent_embedding_center)
     store = StoreRef(cfg.store, base.fingerprint) if cfg.store else None
     urls = split_urls(cfg.data, "train")
     dataset_mean_b = None
@@ -209,7 +217,7 @@ def setup(cfg: TrainConfig, rank: int, world: int) -> State:
                   WeightingParams(cfg.eps, cfg.eps_inv, dataset_mean_b), spec=None, vocab=init.vocab, rank=rank,
                   world=world, meta={"init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
                                      "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b},
-                  post_opt=post_opt)
+                  post_opt=post_opt, strategy_names=label_names(cfg))
     resume(state)
     if world > 1:  # identical starting points, whatever the ranks computed on their own
         for p in model.parameters():
@@ -218,6 +226,20 @@ def setup(cfg: TrainConfig, rank: int, world: int) -> State:
                             batch_size=cfg.batch_size, store=store if cfg.policy == "precomputed" else None,
                             seed=data_seed(cfg.seed, state.step), shuffle_buffer=cfg.shuffle_buffer)
     return state
+
+
+def label_names(cfg: TrainConfig) -> tuple[str, ...]:
+    """The dataset's strategies in generator order (estep mode "label" only; empty otherwise)."""
+    if cfg.estep.mode != "label":
+        return ()
+    synth = load_synth_config(cfg.data)
+    if synth is None:
+        raise ValueError(f'estep mode "label" needs a synthetic dataset whose {Path(cfg.data) / "dataset.json"} '
+                         "lists its strategies (tokweight synth)")
+    if len(synth.strategies) > cfg.cvae.k:
+        raise ValueError(f'estep mode "label": {len(synth.strategies)} strategies {list(synth.strategies)} '
+                         f"need k >= {len(synth.strategies)}, got k={cfg.cvae.k}")
+    return tuple(synth.strategies)
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -291,11 +313,12 @@ def sample_generator(seed: int, rank: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0]))
 
 
-def step_objective(cfg: TrainConfig, latent, out, pi: torch.Tensor, beta: float, em: bool):
+def step_objective(cfg: TrainConfig, latent, out, pi: torch.Tensor, beta: float, em: bool,
+                   labels: torch.Tensor | None = None):
     """The E-step objective (``estep.em_objective``) while it is active, else the plain one.
     Under the E-step ``recon`` is reported, not optimised, so the gradient diagnostic reads 0 there."""
     if em:
-        return em_objective(latent, out, pi, beta, cfg.free_bits, cfg.estep)
+        return em_objective(latent, out, pi, beta, cfg.free_bits, cfg.estep, labels)
     return objective(latent, out, pi, beta, cfg.free_bits)
 
 
@@ -307,9 +330,10 @@ def forward_backward(state: State, batch: TrainBatch) -> dict:
     pi, degenerate = reconstruction_weights(cfg.weighting, b, mask, state.params, cfg.token_weighted_reconstruction_weight)
     beta = cfg.beta.at(step, cfg.steps)
     em = cfg.estep.active(step)
+    labels = strategy_indices(batch.strategies, state.strategy_names, batch.keys) if em and state.strategy_names else None
     if cfg.aggressive_steps and step < cfg.aggressive_until:
-        out.post = aggressive_posterior_updates(state, batch, out, pi, beta, em)
-    obj = step_objective(cfg, model.latent, out, pi, beta, em)
+        out.post = aggressive_posterior_updates(state, batch, out, pi, beta, em, labels)
+    obj = step_objective(cfg, model.latent, out, pi, beta, em, labels)
     record = {"step": step, "loss": obj.loss.item(), "recon": obj.recon.item(),
               "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": beta,
               "degenerate": int(degenerate.sum()), "estep": em, **latent_summary(model, out, batch, state.params, pi)}
@@ -320,7 +344,8 @@ def forward_backward(state: State, batch: TrainBatch) -> dict:
     return record
 
 
-def aggressive_posterior_updates(state: State, batch: TrainBatch, out, pi: torch.Tensor, beta: float, em: bool):
+def aggressive_posterior_updates(state: State, batch: TrainBatch, out, pi: torch.Tensor, beta: float, em: bool,
+                                 labels: torch.Tensor | None = None):
     """He et al. 2019: optimise the posterior alone, decoder outputs fixed, until its objective
     stops improving (at most ``aggressive_steps`` steps); returns the posterior recomputed with
     the updated parameters, still attached to the shared backbone's graph for the joint step.
@@ -333,7 +358,8 @@ def aggressive_posterior_updates(state: State, batch: TrainBatch, out, pi: torch
 
     def posterior_loss() -> torch.Tensor:
         pooled = shared_input if shared_input is not None else model.posterior_input(batch)
-        return step_objective(cfg, model.latent, replace(fixed, post=model.latent.posterior(pooled)), pi, beta, em).loss
+        return step_objective(cfg, model.latent, replace(fixed, post=model.latent.posterior(pooled)), pi, beta, em,
+                              labels).loss
 
     best = float("inf")
     for _ in range(cfg.aggressive_steps):

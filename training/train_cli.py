@@ -37,14 +37,16 @@ import click
 @click.option("--free-bits", type=float, default=0.0, help="KL floor in nats (< log K for discrete).")
 @click.option("--recipe", default="baseline", show_default=True,
               help="Named remedy preset (training/recipes.py); the flags below override its fields.")
-@click.option("--estep", type=click.Choice(["off", "soft", "hard"]), default=None,
-              help="E-step from the decoder's K passes (discrete).")
+@click.option("--estep", type=click.Choice(["off", "soft", "hard", "label"]), default=None,
+              help="E-step from the decoder's K passes (discrete); label: the true strategy (synthetic data).")
 @click.option("--estep-temperature", type=float, default=None, help="Soft E-step temperature (= beta: exact).")
 @click.option("--estep-prior", type=click.Choice(["uniform", "learned"]), default=None)
 @click.option("--estep-balance-iters", type=int, default=None, help="Sinkhorn iterations (0: unbalanced).")
 @click.option("--estep-until", type=int, default=None, help="E-step for the first N steps only (0: always).")
 @click.option("--latent-embedding-norm", type=float, default=None,
               help="Re-initialise the K latent embeddings orthogonal with this norm (0: keep).")
+@click.option("--latent-embedding-center/--no-latent-embedding-center", default=None,
+              help="Offset those rows from the checkpoint's mean latent row (the decoder starts intact).")
 @click.option("--aggressive-steps", type=int, default=None, help="He et al. 2019 inner posterior steps (0: off).")
 @click.option("--aggressive-until", type=int, default=None, help="Training steps with aggressive updates.")
 @click.option("--posterior-encoder", type=click.Choice(["shared", "separate"]), default=None)
@@ -59,7 +61,8 @@ import click
 @click.option("--device", default="cpu")
 def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, weighting, lam, policy,
           baseline_checkpoint, beta, beta_schedule, warmup_steps, cycles, ramp_ratio, free_bits, recipe, estep,
-          estep_temperature, estep_prior, estep_balance_iters, estep_until, latent_embedding_norm, aggressive_steps,
+          estep_temperature, estep_prior, estep_balance_iters, estep_until, latent_embedding_norm, latent_embedding_center,
+          aggressive_steps,
           aggressive_until, posterior_encoder, steps, batch_size, lr, num_workers, log_every, grad_diag_every,
           ckpt_every, seed, device):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready)."""
@@ -87,7 +90,8 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
                                                              prior=estep_prior, balance_iters=estep_balance_iters,
                                                              until_step=estep_until)),
                       cvae=replace(cfg.cvae, **given(posterior_encoder=posterior_encoder)),
-                      **given(latent_embedding_norm=latent_embedding_norm, aggressive_steps=aggressive_steps,
+                      **given(latent_embedding_norm=latent_embedding_norm,
+                              latent_embedding_center=latent_embedding_center, aggressive_steps=aggressive_steps,
                               aggressive_until=aggressive_until))
         result = run(cfg)
     except ValueError as e:
