@@ -1,4 +1,5 @@
 import json
+import math
 
 import numpy as np
 import pytest
@@ -47,3 +48,14 @@ def test_information_metrics_by_hand():
     assert names == ["x", "y"] and nmi(table) == pytest.approx(1.0) and hungarian_accuracy(table) == 1.0
     table, _ = contingency(["x", "y", "x", "y"], np.array([0, 0, 1, 1]))
     assert nmi(table) == pytest.approx(0.0, abs=1e-12) and hungarian_accuracy(table) == 0.5
+
+
+def test_strategy_mi_counts_only_information_about_the_strategy():
+    from training.metrics import strategy_mi
+
+    code = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    assert strategy_mi(code, ["copy", "rot", "copy", "rot"]) == pytest.approx(math.log(2))
+    assert strategy_mi(code, ["copy", "copy", "rot", "rot"]) == pytest.approx(0.0, abs=1e-12)  # a code of x
+    assert exact_mi(code) == pytest.approx(math.log(2))  # which exact I(z; x,y) counts in full
+    soft = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
+    assert 0 < strategy_mi(soft, ["a", "b", "a"]) <= exact_mi(soft) + 1e-12

@@ -38,8 +38,8 @@ from store.fingerprint import canonical_json
 ALL_WEIGHTINGS = ("uniform", "sum", "surprisal-share", "inverse-surprisal", "example-inverse",
                   "distribution-rescale")
 COND_MODES = ("token", "prefix", "layernorm")
-METRICS = ("mi", "kl", "strategy_nmi", "control_accuracy", "recon_uniform", "recon", "active_units")
-"""Per-cell numbers: mi (exact, discrete only), kl, strategy_nmi, control_accuracy (decode-per-latent),
+METRICS = ("mi", "strategy_mi", "kl", "strategy_nmi", "control_accuracy", "recon_uniform", "recon", "active_units")
+"""Per-cell numbers: mi (exact, discrete only), strategy_mi (exact I(z; strategy), discrete only), kl, strategy_nmi, control_accuracy (decode-per-latent),
 recon_uniform (token-mean NLL under E_q, comparable across weightings), recon (the cell's own
 weighted reconstruction), active_units (continuous only). All on the test split; nats."""
 PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # not part of a cell's key
@@ -486,7 +486,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
                "ratio_inspect": rs[0]["ratio_inspect"], "n_seeds": len(rs),
                "seeds": ";".join(str(r["seed"]) for r in rs)}
         for m in METRICS:
-            agg[f"{m}_mean"], agg[f"{m}_std"] = mean_std([r[m] for r in rs])
+            agg[f"{m}_mean"], agg[f"{m}_std"] = mean_std([r.get(m) for r in rs])  # cells older than a metric lack it
         out.append(agg)
     return out
 

@@ -41,6 +41,15 @@ def exact_mi(q: np.ndarray) -> float:
     return float(entropy(q.mean(0)) - entropy(q).mean())
 
 
+def strategy_mi(q: np.ndarray, labels: list) -> float:
+    """I(z; s) = H(mean_i q_i) - sum_s p(s) H(mean_{i: s_i = s} q_i), nats: the part of the posterior's
+    information that is about the ground-truth strategy s (<= log S; <= the exact I(z; x,y) when s
+    is a function of (x, y)). Unlike I(z; x,y) it does not count codes of x or of y's other tokens."""
+    labels = np.asarray(labels, dtype=object)
+    per_label = sum((labels == s).mean() * entropy(q[labels == s].mean(0)) for s in set(labels.tolist()))
+    return float(entropy(q.mean(0)) - per_label)
+
+
 def usage(q: np.ndarray) -> dict:
     """Aggregate posterior qbar = mean_i q_i (K,); perplexity = exp(H(qbar)), in [1, K]."""
     qbar = q.mean(0)
@@ -118,7 +127,7 @@ class EvalRecords:
         return self
 
     def finalize(self, latent: str, k: int, seed: int = 0) -> dict:
-        """Means of recon (weighted), recon_uniform and KL; discrete: exact MI, usage; continuous:
+        """Means of recon (weighted), recon_uniform and KL; discrete: exact MI, usage, strategy MI; continuous:
         active units; both: strategy NMI and Hungarian accuracy of argmax q (or of k-means
         clusters of mu, K clusters) against the ground-truth strategy."""
         n = len(self.rows["recon"])
@@ -135,6 +144,9 @@ class EvalRecords:
             clusters = kmeans(post, k, seed)[1]
         known = [i for i, s in enumerate(self.rows["strategy"]) if s is not None]
         if known:
-            table, _ = contingency([self.rows["strategy"][i] for i in known], clusters[known])
+            labels = [self.rows["strategy"][i] for i in known]
+            table, _ = contingency(labels, clusters[known])
             out |= {"strategy_nmi": nmi(table), "strategy_accuracy": hungarian_accuracy(table)}
+            if latent == "discrete":
+                out["strategy_mi"] = strategy_mi(post[known], labels)
         return out
