@@ -162,6 +162,9 @@ def test_summary_matches_numpy(random_store):
     assert got["t0_threshold_none"] == sum(ref_t0_threshold(r, params.tau) is None for r in rows)
     eff = [ref_concentration(r, params.eps)[1] / r["T"] for r in rows if r["b_sum"] >= params.eps]
     assert math.isclose(got["mean_effective_fraction"], np.mean(eff), rel_tol=1e-9)
+    kept = [r for r in rows if r["b_sum"] >= params.eps]
+    ratio = np.mean([(r["b"] ** 2).sum() / r["b"].sum() for r in kept]) / np.mean([r["b"].sum() / r["T"] for r in kept])
+    assert math.isclose(got["gain_ratio_if_z_removes_b"], ratio, rel_tol=1e-6)
 
 
 def test_tokens_view_symbols_and_shares(random_store):

@@ -29,7 +29,9 @@ SELECT fingerprint,
        avg(share_entropy) AS mean_share_entropy,
        avg(effective_tokens) AS mean_effective_tokens,
        avg(effective_tokens / T) AS mean_effective_fraction,
-       avg(max_share) AS mean_max_share
+       avg(max_share) AS mean_max_share,
+       avg(b_sq_sum / b_sum) FILTER (NOT degenerate) / avg(b_sum / T) FILTER (NOT degenerate)
+           AS gain_ratio_if_z_removes_b
 FROM examples
 GROUP BY fingerprint
 ORDER BY fingerprint;
