@@ -47,10 +47,11 @@ def test_bracket_and_bisection():
 def test_ratio_rows_cover_every_case():
     def rows(ss, uni):
         return [{"recipe": "baseline", "setting": "a", "ratio_true": 8.0, "ratio_inspect": 7.5, "weighting": w,
-                 "beta_c": b} for w, b in (("surprisal-share", ss), ("uniform", uni))]
+                 "beta_c": b, "beta_c_strategy_mi": sw.NO_BETA} for w, b in (("surprisal-share", ss), ("uniform", uni))]
 
     grid = (0.01, 10.0)
-    assert sw.ratio_rows(rows("0.8", "0.1"), grid)[0]["measured_ratio"] == "8"
+    both = sw.ratio_rows(rows("0.8", "0.1"), grid)[0]
+    assert both["measured_ratio"] == "8" and both["measured_ratio_strategy_mi"].startswith("undefined")
     assert sw.ratio_rows(rows("0.8", sw.NO_BETA), grid)[0]["measured_ratio"].startswith("> 80")
     assert sw.ratio_rows(rows(sw.NO_BETA, "0.1"), grid)[0]["measured_ratio"].startswith("< 0.1")
     assert sw.ratio_rows(rows(sw.NO_BETA, sw.NO_BETA), grid)[0]["measured_ratio"].startswith("undefined")
@@ -82,11 +83,28 @@ def test_quick_sweep_files_and_beta_c_as_defined(experiment_root):  # noqa: F811
         summary = list(csv.DictReader(f))
     assert [s["weighting"] for s in summary] == ["uniform", "surprisal-share"]
     for s in summary:
-        mi = {float(c["beta"]): float(c["mi"]) for c in cells if c["weighting"] == s["weighting"]}
-        expected = sw.beta_c(mi, HALF_LOG2)
-        assert s["beta_c"] == sw.show(expected) and s["beta_c"] != "0"
-        assert (s["kept_z"] == "yes") == (expected is not None)
-        assert s["recipe"] == "baseline"
+        for metric, column in (("mi", "beta_c"), ("strategy_mi", "beta_c_strategy_mi")):
+            mi = {float(c["beta"]): float(c[metric]) for c in cells if c["weighting"] == s["weighting"]}
+            expected = sw.beta_c(mi, HALF_LOG2)
+            assert s[column] == sw.show(expected) and s[column] != "0"
+            if metric == "mi":
+                assert (s["kept_z"] == "yes") == (expected is not None)
+        assert s["recipe"] == "survival"
+    assert all(float(c["strategy_mi"]) <= float(c["mi"]) + 1e-9 for c in cells)  # s is a function of the example
     assert "no beta in the grid kept z" in (root / "beta_threshold.md").read_text() or \
         all(s["kept_z"] == "yes" for s in summary)
     assert len(result["ratios"]) == 1 and result["ratios"][0]["measured_ratio"]
+
+
+def test_cli_settings_are_checked_before_any_work(tmp_path):
+    from click.testing import CliRunner
+
+    from training.experiment_cli import experiment
+
+    out = ["--out", str(tmp_path / "x")]
+    wrong = CliRunner().invoke(experiment, out + ["--settings", "h0-n16"])
+    assert wrong.exit_code != 0 and "--settings applies to --sweep beta only" in wrong.output
+    unknown = CliRunner().invoke(experiment, out + ["--sweep", "beta", "--settings", "h9-n99"])
+    assert unknown.exit_code != 0 and "unknown settings ['h9-n99']" in unknown.output
+    assert not (tmp_path / "x").exists()
+    assert sw.SweepConfig(out="x").recipe == "survival"

@@ -303,7 +303,7 @@ def inspection_estimate(store: Path, fingerprint: str) -> dict:
     row = con.sql(read_sql("summary")).to_arrow_table().to_pylist()[0]
     return {"ratio_inspect": row["mean_amplification"], "ratio_true_store": row["mean_amplification_true"],
             "t0_share_exact": row["t0_share_exact"], "effective_tokens": row["mean_effective_tokens"],
-            "mean_b": row["mean_b"]}
+            "mean_b": row["mean_b"], "ratio_if_z_removes_b": row["gain_ratio_if_z_removes_b"]}
 
 
 def prepare_setting(task: TaskConfig, setting: Setting, root: Path, echo: Echo) -> Prepared:

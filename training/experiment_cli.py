@@ -21,13 +21,15 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
               help="Results directory; data, base models, stores and cells in it are reused when their keys match.")
 @click.option("--quick", is_flag=True, help="Smaller grid: one seed, fewer cells (sweep: the largest T/(t0+1)).")
 @click.option("--sweep", type=click.Choice(["beta"]), default=None, help="Measure the collapse threshold beta_c.")
-@click.option("--recipe", default="baseline", help="training.recipes.RECIPES entry applied to every cell.")
+@click.option("--recipe", default=None,
+              help="training.recipes.RECIPES entry applied to every cell (default: baseline; sweep: survival).")
+@click.option("--settings", default=None, help="Sweep: comma-separated setting names (default: all; quick: the last).")
 @click.option("--seeds", default=None, help="Comma-separated seeds (default: 0,1,2; sweep 0,1; quick 0).")
 @click.option("--betas", default=None, help="Comma-separated betas (default: 1,0.3; sweep: 8 log-spaced 0.01..10).")
 @click.option("--cvae-steps", type=int, default=None, help="Steps per cell (default 300; experiment --quick 150).")
 @click.option("--base-steps", type=int, default=None, help="Base-model steps per setting (default 3000).")
 @click.option("--refine", type=int, default=0, help="Sweep: bisection steps per seed around beta_c.")
-def experiment(out, quick, sweep, recipe, seeds, betas, cvae_steps, base_steps, refine):
+def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine):
     """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results."""
     from dataclasses import replace
 
@@ -39,12 +41,16 @@ def experiment(out, quick, sweep, recipe, seeds, betas, cvae_steps, base_steps, 
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     try:
         task = exp.TaskConfig() if base_steps is None else exp.TaskConfig(base_steps=base_steps)
+        chosen = {} if recipe is None else {"recipe": recipe}
         if sweep == "beta":
-            cfg = sw.SweepConfig(out=out, task=task, recipe=recipe, refine=refine)
+            cfg = sw.SweepConfig(out=out, task=task, refine=refine, **chosen)
             cfg = sw.quick_sweep(cfg) if quick else cfg
+            cfg = cfg if settings is None else replace(cfg, settings=tuple(settings.split(",")))
             run = sw.run
         else:
-            cfg = exp.ExperimentConfig(out=out, task=task, recipe=recipe)
+            if settings is not None:
+                raise ValueError("--settings applies to --sweep beta only")
+            cfg = exp.ExperimentConfig(out=out, task=task, **chosen)
             cfg = exp.quick(cfg) if quick else cfg
             run = exp.run
         given = {"seeds": _ints(seeds), "betas": _floats(betas)}

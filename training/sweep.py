@@ -8,6 +8,15 @@ trained over a log-spaced beta grid (optionally refined by bisection per seed), 
 
     beta_c = the largest beta whose final exact MI (test split) >= KEPT_FRACTION * log S.
 
+beta_c is also reported with the exact I(z; strategy) in place of I(z; x,y): a code of x or
+of y's other tokens counts in the latter (it did in the first em-exact sweep, strategy NMI
+0.000-0.001 in every cell), and it is the strategy whose survival the note predicts.
+
+The prediction concerns survival: whether a z that is in use outlives beta. So the default
+recipe, "survival", starts every cell from the same supervised warm start (z = the true
+strategy for 200 steps) and then trains the plain objective at the cell's beta; whether z
+can be *found* at all is the learnability question (docs/latent-learnability.md).
+
 When no beta of the grid kept z there is no beta_c: it is reported as NO_BETA, never
 as 0. Data, base models, stores and cells are the experiment's (training.experiment),
 reused under the same keys. Outputs in DIR: beta_threshold.csv/.md, beta_cells.csv,
@@ -57,9 +66,11 @@ class SweepConfig:
     """Seeds of every cell; beta_c is also reported per seed."""
     refine: int = 0
     """Bisection steps (log scale) per (setting, weighting, seed) between its grid beta_c and the next beta."""
-    budget: CellBudget = field(default_factory=CellBudget)
-    """Steps and evaluation size per cell."""
-    recipe: str = "baseline"
+    budget: CellBudget = field(default_factory=lambda: CellBudget(steps=500, lr=3e-4))
+    """Steps and evaluation size per cell: the survival recipe's 200 warm-start steps, then 300 at beta.
+    At lr 1e-3 the first 10 Adam steps under surprisal-share took the h0-n16 decoder from 0.067
+    to 1.3 nats per token (on tokens it barely weights); at 3e-4 it stays near 0.1."""
+    recipe: str = "survival"
     """Name in training.recipes.RECIPES applied to every cell; "baseline": none."""
 
     def __post_init__(self):
@@ -146,47 +157,64 @@ def bisect(span: tuple[float, float], measure, threshold: float, steps: int) -> 
     return lo
 
 
+CRITERIA = {"mi": "exact I(z; x,y)", "strategy_mi": "exact I(z; strategy)"}
+"""Per-cell MI columns beta_c is computed from: the issue's definition, and its strategy-only variant."""
+
+
 def summarize(rows: list[dict], cfg: SweepConfig, settings: dict[str, dict], threshold: float) -> list[dict]:
-    """beta_c per (setting, weighting): of the seed-mean MI curve over the grid, and per seed (grid + bisection)."""
+    """beta_c per (setting, weighting) and criterion: of the seed-mean MI curve over the grid, and per
+    seed (grid + bisection; bisection follows the first criterion, "mi")."""
     out = []
     for s in cfg.setting_names:
         for w in cfg.weightings:
             mine = [r for r in rows if (r["setting"], r["weighting"]) == (s, w)]
-            curve = {b: mean_std([r["mi"] for r in mine if r["beta"] == b and r["group"] == "sweep"])[0]
-                     for b in cfg.betas}
-            per_seed = [beta_c({r["beta"]: r["mi"] for r in mine if r["seed"] == seed}, threshold)
-                        for seed in cfg.seeds]
-            found = [b for b in per_seed if b is not None]
-            out.append({"recipe": cfg.recipe, "setting": s, "ratio_true": settings[s]["ratio_true"],
-                        "ratio_inspect": settings[s]["ratio_inspect"], "weighting": w, "threshold_nats": threshold,
-                        "beta_c": show(beta_c(curve, threshold)),
-                        "beta_c_seeds": ";".join(f"{seed}:{show(b)}" for seed, b in zip(cfg.seeds, per_seed)),
-                        "beta_c_seed_min": show(min(found)) if found else NO_BETA,
-                        "beta_c_seed_max": show(max(found)) if found else NO_BETA,
-                        "seeds_without_beta_c": len(per_seed) - len(found),
-                        "kept_z": "yes" if beta_c(curve, threshold) is not None else "no beta in the grid kept z"})
+            row = {"recipe": cfg.recipe, "setting": s, "ratio_true": settings[s]["ratio_true"],
+                   "ratio_inspect": settings[s]["ratio_inspect"],
+                   "ratio_if_z_removes_b": settings[s].get("ratio_if_z_removes_b"), "weighting": w,
+                   "threshold_nats": threshold}
+            for metric in CRITERIA:
+                suffix = "" if metric == "mi" else f"_{metric}"
+                curve = {b: mean_std([r.get(metric) for r in mine if r["beta"] == b and r["group"] == "sweep"])[0]
+                         for b in cfg.betas}
+                per_seed = [beta_c({r["beta"]: r.get(metric) for r in mine if r["seed"] == seed}, threshold)
+                            for seed in cfg.seeds]
+                found = [b for b in per_seed if b is not None]
+                row |= {f"beta_c{suffix}": show(beta_c(curve, threshold)),
+                        f"beta_c{suffix}_seeds": ";".join(f"{seed}:{show(b)}" for seed, b in zip(cfg.seeds, per_seed)),
+                        f"beta_c{suffix}_seed_min": show(min(found)) if found else NO_BETA,
+                        f"beta_c{suffix}_seed_max": show(max(found)) if found else NO_BETA,
+                        f"seeds_without_beta_c{suffix}": len(per_seed) - len(found)}
+            row["kept_z"] = "yes" if row["beta_c"] != NO_BETA else "no beta in the grid kept z"
+            out.append(row)
     return out
 
 
+def measured_ratio(ss: str, uni: str, lowest: float) -> str:
+    """beta_c(surprisal-share) / beta_c(uniform) as text; a bound or "undefined" when either has none."""
+    if ss != NO_BETA and uni != NO_BETA:
+        return f"{float(ss) / float(uni):.3g}"
+    if ss != NO_BETA:  # uniform kept z at no beta: the ratio is only bounded below
+        return f"> {float(ss) / lowest:.3g} (uniform: {NO_BETA})"
+    if uni != NO_BETA:
+        return f"< {lowest / float(uni):.3g} (surprisal-share: {NO_BETA})"
+    return f"undefined (neither kept z at any beta >= {lowest:g})"
+
+
 def ratio_rows(summary: list[dict], betas: tuple[float, ...]) -> list[dict]:
-    """beta_c(surprisal-share) / beta_c(uniform) per setting next to the predicted T/(t0+1)."""
+    """beta_c(surprisal-share) / beta_c(uniform) per setting (both criteria) next to the predicted T/(t0+1)."""
     out = []
     by = {(r["setting"], r["weighting"]): r for r in summary}
     for s in dict.fromkeys(r["setting"] for r in summary):
         ss, uni = by.get((s, "surprisal-share")), by.get((s, "uniform"))
         if ss is None or uni is None:
             continue
-        if ss["beta_c"] != NO_BETA and uni["beta_c"] != NO_BETA:
-            measured = f"{float(ss['beta_c']) / float(uni['beta_c']):.3g}"
-        elif ss["beta_c"] != NO_BETA:  # uniform kept z at no beta: the ratio is only bounded below
-            measured = f"> {float(ss['beta_c']) / betas[0]:.3g} (uniform: {NO_BETA})"
-        elif uni["beta_c"] != NO_BETA:
-            measured = f"< {betas[0] / float(uni['beta_c']):.3g} (surprisal-share: {NO_BETA})"
-        else:
-            measured = f"undefined (neither kept z at any beta >= {betas[0]:g})"
-        out.append({"recipe": ss["recipe"], "setting": s, "predicted_T_over_t0p1": ss["ratio_true"],
-                    "inspection_T_over_t0p1": ss["ratio_inspect"], "beta_c_surprisal_share": ss["beta_c"],
-                    "beta_c_uniform": uni["beta_c"], "measured_ratio": measured})
+        row = {"recipe": ss["recipe"], "setting": s, "predicted_T_over_t0p1": ss["ratio_true"],
+               "inspection_T_over_t0p1": ss["ratio_inspect"], "predicted_if_z_removes_b": ss.get("ratio_if_z_removes_b")}
+        for metric in CRITERIA:
+            c = "beta_c" if metric == "mi" else f"beta_c_{metric}"
+            row |= {f"{c}_surprisal_share": ss[c], f"{c}_uniform": uni[c],
+                    f"measured_ratio{c[6:]}": measured_ratio(ss[c], uni[c], betas[0])}
+        out.append(row)
     return out
 
 
@@ -194,14 +222,17 @@ def ratio_rows(summary: list[dict], betas: tuple[float, ...]) -> list[dict]:
 
 
 def plot_mi_vs_beta(rows: list[dict], cfg: SweepConfig, settings: dict[str, dict], threshold: float):
-    """Exact MI against beta (log axis, grid cells, mean ± std over seeds): a curve per weighting, a panel per setting."""
+    """Exact MI against beta (log axis, grid cells, mean ± std over seeds): a curve per weighting (dotted: I(z;
+    strategy)), a panel per setting."""
     fig, axes = figure(len(cfg.setting_names), width=4.8)
     for ax, s in zip(axes, cfg.setting_names):
-        for w in cfg.weightings:
-            stats = [mean_std([r["mi"] for r in rows if (r["setting"], r["weighting"], r["beta"], r["group"])
-                               == (s, w, b, "sweep")]) for b in cfg.betas]
-            ax.errorbar(cfg.betas, [m for m, _ in stats], yerr=[sd for _, sd in stats], marker="o", capsize=3,
-                        label=w)
+        for i, w in enumerate(cfg.weightings):
+            for metric, style in (("mi", "-"), ("strategy_mi", ":")):
+                stats = [mean_std([r.get(metric) for r in rows if (r["setting"], r["weighting"], r["beta"], r["group"])
+                                   == (s, w, b, "sweep")]) for b in cfg.betas]
+                if any(m is not None for m, _ in stats):
+                    ax.errorbar(cfg.betas, [m for m, _ in stats], yerr=[sd for _, sd in stats], marker="o", capsize=3,
+                                ls=style, color=f"C{i}", label=w if metric == "mi" else f"{w}, I(z; strategy)")
         ax.axhline(threshold, color="grey", ls=":", lw=1, label=f"{KEPT_FRACTION} log S")
         ax.set(xscale="log", xlabel="beta", ylabel="exact MI (nats)",
                title=f"{s}: T/(t0+1) = {settings[s]['ratio_true']:.2f}")
@@ -242,30 +273,42 @@ def render(cfg: SweepConfig, summary: list[dict], ratios: list[dict], rows: list
            threshold: float, command: str | None, wall_s: float) -> str:
     out = header_lines("tokweight experiment --sweep beta: collapse thresholds", cfg.recipe, command, wall_s,
                        cfg.task, len(rows), sum(r["reused"] for r in rows))
-    out += [f"beta_c = the largest beta whose final exact MI (test split) >= {KEPT_FRACTION} log S = "
-            f"{threshold:.3f} nats; '{NO_BETA}' = no beta in the grid kept z (beta_c < {cfg.betas[0]:g}, not 0). "
-            f"Grid: {', '.join(f'{b:g}' for b in cfg.betas)}; seeds {', '.join(map(str, cfg.seeds))}; "
-            f"{cfg.refine} bisection steps per seed; {cfg.budget.steps} steps per cell. 'beta_c' is that of the "
-            "seed-mean MI curve over the grid; per seed includes the bisection.", "",
+    definition = (f"beta_c = the largest beta whose final exact MI (test split) >= {KEPT_FRACTION} log S = "
+                  f"{threshold:.3f} nats; '{NO_BETA}' = no beta in the grid kept z (beta_c < {cfg.betas[0]:g}, not 0). "
+                  f"Two MIs: {CRITERIA['mi']} (the definition) and {CRITERIA['strategy_mi']} (codes of x or of y's "
+                  f"other tokens do not count). Grid: {', '.join(f'{b:g}' for b in cfg.betas)}; seeds "
+                  f"{', '.join(map(str, cfg.seeds))}; {cfg.refine} bisection steps per seed; {cfg.budget.steps} "
+                  f"steps per cell at lr {cfg.budget.lr:g}, recipe overrides {json.dumps(load_recipe(cfg.recipe))}. "
+                  "'beta_c' is that of the seed-mean MI curve over the grid; per seed includes the bisection.")
+    out += [definition, "",
             "## beta_c(surprisal-share) / beta_c(uniform) against the predicted T/(t0+1)", "",
-            md_table(["setting", "predicted T/(t0+1)", "inspection", "beta_c surprisal-share", "beta_c uniform",
-                      "measured ratio"],
+            md_table(["setting", "predicted T/(t0+1)", "inspection", "if z removes every b", "beta_c surprisal-share",
+                      "beta_c uniform", "measured ratio", "same, by I(z; strategy)"],
                      [[r["setting"], _f(r["predicted_T_over_t0p1"], 2), _f(r["inspection_T_over_t0p1"], 2),
-                       r["beta_c_surprisal_share"], r["beta_c_uniform"], r["measured_ratio"]] for r in ratios]), "",
+                       _f(r["predicted_if_z_removes_b"], 2),
+                       r["beta_c_surprisal_share"], r["beta_c_uniform"], r["measured_ratio"],
+                       (f"{r['beta_c_strategy_mi_surprisal_share']} / {r['beta_c_strategy_mi_uniform']} = "
+                        f"{r['measured_ratio_strategy_mi']}")] for r in ratios]), "",
+            ("'inspection' is T/(t0_share+1) from the store; 'if z removes every b' is the ratio of the z-gains "
+             "mean(sum b^2 / sum b) / mean(sum b / T) (store/sql/summary.sql): T/(t0+1) assumes z helps at t0 only, "
+             "this assumes z removes the base model's surprisal at every token."), "",
             "## beta_c per weighting", "",
-            md_table(["setting", "T/(t0+1)", "weighting", "beta_c", "per seed", "seeds without beta_c"],
+            md_table(["setting", "T/(t0+1)", "weighting", "beta_c", "per seed", "seeds without beta_c",
+                      "beta_c by I(z; strategy)", "per seed"],
                      [[r["setting"], _f(r["ratio_true"], 2), r["weighting"], r["beta_c"], r["beta_c_seeds"],
-                       str(r["seeds_without_beta_c"])] for r in summary]), ""]
+                       str(r["seeds_without_beta_c"]), r["beta_c_strategy_mi"], r["beta_c_strategy_mi_seeds"]]
+                      for r in summary]), ""]
     for s in cfg.setting_names:
-        lines = [[w] + [_pm(rows, s, w, b) for b in cfg.betas] for w in cfg.weightings]
-        out += [f"## MI (nats) against beta: {s} (T/(t0+1) = {settings[s]['ratio_true']:.2f})", "",
-                md_table(["weighting"] + [f"{b:g}" for b in cfg.betas], lines), ""]
+        for metric, what in CRITERIA.items():
+            lines = [[w] + [_pm(rows, s, w, b, metric) for b in cfg.betas] for w in cfg.weightings]
+            out += [f"## {what} (nats) against beta: {s} (T/(t0+1) = {settings[s]['ratio_true']:.2f})", "",
+                    md_table(["weighting"] + [f"{b:g}" for b in cfg.betas], lines), ""]
     out += ["![MI against beta](mi_vs_beta.png)", "", "![batch MI against step](mi_vs_step.png)", ""]
     return "\n".join(out)
 
 
-def _pm(rows: list[dict], s: str, w: str, b: float) -> str:
-    mean, std = mean_std([r["mi"] for r in rows if (r["setting"], r["weighting"], r["beta"], r["group"])
+def _pm(rows: list[dict], s: str, w: str, b: float, metric: str = "mi") -> str:
+    mean, std = mean_std([r.get(metric) for r in rows if (r["setting"], r["weighting"], r["beta"], r["group"])
                           == (s, w, b, "sweep")])
     return "–" if mean is None else f"{mean:.3f} ± {std:.3f}"
 
