@@ -174,9 +174,13 @@ class ExperimentConfig:
     """Steps and evaluation size per cell."""
     recipe: str = "baseline"
     """Name in training.recipes.RECIPES whose TrainConfig overrides every cell; "baseline": none."""
+    jobs: int = 1
+    """Cells trained at once, each in its own process with one torch thread (no effect on any number)."""
 
     def __post_init__(self):
         coerce_nested(self, task=TaskConfig, budget=CellBudget)
+        if self.jobs < 1:
+            raise ValueError(f"jobs must be >= 1, got {self.jobs}")
         for name in ("weightings", "betas", "seeds", "continuous_weightings", "cond_modes"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         bad = [w for w in self.weightings + self.continuous_weightings if w not in ALL_WEIGHTINGS]
@@ -439,23 +443,47 @@ def run_cell(cell: Cell, prep: Prepared, k: int, prefix_slots: int, budget: Cell
     return record, False
 
 
+def _one_torch_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # each cell process gets one core; more threads oversubscribe (STACK-NOTES)
+
+
+def _run_cell_args(args: tuple) -> tuple[dict, bool]:
+    return run_cell(*args)
+
+
 def run_cells(cells: list[Cell], prepared: dict[str, Prepared], k: int, prefix_slots: int, budget: CellBudget,
-              recipe_name: str, root: Path, echo: Echo) -> list[dict]:
-    """Every cell in order, a progress line each (with the ETA from the fresh cells so far); one row per cell."""
+              recipe_name: str, root: Path, echo: Echo, jobs: int = 1) -> list[dict]:
+    """Every cell, ``jobs`` at a time (each in its own process, one torch thread; 1: in this process),
+    rows and progress lines in cell order, with the ETA from the fresh cells so far; one row per cell.
+    Cells are independent and seeded, so a cell's record does not depend on ``jobs``."""
     recipe = load_recipe(recipe_name)
+    work = [(cell, prepared[cell.setting], k, prefix_slots, budget, recipe, root) for cell in cells]
+    pool = None
+    if jobs > 1 and len(cells) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        pool = ProcessPoolExecutor(min(jobs, len(cells)), mp_context=get_context("forkserver"),
+                                   initializer=_one_torch_thread)
     rows, fresh_s, fresh_n = [], 0.0, 0
-    for i, cell in enumerate(cells, 1):
-        start = time.perf_counter()
-        record, reused = run_cell(cell, prepared[cell.setting], k, prefix_slots, budget, recipe, root)
-        if not reused:
-            fresh_s, fresh_n = fresh_s + time.perf_counter() - start, fresh_n + 1
-        eta = f"; ETA {fresh_s / fresh_n * (len(cells) - i) / 60:.1f} min" if fresh_n and i < len(cells) else ""
-        took = "reused" if reused else f"{record['wall_s']:.0f} s"
-        echo(f"[cell {i}/{len(cells)}] {cell.label}: MI {_f(record['mi'])} KL {_f(record['kl'])} "
-             f"NMI {_f(record['strategy_nmi'])} control {_f(record['control_accuracy'])} "
-             f"recon {_f(record['recon_uniform'])} ({took}{eta})")
-        rows.append({**asdict(cell), "recipe": recipe_name, **prepared[cell.setting].stats_brief, **record,
-                     "reused": reused})
+    try:
+        results = pool.map(_run_cell_args, work) if pool else map(_run_cell_args, work)
+        for i, (cell, (record, reused)) in enumerate(zip(cells, results), 1):
+            if not reused:
+                fresh_s, fresh_n = fresh_s + record["wall_s"], fresh_n + 1
+            left = fresh_s / fresh_n * (len(cells) - i) / max(1, min(jobs, len(cells))) / 60 if fresh_n else 0
+            eta = f"; ETA {left:.1f} min" if fresh_n and i < len(cells) else ""
+            took = "reused" if reused else f"{record['wall_s']:.0f} s"
+            echo(f"[cell {i}/{len(cells)}] {cell.label}: MI {_f(record['mi'])} KL {_f(record['kl'])} "
+                 f"NMI {_f(record['strategy_nmi'])} control {_f(record['control_accuracy'])} "
+                 f"recon {_f(record['recon_uniform'])} ({took}{eta})")
+            rows.append({**asdict(cell), "recipe": recipe_name, **prepared[cell.setting].stats_brief, **record,
+                         "reused": reused})
+    finally:
+        if pool:
+            pool.shutdown(cancel_futures=True)
     return rows
 
 
@@ -677,7 +705,7 @@ def run(cfg: ExperimentConfig, echo: Echo = print, command: str | None = None) -
     echo(f"[experiment] {len(cfg.task.settings)} settings, {len(cells)} cells of {cfg.budget.steps} steps, "
          f"recipe {cfg.recipe}")
     prepared = prepare_all(cfg.task, root, echo)
-    rows = run_cells(cells, prepared, cfg.task.k, cfg.prefix_slots, cfg.budget, cfg.recipe, root, echo)
+    rows = run_cells(cells, prepared, cfg.task.k, cfg.prefix_slots, cfg.budget, cfg.recipe, root, echo, cfg.jobs)
     settings = {name: p.stats for name, p in prepared.items()}
     agg = aggregate(rows)
     amp = amplification(rows, settings)

@@ -29,7 +29,9 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
 @click.option("--cvae-steps", type=int, default=None, help="Steps per cell (default 300; experiment --quick 150).")
 @click.option("--base-steps", type=int, default=None, help="Base-model steps per setting (default 3000).")
 @click.option("--refine", type=int, default=0, help="Sweep: bisection steps per seed around beta_c.")
-def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine):
+@click.option("--jobs", type=int, default=None,
+              help="Cells trained at once, one process and torch thread each (default: 1; sweep: min(2, CPUs)).")
+def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs):
     """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results."""
     from dataclasses import replace
 
@@ -53,7 +55,7 @@ def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, ba
             cfg = exp.ExperimentConfig(out=out, task=task, **chosen)
             cfg = exp.quick(cfg) if quick else cfg
             run = exp.run
-        given = {"seeds": _ints(seeds), "betas": _floats(betas)}
+        given = {"seeds": _ints(seeds), "betas": _floats(betas), "jobs": jobs}
         cfg = replace(cfg, **{k: v for k, v in given.items() if v is not None})
         if cvae_steps is not None:
             cfg = replace(cfg, budget=replace(cfg.budget, steps=cvae_steps))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -66,12 +67,16 @@ class SweepConfig:
     """Seeds of every cell; beta_c is also reported per seed."""
     refine: int = 0
     """Bisection steps (log scale) per (setting, weighting, seed) between its grid beta_c and the next beta."""
-    budget: CellBudget = field(default_factory=lambda: CellBudget(steps=500, lr=3e-4))
-    """Steps and evaluation size per cell: the survival recipe's 200 warm-start steps, then 300 at beta.
-    At lr 1e-3 the first 10 Adam steps under surprisal-share took the h0-n16 decoder from 0.067
-    to 1.3 nats per token (on tokens it barely weights); at 3e-4 it stays near 0.1."""
+    budget: CellBudget = field(default_factory=lambda: CellBudget(steps=1000, lr=3e-4))
+    """Steps and evaluation size per cell: the survival recipe's 200 warm-start steps, then 800 at beta.
+    Settling takes that long near the threshold: at h0-n16, surprisal-share at beta 1.389 still had
+    MI 0.646 at step 500 and 0.007 at step 900; uniform at beta 0.193 held 0.69 to step 1500. At lr
+    1e-3 the first 10 Adam steps under surprisal-share took the h0-n16 decoder from 0.067 to 1.3
+    nats per token (on tokens it barely weights); at 3e-4 it stays near 0.1."""
     recipe: str = "survival"
     """Name in training.recipes.RECIPES applied to every cell; "baseline": none."""
+    jobs: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+    """Cells trained at once, each in its own process with one torch thread (no effect on any number)."""
 
     def __post_init__(self):
         coerce_nested(self, task=TaskConfig, budget=CellBudget)
@@ -83,8 +88,8 @@ class SweepConfig:
             raise ValueError(f"unknown settings {unknown}; the task has {[t.name for t in self.task.settings]}")
         if len(self.betas) < 2 or any(not b > 0 for b in self.betas) or len(set(self.betas)) != len(self.betas):
             raise ValueError(f"betas must be >= 2 distinct values > 0 (a log grid), got {self.betas}")
-        if not self.weightings or not self.seeds or self.refine < 0:
-            raise ValueError("weightings and seeds must be non-empty and refine >= 0")
+        if not self.weightings or not self.seeds or self.refine < 0 or self.jobs < 1:
+            raise ValueError("weightings and seeds must be non-empty, refine >= 0 and jobs >= 1")
 
     @property
     def setting_names(self) -> tuple[str, ...]:
@@ -120,41 +125,41 @@ def show(beta: float | None) -> str:
 
 
 def run_sweep_cells(cfg: SweepConfig, prepared: dict, root: Path, threshold: float, echo: Echo) -> list[dict]:
-    """The grid for every (setting, weighting, seed), then its bisection steps; one row per cell."""
+    """The grid for every (setting, weighting, seed), then ``refine`` bisection rounds (each round
+    one midpoint per (setting, weighting, seed) whose grid beta_c has a larger grid beta above it,
+    all run together); one row per cell."""
     def run(cells: list[Cell]) -> list[dict]:
-        return run_cells(cells, prepared, cfg.task.k, 1, cfg.budget, cfg.recipe, root, echo)
+        return run_cells(cells, prepared, cfg.task.k, 1, cfg.budget, cfg.recipe, root, echo, cfg.jobs)
 
-    grid = [Cell(s, "discrete", "token", w, b, seed, "sweep") for s in cfg.setting_names for w in cfg.weightings
-            for seed in cfg.seeds for b in cfg.betas]
+    groups = [(s, w, seed) for s in cfg.setting_names for w in cfg.weightings for seed in cfg.seeds]
+    grid = [Cell(s, "discrete", "token", w, b, seed, "sweep") for s, w, seed in groups for b in cfg.betas]
     echo(f"[sweep] {len(cfg.setting_names)} settings x {len(cfg.weightings)} weightings x {len(cfg.seeds)} seeds "
          f"x {len(cfg.betas)} betas = {len(grid)} cells (+ up to {cfg.refine} bisection steps each), "
-         f"{cfg.budget.steps} steps per cell")
+         f"{cfg.budget.steps} steps per cell, {cfg.jobs} at a time")
     rows = run(grid)
-    for s in cfg.setting_names:
-        for w in cfg.weightings:
-            for seed in cfg.seeds:
-                mine = {r["beta"]: r["mi"] for r in rows if (r["setting"], r["weighting"], r["seed"]) == (s, w, seed)}
-                span = bracket(cfg.betas, beta_c(mine, threshold))
-                if span and cfg.refine:
-                    def measure(beta, s=s, w=w, seed=seed):
-                        rows.extend(run([Cell(s, "discrete", "token", w, beta, seed, "refine")]))
-                        return rows[-1]["mi"]
-
-                    bisect(span, measure, threshold, cfg.refine)
+    spans = {}
+    for s, w, seed in groups:
+        mine = {r["beta"]: r["mi"] for r in rows if (r["setting"], r["weighting"], r["seed"]) == (s, w, seed)}
+        span = bracket(cfg.betas, beta_c(mine, threshold))
+        if span:
+            spans[s, w, seed] = span
+    for _ in range(cfg.refine if spans else 0):
+        mids = {g: midpoint(span) for g, span in spans.items()}
+        measured = run([Cell(s, "discrete", "token", w, mids[s, w, seed], seed, "refine") for s, w, seed in spans])
+        rows.extend(measured)
+        spans = {g: narrow(spans[g], mids[g], r["mi"], threshold) for g, r in zip(spans, measured)}
     return rows
 
 
-def bisect(span: tuple[float, float], measure, threshold: float, steps: int) -> float:
-    """span = (a beta that kept z, a larger one that did not); halve it in log scale ``steps`` times,
-    measuring MI = measure(beta) at each midpoint. Returns the largest beta seen to keep z."""
-    lo, hi = span
-    for _ in range(steps):
-        mid = float(f"{math.sqrt(lo * hi):.4g}")
-        if measure(mid) >= threshold:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+def midpoint(span: tuple[float, float]) -> float:
+    """The log-scale midpoint of (lo, hi), to 4 significant digits (a readable key and label)."""
+    return float(f"{math.sqrt(span[0] * span[1]):.4g}")
+
+
+def narrow(span: tuple[float, float], mid: float, mi: float, threshold: float) -> tuple[float, float]:
+    """span = (a beta that kept z, a larger one that did not): the half that still brackets beta_c,
+    given the MI measured at its midpoint."""
+    return (mid, span[1]) if mi >= threshold else (span[0], mid)
 
 
 CRITERIA = {"mi": "exact I(z; x,y)", "strategy_mi": "exact I(z; strategy)"}
