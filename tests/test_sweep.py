@@ -41,6 +41,16 @@ def test_bracket_and_bisection():
     assert sw.midpoint((0.1, 10.0)) == 1.0 and sw.narrow((0.1, 10.0), 1.0, HALF_LOG2, HALF_LOG2) == (1.0, 10.0)
 
 
+def test_gain_estimate_reads_the_grid_ends():
+    cells = [{"beta": 0.01, "mi": 0.69, "recon": 0.1, "kl": 0.7}, {"beta": 0.01, "mi": 0.69, "recon": 0.3, "kl": 0.6},
+             {"beta": 1.0, "mi": 0.68, "recon": 0.5, "kl": 0.7}, {"beta": 10.0, "mi": 0.0, "recon": 1.6, "kl": 0.0}]
+    got = sw.gain_estimate(cells, (0.01, 1.0, 10.0), HALF_LOG2)
+    assert got["z_gain_nats"] == pytest.approx(1.4) and got["kl_with_z"] == pytest.approx(0.65)
+    assert got["beta_c_from_gain"] == pytest.approx(1.4 / 0.65)
+    never_collapsed = [dict(c, mi=0.69) for c in cells]
+    assert sw.gain_estimate(never_collapsed, (0.01, 1.0, 10.0), HALF_LOG2)["beta_c_from_gain"] is None
+
+
 def test_ratio_rows_cover_every_case():
     def rows(ss, uni):
         return [{"recipe": "baseline", "setting": "a", "ratio_true": 8.0, "ratio_inspect": 7.5, "weighting": w,

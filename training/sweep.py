@@ -190,8 +190,24 @@ def summarize(rows: list[dict], cfg: SweepConfig, settings: dict[str, dict], thr
                         f"beta_c{suffix}_seed_max": show(max(found)) if found else NO_BETA,
                         f"seeds_without_beta_c{suffix}": len(per_seed) - len(found)}
             row["kept_z"] = "yes" if row["beta_c"] != NO_BETA else "no beta in the grid kept z"
-            out.append(row)
+            out.append(row | gain_estimate([r for r in mine if r["group"] == "sweep"], cfg.betas, threshold))
     return out
+
+
+def gain_estimate(cells: list[dict], betas: tuple[float, ...], threshold: float) -> dict:
+    """The note's criterion |delta| > beta C read off the grid's own ends: delta = the weighted
+    reconstruction the weighting's objective gains by z (recon at the largest beta, which collapsed,
+    minus recon at the smallest, which kept z; seed means) and C = the KL at the smallest beta, so
+    beta_c ~ delta / C. None where the ends did not collapse and keep z respectively."""
+    def mean(metric: str, beta: float) -> float | None:
+        return mean_std([r.get(metric) for r in cells if r["beta"] == beta])[0]
+
+    lo, hi = betas[0], betas[-1]
+    kept, dropped = mean("mi", lo), mean("mi", hi)
+    if None in (kept, dropped) or kept < threshold or dropped >= threshold:
+        return {"z_gain_nats": None, "kl_with_z": None, "beta_c_from_gain": None}
+    gain, kl = mean("recon", hi) - mean("recon", lo), mean("kl", lo)
+    return {"z_gain_nats": gain, "kl_with_z": kl, "beta_c_from_gain": gain / kl if kl > 0 else None}
 
 
 def measured_ratio(ss: str, uni: str, lowest: float) -> str:
@@ -299,10 +315,14 @@ def render(cfg: SweepConfig, summary: list[dict], ratios: list[dict], rows: list
              "this assumes z removes the base model's surprisal at every token."), "",
             "## beta_c per weighting", "",
             md_table(["setting", "T/(t0+1)", "weighting", "beta_c", "per seed", "seeds without beta_c",
-                      "beta_c by I(z; strategy)", "per seed"],
+                      "beta_c by I(z; strategy)", "per seed", "z gain delta (nats)", "C = KL with z",
+                      "delta / C"],
                      [[r["setting"], _f(r["ratio_true"], 2), r["weighting"], r["beta_c"], r["beta_c_seeds"],
-                       str(r["seeds_without_beta_c"]), r["beta_c_strategy_mi"], r["beta_c_strategy_mi_seeds"]]
-                      for r in summary]), ""]
+                       str(r["seeds_without_beta_c"]), r["beta_c_strategy_mi"], r["beta_c_strategy_mi_seeds"],
+                       _f(r["z_gain_nats"]), _f(r["kl_with_z"]), _f(r["beta_c_from_gain"])] for r in summary]), "",
+            ("delta = the cell's own weighted reconstruction at the largest beta (z collapsed) minus that at the "
+             "smallest (z kept), C = the KL at the smallest, seed means: the note's survival condition "
+             "|delta| > beta C puts beta_c near delta / C."), ""]
     for s in cfg.setting_names:
         for metric, what in CRITERIA.items():
             lines = [[w] + [_pm(rows, s, w, b, metric) for b in cfg.betas] for w in cfg.weightings]
