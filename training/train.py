@@ -272,9 +272,10 @@ def resume(state: State) -> None:
     ckpt = out / "checkpoint"
     if not (ckpt / "state.json").is_file():
         return
-    saved = json.loads((out / "config.json").read_text())
+    # read back through TrainConfig, so fields added since the run started compare at their defaults
+    saved = TrainConfig.from_json(json.loads((out / "config.json").read_text())).to_json()
     mine = cfg.to_json()
-    differ = sorted(k for k in mine if k not in ("steps",) and saved.get(k) != mine[k])
+    differ = sorted(k for k in mine if k not in ("steps",) and saved[k] != mine[k])
     if differ:
         raise ValueError(f"{out} holds a run with another config ({', '.join(differ)} differ); use a new --out")
     meta = json.loads((ckpt / "state.json").read_text())
