@@ -33,6 +33,15 @@ class SampleError(ValueError):
         where = ", ".join(f"{k} {v!r}" for k, v in (("shard", shard), ("key", key)) if v is not None)
         super().__init__(f"{message} ({where})" if where else message)
 
+    def __reduce__(self):
+        """Pickle by the constructor's own arguments (the default passes only the message), so the
+        error crosses a process boundary intact: reason, key, shard and any notes."""
+        return _rebuild, (self.reason, self.detail, self.key, self.shard), self.__dict__
+
     def located(self, *, key: str | None = None, shard: str | None = None) -> "SampleError":
         """The same error with the shard and/or key filled in where they were missing."""
         return SampleError(self.reason, self.detail, key=self.key or key, shard=self.shard or shard)
+
+
+def _rebuild(reason: str, detail: str, key: str | None, shard: str | None) -> SampleError:
+    return SampleError(reason, detail, key=key, shard=shard)

@@ -23,8 +23,8 @@ commits nothing; re-running resumes from the journal.
 
 from __future__ import annotations
 
-import builtins
 import os
+import pickle
 import tarfile
 import threading
 import time
@@ -316,28 +316,23 @@ def prepare_shard(task: Task, vocab: Vocab, block_size: int, policy: str, batch_
 
 @dataclass(frozen=True)
 class ReaderFailure:
-    """An exception of the reader process, in a form that survives pickling (SampleError's does not)."""
+    """An exception of the reader process, with that process's trace as a note; one that cannot be
+    pickled travels as a RuntimeError naming its type (the queue would drop it and end the stream)."""
 
-    kind: str  # "sample" (rebuilt as the SampleError) or the exception's type name
-    args: tuple
-    trace: str
+    error: BaseException
 
     @classmethod
     def of(cls, error: BaseException) -> "ReaderFailure":
-        trace = "".join(traceback.format_exception(error))
-        if isinstance(error, SampleError):
-            return cls("sample", (error.reason, error.detail, error.key, error.shard), trace)
-        return cls(type(error).__name__, (str(error),), trace)
+        note = f"raised in the extraction reader process:\n{''.join(traceback.format_exception(error))}"
+        try:
+            pickle.dumps(error)
+        except Exception:
+            error = RuntimeError(f"{type(error).__name__}: {error}")
+        error.add_note(note)
+        return cls(error)
 
     def exception(self) -> BaseException:
-        if self.kind == "sample":
-            reason, detail, key, shard = self.args
-            return SampleError(reason, detail, key=key, shard=shard)
-        builtin = getattr(builtins, self.kind, None)
-        error = (builtin(*self.args) if isinstance(builtin, type) and issubclass(builtin, Exception)
-                 else RuntimeError(f"{self.kind}: {self.args[0]}"))
-        error.add_note(f"raised in the extraction reader process:\n{self.trace}")
-        return error
+        return self.error
 
 
 class ShardReader(IterableDataset):
@@ -348,14 +343,13 @@ class ShardReader(IterableDataset):
     exception is handed over as a ``ReaderFailure`` and ends the stream.
     """
 
-    def __init__(self, tasks: list[Task], vocab: Vocab, block_size: int, policy: str, batch_tokens: int):
-        self.tasks, self.vocab, self.block_size = tasks, vocab, block_size
-        self.policy, self.batch_tokens = policy, batch_tokens
+    def __init__(self, tasks: list[Task], prepare: Callable[[Task], PreparedShard]):
+        self.tasks, self.prepare = tasks, prepare  # prepare: picklable (a partial of prepare_shard)
 
     def __iter__(self) -> Iterator[PreparedShard | ReaderFailure]:
         for task in self.tasks:
             try:
-                yield prepare_shard(task, self.vocab, self.block_size, self.policy, self.batch_tokens)
+                yield self.prepare(task)
             except Exception as error:
                 yield ReaderFailure.of(error)
                 return
@@ -385,13 +379,12 @@ def prepared_shards(tasks: list[Task], vocab: Vocab, block_size: int, cfg: Extra
     worker process starts (it imports torch, about 2 s) and prepares the others one or
     two shards ahead of the model.
     """
-    def prepare(task: Task) -> PreparedShard:
-        return prepare_shard(task, vocab, block_size, cfg.on_bad_sample, cfg.batch_tokens)
-
+    prepare = partial(prepare_shard, vocab=vocab, block_size=block_size, policy=cfg.on_bad_sample,
+                      batch_tokens=cfg.batch_tokens)
     if not cfg.reader_process or len(tasks) < 2:
         yield from map(prepare, tasks)
         return
-    reader = ShardReader(tasks[1:], vocab, block_size, cfg.on_bad_sample, cfg.batch_tokens)
+    reader = ShardReader(tasks[1:], prepare)
     # spawn: like forkserver, a fresh interpreter (forking a process that runs threads can deadlock, STACK-NOTES),
     # and the worker is this process's child, so DataLoader's watchdog ends it if this process is killed; a
     # forkserver child outlives a SIGKILLed parent (it holds the server's liveness pipe open).

@@ -18,23 +18,22 @@ from pathlib import Path
 
 import torch
 
+from pipeline.synth import load_synth_config
+from training.train import read_metrics
+
 WEIGHTINGS = ("uniform", "sum", "surprisal-share")
 
 
 def strategy_count(data: str, k: int) -> int:
-    """S: the dataset's number of strategies (dataset.json), else K."""
-    meta = Path(data) / "dataset.json"
-    if meta.is_file():
-        strategies = json.loads(meta.read_text()).get("config", {}).get("strategies")
-        if strategies:
-            return len(strategies)
-    return k
+    """S: the dataset's number of strategies (a synthetic dataset's config), else K."""
+    synth = load_synth_config(data)
+    return len(synth.strategies) if synth is not None else k
 
 
 def curve(run_dir: Path) -> list[tuple[int, float, float]]:
     """(step, MI, NMI) of every validation line of a run, periodic and final."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["mi"], r.get("strategy_nmi", float("nan"))) for r in rows if r.get("split") == "val"]
+    return [(r["step"], r["mi"], r.get("strategy_nmi", float("nan"))) for r in read_metrics(run_dir)
+            if r.get("split") == "val"]
 
 
 def first_step_at(points: list[tuple[int, float, float]], threshold: float) -> int | None:

@@ -33,12 +33,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.bucketing import bucket, padded_fraction, plan_batches
-from pipeline.extract import ExtractConfig, encode, prepare_shard, read_samples, run, score_batch
+from pipeline.bucketing import padded_fraction, plan_batches
+from pipeline.extract import ExtractConfig, ShardBatches, encode, prepare_shard, read_samples, run, score_batch
 from pipeline.extract_plan import InputShard, Task
 from pipeline.shards import resolve_shards, shard_name
 from pipeline.synth import PRESETS, write_dataset
-from pipeline.templates import collate
 from store.baseline_store import BaselineStore
 from training.checkpoint import load_checkpoint
 from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
@@ -68,8 +67,7 @@ def build_batches(data: Path, ckpt, batch_tokens: int):
         plan = plan_batches(lengths, batch_tokens)
         shard_computed = sum(len(b) * max(lengths[i] for i in b) for b in plan)
         padded, computed = padded + padded_fraction(lengths, plan) * shard_computed, computed + shard_computed
-        for items in bucket(encoded, batch_tokens, lambda e: e.scored_length):
-            batches.append(collate([e.ids for e in items], [e.layout for e in items]))
+        batches += [batch for _, batch in ShardBatches.build(name, encoded, batch_tokens).batches]
     return batches, padded / computed
 
 

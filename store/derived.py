@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 DERIVED_SCALARS = ("b_sum", "b_sq_sum", "b_xlogx_sum", "b_max")  # one value per example
-DERIVED_COLUMNS = ("cumsum_b", *DERIVED_SCALARS)
 
 
 def derived_columns(b: np.ndarray, T: np.ndarray) -> dict[str, np.ndarray]:

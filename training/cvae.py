@@ -9,8 +9,8 @@ One backbone serves three reads per step:
   or from an unconditioned prefix pass when the z pathway reaches the prefix).
 
 Posterior input: the z-free hidden state at the last position (``<eos>``), which has
-attended to all of x and y, or the mean of the states that predict S (``posterior_pool``). The model returns per-token NLLs; the objective is a pure
-function of them (``objective``).
+attended to all of x and y, or the mean of the states that predict S (``posterior_pool``).
+The model returns per-token NLLs; the objective is a pure function of them (``objective``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Reuse: an artefact's directory is named by a key, a hash of the canonical JSON o
 everything that determines it (its config with defaults, and the keys or fingerprints of
 its inputs). A base model is reused only when it loads (which checks its files against
 its fingerprint) with the fingerprint recorded when it was built; a cell only when its
-record names the same key and the base fingerprint it was trained from; the store is
+record names the same key (which hashes the base fingerprint it was trained from); the store is
 reused by extract itself (a complete store for the fingerprint does nothing).
 
 Outputs in DIR: cells.csv (one row per cell and seed), results.csv and results.md (mean
@@ -26,7 +26,7 @@ import math
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -222,6 +222,11 @@ def key_of(obj) -> str:
     return hashlib.sha256(canonical_json(obj)).hexdigest()[:12]
 
 
+def write_config(path: Path, cfg, recipe: dict) -> None:
+    """A job's resolved config (a dataclass) and its recipe's overrides, next to its outputs."""
+    write_json_atomic(path, {"config": asdict(cfg), "recipe_overrides": recipe})
+
+
 def read_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -372,10 +377,6 @@ def experiment_cells(cfg: ExperimentConfig) -> list[Cell]:
     return cells
 
 
-def _as_dict(value) -> dict:
-    return asdict(value) if is_dataclass(value) else dict(value)
-
-
 def train_config(cell: Cell, prep: Prepared, k: int, prefix_slots: int, budget: CellBudget, recipe: dict,
                  run_dir: Path):
     """The cell's TrainConfig: budget defaults, then the recipe's overrides, then the cell's own axes
@@ -385,9 +386,9 @@ def train_config(cell: Cell, prep: Prepared, k: int, prefix_slots: int, budget: 
     from training.train import TrainConfig
 
     overrides = dict(recipe)
-    cvae = CVAEConfig(**{**_as_dict(overrides.pop("cvae", {})), "latent": cell.latent, "k": k, "cond": cell.cond,
+    cvae = CVAEConfig(**{**overrides.pop("cvae", {}), "latent": cell.latent, "k": k, "cond": cell.cond,
                          "slots": prefix_slots if cell.cond == "prefix" else 1})
-    beta = BetaSchedule(**{**_as_dict(overrides.pop("beta", {})), "beta": cell.beta})
+    beta = BetaSchedule(**{**overrides.pop("beta", {}), "beta": cell.beta})
     kwargs = dict(steps=budget.steps, batch_size=budget.batch_size, lr=budget.lr, num_workers=0,
                   grad_diag_every=budget.steps, ckpt_every=budget.steps, policy="precomputed")
     kwargs |= overrides
@@ -405,10 +406,11 @@ def cell_key(tcfg, prep: Prepared, decode_examples: int) -> str:
                    "eval": {"split": "test", "decode_examples": decode_examples}})
 
 
-def init_gradients(metrics_path: Path) -> dict:
+def init_gradients(run_dir: Path) -> dict:
     """grad_recon / grad_kl of the posterior head at step 0 (training.metrics.posterior_gradient_norms)."""
-    for line in metrics_path.read_text().splitlines():
-        record = json.loads(line)
+    from training.train import read_metrics
+
+    for record in read_metrics(run_dir):
         if record.get("step") == 0 and "grad_recon" in record:
             return {"grad_recon_init": record["grad_recon"], "grad_kl_init": record["grad_kl"]}
     return {"grad_recon_init": None, "grad_kl_init": None}
@@ -424,20 +426,19 @@ def run_cell(cell: Cell, prep: Prepared, k: int, prefix_slots: int, budget: Cell
     key = cell_key(probe, prep, budget.decode_examples)
     run_dir = root / "runs" / f"{cell.setting}-{key}"
     done = read_json(run_dir / "cell.json")
-    if done is not None and done.get("key") == key and done.get("init_fingerprint") == prep.fingerprint:
+    if done is not None and done.get("key") == key:  # the key holds the base fingerprint
         return done, True
     start = time.perf_counter()
     trained = train(replace(probe, out=str(run_dir)))
     evaluated = run_eval(EvalConfig(run=str(run_dir), data=str(prep.data), split="test",
                                     decode_examples=budget.decode_examples))
-    state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
-    metrics = evaluated["metrics"]
-    record = {"key": key, "init_fingerprint": state["init_fingerprint"], "run": run_dir.name,
+    metrics = evaluated["metrics"]  # train refuses a run directory trained from another checkpoint
+    record = {"key": key, "init_fingerprint": prep.fingerprint, "run": run_dir.name,
               **{m: metrics.get(m) for m in METRICS if m != "control_accuracy"},
               "control_accuracy": evaluated["decode"].get("control_accuracy"),
               "strategy_accuracy": metrics.get("strategy_accuracy"),
               "usage_perplexity": metrics.get("usage_perplexity"), "val_mi": trained.get("mi"),
-              **init_gradients(run_dir / "metrics.jsonl"), "train_wall_s": trained["train_wall_s"],
+              **init_gradients(run_dir), "train_wall_s": trained["train_wall_s"],
               "wall_s": time.perf_counter() - start}
     write_json_atomic(run_dir / "cell.json", record)
     return record, False
@@ -524,16 +525,17 @@ def amplification(rows: list[dict], settings: dict[str, dict]) -> list[dict]:
     (beta, seed) pairs of discrete token cells (same seed: same heads and first batch), against
     the predicted T/(t0+1)."""
     grid = {(r["setting"], r["beta"], r["seed"], r["weighting"]): r for r in rows if r["group"] == "grid"}
+    ratios: dict[str, list[float]] = {name: [] for name in settings}
+    for (s, b, seed, w), uniform in grid.items():
+        share = grid.get((s, b, seed, "surprisal-share"))
+        if w == "uniform" and share and uniform["grad_recon_init"] and share["grad_recon_init"] is not None:
+            ratios.setdefault(s, []).append(share["grad_recon_init"] / uniform["grad_recon_init"])
     out = []
     for name, stats in settings.items():
-        ratios = [grid[(s, b, seed, "surprisal-share")]["grad_recon_init"] / u["grad_recon_init"]
-                  for (s, b, seed, w), u in grid.items()
-                  if s == name and w == "uniform" and (s, b, seed, "surprisal-share") in grid
-                  and u["grad_recon_init"] and grid[(s, b, seed, "surprisal-share")]["grad_recon_init"] is not None]
-        mean, std = mean_std(ratios)
+        mean, std = mean_std(ratios[name])
         out.append({"setting": name, "ratio_true": stats["ratio_true"], "ratio_inspect": stats["ratio_inspect"],
                     "effective_tokens": stats["effective_tokens"], "measured_mean": mean, "measured_std": std,
-                    "pairs": len(ratios)})
+                    "pairs": len(ratios[name])})
     return out
 
 
@@ -680,7 +682,6 @@ def plot_amplification(amp: list[dict], recipe: str):
         lo = min(min(a["ratio_true"], a["measured_mean"]) for a in pts)
         hi = max(max(a["ratio_true"], a["measured_mean"]) for a in pts)
         ax.plot([lo, hi], [lo, hi], color="grey", ls=":", label="measured = predicted")
-    if pts:
         ax.set(xscale="log", yscale="log")
     else:
         ax.text(0.5, 0.5, "no positive ratio to show", ha="center", transform=ax.transAxes)
@@ -699,8 +700,7 @@ def run(cfg: ExperimentConfig, echo: Echo = print, command: str | None = None) -
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
     recipe = load_recipe(cfg.recipe)  # fails before any work on an unknown recipe
-    write_json_atomic(root / "experiment_config.json", {"config": json.loads(json.dumps(asdict(cfg))),
-                                                 "recipe_overrides": json.loads(json.dumps(recipe, default=str))})
+    write_config(root / "experiment_config.json", cfg, recipe)
     cells = experiment_cells(cfg)
     echo(f"[experiment] {len(cfg.task.settings)} settings, {len(cells)} cells of {cfg.budget.steps} steps, "
          f"recipe {cfg.recipe}")

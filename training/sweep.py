@@ -29,14 +29,14 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.shards import write_json_atomic
-from training.experiment import (Cell, CellBudget, Echo, TaskConfig, coerce_nested, figure, header_lines, load_recipe,
-                                 md_table, mean_std, prepare_all, run_cells, write_csv, _f)
+from training.experiment import (Cell, CellBudget, Echo, TaskConfig, aggregate, coerce_nested, figure, header_lines,
+                                 load_recipe, md_table, mean_std, pm, prepare_all, run_cells, write_config, write_csv, _f)
+from training.metrics import entropy
 
 KEPT_FRACTION = 0.5
 """z counts as kept when the exact MI is at least this fraction of log S."""
@@ -166,7 +166,18 @@ CRITERIA = {"mi": "exact I(z; x,y)", "strategy_mi": "exact I(z; strategy)"}
 """Per-cell MI columns beta_c is computed from: the issue's definition, and its strategy-only variant."""
 
 
-def summarize(rows: list[dict], cfg: SweepConfig, settings: dict[str, dict], threshold: float) -> list[dict]:
+def suffix(metric: str) -> str:
+    """Column suffix of a criterion: "" for the definition ("mi"), "_strategy_mi" for the variant."""
+    return "" if metric == "mi" else f"_{metric}"
+
+
+def grid_means(rows: list[dict]) -> dict[tuple, dict]:
+    """(setting, weighting, beta) -> the grid cells' seed mean and std of every metric (experiment.aggregate)."""
+    return {(r["setting"], r["weighting"], r["beta"]): r for r in aggregate(rows) if r["group"] == "sweep"}
+
+
+def summarize(rows: list[dict], means: dict[tuple, dict], cfg: SweepConfig, settings: dict[str, dict],
+              threshold: float) -> list[dict]:
     """beta_c per (setting, weighting) and criterion: of the seed-mean MI curve over the grid, and per
     seed (grid + bisection; bisection follows the first criterion, "mi")."""
     out = []
@@ -178,17 +189,16 @@ def summarize(rows: list[dict], cfg: SweepConfig, settings: dict[str, dict], thr
                    "ratio_if_z_removes_b": settings[s].get("ratio_if_z_removes_b"), "weighting": w,
                    "threshold_nats": threshold}
             for metric in CRITERIA:
-                suffix = "" if metric == "mi" else f"_{metric}"
-                curve = {b: mean_std([r.get(metric) for r in mine if r["beta"] == b and r["group"] == "sweep"])[0]
-                         for b in cfg.betas}
+                c = suffix(metric)
+                curve = {b: means.get((s, w, b), {}).get(f"{metric}_mean") for b in cfg.betas}
                 per_seed = [beta_c({r["beta"]: r.get(metric) for r in mine if r["seed"] == seed}, threshold)
                             for seed in cfg.seeds]
                 found = [b for b in per_seed if b is not None]
-                row |= {f"beta_c{suffix}": show(beta_c(curve, threshold)),
-                        f"beta_c{suffix}_seeds": ";".join(f"{seed}:{show(b)}" for seed, b in zip(cfg.seeds, per_seed)),
-                        f"beta_c{suffix}_seed_min": show(min(found)) if found else NO_BETA,
-                        f"beta_c{suffix}_seed_max": show(max(found)) if found else NO_BETA,
-                        f"seeds_without_beta_c{suffix}": len(per_seed) - len(found)}
+                row |= {f"beta_c{c}": show(beta_c(curve, threshold)),
+                        f"beta_c{c}_seeds": ";".join(f"{seed}:{show(b)}" for seed, b in zip(cfg.seeds, per_seed)),
+                        f"beta_c{c}_seed_min": show(min(found)) if found else NO_BETA,
+                        f"beta_c{c}_seed_max": show(max(found)) if found else NO_BETA,
+                        f"seeds_without_beta_c{c}": len(per_seed) - len(found)}
             row["kept_z"] = "yes" if row["beta_c"] != NO_BETA else "no beta in the grid kept z"
             out.append(row | gain_estimate([r for r in mine if r["group"] == "sweep"], cfg.betas, threshold))
     return out
@@ -232,9 +242,9 @@ def ratio_rows(summary: list[dict], betas: tuple[float, ...]) -> list[dict]:
         row = {"recipe": ss["recipe"], "setting": s, "predicted_T_over_t0p1": ss["ratio_true"],
                "inspection_T_over_t0p1": ss["ratio_inspect"], "predicted_if_z_removes_b": ss.get("ratio_if_z_removes_b")}
         for metric in CRITERIA:
-            c = "beta_c" if metric == "mi" else f"beta_c_{metric}"
+            c = f"beta_c{suffix(metric)}"
             row |= {f"{c}_surprisal_share": ss[c], f"{c}_uniform": uni[c],
-                    f"measured_ratio{c[6:]}": measured_ratio(ss[c], uni[c], betas[0])}
+                    f"measured_ratio{suffix(metric)}": measured_ratio(ss[c], uni[c], betas[0])}
         out.append(row)
     return out
 
@@ -242,15 +252,15 @@ def ratio_rows(summary: list[dict], betas: tuple[float, ...]) -> list[dict]:
 # ---------------------------------------------------------------- plots
 
 
-def plot_mi_vs_beta(rows: list[dict], cfg: SweepConfig, settings: dict[str, dict], threshold: float):
+def plot_mi_vs_beta(means: dict[tuple, dict], cfg: SweepConfig, settings: dict[str, dict], threshold: float):
     """Exact MI against beta (log axis, grid cells, mean ± std over seeds): a curve per weighting (dotted: I(z;
     strategy)), a panel per setting."""
     fig, axes = figure(len(cfg.setting_names), width=4.8)
     for ax, s in zip(axes, cfg.setting_names):
         for i, w in enumerate(cfg.weightings):
             for metric, style in (("mi", "-"), ("strategy_mi", ":")):
-                stats = [mean_std([r.get(metric) for r in rows if (r["setting"], r["weighting"], r["beta"], r["group"])
-                                   == (s, w, b, "sweep")]) for b in cfg.betas]
+                cells = [means.get((s, w, b), {}) for b in cfg.betas]
+                stats = [(c.get(f"{metric}_mean"), c.get(f"{metric}_std")) for c in cells]
                 if any(m is not None for m, _ in stats):
                     ax.errorbar(cfg.betas, [m for m, _ in stats], yerr=[sd for _, sd in stats], marker="o", capsize=3,
                                 ls=style, color=f"C{i}", label=w if metric == "mi" else f"{w}, I(z; strategy)")
@@ -263,14 +273,10 @@ def plot_mi_vs_beta(rows: list[dict], cfg: SweepConfig, settings: dict[str, dict
 
 def batch_mi(run_dir: Path) -> tuple[list[int], list[float]]:
     """(steps, exact MI of each logged training batch = H(mean_i q_i) - mean_i H(q_i), nats)."""
-    steps, mi = [], []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if "usage" in r and "q_entropy" in r:
-            u = np.asarray(r["usage"])
-            steps.append(r["step"])
-            mi.append(float(-(u * np.log(np.where(u > 0, u, 1))).sum() - r["q_entropy"]))
-    return steps, mi
+    from training.train import read_metrics
+
+    logged = [r for r in read_metrics(run_dir) if "usage" in r and "q_entropy" in r]
+    return [r["step"] for r in logged], [float(entropy(np.asarray(r["usage"])) - r["q_entropy"]) for r in logged]
 
 
 def plot_mi_vs_step(rows: list[dict], cfg: SweepConfig, root: Path):
@@ -290,8 +296,8 @@ def plot_mi_vs_step(rows: list[dict], cfg: SweepConfig, root: Path):
 # ---------------------------------------------------------------- report and job
 
 
-def render(cfg: SweepConfig, summary: list[dict], ratios: list[dict], rows: list[dict], settings: dict[str, dict],
-           threshold: float, command: str | None, wall_s: float) -> str:
+def render(cfg: SweepConfig, summary: list[dict], ratios: list[dict], rows: list[dict], means: dict[tuple, dict],
+           settings: dict[str, dict], threshold: float, command: str | None, wall_s: float) -> str:
     out = header_lines("tokweight experiment --sweep beta: collapse thresholds", cfg.recipe, command, wall_s,
                        cfg.task, len(rows), sum(r["reused"] for r in rows))
     definition = (f"beta_c = the largest beta whose final exact MI (test split) >= {KEPT_FRACTION} log S = "
@@ -325,17 +331,11 @@ def render(cfg: SweepConfig, summary: list[dict], ratios: list[dict], rows: list
              "|delta| > beta C puts beta_c near delta / C."), ""]
     for s in cfg.setting_names:
         for metric, what in CRITERIA.items():
-            lines = [[w] + [_pm(rows, s, w, b, metric) for b in cfg.betas] for w in cfg.weightings]
+            lines = [[w] + [pm(means.get((s, w, b), {}), metric) for b in cfg.betas] for w in cfg.weightings]
             out += [f"## {what} (nats) against beta: {s} (T/(t0+1) = {settings[s]['ratio_true']:.2f})", "",
                     md_table(["weighting"] + [f"{b:g}" for b in cfg.betas], lines), ""]
     out += ["![MI against beta](mi_vs_beta.png)", "", "![batch MI against step](mi_vs_step.png)", ""]
     return "\n".join(out)
-
-
-def _pm(rows: list[dict], s: str, w: str, b: float, metric: str = "mi") -> str:
-    mean, std = mean_std([r.get(metric) for r in rows if (r["setting"], r["weighting"], r["beta"], r["group"])
-                          == (s, w, b, "sweep")])
-    return "–" if mean is None else f"{mean:.3f} ± {std:.3f}"
 
 
 def run(cfg: SweepConfig, echo: Echo = print, command: str | None = None) -> dict:
@@ -343,20 +343,20 @@ def run(cfg: SweepConfig, echo: Echo = print, command: str | None = None) -> dic
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
     recipe = load_recipe(cfg.recipe)
-    write_json_atomic(root / "sweep_config.json", {"config": json.loads(json.dumps(asdict(cfg))),
-                                            "recipe_overrides": json.loads(json.dumps(recipe, default=str))})
+    write_config(root / "sweep_config.json", cfg, recipe)
     threshold = KEPT_FRACTION * math.log(cfg.task.k)
     prepared = prepare_all(cfg.task, root, echo, cfg.setting_names)
     settings = {name: p.stats for name, p in prepared.items()}
     rows = run_sweep_cells(cfg, prepared, root, threshold, echo)
-    summary = summarize(rows, cfg, settings, threshold)
+    means = grid_means(rows)
+    summary = summarize(rows, means, cfg, settings, threshold)
     ratios = ratio_rows(summary, cfg.betas)
     wall = time.perf_counter() - start
     write_csv(root / "beta_cells.csv", rows)
     write_csv(root / "beta_threshold.csv", summary)
     write_csv(root / "beta_ratio.csv", ratios)
-    plot_mi_vs_beta(rows, cfg, settings, threshold).savefig(root / "mi_vs_beta.png", dpi=110)
+    plot_mi_vs_beta(means, cfg, settings, threshold).savefig(root / "mi_vs_beta.png", dpi=110)
     plot_mi_vs_step(rows, cfg, root).savefig(root / "mi_vs_step.png", dpi=110)
-    (root / "beta_threshold.md").write_text(render(cfg, summary, ratios, rows, settings, threshold, command, wall))
+    (root / "beta_threshold.md").write_text(render(cfg, summary, ratios, rows, means, settings, threshold, command, wall))
     echo(f"[sweep] done in {wall / 60:.1f} min: {root / 'beta_threshold.md'}")
     return {"summary": summary, "ratios": ratios, "cells": rows, "settings": settings, "wall_s": wall}

@@ -242,6 +242,11 @@ def label_names(cfg: TrainConfig) -> tuple[str, ...]:
     return tuple(synth.strategies)
 
 
+def read_metrics(run: str | Path) -> list[dict]:
+    """RUN/metrics.jsonl as records: the logged training steps, then the validation lines."""
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
 # ---------------------------------------------------------------- checkpoints
 
 

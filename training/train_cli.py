@@ -61,10 +61,9 @@ import click
 @click.option("--device", default="cpu")
 def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, weighting, lam, policy,
           baseline_checkpoint, beta, beta_schedule, warmup_steps, cycles, ramp_ratio, free_bits, recipe, estep,
-          estep_temperature, estep_prior, estep_balance_iters, estep_until, latent_embedding_norm, latent_embedding_center,
-          aggressive_steps,
-          aggressive_until, posterior_encoder, steps, batch_size, lr, num_workers, log_every, grad_diag_every,
-          ckpt_every, seed, device):
+          estep_temperature, estep_prior, estep_balance_iters, estep_until, latent_embedding_norm,
+          latent_embedding_center, aggressive_steps, aggressive_until, posterior_encoder, steps, batch_size, lr,
+          num_workers, log_every, grad_diag_every, ckpt_every, seed, device):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready)."""
     import torch
 
