@@ -24,6 +24,7 @@ class BaselineStore:
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
+        self._shard_sha: dict[tuple, str] = {}  # shared by the views it opens: a data tar is hashed once
 
     def fingerprints(self) -> list[str]:
         """Fingerprints with a committed manifest, sorted."""
@@ -40,13 +41,13 @@ class BaselineStore:
         if fingerprint not in available:
             raise KeyError(f"store {self.root} has no committed fingerprint {fingerprint!r} "
                            f"(it has {available})")
-        return StoreView(self.root, fingerprint)
+        return StoreView(self.root, fingerprint, self._shard_sha)
 
 
 class StoreView:
     """One fingerprint's committed manifest and the parts it lists."""
 
-    def __init__(self, root: str | Path, fingerprint: str):
+    def __init__(self, root: str | Path, fingerprint: str, shard_sha: dict[tuple, str] | None = None):
         self.root = Path(root)
         self.fingerprint = fingerprint
         self.dir = self.root / f"{FINGERPRINT_PREFIX}{fingerprint}"
@@ -59,7 +60,8 @@ class StoreView:
                              f"match its directory ({fingerprint!r})")
         self.manifest = manifest
         self._parts = {p["name"]: p for p in manifest["parts"]}
-        self._shard_sha: dict[tuple, str] = {}  # (path, size, mtime_ns) -> sha256: each tar hashed once
+        # (path, size, mtime_ns) -> sha256: each tar hashed once (per store, when opened through one)
+        self._shard_sha: dict[tuple, str] = {} if shard_sha is None else shard_sha
 
     def __repr__(self) -> str:
         return f"StoreView({str(self.root)!r}, {self.fingerprint!r})"
