@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import posixpath  # tar member names are '/'-separated; Path() costs ~10 us a name
 import tarfile
 import threading
 import time
@@ -122,11 +123,6 @@ def _wds_key(name: str) -> str:
     return base_plus_ext(name)[0]
 
 
-def _basename(member: str) -> str:
-    """The last component of a tar member name (always '/'-separated); Path() costs ~10 us a name."""
-    return member.rsplit("/", 1)[-1]
-
-
 def tar_keys(names: list[str]) -> tuple[int, dict[str, str]]:
     """(samples in the tar, {dotted key: the key WebDataset makes of it}) from member names.
 
@@ -135,11 +131,11 @@ def tar_keys(names: list[str]) -> tuple[int, dict[str, str]]:
     ``k.1.json`` would silently become a member "1.json" of sample "k": such keys are
     found here, from the names, before WebDataset regroups them.
     """
-    names = [n for n in names if not _basename(n).startswith("__")]
+    names = [n for n in names if not posixpath.basename(n).startswith("__")]
     json_keys = {n[: -len(".json")] for n in names if n.endswith(".json")}
     grouped = {_wds_key(n) for n in names if n.endswith(".json")}
     others = {_wds_key(n) for n in names if not n.endswith(".json")} - grouped
-    dotted = {k: _wds_key(k + ".json") for k in sorted(json_keys) if "." in _basename(k)}
+    dotted = {k: _wds_key(k + ".json") for k in sorted(json_keys) if "." in posixpath.basename(k)}
     return len(json_keys) + len(others), dotted
 
 

@@ -85,9 +85,9 @@ def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -
     manifest = read_manifest(directory)
     if manifest is not None:
         check_schema_version(manifest, directory)
-    if manifest is not None and manifest["format"] != fmt:
-        raise ValueError(f"{directory} holds {manifest['format']} parts; extract with --format {manifest['format']} "
-                         "or into another store")
+        if manifest["format"] != fmt:
+            raise ValueError(f"{directory} holds {manifest['format']} parts; extract with --format "
+                             f"{manifest['format']} or into another store")
     committed = {(r["input"]["size"], r["input"]["sha256"]): r for r in _committed_records(manifest)}
     journal = {(r["input"]["size"], r["input"]["sha256"], r["part"]["name"]): r for r in read_records(directory)}
     next_index = 1 + max((part_index(r["part"]["name"]) for r in committed.values() if r["part"]), default=-1)
