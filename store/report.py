@@ -17,7 +17,9 @@ import numpy as np
 import pyarrow as pa
 
 from store.manifest import write_json_atomic
+from store.plots import figure, save_figures
 from store.sql import EstimatorParams, connect, read_sql
+from store.tables import records_table
 
 PROFILE_QUERIES = ("profile_by_position", "profile_by_strategy", "profile_by_T")
 MAX_TABLE_POSITIONS = 16  # wider profiles go to the CSV files only
@@ -106,15 +108,12 @@ def run(cfg: InspectConfig) -> dict:
         "amplification.png": plot_amplification(per_example),
         "concentration.png": plot_concentration(per_example),
     }
-    for name, fig in plots.items():
-        if fig is not None:
-            fig.savefig(out / name, dpi=110)
+    saved = save_figures(plots, out)
     summary = {"store": str(Path(cfg.store).resolve()), "params": asdict(cfg.params),
                "fingerprints": [{**m_row, **s_row} for m_row, s_row in _pair(manifests, summary_rows)]}
     write_json_atomic(out / "summary.json", summary)
     write_json_atomic(out / "config.json", asdict(cfg))
-    (out / "report.md").write_text(render_report(cfg, summary, profiles, confusion,
-                                                 [n for n, f in plots.items() if f is not None]))
+    (out / "report.md").write_text(render_report(cfg, summary, profiles, confusion, saved))
     return summary
 
 
@@ -139,18 +138,11 @@ def _pair(manifests: list[dict], summaries: list[dict]):
 # ---------------------------------------------------------------- plots (each returns a Figure or None)
 
 
-def _figure(ncols: int, width: float = 5.0, height: float = 3.6):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
-    return fig, fig.subplots(1, ncols, squeeze=False)[0]
-
-
 def plot_profile(by_position: list[dict], by_strategy: list[dict]):
     """Mean b by position with its 10-90% band, per fingerprint; mean b by position per strategy."""
     if not by_position:
         return None
-    fig, (ax, ax_s) = _figure(2)
+    fig, (ax, ax_s) = figure(2, height=3.6)
     for (fp,), rows in _group(by_position, ("fingerprint",)).items():
         pos = [r["pos"] for r in rows]
         line, = ax.plot(pos, [r["mean_b"] for r in rows], marker=".", label=f"{fp[:8]} mean")
@@ -192,7 +184,7 @@ def plot_t0(ex: dict):
         return None
     from matplotlib.colors import LogNorm
 
-    fig, axes = _figure(len(masks), width=4.5, height=4.0)
+    fig, axes = figure(len(masks), width=4.5, height=4.0)
     for ax, (fp, m) in zip(axes, masks.items()):
         truth, est = np.asarray(ex["t0"])[m].astype(int), np.asarray(ex["t0_share"])[m].astype(int)
         size = int(max(truth.max(), est.max())) + 1
@@ -208,7 +200,7 @@ def plot_t0(ex: dict):
 
 def plot_amplification(ex: dict):
     """Histograms of T/(t0+1): estimated (t0_share) and ground truth, per fingerprint."""
-    fig, (ax,) = _figure(1, width=6.0)
+    fig, (ax,) = figure(1, width=6.0, height=3.6)
     drawn = False
     for fp, m in _fp_masks(ex).items():
         for column, label, style in (("amplification", "t0_share", "step"), ("amplification_true", "true t0", "bar")):
@@ -228,7 +220,7 @@ def plot_concentration(ex: dict):
     """Histograms of effective tokens / T, entropy of pi and max share (non-degenerate examples)."""
     panels = (("effective_tokens", "effective tokens / T", True), ("share_entropy", "entropy of pi (nats)", False),
               ("max_share", "max share max_t pi_t", False))
-    fig, axes = _figure(3, width=4.0)
+    fig, axes = figure(3, width=4.0, height=3.6)
     drawn = False
     for fp, m in _fp_masks(ex).items():
         keep = m & _valid(ex["effective_tokens"])
@@ -247,21 +239,6 @@ def plot_concentration(ex: dict):
 
 
 # ---------------------------------------------------------------- markdown
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def _table(rows: list[dict], columns: dict[str, str]) -> str:
-    """A markdown table of ``rows``: ``columns`` maps each row key to its header, in order."""
-    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _pct(v) -> str:
@@ -290,10 +267,10 @@ def render_report(cfg: InspectConfig, summary: dict, profiles: dict, confusion: 
         "- t0 accuracy against the ground truth: exact-match rate, mean absolute error (positions) and the rate "
         "within one position, over examples that have both values.",
         "## Stores",
-        _table(fps, {"fingerprint": "fingerprint", "format": "format", "complete": "complete",
-                     "examples": "examples", "tokens": "tokens", "mean_b": "mean b (nats)",
-                     "mean_example_mean_b": "mean of example means", "mean_T": "mean T",
-                     "degenerate": "degenerate"}),
+        records_table(fps, {"fingerprint": "fingerprint", "format": "format", "complete": "complete",
+                            "examples": "examples", "tokens": "tokens", "mean_b": "mean b (nats)",
+                            "mean_example_mean_b": "mean of example means", "mean_T": "mean T",
+                            "degenerate": "degenerate"}),
     ]
     if any(not f["complete"] for f in fps):
         sections.append("**Incomplete store**: extraction has not finished; the numbers cover the parts written so far.")
@@ -309,17 +286,17 @@ def render_report(cfg: InspectConfig, summary: dict, profiles: dict, confusion: 
         sections.append("No example carries a ground-truth t0 (pass `--data` if the dataset has it).")
     sections += ["Full confusion counts: `t0_confusion.csv`." if confusion else "",
                  "## Dilution and predicted amplification",
-                 _table(fps, {"fingerprint": "fingerprint", "mean_dilution": "mean (t0_share+1)/T",
-                              "mean_amplification": "mean T/(t0_share+1)",
-                              "median_amplification": "median T/(t0_share+1)",
-                              "mean_amplification_true": "mean T/(t0+1), true",
-                              "median_amplification_true": "median T/(t0+1), true"}),
+                 records_table(fps, {"fingerprint": "fingerprint", "mean_dilution": "mean (t0_share+1)/T",
+                                     "mean_amplification": "mean T/(t0_share+1)",
+                                     "median_amplification": "median T/(t0_share+1)",
+                                     "mean_amplification_true": "mean T/(t0+1), true",
+                                     "median_amplification_true": "median T/(t0+1), true"}),
                  _plot_md("amplification.png", plots),
                  "## Weight concentration",
-                 _table(fps, {"fingerprint": "fingerprint", "mean_share_entropy": "entropy of pi (nats)",
-                              "mean_effective_tokens": "effective tokens",
-                              "mean_effective_fraction": "effective tokens / T", "mean_max_share": "max share",
-                              "degenerate": "degenerate (excluded)"}),
+                 records_table(fps, {"fingerprint": "fingerprint", "mean_share_entropy": "entropy of pi (nats)",
+                                     "mean_effective_tokens": "effective tokens",
+                                     "mean_effective_fraction": "effective tokens / T", "mean_max_share": "max share",
+                                     "degenerate": "degenerate (excluded)"}),
                  _plot_md("concentration.png", plots),
                  "## Files", "`summary.json` (headline numbers), `config.json` (this run's settings), the CSV tables "
                  "and PNG plots above."]
@@ -338,15 +315,15 @@ def _t0_table(fps: list[dict]) -> str:
                          "exact": _pct(f.get(f"{est}_exact")), "mae": f.get(f"{est}_mae"),
                          "within_1": _pct(f.get(f"{est}_within_1")),
                          "no_estimate": f.get("degenerate") if est == "t0_share" else f.get("t0_threshold_none")})
-    return _table(rows, {"fingerprint": "fingerprint", "estimator": "estimator", "compared": "examples compared",
-                         "exact": "exact match", "mae": "MAE (positions)", "within_1": "within 1",
-                         "no_estimate": "no estimate"})
+    return records_table(rows, {"fingerprint": "fingerprint", "estimator": "estimator", "compared": "examples compared",
+                                "exact": "exact match", "mae": "MAE (positions)", "within_1": "within 1",
+                                "no_estimate": "no estimate"})
 
 
 def _profile_table(rows: list[dict]) -> str:
     rows = [r for r in rows if r["pos"] < MAX_TABLE_POSITIONS]
-    return _table(rows, {"fingerprint": "fingerprint", "pos": "pos", "n": "n", "mean_b": "mean b", "q10_b": "10%",
-                         "median_b": "median", "q90_b": "90%", "mean_pi": "mean pi"})
+    return records_table(rows, {"fingerprint": "fingerprint", "pos": "pos", "n": "n", "mean_b": "mean b",
+                                "q10_b": "10%", "median_b": "median", "q90_b": "90%", "mean_pi": "mean pi"})
 
 
 def _wide_profile(rows: list[dict], key: str) -> str:
@@ -359,4 +336,4 @@ def _wide_profile(rows: list[dict], key: str) -> str:
         means = {r["pos"]: r["mean_b"] for r in group}
         wide.append({"fingerprint": fp[:8], key: value, **{str(t): means.get(t) for t in range(width)}})
     columns = ["fingerprint", key, *map(str, range(width))]
-    return _table(wide, dict(zip(columns, columns)))
+    return records_table(wide, dict(zip(columns, columns)))

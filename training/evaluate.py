@@ -22,6 +22,7 @@ import torch
 from pipeline.samples import Sample
 from pipeline.shards import iter_samples
 from pipeline.templates import Layout, zcond_ids
+from store.tables import general, markdown_table
 from training.baselines import make_baseline
 from training.checkpoint import load_checkpoint
 from training.cvae import CVAE
@@ -140,18 +141,15 @@ def decode_per_latent(model: CVAE, vocab, samples: list[Sample], centres, output
 
 
 def markdown(metrics: dict, decode: dict) -> str:
-    lines = ["| metric | value |", "|---|---|"]
-    for k, v in metrics.items():
-        if isinstance(v, (int, float)):
-            lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
+    numbers = [[k, general(v)] for k, v in metrics.items() if isinstance(v, (int, float))]
+    parts = [markdown_table(["metric", "value"], numbers)]
     if decode:
         names = list(next(iter(decode["executes"].values())))
-        lines += ["", "| latent | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-        for v, row in decode["executes"].items():
-            lines.append(f"| {v} | " + " | ".join(f"{row[n]:.2f}" for n in names) + " |")
+        parts.append(markdown_table(["latent", *names], [[v, *(f"{row[n]:.2f}" for n in names)]
+                                                         for v, row in decode["executes"].items()]))
         if "control_accuracy" in decode:
-            lines += ["", f"control accuracy: {decode['control_accuracy']:.3f}"]
-    return "\n".join(lines) + "\n"
+            parts.append(f"control accuracy: {decode['control_accuracy']:.3f}")
+    return "\n\n".join(parts) + "\n"
 
 
 def run_eval(cfg: EvalConfig) -> dict:
