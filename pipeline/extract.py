@@ -54,10 +54,11 @@ from pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, c
                                 zfree_ids)
 from pipeline.vocab import Vocab
 from store.derived import DERIVED_SCALARS, derived_columns
+from store.formats import PARQUET, check_format
 from store.lock import StoreLock
 from store.manifest import (TOOL, fingerprint_dir, read_manifest, record_path, skipped_totals, stats, tool_version,
                             write_json_atomic)
-from store.parts import part_format, write_part
+from store.parts import write_part
 from store.schema import PART_SCHEMA, SCHEMA_VERSION
 from training.checkpoint import Checkpoint, load_checkpoint
 from training.model import GPT
@@ -73,7 +74,7 @@ class ExtractConfig:
     """Dataset directory (every *.tar below it) or a glob of shards."""
     store: str
     """Store root; parts go to STORE/fingerprint=<checkpoint fingerprint>/."""
-    format: str = "parquet"
+    format: str = PARQUET
     """Part format: "parquet" (one row per example, list columns) or "zarr" (flat values + offsets)."""
     batch_tokens: int = 16384
     """Computed tokens per forward batch (batch size x padded length), a memory/speed knob only."""
@@ -91,7 +92,7 @@ class ExtractConfig:
     it runs on another core; False does it all in this process (no ~2 s worker start: tiny inputs, tests)."""
 
     def __post_init__(self):
-        part_format(self.format)  # raises on an unknown format
+        check_format(self.format)
         if self.batch_tokens < 1:
             raise ValueError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
         if self.on_bad_sample not in POLICIES:

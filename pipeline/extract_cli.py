@@ -9,13 +9,15 @@ import json
 
 import click
 
+from store.formats import PARQUET, PART_FORMATS
+
 
 @click.command("extract")
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), required=True,
               help="Checkpoint directory of the frozen z-free base model.")
 @click.option("--data", required=True, help="Dataset directory (every *.tar below it) or a glob of shards.")
 @click.option("--store", type=click.Path(file_okay=False), required=True, help="Store root directory.")
-@click.option("--format", "fmt", type=click.Choice(["parquet", "zarr"]), default="parquet")
+@click.option("--format", "fmt", type=click.Choice(PART_FORMATS), default=PARQUET)
 @click.option("--batch-tokens", type=int, default=16384, help="Computed tokens per forward batch.")
 @click.option("--device", default="cpu", help="cpu, cuda, cuda:N, ...")
 @click.option("--on-bad-sample", type=click.Choice(["error", "skip"]), default="error",

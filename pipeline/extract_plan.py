@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeline.shards import shard_name
 from store.manifest import check_schema_version, part_index, part_name, read_manifest, read_records
-from store.parts import TMP_SUFFIX, part_format, remove_path, sha256_path
+from store.parts import TMP_SUFFIX, remove_path, sha256_path
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,6 @@ def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -
     committed = {(r["input"]["size"], r["input"]["sha256"]): r for r in _committed_records(manifest)}
     journal = {(r["input"]["size"], r["input"]["sha256"], r["part"]["name"]): r for r in read_records(directory)}
     next_index = 1 + max((part_index(r["part"]["name"]) for r in committed.values() if r["part"]), default=-1)
-    suffix = part_format(fmt).suffix
     plan = Plan(tasks=[], committed=True)
     for i, shard in enumerate(shards):
         record = committed.get((shard.size, shard.sha256))
@@ -99,7 +98,7 @@ def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -
             name = record["input"]["part"]
         else:
             plan.committed = False
-            name = part_name(next_index, suffix)
+            name = part_name(next_index, fmt)
             next_index += 1
             record = journal.get((shard.size, shard.sha256, name))
         if _intact(directory, record):

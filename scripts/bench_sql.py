@@ -30,7 +30,8 @@ import pyarrow as pa
 
 from store.derived import DERIVED_SCALARS, derived_columns
 from store.manifest import fingerprint_dir, part_name, stats, tool_version, write_json_atomic
-from store.parts import PART_FORMATS, write_part
+from store.formats import PARQUET
+from store.parts import write_part
 from store.schema import PART_SCHEMA, SCHEMA_VERSION
 from store.sql import connect, read_sql
 
@@ -83,14 +84,14 @@ def build_store(out: Path, tokens: int, parts: int, t_range: tuple[int, int], se
     for i in range(parts):
         shard = f"train/shard-{i:06d}.tar"
         table = synthetic_part(rng, shard, i * rows_per_part, rows_per_part, t_range)
-        name = part_name(i, PART_FORMATS["parquet"].suffix)
-        written = write_part(table, directory / name, "parquet")
+        name = part_name(i, PARQUET)
+        written = write_part(table, directory / name, PARQUET)
         b_sum, T = table.column("b_sum").to_numpy(), table.column("T").to_numpy()
         entries.append({"name": name, "input": shard, **written, "rows": len(table), "tokens": int(T.sum()),
                         "b_sum": float(b_sum.sum()), "sum_example_mean_b": float((b_sum / T).sum()), "skipped": {}})
         inputs.append({"name": shard, "size": 0, "sha256": "0" * 64, "samples": len(table), "part": name})
     manifest = {"tool": "tokweight", "tool_version": tool_version(), "schema_version": SCHEMA_VERSION,
-                "fingerprint": FP, "format": "parquet", "dtype": "float32", "units": "nats",
+                "fingerprint": FP, "format": PARQUET, "dtype": "float32", "units": "nats",
                 "template_version": "bench", "checkpoint": {"path": "none", "fingerprint": FP, "model_config": {}},
                 "vocab": {"tokens": [f"t{i}" for i in range(VOCAB_SIZE)]}, "data_root": "none", "inputs": inputs,
                 "parts": entries, "skipped": {}, "stats": stats(entries), "complete": True}

@@ -22,14 +22,16 @@ import re
 from importlib.metadata import version
 from pathlib import Path
 
+from store.formats import PART_FORMATS, part_suffix
 from store.parts import TMP_SUFFIX, fsync_dir, write_bytes_durable
 from store.schema import SCHEMA_VERSION
 
 TOOL = "tokweight"
 MANIFEST_NAME = "manifest.json"
 FINGERPRINT_PREFIX = "fingerprint="
-PART_NAME = re.compile(r"^part-(\d{5})\.(parquet|zarr)$")
-RECORD_NAME = re.compile(r"^part-(\d{5})\.json$")
+PART_SUFFIXES = tuple(part_suffix(fmt) for fmt in PART_FORMATS)
+RECORD_SUFFIX = ".json"
+_NUMBERED = re.compile(r"^part-(\d{5})(\.\w+)$")  # part-NNNNN<suffix>: a part, or its journal record
 
 
 def tool_version() -> str:
@@ -40,22 +42,28 @@ def fingerprint_dir(store: str | Path, fp: str) -> Path:
     return Path(store) / f"{FINGERPRINT_PREFIX}{fp}"
 
 
-def part_name(index: int, suffix: str) -> str:
+def part_name(index: int, fmt: str) -> str:
     if not 0 <= index < 100_000:
         raise ValueError(f"part index {index} does not fit part-NNNNN")
-    return f"part-{index:05d}{suffix}"
+    return f"part-{index:05d}{part_suffix(fmt)}"
+
+
+def _numbered(name: str, suffixes: tuple[str, ...]) -> int | None:
+    """N of a name ``part-NNNNN<suffix>`` with one of ``suffixes``, else None."""
+    match = _NUMBERED.match(name)
+    return int(match.group(1)) if match and match.group(2) in suffixes else None
 
 
 def part_index(name: str) -> int:
-    match = PART_NAME.match(name)
-    if not match:
-        raise ValueError(f"{name!r} is not a part name (part-NNNNN.parquet or part-NNNNN.zarr)")
-    return int(match.group(1))
+    index = _numbered(name, PART_SUFFIXES)
+    if index is None:
+        raise ValueError(f"{name!r} is not a part name ({' or '.join(f'part-NNNNN{s}' for s in PART_SUFFIXES)})")
+    return index
 
 
 def record_path(directory: Path, part: str) -> Path:
     """The journal record of a part: ``part-NNNNN.json`` beside it."""
-    return directory / f"part-{part_index(part):05d}.json"
+    return directory / f"part-{part_index(part):05d}{RECORD_SUFFIX}"
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
@@ -91,7 +99,7 @@ def read_records(directory: Path) -> list[dict]:
     (its part is re-extracted)."""
     records = []
     for path in sorted(directory.glob("part-*.json")):
-        if not RECORD_NAME.match(path.name):
+        if _numbered(path.name, (RECORD_SUFFIX,)) is None:
             continue
         try:
             record = json.loads(path.read_text())
@@ -133,4 +141,5 @@ def list_fingerprint_dirs(store: str | Path) -> list[Path]:
 def stray_parts(directory: Path, manifest: dict) -> list[str]:
     """Part-named files or directories that the manifest does not list."""
     listed = {p["name"] for p in manifest.get("parts", [])}
-    return sorted(p.name for p in directory.iterdir() if PART_NAME.match(p.name) and p.name not in listed)
+    return sorted(p.name for p in directory.iterdir()
+                  if _numbered(p.name, PART_SUFFIXES) is not None and p.name not in listed)

@@ -1,10 +1,11 @@
 """Store parts on disk: one Arrow table (``PART_SCHEMA``) per file (Parquet) or directory (Zarr).
 
-Both formats sit behind one interface (``PART_FORMATS[name].write/read``) and one
-publishing rule: a part is written under ``<name>.tmp``, fsynced, and renamed to its
-final name, so a reader (or a crash) never sees half a part. ``write_part`` returns the
-sha256 and byte size of the finished part; a Zarr directory's sha256 is taken over its
-files in sorted order (relative path, size, bytes).
+Both formats (``store.formats.PART_FORMATS``) sit behind one interface
+(``part_format(name).write/read``) and one publishing rule: a part is written under
+``<name>.tmp``, fsynced, and renamed to its final name, so a reader (or a crash) never
+sees half a part. ``write_part`` returns the sha256 and byte size of the finished part;
+a Zarr directory's sha256 is taken over its files in sorted order (relative path, size,
+bytes).
 
 Parquet: one row per example with list columns, zstd, BYTE_STREAM_SPLIT on the float
 lists (about 25% smaller than plain for surprisals), dictionary encoding only on the
@@ -25,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from store.formats import PARQUET, ZARR, check_format
 from store.schema import PART_SCHEMA, SCHEMA_VERSION, TOKEN_LIST_COLUMNS
 
 TMP_SUFFIX = ".tmp"
@@ -90,8 +92,6 @@ def sha256_path(path: str | Path) -> tuple[str, int]:
 
 
 class ParquetPart:
-    suffix = ".parquet"
-
     def write(self, table: pa.Table, tmp: Path) -> None:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression="zstd", row_group_size=max(len(table), 1),
@@ -120,8 +120,6 @@ def _zarr_fill(dtype: np.dtype):
 
 
 class ZarrPart:
-    suffix = ".zarr"
-
     def write(self, table: pa.Table, tmp: Path) -> None:
         zarr, ZstdCodec, LocalStore = _zarr_modules()
         remove_path(tmp)
@@ -176,13 +174,11 @@ class ZarrPart:
         return pa.Table.from_arrays(columns, schema=PART_SCHEMA)
 
 
-PART_FORMATS = {"parquet": ParquetPart(), "zarr": ZarrPart()}
+PART_IO = {PARQUET: ParquetPart(), ZARR: ZarrPart()}  # the reader and writer of each of PART_FORMATS
 
 
-def part_format(name: str):
-    if name not in PART_FORMATS:
-        raise ValueError(f"unknown part format {name!r}; expected one of {sorted(PART_FORMATS)}")
-    return PART_FORMATS[name]
+def part_format(name: str) -> ParquetPart | ZarrPart:
+    return PART_IO[check_format(name)]
 
 
 def write_part(table: pa.Table, final: Path, fmt: str) -> dict:

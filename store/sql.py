@@ -27,6 +27,7 @@ import duckdb
 import pyarrow as pa
 
 from store.baseline_store import BaselineStore, StoreView
+from store.formats import PARQUET
 from store.schema import PART_SCHEMA
 
 EXAMPLE_QUERIES = (
@@ -100,7 +101,7 @@ def _rows_source(con: duckdb.DuckDBPyConnection, view: StoreView, i: int) -> str
     """A SELECT over one fingerprint's manifest-listed parts, with the fingerprint as text."""
     fp = _sql_string(view.fingerprint)
     parts = view.parts()
-    if view.manifest.get("format") == "parquet" and parts:
+    if view.manifest.get("format") == PARQUET and parts:
         files = [str(_checked_part_path(view, part)) for part in parts]
         file_list = ", ".join(_sql_string(f) for f in files)
         return f"SELECT {fp}::VARCHAR AS fingerprint, * FROM read_parquet([{file_list}], hive_partitioning = false)"

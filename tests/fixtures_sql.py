@@ -16,7 +16,8 @@ import pytest
 
 from store.derived import DERIVED_SCALARS, derived_columns
 from store.manifest import fingerprint_dir, part_name, stats, tool_version, write_json_atomic
-from store.parts import PART_FORMATS, sha256_path, write_part
+from store.formats import PARQUET
+from store.parts import sha256_path, write_part
 from store.schema import PART_SCHEMA, SCHEMA_VERSION
 
 VOCAB = ["<pad>", "<bos>", "<eos>", "a", "b", "c", "d", "</y>"]
@@ -52,7 +53,7 @@ def rows_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=PART_SCHEMA)
 
 
-def write_store(store: Path, fp: str, rows: list[dict], *, fmt: str = "parquet", complete: bool = True,
+def write_store(store: Path, fp: str, rows: list[dict], *, fmt: str = PARQUET, complete: bool = True,
                 input_files: dict[str, Path] | None = None) -> Path:
     """One fingerprint directory: a part per distinct shard of ``rows`` and the manifest.
 
@@ -64,7 +65,7 @@ def write_store(store: Path, fp: str, rows: list[dict], *, fmt: str = "parquet",
     parts, inputs = [], []
     for i, shard in enumerate(shards):
         mine = [r for r in rows if r["shard"] == shard]
-        name = part_name(i, PART_FORMATS[fmt].suffix)
+        name = part_name(i, fmt)
         written = write_part(rows_table(mine), directory / name, fmt)
         parts.append({"name": name, "input": shard, **written, "rows": len(mine),
                       "tokens": sum(r["T"] for r in mine), "b_sum": math.fsum(r["b_sum"] for r in mine),
