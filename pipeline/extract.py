@@ -7,18 +7,18 @@ Per input shard, a stream of stages:
     ShardBatches   Encoded -> batches of similar length (pipeline.bucketing), collated
     score_shard    batches -> b, entropy, top-1 over S, float32, scattered back to shard
                    order, + the derived columns (store.derived) -> one PART_SCHEMA table
-    extract_part   table -> one part (temp name, fsync, rename) + its journal record
+    extract_part   table -> one part (temp name, fsync, rename) + its journal record (store.writer)
 
 The first three (``prepare_shard``) run in a DataLoader worker process (``ShardReader``)
 one or two shards ahead, so that the Python of reading does not compete with the
 forward pass for the GIL; parts are written by a background thread while the next shard
 is scored. The main process does little besides the model.
 
-and around it the store protocol (SPEC §4): rank 0 takes the store lock and plans
-(``pipeline.extract_plan``: which parts are already on disk with a matching sha256, which
-are to be written, under which names); each rank writes its shards' parts (temp name, fsync,
-rename) and a journal record per part; rank 0 commits the manifest last. An exception
-commits nothing; re-running resumes from the journal.
+and around it the store protocol (SPEC §4), written through ``store.writer.StoreWriter``:
+rank 0 takes the store lock and plans (``pipeline.extract_plan``: which parts are already
+on disk with a matching sha256, which are to be written, under which names); each rank
+writes its shards' parts (temp name, fsync, rename) and a journal record per part; rank 0
+commits the manifest last. An exception commits nothing; re-running resumes from the journal.
 """
 
 from __future__ import annotations
@@ -46,20 +46,19 @@ from webdataset.tariterators import base_plus_ext
 
 from pipeline.bucketing import bucket
 from pipeline.errors import SampleError
-from pipeline.extract_plan import Plan, Task, hash_inputs, make_plan, remove_temporaries
+from pipeline.extract_plan import Plan, Task, make_plan, remove_temporaries
 from pipeline.ranks import RankFailed, Ranks
 from pipeline.samples import Sample
-from pipeline.shards import iter_shard, resolve_shards, scan_shard
+from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name
 from pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, token_surprisal,
                                 zfree_ids)
 from pipeline.vocab import Vocab
 from store.derived import DERIVED_SCALARS, derived_columns
 from store.formats import PARQUET, check_format
 from store.lock import StoreLock
-from store.manifest import (TOOL, fingerprint_dir, read_manifest, record_path, skipped_totals, stats, tool_version,
-                            write_json_atomic)
-from store.parts import write_part
-from store.schema import PART_SCHEMA, SCHEMA_VERSION
+from store.manifest import Manifest, Provenance, Record
+from store.schema import PART_SCHEMA
+from store.writer import StoreWriter, hash_inputs
 from training.checkpoint import Checkpoint, load_checkpoint
 from training.model import GPT
 
@@ -397,61 +396,22 @@ def prepared_shards(tasks: list[Task], vocab: Vocab, block_size: int, cfg: Extra
         del loader  # the last reference: the iterator shuts its worker down now, also after an early stop
 
 
-def extract_part(prepared: PreparedShard, table: pa.Table | None, ckpt: Checkpoint, cfg: ExtractConfig,
-                 directory: Path) -> dict:
-    """Write a scored shard's part and its journal record; returns the record {"input", "part"}.
+def extract_part(prepared: PreparedShard, table: pa.Table | None, writer: StoreWriter) -> Record:
+    """Write a scored shard's part and its journal record; returns the record.
 
     A truncated tar under the 'skip' policy gives no part: the input is recorded as
     skipped (whole) so that it is never mistaken for a short shard.
     """
-    task, skipped, in_tar = prepared.task, prepared.skipped, prepared.in_tar
+    task = prepared.task
     if table is None:
-        return {"input": {**task.shard.entry(None, None), "skipped": "truncated-shard"}, "part": None}
-    written = write_part(table, directory / task.part, cfg.format)
-    part = {"name": task.part, "input": task.shard.name, **written, "rows": len(table),
-            "tokens": int(np.sum(table.column("T").to_numpy())),
-            "b_sum": float(np.sum(table.column("b_sum").to_numpy())),
-            "sum_example_mean_b": sum_example_mean_b(table), "skipped": dict(sorted(skipped.items()))}
-    record = {"input": task.shard.entry(in_tar, task.part), "part": part, "fingerprint": ckpt.fingerprint,
-              "schema_version": SCHEMA_VERSION}
-    write_json_atomic(record_path(directory, task.part), record)
-    return record
+        return Record(task.shard.entry(None, None, skipped="truncated-shard"), None)
+    return writer.write_part(table, task.shard.entry(prepared.in_tar, task.part), prepared.skipped)
 
 
-def sum_example_mean_b(table: pa.Table) -> float:
-    """Sum over rows of mean_t b_t (float64): divided by rows, the dataset mean of per-example means."""
-    if not len(table):
-        return 0.0
-    return float(np.sum(table.column("b_sum").to_numpy() / table.column("T").to_numpy()))
-
-
-# ---------------------------------------------------------------- commit (rank 0)
-
-
-def build_manifest(ckpt: Checkpoint, cfg: ExtractConfig, data_root: Path, records: list[dict]) -> dict:
-    inputs = sorted((r["input"] for r in records), key=lambda e: (e["part"] is None, e["part"] or "", e["name"]))
-    parts = sorted((r["part"] for r in records if r["part"] is not None), key=lambda p: p["name"])
-    return {
-        "tool": TOOL, "tool_version": tool_version(), "schema_version": SCHEMA_VERSION,
-        "fingerprint": ckpt.fingerprint, "format": cfg.format, "dtype": "float32", "units": "nats",
-        "template_version": TEMPLATE_VERSION,
-        "checkpoint": {"path": str(Path(cfg.checkpoint).resolve()), "fingerprint": ckpt.fingerprint,
-                       "model_config": ckpt.model.cfg.to_json()},
-        "vocab": {"tokens": list(ckpt.vocab.tokens)},
-        "data_root": str(data_root.resolve()),
-        "inputs": inputs,
-        "parts": parts,
-        "skipped": skipped_totals(parts, inputs),
-        "stats": stats(parts),
-        "complete": True,  # written only once every input of the run has a part or a recorded skip
-        "extract_config": asdict(cfg),
-    }
-
-
-def commit(directory: Path, manifest: dict) -> None:
-    write_json_atomic(directory / "manifest.json", manifest)
-    for entry in manifest["parts"]:  # the journal is folded into the manifest now
-        record_path(directory, entry["name"]).unlink(missing_ok=True)
+def provenance(ckpt: Checkpoint, cfg: ExtractConfig, data_root: Path) -> Provenance:
+    return Provenance(template_version=TEMPLATE_VERSION, checkpoint_path=str(Path(cfg.checkpoint).resolve()),
+                      model_config=ckpt.model.cfg.to_json(), vocab=tuple(ckpt.vocab.tokens),
+                      data_root=str(data_root.resolve()), extract_config=asdict(cfg))
 
 
 # ---------------------------------------------------------------- run
@@ -471,30 +431,30 @@ def _plan_on_rank0(cfg: ExtractConfig, directory: Path, ranks: Ranks, lock: Stor
             lock.acquire()
             remove_temporaries(directory)
             root, paths = resolve_shards(cfg.data)
-            shards = hash_inputs(root, paths)
+            shards = hash_inputs({shard_name(root, path): path for path in paths})
             result = (root, shards, make_plan(directory, shards, cfg.format, ranks.world))
         except Exception as e:  # every rank must learn that there is no plan
             result = e
     return ranks.broadcast(result)
 
 
-def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, directory: Path, ranks: Ranks) -> list[dict]:
+def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, writer: StoreWriter, ranks: Ranks) -> list[Record]:
     """Score this rank's shards; each part is written by a background thread while the next shard is scored."""
     device = _device(cfg, ranks)
     ckpt.model.to(device).eval()
     mine = [t for t in plan.tasks if t.rank == ranks.rank]
     bar = tqdm(desc=f"extract[{ranks.rank}]" if ranks.world > 1 else "extract", unit="tok", unit_scale=True,
                disable=not cfg.progress, position=ranks.rank, mininterval=0.5)
-    records: list[dict] = []
+    records: list[Record] = []
     writing: Future | None = None  # at most one part in flight: its errors surface one shard later
     shards = prepared_shards(mine, ckpt.vocab, ckpt.model.cfg.block_size, cfg)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-write") as writer:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-write") as background:
         try:
             for prepared in shards:
                 table = None if prepared.rows is None else score_shard(prepared.rows, ckpt.model, device, bar.update)
                 if writing is not None:
                     records.append(writing.result())
-                writing = writer.submit(extract_part, prepared, table, ckpt, cfg, directory)
+                writing = background.submit(extract_part, prepared, table, writer)
                 bar.set_postfix(parts=f"{len(records) + 1}/{len(mine)}")
             if writing is not None:
                 records.append(writing.result())
@@ -510,7 +470,8 @@ def run(cfg: ExtractConfig) -> dict:
     ranks = Ranks()
     try:
         ckpt = load_checkpoint(cfg.checkpoint)
-        directory = fingerprint_dir(cfg.store, ckpt.fingerprint)
+        writer = StoreWriter(cfg.store, ckpt.fingerprint, cfg.format)
+        directory = writer.directory
         if ranks.is_main:
             directory.mkdir(parents=True, exist_ok=True)
         lock = StoreLock(directory, wait_s=cfg.lock_wait_s)
@@ -525,7 +486,7 @@ def run(cfg: ExtractConfig) -> dict:
                 return {"fingerprint": ckpt.fingerprint, "store": str(directory), "rank": ranks.rank,
                         "nothing_to_do": True, "parts_written": 0, "parts_reused": len(plan.done)}
             try:
-                outcome = ("ok", _write_parts(plan, ckpt, cfg, directory, ranks))
+                outcome = ("ok", _write_parts(plan, ckpt, cfg, writer, ranks))
             except Exception as e:
                 outcome = ("error", f"{type(e).__name__}: {e}")
                 ranks.gather(outcome)  # the other ranks learn of it and stop at the same point
@@ -535,18 +496,18 @@ def run(cfg: ExtractConfig) -> dict:
             if failed:
                 raise RankFailed("; ".join(f"rank {r} failed: {msg}" for r, msg in failed))
             written = [rec for _, recs in outcomes for rec in recs]
+            manifest: Manifest | None = None
             if ranks.is_main:
-                commit(directory, build_manifest(ckpt, cfg, data_root, plan.carried + plan.done + written))
+                manifest = writer.commit(plan.carried + plan.done + written, provenance(ckpt, cfg, data_root))
         finally:
             lock.release()
-        manifest = read_manifest(directory) if ranks.is_main else None
         wall = time.perf_counter() - t_start
-        tokens = sum(r["part"]["tokens"] for r in written if r["part"])
+        tokens = sum(r.part.tokens for r in written if r.part)
         summary = {"fingerprint": ckpt.fingerprint, "store": str(directory), "rank": ranks.rank, "nothing_to_do": False,
                    "parts_written": len(written), "parts_reused": len(plan.done), "wall_s": round(wall, 3),
                    "tokens_written": tokens, "tokens_per_s": round(tokens / wall, 1) if wall > 0 else None}
         if manifest is not None:
-            summary |= {"stats": manifest["stats"], "skipped": manifest["skipped"]}
+            summary |= {"stats": manifest.stats(), "skipped": manifest.skipped()}
         return summary
     finally:
         ranks.close()

@@ -10,20 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.shards import shard_name
-from store.manifest import check_schema_version, part_index, part_name, read_manifest, read_records
+from store.manifest import Manifest, Record, load_manifest, part_index, part_name, read_records
 from store.parts import TMP_SUFFIX, remove_path, sha256_path
-
-
-@dataclass(frozen=True)
-class InputShard:
-    path: Path
-    name: str  # relative to the data root, e.g. "train/shard-000000.tar"
-    size: int
-    sha256: str
-
-    def entry(self, samples: int | None, part: str | None) -> dict:
-        return {"name": self.name, "size": self.size, "sha256": self.sha256, "samples": samples, "part": part}
+from store.writer import InputShard
 
 
 @dataclass(frozen=True)
@@ -35,44 +24,31 @@ class Task:
     rank: int
 
 
-
 @dataclass
 class Plan:
     tasks: list[Task]  # parts to write, each with its rank
-    done: list[dict] = field(default_factory=list)  # records {"input", "part"} of this run's inputs already on disk
-    carried: list[dict] = field(default_factory=list)  # committed records of inputs not in this run
+    done: list[Record] = field(default_factory=list)  # records of this run's inputs already on disk
+    carried: list[Record] = field(default_factory=list)  # committed records of inputs not in this run
     committed: bool = False  # every input of this run is in the committed manifest and verified
 
 
-def hash_inputs(root: Path, paths: list[Path]) -> list[InputShard]:
-    shards = []
-    for path in paths:
-        sha, size = sha256_path(path)
-        shards.append(InputShard(path, shard_name(root, path), size, sha))
-    seen: dict[tuple, str] = {}
-    for s in shards:
-        if (s.size, s.sha256) in seen:
-            raise ValueError(f"shards {seen[(s.size, s.sha256)]!r} and {s.name!r} have identical content; "
-                             "a store matches shards by content, so each input must be distinct")
-        seen[(s.size, s.sha256)] = s.name
-    return shards
+def _committed_manifest(directory: Path, fmt: str) -> Manifest | None:
+    """The committed manifest, refused if it is of another schema version or format."""
+    manifest = load_manifest(directory)
+    if manifest is not None and manifest.format != fmt:
+        raise ValueError(f"{directory} holds {manifest.format} parts; extract with --format "
+                         f"{manifest.format} or into another store")
+    return manifest
 
 
-def _committed_records(manifest: dict | None) -> list[dict]:
-    if manifest is None:
-        return []
-    parts = {p["name"]: p for p in manifest["parts"]}
-    return [{"input": e, "part": parts.get(e["part"])} for e in manifest["inputs"]]
-
-
-def _intact(directory: Path, record: dict | None) -> bool:
+def _intact(directory: Path, record: Record | None) -> bool:
     """The record's part exists and hashes to what the record says (or the record is a whole-shard skip)."""
     if record is None:
         return False
-    if record["part"] is None:
-        return record["input"].get("skipped") is not None
-    path = directory / record["part"]["name"]
-    return path.exists() and sha256_path(path)[0] == record["part"]["sha256"]
+    if record.part is None:
+        return record.input.skipped is not None
+    path = directory / record.part.name
+    return path.exists() and sha256_path(path)[0] == record.part.sha256
 
 
 def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -> Plan:
@@ -82,20 +58,15 @@ def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -
     what an interrupted run finished), so a resumed run, or a run with another number
     of ranks, names every part the same way. Shard i of the run goes to rank i % world.
     """
-    manifest = read_manifest(directory)
-    if manifest is not None:
-        check_schema_version(manifest, directory)
-        if manifest["format"] != fmt:
-            raise ValueError(f"{directory} holds {manifest['format']} parts; extract with --format "
-                             f"{manifest['format']} or into another store")
-    committed = {(r["input"]["size"], r["input"]["sha256"]): r for r in _committed_records(manifest)}
-    journal = {(r["input"]["size"], r["input"]["sha256"], r["part"]["name"]): r for r in read_records(directory)}
-    next_index = 1 + max((part_index(r["part"]["name"]) for r in committed.values() if r["part"]), default=-1)
+    manifest = _committed_manifest(directory, fmt)
+    committed = {(r.input.size, r.input.sha256): r for r in (manifest.records() if manifest else [])}
+    journal = {(r.input.size, r.input.sha256, r.part.name): r for r in read_records(directory)}
+    next_index = 1 + max((part_index(r.part.name) for r in committed.values() if r.part), default=-1)
     plan = Plan(tasks=[], committed=True)
     for i, shard in enumerate(shards):
         record = committed.get((shard.size, shard.sha256))
         if record is not None:
-            name = record["input"]["part"]
+            name = record.input.part
         else:
             plan.committed = False
             name = part_name(next_index, fmt)

@@ -1,7 +1,7 @@
 """Benchmark: the t0 and weight diagnostics in SQL against a plain scan of the same files (SPEC §6).
 
-Builds a store of synthetic random surprisals (no model: rows written with the store's
-own part writer and manifest, Parquet, one part per "shard"), opens it with store.sql,
+Builds a store of synthetic random surprisals (no model: rows written through the store's
+own writer, store.writer.StoreWriter, Parquet, one part per "shard"), opens it with store.sql,
 and times in one run (best of --repeat rounds, each round running every query once):
 
 - scan (unnest):   SELECT sum(b) FROM (SELECT unnest(b) AS b FROM store_rows)
@@ -29,11 +29,11 @@ import numpy as np
 import pyarrow as pa
 
 from store.derived import DERIVED_SCALARS, derived_columns
-from store.manifest import fingerprint_dir, part_name, stats, tool_version, write_json_atomic
 from store.formats import PARQUET
-from store.parts import write_part
-from store.schema import PART_SCHEMA, SCHEMA_VERSION
+from store.manifest import InputEntry, Provenance
+from store.schema import PART_SCHEMA
 from store.sql import connect, read_sql
+from store.writer import StoreWriter
 
 FP = "b" * 32
 VOCAB_SIZE = 64
@@ -76,27 +76,19 @@ def synthetic_part(rng: np.random.Generator, shard: str, first: int, rows: int, 
 
 def build_store(out: Path, tokens: int, parts: int, t_range: tuple[int, int], seed: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    directory = fingerprint_dir(out, FP)
-    directory.mkdir(parents=True)
+    writer = StoreWriter(out, FP, PARQUET)
+    writer.directory.mkdir(parents=True)
     rng = np.random.default_rng(seed)
     rows_per_part = math.ceil(1.02 * tokens / parts / ((t_range[0] + t_range[1] - 1) / 2))  # at least `tokens`
-    entries, inputs = [], []
+    records = []
     for i in range(parts):
         shard = f"train/shard-{i:06d}.tar"
         table = synthetic_part(rng, shard, i * rows_per_part, rows_per_part, t_range)
-        name = part_name(i, PARQUET)
-        written = write_part(table, directory / name, PARQUET)
-        b_sum, T = table.column("b_sum").to_numpy(), table.column("T").to_numpy()
-        entries.append({"name": name, "input": shard, **written, "rows": len(table), "tokens": int(T.sum()),
-                        "b_sum": float(b_sum.sum()), "sum_example_mean_b": float((b_sum / T).sum()), "skipped": {}})
-        inputs.append({"name": shard, "size": 0, "sha256": "0" * 64, "samples": len(table), "part": name})
-    manifest = {"tool": "tokweight", "tool_version": tool_version(), "schema_version": SCHEMA_VERSION,
-                "fingerprint": FP, "format": PARQUET, "dtype": "float32", "units": "nats",
-                "template_version": "bench", "checkpoint": {"path": "none", "fingerprint": FP, "model_config": {}},
-                "vocab": {"tokens": [f"t{i}" for i in range(VOCAB_SIZE)]}, "data_root": "none", "inputs": inputs,
-                "parts": entries, "skipped": {}, "stats": stats(entries), "complete": True}
-    write_json_atomic(directory / "manifest.json", manifest)
-    return manifest["stats"]
+        source = InputEntry(shard, 0, "0" * 64, samples=len(table), part=writer.part_name(i))
+        records.append(writer.write_part(table, source))
+    provenance = Provenance(template_version="bench", checkpoint_path="none", model_config={},
+                            vocab=tuple(f"t{i}" for i in range(VOCAB_SIZE)), data_root="none")
+    return writer.commit(records, provenance).stats()
 
 
 def best_times(con, queries: dict[str, str], repeat: int) -> dict[str, float]:

@@ -11,6 +11,11 @@ Layout (SPEC §4, docs/store-contract.md):
 A journal record holds the finished part's manifest entry and its input's entry, so an
 interrupted extraction (or the other ranks of a distributed one) can resume from what
 is on disk without trusting anything that was not fsynced and renamed into place.
+
+The entries are frozen dataclasses (``InputEntry``, ``PartEntry``, ``Record``,
+``Provenance``, ``Manifest``) whose ``to_json`` is the JSON of the contract, key for key;
+``store.writer.StoreWriter`` writes them. Readers (store.baseline_store) keep the parsed
+JSON as it is.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import json
 import math
 import os
 import re
+from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
+from typing import Iterable
 
 from store.formats import PART_FORMATS, part_suffix
 from store.parts import TMP_SUFFIX, fsync_dir, write_bytes_durable
@@ -29,6 +36,7 @@ from store.schema import SCHEMA_VERSION
 TOOL = "tokweight"
 MANIFEST_NAME = "manifest.json"
 FINGERPRINT_PREFIX = "fingerprint="
+DTYPE, UNITS = "float32", "nats"  # of every stored surprisal and entropy
 PART_SUFFIXES = tuple(part_suffix(fmt) for fmt in PART_FORMATS)
 RECORD_SUFFIX = ".json"
 _NUMBERED = re.compile(r"^part-(\d{5})(\.\w+)$")  # part-NNNNN<suffix>: a part, or its journal record
@@ -67,11 +75,151 @@ def record_path(directory: Path, part: str) -> Path:
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
-    """Canonical JSON (sorted keys) to ``<path>.tmp``, fsync, rename, fsync the directory."""
+    """Canonical JSON (sorted keys; NaN and inf refused before anything is written) to ``<path>.tmp``, fsync,
+    rename, fsync the directory: the one way a JSON commit point is written."""
     tmp = path.with_name(path.name + TMP_SUFFIX)
     write_bytes_durable(tmp, (json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n").encode())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+# ---------------------------------------------------------------- entries
+
+
+@dataclass(frozen=True)
+class InputEntry:
+    """An input shard as a manifest lists it; a store matches shards by (size, sha256), not by name."""
+
+    name: str  # relative to the data root, e.g. "train/shard-000000.tar"
+    size: int
+    sha256: str
+    samples: int | None  # in the tar: rows + skipped samples; None for a shard skipped whole
+    part: str | None  # the part made of it; None for a shard skipped whole
+    skipped: str | None = None  # why a shard has no part ("truncated-shard"); not in the JSON otherwise
+
+    def to_json(self) -> dict:
+        entry = asdict(self)
+        if self.skipped is None:
+            del entry["skipped"]
+        return entry
+
+    @classmethod
+    def from_json(cls, obj: dict) -> InputEntry:
+        return cls(**obj)
+
+
+@dataclass(frozen=True)
+class PartEntry:
+    """A published part as a manifest lists it: what `store verify` checks the file against."""
+
+    name: str
+    input: str  # name of the input shard it was made of
+    sha256: str  # of the file, or of a Zarr directory's files (store.parts.sha256_path)
+    bytes: int
+    rows: int
+    tokens: int  # sum of T over the rows
+    b_sum: float  # nats, over every token
+    sum_example_mean_b: float  # sum over rows of mean_t b_t: divided by rows, the mean of per-example means
+    skipped: dict[str, int]  # bad samples left out of the part, per reason
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> PartEntry:
+        return cls(**obj)
+
+
+@dataclass(frozen=True)
+class Record:
+    """An input and the part made of it: what a journal file holds, and what a manifest is built from."""
+
+    input: InputEntry
+    part: PartEntry | None  # None: the input was skipped whole (such a record is never journaled)
+
+    def to_json(self, fingerprint: str) -> dict:
+        """The journal file of a written part, stamped with the fingerprint and schema version it was written under."""
+        return {"input": self.input.to_json(), "part": self.part.to_json(), "fingerprint": fingerprint,
+                "schema_version": SCHEMA_VERSION}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Record:
+        return cls(InputEntry.from_json(obj["input"]), PartEntry.from_json(obj["part"]))
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a store's parts were computed from, as its manifest records it."""
+
+    template_version: str
+    checkpoint_path: str
+    model_config: dict
+    vocab: tuple[str, ...]  # tokens in id order
+    data_root: str
+    extract_config: dict | None = None  # the extraction's config; None for stores written by tests and benchmarks
+
+    def to_json(self, fingerprint: str) -> dict:
+        """The manifest's keys for it (the checkpoint's fingerprint is the directory's)."""
+        out = {"template_version": self.template_version,
+               "checkpoint": {"path": self.checkpoint_path, "fingerprint": fingerprint,
+                              "model_config": self.model_config},
+               "vocab": {"tokens": list(self.vocab)}, "data_root": self.data_root}
+        return out if self.extract_config is None else {**out, "extract_config": self.extract_config}
+
+    @classmethod
+    def from_json(cls, manifest: dict) -> Provenance:
+        checkpoint = manifest["checkpoint"]
+        return cls(manifest["template_version"], checkpoint["path"], checkpoint["model_config"],
+                   tuple(manifest["vocab"]["tokens"]), manifest["data_root"], manifest.get("extract_config"))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """manifest.json (docs/store-contract.md); ``schema_version`` is that of the parts' columns (store/schema.py)."""
+
+    fingerprint: str
+    format: str
+    provenance: Provenance
+    inputs: tuple[InputEntry, ...]  # those with a part by part name, then those skipped whole by name
+    parts: tuple[PartEntry, ...]  # by name
+    complete: bool  # every input of the run has a part or a recorded skip
+    tool_version: str = field(default_factory=tool_version)
+    schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def of(cls, fingerprint: str, fmt: str, provenance: Provenance, records: Iterable[Record],
+           complete: bool) -> Manifest:
+        records = list(records)
+        inputs = sorted((r.input for r in records), key=lambda e: (e.part is None, e.part or "", e.name))
+        parts = sorted((r.part for r in records if r.part is not None), key=lambda p: p.name)
+        return cls(fingerprint, fmt, provenance, tuple(inputs), tuple(parts), complete)
+
+    def records(self) -> list[Record]:
+        parts = {p.name: p for p in self.parts}
+        return [Record(e, parts.get(e.part)) for e in self.inputs]
+
+    def stats(self) -> dict:
+        return stats(self.parts)
+
+    def skipped(self) -> dict:
+        return skipped_totals(self.parts, self.inputs)
+
+    def to_json(self) -> dict:
+        return {"tool": TOOL, "tool_version": self.tool_version, "schema_version": self.schema_version,
+                "fingerprint": self.fingerprint, "format": self.format, "dtype": DTYPE, "units": UNITS,
+                **self.provenance.to_json(self.fingerprint),
+                "inputs": [e.to_json() for e in self.inputs], "parts": [p.to_json() for p in self.parts],
+                "skipped": self.skipped(), "stats": self.stats(), "complete": self.complete}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Manifest:
+        """The manifest of ``obj``; its "skipped" and "stats" are recomputed from the entries, never read."""
+        return cls(obj["fingerprint"], obj["format"], Provenance.from_json(obj),
+                   tuple(map(InputEntry.from_json, obj["inputs"])), tuple(map(PartEntry.from_json, obj["parts"])),
+                   obj["complete"], obj["tool_version"], obj["schema_version"])
+
+
+# ---------------------------------------------------------------- reading
 
 
 def read_manifest(directory: Path) -> dict | None:
@@ -94,40 +242,50 @@ def check_schema_version(manifest: dict, directory: Path) -> None:
                          f"store, or delete {directory} and run `tokweight extract` again")
 
 
-def read_records(directory: Path) -> list[dict]:
+def load_manifest(directory: Path) -> Manifest | None:
+    """The committed manifest as a ``Manifest`` (None if there is none); one of another schema version is refused."""
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return None
+    check_schema_version(manifest, directory)
+    return Manifest.from_json(manifest)
+
+
+def read_records(directory: Path) -> list[Record]:
     """Journal records of this schema version that parse; a torn, foreign or older one is ignored
     (its part is re-extracted)."""
-    records = []
-    for path in sorted(directory.glob("part-*.json")):
-        if _numbered(path.name, (RECORD_SUFFIX,)) is None:
-            continue
-        try:
-            record = json.loads(path.read_text())
-            if {"part", "input"} <= set(record) and record.get("schema_version") == SCHEMA_VERSION:
-                records.append(record)
-        except ValueError:
-            pass
-    return records
+    paths = [p for p in sorted(directory.glob("part-*.json")) if _numbered(p.name, (RECORD_SUFFIX,)) is not None]
+    return [r for r in map(_journal_record, paths) if r is not None]
 
 
-def stats(parts: list[dict]) -> dict:
+def _journal_record(path: Path) -> Record | None:
+    try:
+        record = json.loads(path.read_text())
+        if isinstance(record, dict) and record.get("schema_version") == SCHEMA_VERSION:
+            return Record.from_json(record)
+    except (ValueError, KeyError, TypeError):  # torn, or not the entries of this schema version
+        pass
+    return None
+
+
+def stats(parts: Iterable[PartEntry]) -> dict:
     """Store totals from part entries; ``mean_example_mean_b`` is the dataset mean of mean_t b_t."""
-    rows = sum(p["rows"] for p in parts)
-    sum_means = math.fsum(p["sum_example_mean_b"] for p in parts)
-    return {"rows": rows, "tokens": sum(p["tokens"] for p in parts),
-            "b_sum": math.fsum(p["b_sum"] for p in parts),
+    parts = list(parts)
+    rows = sum(p.rows for p in parts)
+    sum_means = math.fsum(p.sum_example_mean_b for p in parts)
+    return {"rows": rows, "tokens": sum(p.tokens for p in parts), "b_sum": math.fsum(p.b_sum for p in parts),
             "mean_example_mean_b": sum_means / rows if rows else None}
 
 
-def skipped_totals(parts: list[dict], inputs: list[dict]) -> dict:
+def skipped_totals(parts: Iterable[PartEntry], inputs: Iterable[InputEntry]) -> dict:
     """Skipped samples per reason over all parts, plus whole inputs skipped (e.g. truncated tars)."""
     totals: dict[str, int] = {}
     for entry in parts:
-        for reason, n in entry["skipped"].items():
+        for reason, n in entry.skipped.items():
             totals[reason] = totals.get(reason, 0) + n
     for entry in inputs:
-        if entry.get("part") is None and entry.get("skipped"):
-            totals[entry["skipped"]] = totals.get(entry["skipped"], 0) + 1
+        if entry.part is None and entry.skipped:
+            totals[entry.skipped] = totals.get(entry.skipped, 0) + 1
     return dict(sorted(totals.items()))
 
 

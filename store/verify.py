@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-from store.manifest import MANIFEST_NAME, read_manifest, stats, stray_parts
+from store.manifest import MANIFEST_NAME, PartEntry, read_manifest, stats, stray_parts
 from store.parts import read_part, sha256_path
 from store.schema import TOKEN_LIST_COLUMNS
 
@@ -79,7 +79,7 @@ def verify_dir(directory: str | Path) -> list[Problem]:
     listed = {p["name"] for p in manifest["parts"]}
     problems += [Problem(e["part"], f"input {e['name']} points to a part the manifest does not list")
                  for e in manifest["inputs"] if e.get("part") is not None and e["part"] not in listed]
-    expected = stats(manifest["parts"])
+    expected = stats(map(PartEntry.from_json, manifest["parts"]))
     if any(not math.isclose(expected[k] or 0, manifest["stats"][k] or 0, rel_tol=1e-12) for k in expected):
         problems.append(Problem(None, f"manifest stats {manifest['stats']} differ from its parts' sum {expected}"))
     return problems

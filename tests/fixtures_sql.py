@@ -1,4 +1,4 @@
-"""Stores for the SQL and inspect tests, written with the store's own part and manifest writers.
+"""Stores for the SQL and inspect tests, written through the store's own writer (store.writer.StoreWriter).
 
 ``example_rows`` draws examples whose surprisals come from a small set of values (so
 ties, all-zero rows and T = 1 happen); ``write_store`` writes them as one fingerprint
@@ -7,7 +7,6 @@ directory, one part per input shard, with a committed manifest.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +14,10 @@ import pyarrow as pa
 import pytest
 
 from store.derived import DERIVED_SCALARS, derived_columns
-from store.manifest import fingerprint_dir, part_name, stats, tool_version, write_json_atomic
 from store.formats import PARQUET
-from store.parts import sha256_path, write_part
-from store.schema import PART_SCHEMA, SCHEMA_VERSION
+from store.manifest import InputEntry, Provenance
+from store.schema import PART_SCHEMA
+from store.writer import StoreWriter, hash_inputs
 
 VOCAB = ["<pad>", "<bos>", "<eos>", "a", "b", "c", "d", "</y>"]
 TIE_VALUES = np.array([0.0, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0], dtype=np.float32)
@@ -59,26 +58,20 @@ def write_store(store: Path, fp: str, rows: list[dict], *, fmt: str = PARQUET, c
 
     input_files: shard name -> tar file, to record the inputs' real size and sha256.
     """
-    directory = fingerprint_dir(store, fp)
-    directory.mkdir(parents=True, exist_ok=True)
+    writer = StoreWriter(store, fp, fmt)
+    writer.directory.mkdir(parents=True, exist_ok=True)
     shards = sorted({r["shard"] for r in rows})
-    parts, inputs = [], []
+    hashed = {s.name: s for s in hash_inputs(input_files)} if input_files else {}
+    records = []
     for i, shard in enumerate(shards):
         mine = [r for r in rows if r["shard"] == shard]
-        name = part_name(i, fmt)
-        written = write_part(rows_table(mine), directory / name, fmt)
-        parts.append({"name": name, "input": shard, **written, "rows": len(mine),
-                      "tokens": sum(r["T"] for r in mine), "b_sum": math.fsum(r["b_sum"] for r in mine),
-                      "sum_example_mean_b": math.fsum(r["b_sum"] / r["T"] for r in mine), "skipped": {}})
-        sha, size = sha256_path(input_files[shard]) if input_files else ("0" * 64, 0)
-        inputs.append({"name": shard, "size": size, "sha256": sha, "samples": len(mine), "part": name})
-    manifest = {"tool": "tokweight", "tool_version": tool_version(), "schema_version": SCHEMA_VERSION,
-                "fingerprint": fp, "format": fmt, "dtype": "float32", "units": "nats", "template_version": "test",
-                "checkpoint": {"path": "none", "fingerprint": fp, "model_config": {}},
-                "vocab": {"tokens": VOCAB}, "data_root": str(store), "inputs": inputs, "parts": parts,
-                "skipped": {}, "stats": stats(parts), "complete": complete}
-    write_json_atomic(directory / "manifest.json", manifest)
-    return directory
+        name = writer.part_name(i)
+        source = (hashed[shard].entry(len(mine), name) if hashed
+                  else InputEntry(shard, 0, "0" * 64, samples=len(mine), part=name))
+        records.append(writer.write_part(rows_table(mine), source))
+    writer.commit(records, Provenance(template_version="test", checkpoint_path="none", model_config={},
+                                      vocab=tuple(VOCAB), data_root=str(store)), complete=complete)
+    return writer.directory
 
 
 @pytest.fixture(scope="session")

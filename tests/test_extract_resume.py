@@ -10,7 +10,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.extract as extract_module
+import store.writer as writer_module
 from pipeline.extract import run
 from store.baseline_store import BaselineStore
 from store.manifest import read_records
@@ -35,11 +35,11 @@ def _assert_equal_to_reference(store, reference):
 def _assert_nothing_torn_is_visible(directory):
     """No manifest; every file under a final part name is complete and has its journal record."""
     assert not (directory / "manifest.json").exists()
-    records = {r["part"]["name"]: r["part"] for r in read_records(directory)}
+    records = {r.part.name: r.part for r in read_records(directory)}
     for path in directory.glob("part-*.parquet"):
         pq.read_table(path, page_checksum_verification=True)  # a torn file would not parse
         if path.name in records:
-            assert sha256_path(path)[0] == records[path.name]["sha256"]
+            assert sha256_path(path)[0] == records[path.name].sha256
 
 
 def test_sigkill_mid_extraction_then_resume(world, tmp_path):
@@ -70,7 +70,7 @@ def test_sigkill_mid_extraction_then_resume(world, tmp_path):
 
 def test_failure_leaves_a_torn_temporary_that_is_never_listed(world, tmp_path, monkeypatch):
     store, calls = tmp_path / "s", []
-    real_write_part = extract_module.write_part
+    real_write_part = writer_module.write_part
 
     def crash_on_third_part(table, final, fmt):
         calls.append(final.name)
@@ -79,7 +79,7 @@ def test_failure_leaves_a_torn_temporary_that_is_never_listed(world, tmp_path, m
             raise RuntimeError("simulated crash")
         return real_write_part(table, final, fmt)
 
-    monkeypatch.setattr(extract_module, "write_part", crash_on_third_part)
+    monkeypatch.setattr(writer_module, "write_part", crash_on_third_part)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(world.config(store))
     monkeypatch.undo()
