@@ -16,7 +16,8 @@ from typing import Iterator
 
 from pipeline.errors import SampleError
 from pipeline.samples import Sample, sample_from_record
-from pipeline.shards import prepare_output_dir, shard_name, write_json_atomic, write_shards
+from pipeline.shards import prepare_output_dir, shard_name, write_shards
+from store.manifest import write_json_atomic
 from store.parts import sha256_path
 
 _UNSAFE = re.compile(r"[.\s/]")
