@@ -36,7 +36,7 @@ RECIPES: dict[str, dict] = {
     # Not a way to find z: a supervised warm start (z = the true strategy for 200 steps; decoder
     # intact thanks to centred latent rows; a posterior that reads the mean S state, where the
     # strategy is), then the plain objective. It asks whether a z in use *survives* the step's
-    # beta, which is what the collapse threshold is about (sweep.py).
+    # beta, which is what the collapse threshold is about (training/experiments/sweep.py).
     "survival": {"latent_embedding_norm": 1.0, "latent_embedding_center": True, "cvae": {"posterior_pool": "mean"},
                  "estep": {"mode": "label", "until_step": 200}},
 }
@@ -50,12 +50,18 @@ def check_recipe(overrides: dict) -> None:
                          f"(cvae: {sorted(CVAE_REMEDY_FIELDS)}), not {sorted(unknown)}")
 
 
-def with_recipe(cfg, name: str):
-    """``cfg`` (a TrainConfig) with recipe ``name``'s remedy fields set; the rest unchanged."""
+def recipe_overrides(name: str) -> dict:
+    """Recipe ``name``'s TrainConfig overrides (a copy), checked to be remedy fields only."""
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; expected one of {sorted(RECIPES)}")
     overrides = dict(RECIPES[name])
     check_recipe(overrides)
+    return overrides
+
+
+def with_recipe(cfg, name: str):
+    """``cfg`` (a TrainConfig) with recipe ``name``'s remedy fields set; the rest unchanged."""
+    overrides = recipe_overrides(name)
     if "estep" in overrides:
         overrides["estep"] = EStepConfig(**overrides["estep"])
     if "cvae" in overrides:
