@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.experiment import CellBudget, Setting, TaskConfig
+from pipeline.synth import SynthConfig
+from training.experiments.cells import CellBudget
+from training.experiments.task import Setting, TaskConfig, base_model
 
-TINY_TASK = TaskConfig(settings=(Setting("h0", 0, 3, 5), Setting("h2", 2, 3, 5)), alphabet_size=6,
-                       n_train=256, n_val=64, n_test=64, shard_size=128, base_steps=20, base_batch_size=32,
-                       base_n_head=2, base_d_model=32)
+TINY_TASK = TaskConfig(settings=(Setting("h0", 0, 3, 5), Setting("h2", 2, 3, 5)),
+                       synth=SynthConfig(alphabet_size=6, strategies=("copy", "rotate-left"), n_train=256, n_val=64,
+                                         n_test=64, shard_size=128),
+                       base=base_model(20, batch_size=32, n_head=2, d_model=32))
 TINY_BUDGET = CellBudget(steps=3, batch_size=16, decode_examples=8)
 
 

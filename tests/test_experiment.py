@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
-from training import experiment as exp
+from training.experiments import artefacts, cells, grid as exp
+from training.experiments.grid_report import plot_amplification
+from training.experiments.task import Setting, TaskConfig, synth_config
+from training.recipes import RECIPES, recipe_overrides, with_recipe
 from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK
 
 
@@ -91,30 +95,33 @@ def test_continuous_and_every_weighting_give_finite_numbers(experiment_root):  #
 
 
 def test_recipe_overrides_how_to_train_but_not_what_is_compared(tmp_path):
-    prep = exp.Prepared(TINY_TASK.settings[0], tmp_path / "d", "k", tmp_path / "b", "fp", tmp_path / "s",
-                        {"ratio_true": 1.0, "ratio_inspect": 1.0})
-    cell = exp.Cell("h0", "discrete", "prefix", "surprisal-share", 0.3, 4)
-    recipe = {"lr": 5e-4, "beta": {"kind": "linear", "warmup_steps": 2, "beta": 9.0},
-              "cvae": {"cond": "token", "k": 7}, "weighting": "uniform"}
-    cfg = exp.train_config(cell, prep, 2, 3, TINY_BUDGET, recipe, tmp_path / "run")
-    assert cfg.lr == 5e-4 and cfg.beta.kind == "linear" and cfg.beta.warmup_steps == 2
-    assert (cfg.beta.beta, cfg.cvae.cond, cfg.cvae.k, cfg.cvae.slots, cfg.weighting, cfg.seed) == \
-        (0.3, "prefix", 2, 3, "surprisal-share", 4)
-    with pytest.raises(ValueError, match="recipe overrides"):
-        exp.train_config(cell, prep, 2, 3, TINY_BUDGET, {"no_such_field": 1}, tmp_path / "run")
+    prep = artefacts.Prepared(TINY_TASK.settings[0], tmp_path / "d", "k", tmp_path / "b", "fp", tmp_path / "s",
+                              {"ratio_true": 1.0, "ratio_inspect": 1.0})
+    cell = cells.Cell("h0", "discrete", "prefix", "surprisal-share", 0.3, 4)
+    plain = cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, "baseline"), tmp_path / "run")
+    for name in RECIPES:
+        cfg = cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, name), tmp_path / "run")
+        assert cfg == with_recipe(plain, name)  # the recipe check's path, not a second one
+        assert (cfg.lr, cfg.steps, cfg.batch_size) == (TINY_BUDGET.lr, TINY_BUDGET.steps, TINY_BUDGET.batch_size)
+        assert (cfg.beta.beta, cfg.cvae.cond, cfg.cvae.k, cfg.cvae.slots, cfg.weighting, cfg.seed) == \
+            (0.3, "prefix", 2, 3, "surprisal-share", 4)
+    survival = cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, "survival"), tmp_path / "run")
+    assert survival.estep.mode == "label" and survival.cvae.posterior_pool == "mean"
+    with pytest.raises(ValueError, match="unknown recipe"):
+        cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, "nope"), tmp_path / "run")
 
 
 def test_recipe_names():
-    assert exp.load_recipe("baseline") == {} or "baseline" in __import__("training.recipes").recipes.RECIPES
+    assert recipe_overrides("baseline") == {} or "baseline" in RECIPES
     with pytest.raises(ValueError, match="unknown recipe 'nope'"):
-        exp.load_recipe("nope")
+        recipe_overrides("nope")
 
 
 def test_cell_key_follows_the_config_not_the_paths(tmp_path):
-    prep = exp.Prepared(TINY_TASK.settings[0], tmp_path / "d", "k", tmp_path / "b", "fp", tmp_path / "s", {})
-    cell = exp.Cell("h0", "discrete", "token", "uniform", 1.0, 0)
-    key = lambda c, p=prep, budget=TINY_BUDGET: exp.cell_key(  # noqa: E731
-        exp.train_config(c, p, 2, 2, budget, {}, tmp_path / "r"), p, budget.decode_examples)
+    prep = artefacts.Prepared(TINY_TASK.settings[0], tmp_path / "d", "k", tmp_path / "b", "fp", tmp_path / "s", {})
+    cell = cells.Cell("h0", "discrete", "token", "uniform", 1.0, 0)
+    key = lambda c, p=prep, budget=TINY_BUDGET: cells.cell_key(  # noqa: E731
+        cells.train_config(c, p, cells.CellPlan(2, 2, budget, "baseline"), tmp_path / "r"), p, budget.decode_examples)
     moved = replace(prep, data=tmp_path / "elsewhere", base=tmp_path / "b2")
     assert key(cell) == key(cell, moved)
     assert len({key(cell), key(replace(cell, beta=0.3)), key(replace(cell, seed=1)),
@@ -122,18 +129,31 @@ def test_cell_key_follows_the_config_not_the_paths(tmp_path):
                 key(cell, budget=replace(TINY_BUDGET, decode_examples=9))}) == 6
 
 
+def test_default_task_keys_are_those_of_earlier_runs():
+    """TaskConfig holds SynthConfig and BaseTrainConfig; the data and base keys hash the same JSON as when it
+    mirrored their fields, so directories built before are found again."""
+    task = TaskConfig()
+    keys = {}
+    for s in task.settings:
+        data_key = artefacts.key_of(json.loads(json.dumps(asdict(synth_config(task, s)))))
+        keys[s.name] = (data_key, artefacts.base_key(task, data_key))
+    assert keys == {"h3-n5": ("29259cb494dd", "78444867a5bf"), "h1-n8": ("fc9b2a2d3606", "b0958aebac6e"),
+                    "h0-n16": ("ea6f692a63ca", "7eccee835846")}
+    assert TaskConfig(**json.loads(json.dumps(asdict(TINY_TASK)))) == TINY_TASK  # read back from a config file
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="unknown weightings"):
         exp.ExperimentConfig(out="x", weightings=("uniform", "bogus"))
     with pytest.raises(ValueError, match="distinct names"):
-        exp.TaskConfig(settings=(exp.Setting("a", 0, 1, 2), exp.Setting("a", 1, 1, 2)))
+        TaskConfig(settings=(Setting("a", 0, 1, 2), Setting("a", 1, 1, 2)))
     with pytest.raises(ValueError, match="min_len"):
-        exp.Setting("a", 0, 3, 2)
+        Setting("a", 0, 3, 2)
+    with pytest.raises(ValueError, match="k_max"):
+        TaskConfig(base=replace(TaskConfig().base, k_max=1))
 
 
 def test_amplification_plot_skips_ratios_a_log_axis_cannot_show():
-    from training.experiment import plot_amplification
-
     amp = [{"setting": "a", "ratio_true": 2.0, "measured_mean": 0.0, "measured_std": 0.0},
            {"setting": "b", "ratio_true": 8.0, "measured_mean": 6.5, "measured_std": 0.1},
            {"setting": "c", "ratio_true": 16.0, "measured_mean": None, "measured_std": None}]

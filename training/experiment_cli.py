@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -33,32 +34,36 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
               help="Cells trained at once, one process and torch thread each (default: 1; sweep: min(2, CPUs)).")
 def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs):
     """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results."""
-    from dataclasses import replace
-
     import torch
 
-    from training import experiment as exp, sweep as sw
+    from training.experiments.task import TaskConfig, base_model
 
     torch.set_num_threads(1)
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     try:
-        task = exp.TaskConfig() if base_steps is None else exp.TaskConfig(base_steps=base_steps)
-        chosen = {} if recipe is None else {"recipe": recipe}
-        if sweep == "beta":
-            cfg = sw.SweepConfig(out=out, task=task, refine=refine, **chosen)
-            cfg = sw.quick_sweep(cfg) if quick else cfg
-            cfg = cfg if settings is None else replace(cfg, settings=tuple(settings.split(",")))
-            run = sw.run
-        else:
-            if settings is not None:
-                raise ValueError("--settings applies to --sweep beta only")
-            cfg = exp.ExperimentConfig(out=out, task=task, **chosen)
-            cfg = exp.quick(cfg) if quick else cfg
-            run = exp.run
-        given = {"seeds": _ints(seeds), "betas": _floats(betas), "jobs": jobs}
-        cfg = replace(cfg, **{k: v for k, v in given.items() if v is not None})
-        if cvae_steps is not None:
-            cfg = replace(cfg, budget=replace(cfg.budget, steps=cvae_steps))
-        run(cfg, echo=click.echo, command=command)
+        task = TaskConfig() if base_steps is None else TaskConfig(base=base_model(base_steps))
+        cfg, run = job(out, quick, sweep, settings, refine, task, {} if recipe is None else {"recipe": recipe})
+        run(with_flags(cfg, seeds, betas, jobs, cvae_steps), echo=click.echo, command=command)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
+
+
+def job(out, quick, sweep, settings, refine, task, chosen: dict):
+    """(config, its run) of the sweep or of the grid, before the flags both take."""
+    from training.experiments import grid, sweep as sw
+
+    if sweep == "beta":
+        cfg = sw.SweepConfig(out=out, task=task, refine=refine, **chosen)
+        cfg = sw.quick_sweep(cfg) if quick else cfg
+        return (cfg if settings is None else replace(cfg, settings=tuple(settings.split(",")))), sw.run
+    if settings is not None:
+        raise ValueError("--settings applies to --sweep beta only")
+    cfg = grid.ExperimentConfig(out=out, task=task, **chosen)
+    return (grid.quick(cfg) if quick else cfg), grid.run
+
+
+def with_flags(cfg, seeds: str | None, betas: str | None, jobs: int | None, cvae_steps: int | None):
+    """``cfg`` with the seeds, betas, jobs and steps per cell that were given."""
+    given = {"seeds": _ints(seeds), "betas": _floats(betas), "jobs": jobs}
+    cfg = replace(cfg, **{k: v for k, v in given.items() if v is not None})
+    return cfg if cvae_steps is None else replace(cfg, budget=replace(cfg.budget, steps=cvae_steps))

@@ -1,0 +1,203 @@
+"""One CVAE cell: its TrainConfig (through the recipe check), its key, train + evaluate -> record; and the
+runner that takes a list of cells through a process pool.
+
+A cell is reused when runs/<setting>-<key>/cell.json names its key, which hashes the train
+config without its paths, the base fingerprint it was trained from, the data's key and the
+evaluation; an interrupted cell's run resumes (training.train).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from store.manifest import write_json_atomic
+from store.tables import fixed
+from training.experiments.artefacts import Echo, Prepared, key_of, read_json
+from training.recipes import with_recipe
+
+METRICS = ("mi", "strategy_mi", "kl", "strategy_nmi", "control_accuracy", "recon_uniform", "recon", "active_units")
+"""Per-cell numbers: mi (exact, discrete only), strategy_mi (exact I(z; strategy), discrete only), kl,
+strategy_nmi, control_accuracy (decode-per-latent), recon_uniform (token-mean NLL under E_q, comparable
+across weightings), recon (the cell's own weighted reconstruction), active_units (continuous only).
+All on the test split; nats."""
+PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # not part of a cell's key
+
+
+@dataclass(frozen=True)
+class CellBudget:
+    """How long each CVAE cell trains and how much of it is evaluated."""
+
+    steps: int = 300
+    """CVAE optimizer steps."""
+    batch_size: int = 32
+    """CVAE batch size."""
+    lr: float = 1e-3
+    """CVAE learning rate."""
+    decode_examples: int = 128
+    """Test examples decoded per latent value for the control accuracy."""
+
+    def __post_init__(self):
+        if min(self.steps, self.batch_size) < 1 or self.decode_examples < 1 or not self.lr > 0:
+            raise ValueError("need steps, batch_size, decode_examples >= 1 and lr > 0")
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """What every cell of one job shares."""
+
+    k: int
+    """Values of the discrete latent (the task's number of strategies)."""
+    prefix_slots: int
+    """Latent slots of the prefix pathway."""
+    budget: CellBudget
+    """Steps and evaluation size."""
+    recipe: str
+    """Name in training.recipes.RECIPES: the remedy fields every cell trains with."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One CVAE training run: what is compared, and its seed."""
+
+    setting: str
+    latent: str
+    cond: str
+    weighting: str
+    beta: float
+    seed: int
+    group: str = "grid"
+    """"grid" (discrete), "continuous", "cond" (z pathways) or "sweep": which table it belongs to."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.setting} {self.latent} {self.cond} {self.weighting} beta={self.beta:g} seed={self.seed}"
+
+
+def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
+    """The cell's axes (latent, K, pathway, weighting, beta, seed) on the budget, then the recipe's
+    remedy fields by ``with_recipe``: a recipe says how to train, the cell what is compared."""
+    from training.cvae import CVAEConfig
+    from training.schedules import BetaSchedule
+    from training.train import TrainConfig
+
+    cvae = CVAEConfig(latent=cell.latent, k=plan.k, cond=cell.cond,
+                      slots=plan.prefix_slots if cell.cond == "prefix" else 1)
+    b = plan.budget
+    cfg = TrainConfig(checkpoint=str(prep.base), data=str(prep.data), store=str(prep.store), out=str(run_dir),
+                      cvae=cvae, weighting=cell.weighting, policy="precomputed", beta=BetaSchedule(cell.beta),
+                      steps=b.steps, batch_size=b.batch_size, lr=b.lr, grad_diag_every=b.steps, ckpt_every=b.steps,
+                      num_workers=0, seed=cell.seed)
+    return with_recipe(cfg, plan.recipe)
+
+
+def cell_key(tcfg, prep: Prepared, decode_examples: int) -> str:
+    train = {k: v for k, v in tcfg.to_json().items() if k not in PATH_FIELDS}
+    return key_of({"train": train, "base_fingerprint": prep.fingerprint, "data": prep.data_key,
+                   "eval": {"split": "test", "decode_examples": decode_examples}})
+
+
+def init_gradients(run_dir: Path) -> dict:
+    """grad_recon / grad_kl of the posterior head at step 0 (training.metrics.posterior_gradient_norms)."""
+    from training.train import read_metrics
+
+    for record in read_metrics(run_dir):
+        if record.get("step") == 0 and "grad_recon" in record:
+            return {"grad_recon_init": record["grad_recon"], "grad_kl_init": record["grad_kl"]}
+    return {"grad_recon_init": None, "grad_kl_init": None}
+
+
+def run_cell(cell: Cell, prep: Prepared, plan: CellPlan, root: Path) -> tuple[dict, bool]:
+    """(the cell's record, reused). Trains (or resumes) and evaluates unless a record with its key exists."""
+    probe = train_config(cell, prep, plan, Path())
+    key = cell_key(probe, prep, plan.budget.decode_examples)
+    run_dir = root / "runs" / f"{cell.setting}-{key}"
+    done = read_json(run_dir / "cell.json")
+    if done is not None and done.get("key") == key:  # the key holds the base fingerprint
+        return done, True
+    record = {"key": key, "init_fingerprint": prep.fingerprint, "run": run_dir.name,
+              **train_and_evaluate(replace(probe, out=str(run_dir)), prep, plan.budget.decode_examples)}
+    write_json_atomic(run_dir / "cell.json", record)
+    return record, False
+
+
+def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
+    """Train the run, evaluate it on the test split: the record's numbers."""
+    from training.evaluate import EvalConfig, run_eval
+    from training.train import run as train
+
+    start = time.perf_counter()
+    trained = train(tcfg)  # refuses a run directory trained from another checkpoint
+    evaluated = run_eval(EvalConfig(run=tcfg.out, data=str(prep.data), split="test", decode_examples=decode_examples))
+    metrics = evaluated["metrics"]
+    return {**{m: metrics.get(m) for m in METRICS if m != "control_accuracy"},
+            "control_accuracy": evaluated["decode"].get("control_accuracy"),
+            "strategy_accuracy": metrics.get("strategy_accuracy"),
+            "usage_perplexity": metrics.get("usage_perplexity"), "val_mi": trained.get("mi"),
+            **init_gradients(Path(tcfg.out)), "train_wall_s": trained["train_wall_s"],
+            "wall_s": time.perf_counter() - start}
+
+
+# ---------------------------------------------------------------- many cells
+
+
+def _one_torch_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # each cell process gets one core; more threads oversubscribe (STACK-NOTES)
+
+
+def _run_cell_args(args: tuple) -> tuple[dict, bool]:
+    return run_cell(*args)
+
+
+def cell_pool(workers: int):
+    """A forkserver pool of ``workers`` one-thread processes; None for one worker (cells run in this process)."""
+    if workers < 2:
+        return None
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    return ProcessPoolExecutor(workers, mp_context=get_context("forkserver"), initializer=_one_torch_thread)
+
+
+@dataclass
+class Progress:
+    """Wall time of the fresh cells so far, for an ETA of the rest at ``parallel`` cells at a time."""
+
+    total: int
+    parallel: int
+    fresh_s: float = 0.0
+    fresh_n: int = 0
+
+    def took(self, i: int, record: dict, reused: bool) -> str:
+        """"reused" or the cell's seconds, then the ETA after cell ``i`` (1-based)."""
+        if not reused:
+            self.fresh_s, self.fresh_n = self.fresh_s + record["wall_s"], self.fresh_n + 1
+        took = "reused" if reused else f"{record['wall_s']:.0f} s"
+        if not self.fresh_n or i == self.total:
+            return took
+        return f"{took}; ETA {self.fresh_s / self.fresh_n * (self.total - i) / self.parallel / 60:.1f} min"
+
+
+def run_cells(cells: list[Cell], prepared: dict[str, Prepared], plan: CellPlan, root: Path, echo: Echo,
+              jobs: int = 1) -> list[dict]:
+    """Every cell, ``jobs`` at a time (each in its own process, one torch thread; 1: in this process),
+    rows and progress lines in cell order; one row per cell. Cells are independent and seeded, so a
+    cell's record does not depend on ``jobs``."""
+    work = [(cell, prepared[cell.setting], plan, root) for cell in cells]
+    parallel = max(1, min(jobs, len(cells)))
+    pool, progress, rows = cell_pool(parallel), Progress(len(cells), parallel), []
+    try:
+        results = pool.map(_run_cell_args, work) if pool else map(_run_cell_args, work)
+        for i, (cell, (record, reused)) in enumerate(zip(cells, results), 1):
+            echo(f"[cell {i}/{len(cells)}] {cell.label}: MI {fixed(record['mi'])} KL {fixed(record['kl'])} "
+                 f"NMI {fixed(record['strategy_nmi'])} control {fixed(record['control_accuracy'])} "
+                 f"recon {fixed(record['recon_uniform'])} ({progress.took(i, record, reused)})")
+            rows.append({**asdict(cell), "recipe": plan.recipe, **prepared[cell.setting].stats_brief, **record,
+                         "reused": reused})
+    finally:
+        if pool:
+            pool.shutdown(cancel_futures=True)
+    return rows

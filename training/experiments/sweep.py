@@ -1,0 +1,257 @@
+"""`tokweight experiment --sweep beta`: the collapse threshold beta_c per weighting and T/(t0+1).
+
+The research note predicts where collapse happens: under uniform token-mean
+reconstruction the posterior survives only while (t0/T)|delta| > beta C, under
+surprisal-share while |delta| > beta C, so beta_c(surprisal-share) / beta_c(uniform)
+should be about T/(t0+1). Here, for each setting and weighting, the discrete CVAE is
+trained over a log-spaced beta grid (optionally refined by bisection per seed), and
+
+    beta_c = the largest beta whose final exact MI (test split) >= KEPT_FRACTION * log S.
+
+beta_c is also reported with the exact I(z; strategy) in place of I(z; x,y): a code of x or
+of y's other tokens counts in the latter (it did in the first em-exact sweep, strategy NMI
+0.000-0.001 in every cell), and it is the strategy whose survival the note predicts.
+
+The prediction concerns survival: whether a z that is in use outlives beta. So the default
+recipe, "survival", starts every cell from the same supervised warm start (z = the true
+strategy for 200 steps) and then trains the plain objective at the cell's beta; whether z
+can be *found* at all is the learnability question (docs/latent-learnability.md).
+
+When no beta of the grid kept z there is no beta_c: it is reported as NO_BETA, never
+as 0. Data, base models, stores and cells are the experiment grid's (training.experiments),
+reused under the same keys. Outputs in DIR: beta_threshold.csv/.md, beta_cells.csv,
+mi_vs_beta.png, mi_vs_step.png, sweep_config.json.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from store.plots import save_figures
+from training.experiments.aggregate import aggregate, mean_std
+from training.experiments.artefacts import Echo, prepare_all
+from training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
+from training.experiments.collapse import (CRITERIA, KEPT_FRACTION, NO_BETA, beta_c, bracket, midpoint, narrow,
+                                           show, suffix)
+from training.experiments.report import write_config, write_csv
+from training.experiments.sweep_report import plot_mi_vs_beta, plot_mi_vs_step, render
+from training.experiments.task import TaskConfig, coerce_nested
+from training.recipes import recipe_overrides
+
+def log_grid(lo: float, hi: float, n: int) -> tuple[float, ...]:
+    """n log-spaced values from lo to hi, rounded to 4 significant digits (readable keys and labels)."""
+    return tuple(float(f"{v:.4g}") for v in np.geomspace(lo, hi, n))
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """The beta sweep (QUICK_SWEEP shrinks it)."""
+
+    out: str
+    """Results directory; shares data/, base/, store/ and runs/ with the experiment when it is the same."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """Data and base models."""
+    settings: tuple[str, ...] = ()
+    """Names of the task's settings to sweep; empty: all."""
+    weightings: tuple[str, ...] = ("uniform", "sum", "surprisal-share")
+    """Weightings compared."""
+    betas: tuple[float, ...] = log_grid(0.01, 10.0, 8)
+    """The beta grid (sorted on use)."""
+    seeds: tuple[int, ...] = (0, 1)
+    """Seeds of every cell; beta_c is also reported per seed."""
+    refine: int = 0
+    """Bisection steps (log scale) per (setting, weighting, seed) between its grid beta_c and the next beta."""
+    budget: CellBudget = field(default_factory=lambda: CellBudget(steps=1000, lr=3e-4))
+    """Steps and evaluation size per cell: the survival recipe's 200 warm-start steps, then 800 at beta.
+    Settling takes that long near the threshold: at h0-n16, surprisal-share at beta 1.389 still had
+    MI 0.646 at step 500 and 0.007 at step 900; uniform at beta 0.193 held 0.69 to step 1500. At lr
+    1e-3 the first 10 Adam steps under surprisal-share took the h0-n16 decoder from 0.067 to 1.3
+    nats per token (on tokens it barely weights); at 3e-4 it stays near 0.1."""
+    recipe: str = "survival"
+    """Name in training.recipes.RECIPES applied to every cell; "baseline": none."""
+    jobs: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
+    """Cells trained at once, each in its own process with one torch thread (no effect on any number)."""
+
+    def __post_init__(self):
+        coerce_nested(self, task=TaskConfig, budget=CellBudget)
+        for name in ("settings", "weightings", "seeds"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "betas", tuple(sorted(float(b) for b in self.betas)))
+        unknown = [s for s in self.settings if s not in {t.name for t in self.task.settings}]
+        if unknown:
+            raise ValueError(f"unknown settings {unknown}; the task has {[t.name for t in self.task.settings]}")
+        if len(self.betas) < 2 or any(not b > 0 for b in self.betas) or len(set(self.betas)) != len(self.betas):
+            raise ValueError(f"betas must be >= 2 distinct values > 0 (a log grid), got {self.betas}")
+        if not self.weightings or not self.seeds or self.refine < 0 or self.jobs < 1:
+            raise ValueError("weightings and seeds must be non-empty, refine >= 0 and jobs >= 1")
+
+    @property
+    def setting_names(self) -> tuple[str, ...]:
+        return self.settings or tuple(s.name for s in self.task.settings)
+
+    @property
+    def threshold(self) -> float:
+        """KEPT_FRACTION * log S in nats: the MI at which z counts as kept."""
+        return KEPT_FRACTION * math.log(self.task.k)
+
+    @property
+    def plan(self) -> CellPlan:
+        return CellPlan(self.task.k, 1, self.budget, self.recipe)
+
+
+def quick_sweep(cfg: SweepConfig) -> SweepConfig:
+    """--quick: the largest T/(t0+1) only, one seed; the full grid of betas, so the transition shows."""
+    return replace(cfg, settings=(cfg.task.settings[-1].name,), seeds=cfg.seeds[:1])
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_sweep_cells(cfg: SweepConfig, prepared: dict, root: Path, echo: Echo) -> list[dict]:
+    """The grid for every (setting, weighting, seed), then ``refine`` bisection rounds (each round
+    one midpoint per (setting, weighting, seed) whose grid beta_c has a larger grid beta above it,
+    all run together); one row per cell."""
+    def run(cells: list[Cell]) -> list[dict]:
+        return run_cells(cells, prepared, cfg.plan, root, echo, cfg.jobs)
+
+    groups = [(s, w, seed) for s in cfg.setting_names for w in cfg.weightings for seed in cfg.seeds]
+    grid = [Cell(s, "discrete", "token", w, b, seed, "sweep") for s, w, seed in groups for b in cfg.betas]
+    echo(f"[sweep] {len(cfg.setting_names)} settings x {len(cfg.weightings)} weightings x {len(cfg.seeds)} seeds "
+         f"x {len(cfg.betas)} betas = {len(grid)} cells (+ up to {cfg.refine} bisection steps each), "
+         f"{cfg.budget.steps} steps per cell, {cfg.jobs} at a time")
+    rows = run(grid)
+    spans = grid_spans(rows, groups, cfg)
+    for _ in range(cfg.refine if spans else 0):
+        mids = {g: midpoint(span) for g, span in spans.items()}
+        measured = run([Cell(s, "discrete", "token", w, mids[s, w, seed], seed, "refine") for s, w, seed in spans])
+        rows.extend(measured)
+        spans = {g: narrow(spans[g], mids[g], r["mi"], cfg.threshold) for g, r in zip(spans, measured)}
+    return rows
+
+
+def grid_spans(rows: list[dict], groups: list[tuple], cfg: SweepConfig) -> dict[tuple, tuple[float, float]]:
+    """(setting, weighting, seed) -> the grid span bisection narrows, for the groups that have one."""
+    spans = {}
+    for s, w, seed in groups:
+        mine = {r["beta"]: r["mi"] for r in rows if (r["setting"], r["weighting"], r["seed"]) == (s, w, seed)}
+        span = bracket(cfg.betas, beta_c(mine, cfg.threshold))
+        if span:
+            spans[s, w, seed] = span
+    return spans
+
+
+# ---------------------------------------------------------------- the tables
+
+
+def grid_means(rows: list[dict]) -> dict[tuple, dict]:
+    """(setting, weighting, beta) -> the grid cells' seed mean and std of every metric."""
+    return {(r["setting"], r["weighting"], r["beta"]): r for r in aggregate(rows) if r["group"] == "sweep"}
+
+
+def summarize(rows: list[dict], means: dict[tuple, dict], cfg: SweepConfig, settings: dict[str, dict]) -> list[dict]:
+    """beta_c per (setting, weighting) and criterion: of the seed-mean MI curve over the grid, and per
+    seed (grid + bisection; bisection follows the first criterion, "mi")."""
+    return [summary_row(s, w, [r for r in rows if (r["setting"], r["weighting"]) == (s, w)], means, cfg, settings[s])
+            for s in cfg.setting_names for w in cfg.weightings]
+
+
+def summary_row(setting: str, weighting: str, cells: list[dict], means: dict[tuple, dict], cfg: SweepConfig,
+                stats: dict) -> dict:
+    row = {"recipe": cfg.recipe, "setting": setting, "ratio_true": stats["ratio_true"],
+           "ratio_inspect": stats["ratio_inspect"], "ratio_if_z_removes_b": stats.get("ratio_if_z_removes_b"),
+           "weighting": weighting, "threshold_nats": cfg.threshold}
+    for metric in CRITERIA:
+        curve = {b: means.get((setting, weighting, b), {}).get(f"{metric}_mean") for b in cfg.betas}
+        row |= criterion_columns(metric, curve, cells, cfg)
+    row["kept_z"] = "yes" if row["beta_c"] != NO_BETA else "no beta in the grid kept z"
+    return row | gain_estimate([r for r in cells if r["group"] == "sweep"], cfg.betas, cfg.threshold)
+
+
+def criterion_columns(metric: str, curve: dict[float, float | None], cells: list[dict], cfg: SweepConfig) -> dict:
+    """beta_c by ``metric`` of the seed-mean ``curve``, and per seed over ``cells`` (grid + bisection)."""
+    c = suffix(metric)
+    per_seed = [beta_c({r["beta"]: r.get(metric) for r in cells if r["seed"] == seed}, cfg.threshold)
+                for seed in cfg.seeds]
+    found = [b for b in per_seed if b is not None]
+    return {f"beta_c{c}": show(beta_c(curve, cfg.threshold)),
+            f"beta_c{c}_seeds": ";".join(f"{seed}:{show(b)}" for seed, b in zip(cfg.seeds, per_seed)),
+            f"beta_c{c}_seed_min": show(min(found)) if found else NO_BETA,
+            f"beta_c{c}_seed_max": show(max(found)) if found else NO_BETA,
+            f"seeds_without_beta_c{c}": len(per_seed) - len(found)}
+
+
+def gain_estimate(cells: list[dict], betas: tuple[float, ...], threshold: float) -> dict:
+    """The note's criterion |delta| > beta C read off the grid's own ends: delta = the weighted
+    reconstruction the weighting's objective gains by z (recon at the largest beta, which collapsed,
+    minus recon at the smallest, which kept z; seed means) and C = the KL at the smallest beta, so
+    beta_c ~ delta / C. None where the ends did not collapse and keep z respectively."""
+    def mean(metric: str, beta: float) -> float | None:
+        return mean_std([r.get(metric) for r in cells if r["beta"] == beta])[0]
+
+    lo, hi = betas[0], betas[-1]
+    kept, dropped = mean("mi", lo), mean("mi", hi)
+    if None in (kept, dropped) or kept < threshold or dropped >= threshold:
+        return {"z_gain_nats": None, "kl_with_z": None, "beta_c_from_gain": None}
+    gain, kl = mean("recon", hi) - mean("recon", lo), mean("kl", lo)
+    return {"z_gain_nats": gain, "kl_with_z": kl, "beta_c_from_gain": gain / kl if kl > 0 else None}
+
+
+def measured_ratio(ss: str, uni: str, lowest: float) -> str:
+    """beta_c(surprisal-share) / beta_c(uniform) as text; a bound or "undefined" when either has none."""
+    if ss != NO_BETA and uni != NO_BETA:
+        return f"{float(ss) / float(uni):.3g}"
+    if ss != NO_BETA:  # uniform kept z at no beta: the ratio is only bounded below
+        return f"> {float(ss) / lowest:.3g} (uniform: {NO_BETA})"
+    if uni != NO_BETA:
+        return f"< {lowest / float(uni):.3g} (surprisal-share: {NO_BETA})"
+    return f"undefined (neither kept z at any beta >= {lowest:g})"
+
+
+def ratio_rows(summary: list[dict], betas: tuple[float, ...]) -> list[dict]:
+    """beta_c(surprisal-share) / beta_c(uniform) per setting (both criteria) next to the predicted T/(t0+1)."""
+    out = []
+    by = {(r["setting"], r["weighting"]): r for r in summary}
+    for s in dict.fromkeys(r["setting"] for r in summary):
+        ss, uni = by.get((s, "surprisal-share")), by.get((s, "uniform"))
+        if ss is None or uni is None:
+            continue
+        row = {"recipe": ss["recipe"], "setting": s, "predicted_T_over_t0p1": ss["ratio_true"],
+               "inspection_T_over_t0p1": ss["ratio_inspect"],
+               "predicted_if_z_removes_b": ss.get("ratio_if_z_removes_b")}
+        for metric in CRITERIA:
+            c = f"beta_c{suffix(metric)}"
+            row |= {f"{c}_surprisal_share": ss[c], f"{c}_uniform": uni[c],
+                    f"measured_ratio{suffix(metric)}": measured_ratio(ss[c], uni[c], betas[0])}
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------- the job
+
+
+def run(cfg: SweepConfig, echo: Echo = print, command: str | None = None) -> dict:
+    start = time.perf_counter()
+    root = Path(cfg.out)
+    root.mkdir(parents=True, exist_ok=True)
+    write_config(root / "sweep_config.json", cfg, recipe_overrides(cfg.recipe))
+    prepared = prepare_all(cfg.task, root, echo, cfg.setting_names)
+    settings = {name: p.stats for name, p in prepared.items()}
+    rows = run_sweep_cells(cfg, prepared, root, echo)
+    means = grid_means(rows)
+    summary = summarize(rows, means, cfg, settings)
+    ratios = ratio_rows(summary, cfg.betas)
+    wall = time.perf_counter() - start
+    write_csv(root / "beta_cells.csv", rows)
+    write_csv(root / "beta_threshold.csv", summary)
+    write_csv(root / "beta_ratio.csv", ratios)
+    save_figures({"mi_vs_beta.png": plot_mi_vs_beta(means, cfg, settings),
+                  "mi_vs_step.png": plot_mi_vs_step(rows, cfg, root)}, root)
+    (root / "beta_threshold.md").write_text(render(cfg, summary, ratios, rows, means, settings, command, wall))
+    echo(f"[sweep] done in {wall / 60:.1f} min: {root / 'beta_threshold.md'}")
+    return {"summary": summary, "ratios": ratios, "cells": rows, "settings": settings, "wall_s": wall}
