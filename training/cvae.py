@@ -25,6 +25,7 @@ from pipeline.templates import gather_s, token_surprisal
 from pipeline.vocab import Vocab
 from training.conditioning import MODES, Conditioning
 from training.data import TrainBatch
+from training.global_batch import LOCAL, GlobalBatch
 from training.latent import CategoricalLatent, GaussianLatent
 from training.losses import free_bits_kl, weighted_reconstruction
 from training.model import GPT
@@ -116,7 +117,10 @@ class CVAE(nn.Module):
         rows = torch.arange(len(batch), device=batch.last_pos.device)
         return hidden_free[rows, batch.last_pos]
 
-    def forward(self, batch: TrainBatch, generator: torch.Generator | None = None) -> CVAEOutput:
+    def forward(self, batch: TrainBatch, generator: torch.Generator | None = None,
+                global_batch: GlobalBatch = LOCAL) -> CVAEOutput:
+        """``generator`` draws a continuous latent's noise for the whole ``global_batch``, so an
+        example's noise does not depend on how many ranks share the step."""
         free, cond = batch.zfree, batch.zcond
         B = len(batch)
         logits_free, hidden_free = self.backbone(free.input_ids)  # (B, L, V), (B, L, d)
@@ -126,7 +130,7 @@ class CVAE(nn.Module):
             zfree_nll = token_surprisal(gather_s(logits_free, free.logit_pos), free.targets, free.mask)
 
         C = self.latent.copies  # example i's copies are rows i*C .. i*C + C-1
-        z, slot_ids = self.latent.decoder_inputs(post, generator)
+        z, slot_ids = self.latent.decoder_inputs(post, generator, global_batch)
         rep = lambda t: t.repeat_interleave(C, 0)
         ids, kwargs = self.conditioning.decoder_inputs(self.backbone, rep(cond.input_ids), rep(batch.slot_pos),
                                                        z, slot_ids)
@@ -197,10 +201,11 @@ class Objective:
     kl: torch.Tensor  # (B,) or (B, D) nats
 
 
-def objective(latent: nn.Module, out: CVAEOutput, pi: torch.Tensor, beta: float, free_bits: float = 0.0) -> Objective:
+def objective(latent: nn.Module, out: CVAEOutput, pi: torch.Tensor, beta: float, free_bits: float = 0.0,
+              batch: GlobalBatch = LOCAL) -> Objective:
     """J = mean_i E_q[R_i(z)] + beta * KL term; pi (B, T_max) from losses.reconstruction_weights."""
     R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, copies)
     recon = latent.expectation(R, out.post).mean()
     kl = latent.kl(out.post, out.prior)
-    kl_term = free_bits_kl(kl, free_bits)
+    kl_term = free_bits_kl(kl, free_bits, batch)
     return Objective(recon + beta * kl_term, recon, kl_term, kl)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from training.cvae import Objective
+from training.global_batch import LOCAL, GlobalBatch
 from training.losses import free_bits_kl, weighted_reconstruction
 
 MODES = ("off", "soft", "hard", "label")
@@ -91,13 +92,14 @@ def sinkhorn(log_scores: torch.Tensor, iters: int) -> torch.Tensor:
 
 
 def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float = 0.0,
-               labels: torch.Tensor | None = None) -> torch.Tensor:
+               labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL) -> torch.Tensor:
     """The E-step's (B, K) weights of the decoder copies, detached: soft q*, its hard argmax, or
     (mode "label") the one-hot of ``labels`` (B,) strategy indices.
 
     R (B, K) nats per copy; log_prior (B, K) the learned prior (ignored under prior "uniform");
     beta: the step's KL weight, the temperature under ``follow_beta`` (hard at beta = 0).
-    Balancing acts on q* before the argmax, so a hard assignment is balanced too.
+    Balancing acts on q* before the argmax, so a hard assignment is balanced too, and over
+    the global ``batch``: Sinkhorn's columns are sums over all of its rows.
     """
     R = R.detach()
     if cfg.mode == "label":
@@ -110,7 +112,7 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
     else:
         hard = cfg.mode == "hard"
     log_q = exact_posterior(R, prior, beta if cfg.follow_beta and beta > 0 else cfg.temperature)
-    a = sinkhorn(log_q, cfg.balance_iters) if cfg.balance_iters else log_q.exp()
+    a = batch.rows(sinkhorn(batch.gather(log_q), cfg.balance_iters)) if cfg.balance_iters else log_q.exp()
     if hard:
         a = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
     return a
@@ -145,7 +147,7 @@ def assignment_kl(a: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
 
 
 def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig,
-                 labels: torch.Tensor | None = None):
+                 labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL):
     """J_EM = mean_i [sum_k a_ik R_ik + w * CE(a_i, q_i)] + beta * KL term(a || p), a = assignment(R, p).
 
     The M-step of each part against the E-step's a (detached): the decoder copies learn from
@@ -156,8 +158,8 @@ def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, c
     the plain objective. ``labels`` (B,): strategy indices, for mode "label" only.
     """
     R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, K)
-    a = assignment(R, out.prior, cfg, beta, labels)
+    a = assignment(R, out.prior, cfg, beta, labels, batch)
     fit = assigned_reconstruction(R, a).mean() + cfg.posterior_weight * distillation(out.post, a).mean()
-    kl_term = free_bits_kl(assignment_kl(a, out.prior), free_bits)
+    kl_term = free_bits_kl(assignment_kl(a, out.prior), free_bits, batch)
     recon = latent.expectation(R, out.post).mean().detach()
     return Objective(fit + beta * kl_term, recon, kl_term, latent.kl(out.post, out.prior).detach())

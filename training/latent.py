@@ -4,8 +4,9 @@ Two latents with one interface, so the CVAE composes either:
 - ``posterior(h)``: (B, d) pooled z-free hidden state -> posterior parameters
 - ``prior(z_logits, z_hidden)``: the decoder's (B, V) logits and (B, d) hidden state at
   ``<z>`` -> prior parameters
-- ``decoder_inputs(post, generator)``: the latent values the decoder is run with, as
-  (N, F) features and (N,) slot token ids (discrete) or None (continuous); N = B * copies
+- ``decoder_inputs(post, generator, global_batch)``: the latent values the decoder is run
+  with, as (N, F) features and (N,) slot token ids (discrete) or None (continuous);
+  N = B * copies
 - ``expectation(R, post)``: (B, copies) reconstructions -> (B,) E_q[R]
 - ``kl(post, prior)``: (B,) or (B, D) nats
 """
@@ -16,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from training.global_batch import LOCAL, GlobalBatch
 from training.losses import categorical_kl, gaussian_kl
 
 
@@ -47,7 +49,8 @@ class CategoricalLatent(nn.Module):
     def prior(self, z_logits: torch.Tensor, z_hidden: torch.Tensor) -> torch.Tensor:
         return F.log_softmax(z_logits[:, self.latent_ids], -1)  # (B, K) log p
 
-    def decoder_inputs(self, log_q: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def decoder_inputs(self, log_q: torch.Tensor, generator=None,
+                       global_batch: GlobalBatch = LOCAL) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy i*K + k of example i carries value k: (B*K, K) one-hot and (B*K,) token ids."""
         B = log_q.shape[0]
         onehot = torch.eye(self.k, device=log_q.device, dtype=self.head.weight.dtype).repeat(B, 1)
@@ -92,9 +95,10 @@ class GaussianLatent(nn.Module):
         mu, logvar = self.prior_head(z_hidden).chunk(2, -1)
         return mu, logvar
 
-    def decoder_inputs(self, post, generator=None) -> tuple[torch.Tensor, None]:
+    def decoder_inputs(self, post, generator=None, global_batch: GlobalBatch = LOCAL) -> tuple[torch.Tensor, None]:
         mu, logvar = post
-        noise = torch.randn(mu.shape, generator=generator, dtype=mu.dtype, device="cpu").to(mu.device)
+        shape = (global_batch.world * mu.shape[0], *mu.shape[1:])  # drawn for the global batch, then our rows
+        noise = global_batch.rows(torch.randn(shape, generator=generator, dtype=mu.dtype, device="cpu")).to(mu.device)
         return mu + (0.5 * logvar).exp() * noise, None  # (B, D) reparameterised sample
 
     def expectation(self, R: torch.Tensor, post) -> torch.Tensor:

@@ -17,6 +17,9 @@ weighted mean of each example is formed as one weighted sum over one weight sum,
 Mixing: ``pi = (1 - lam) * pi_uniform + lam * pi_weighting``. For the weightings that
 read an example's own b, an example with ``sum_t b_t < eps`` is degenerate: it gets
 ``pi_uniform`` and is counted.
+
+Every weighting takes the step's ``GlobalBatch`` (``global_batch.py``); only
+example-inverse reads it, to normalise v over the global batch rather than this rank's rows.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from training.global_batch import LOCAL, GlobalBatch
 
 
 @dataclass(frozen=True)
@@ -51,12 +56,14 @@ def _normalised(w: torch.Tensor, eps: float) -> torch.Tensor:
     return w / (w.sum(-1, keepdim=True) + eps)
 
 
-def uniform_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams) -> torch.Tensor:
+def uniform_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams,
+                    batch: GlobalBatch = LOCAL) -> torch.Tensor:
     m = mask.to(b.dtype)
     return m / m.sum(-1, keepdim=True).clamp_min(1.0)
 
 
-def sum_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams) -> torch.Tensor:
+def sum_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams,
+                batch: GlobalBatch = LOCAL) -> torch.Tensor:
     return mask.to(b.dtype)
 
 
@@ -65,7 +72,8 @@ def surprisal_share_weights(b: torch.Tensor, mask: torch.Tensor, eps: float = 1e
     return _normalised(b.detach() * mask, eps)
 
 
-def inverse_surprisal_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams) -> torch.Tensor:
+def inverse_surprisal_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams,
+                              batch: GlobalBatch = LOCAL) -> torch.Tensor:
     return _normalised(mask / (b.detach().clamp_min(0.0) + params.eps_inv), params.eps)
 
 
@@ -74,28 +82,30 @@ def example_mean_b(b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (b.detach() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
 
 
-def example_inverse_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams) -> torch.Tensor:
-    """uniform * v_i; v normalised to mean 1 over the batch's non-degenerate examples.
+def example_inverse_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams,
+                            batch: GlobalBatch = LOCAL) -> torch.Tensor:
+    """uniform * v_i; v normalised to mean 1 over the global batch's non-degenerate examples.
 
-    The normalisation makes this weighting depend on the batch it is computed on:
-    compute it once on the whole (global) batch before any micro-batching.
+    The normalisation makes this weighting depend on the batch it is computed on: the
+    mean is the global batch's (``batch``), whatever the ranks or micro-batches.
     """
     v = 1.0 / (example_mean_b(b, mask) + params.eps)  # (B,)
-    ok = ~degenerate_examples(b, mask, params.eps)
-    v = v / v[ok].mean() if ok.any() else torch.ones_like(v)
+    v_mean = batch.masked_mean(v, ~degenerate_examples(b, mask, params.eps))
+    v = v / v_mean if torch.isfinite(v_mean) else torch.ones_like(v)  # nan: no example has a share
     return uniform_weights(b, mask, params) * v[:, None]
 
 
-def distribution_rescale_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams) -> torch.Tensor:
+def distribution_rescale_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams,
+                                 batch: GlobalBatch = LOCAL) -> torch.Tensor:
     if params.dataset_mean_b is None:
         raise ValueError("distribution-rescale needs dataset_mean_b (the store's mean of mean_t b_t)")
     return uniform_weights(b, mask, params) / params.dataset_mean_b
 
 
-WEIGHTINGS: dict[str, Callable[[torch.Tensor, torch.Tensor, WeightingParams], torch.Tensor]] = {
+WEIGHTINGS: dict[str, Callable[..., torch.Tensor]] = {
     "uniform": uniform_weights,
     "sum": sum_weights,
-    "surprisal-share": lambda b, mask, params: surprisal_share_weights(b, mask, params.eps),
+    "surprisal-share": lambda b, mask, params, batch=LOCAL: surprisal_share_weights(b, mask, params.eps),
     "inverse-surprisal": inverse_surprisal_weights,
     "example-inverse": example_inverse_weights,
     "distribution-rescale": distribution_rescale_weights,
@@ -112,10 +122,10 @@ def degenerate_examples(b: torch.Tensor, mask: torch.Tensor, eps: float) -> torc
 
 
 def reconstruction_weights(name: str, b: torch.Tensor, mask: torch.Tensor, params: WeightingParams,
-                           lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                           lam: float = 1.0, batch: GlobalBatch = LOCAL) -> tuple[torch.Tensor, torch.Tensor]:
     """(pi (B, T), degenerate (B,) bool): the mixed weights of SPEC §3 and the fallback rows.
 
-    b: (B, T) nats over S (detached here); mask: (B, T) bool.
+    b: (B, T) nats over S (detached here); mask: (B, T) bool; batch: the step's global batch.
     """
     if name not in WEIGHTINGS:
         raise ValueError(f"unknown weighting {name!r}; expected one of {sorted(WEIGHTINGS)}")
@@ -123,7 +133,7 @@ def reconstruction_weights(name: str, b: torch.Tensor, mask: torch.Tensor, param
         raise ValueError(f"the mixing weight must be in [0, 1], got {lam}")
     b = b.detach() if b.is_floating_point() else b.detach().float()
     uniform = uniform_weights(b, mask, params)
-    weighted = WEIGHTINGS[name](b, mask, params)
+    weighted = WEIGHTINGS[name](b, mask, params, batch)
     if name in PER_EXAMPLE_B_FREE:
         return (1.0 - lam) * uniform + lam * weighted, torch.zeros(b.shape[0], dtype=torch.bool, device=b.device)
     degenerate = degenerate_examples(b, mask, params.eps)
@@ -159,14 +169,14 @@ def example_kl(kl: torch.Tensor) -> torch.Tensor:
     return kl.sum(-1) if kl.dim() > 1 else kl
 
 
-def free_bits_kl(kl: torch.Tensor, free_bits: float) -> torch.Tensor:
+def free_bits_kl(kl: torch.Tensor, free_bits: float, batch: GlobalBatch = LOCAL) -> torch.Tensor:
     """The KL term with free bits: sum over dimensions of max(lambda, batch-mean KL_d).
 
     kl: (B,) for one categorical latent, or (B, D) per Gaussian dimension. lambda = 0 is
-    the plain batch mean. The batch mean is taken before the floor, so the term is not
-    additive over micro-batches when lambda > 0.
+    the plain batch mean. The mean is the global batch's (``batch``), taken before the
+    floor: the term is not additive over ranks or micro-batches when lambda > 0.
     """
-    per_dim = kl.mean(0)
+    per_dim = batch.mean(kl)
     return per_dim.clamp_min(free_bits).sum() if free_bits > 0 else per_dim.sum()
 
 
