@@ -88,13 +88,6 @@ def prepare_output_dir(out_dir: str | Path, *, overwrite: bool = False) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
 
 
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write canonical JSON (sorted keys) to a temporary name, then rename: the commit point."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------- finding
 
 
