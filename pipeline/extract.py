@@ -417,12 +417,6 @@ def provenance(ckpt: Checkpoint, cfg: ExtractConfig, data_root: Path) -> Provena
 # ---------------------------------------------------------------- run
 
 
-def _device(cfg: ExtractConfig, ranks: Ranks) -> torch.device:
-    if cfg.device == "cuda" and ranks.world > 1:
-        return torch.device(f"cuda:{ranks.local_rank}")
-    return torch.device(cfg.device)
-
-
 def _plan_on_rank0(cfg: ExtractConfig, directory: Path, ranks: Ranks, lock: StoreLock):
     """(data_root, shards, plan) from rank 0, or the exception it raised, on every rank."""
     result = None
@@ -440,7 +434,7 @@ def _plan_on_rank0(cfg: ExtractConfig, directory: Path, ranks: Ranks, lock: Stor
 
 def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, writer: StoreWriter, ranks: Ranks) -> list[Record]:
     """Score this rank's shards; each part is written by a background thread while the next shard is scored."""
-    device = _device(cfg, ranks)
+    device = ranks.device(cfg.device)
     ckpt.model.to(device).eval()
     mine = [t for t in plan.tasks if t.rank == ranks.rank]
     bar = tqdm(desc=f"extract[{ranks.rank}]" if ranks.world > 1 else "extract", unit="tok", unit_scale=True,

@@ -1,9 +1,11 @@
 """This process's place in a ``torchrun`` job, or a job of one when there is no launcher.
 
-Extraction needs no tensor traffic between ranks, only a few control messages (the plan
-from rank 0, every rank's finished parts back to it), so the process group is always
-gloo, also when the model runs on GPUs. ``torchrun`` exports RANK / WORLD_SIZE /
-LOCAL_RANK / MASTER_ADDR / MASTER_PORT; without WORLD_SIZE > 1 no group is created.
+Both stages use it. Extraction needs no tensor traffic between ranks, only a few control
+messages (the plan from rank 0, every rank's finished parts back to it), so its group is
+gloo, also when the model runs on GPUs; training averages gradients and gathers batch
+statistics, over NCCL when its tensors live on GPUs. ``torchrun`` exports RANK /
+WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; without WORLD_SIZE > 1 no group is
+created.
 """
 
 from __future__ import annotations
@@ -16,8 +18,13 @@ class RankFailed(RuntimeError):
     """Another rank of the job failed; its message is included."""
 
 
+def rank_device(requested: str, local_rank: int) -> str:
+    """The device a rank runs on: "cuda" means this node's GPU number LOCAL_RANK."""
+    return f"cuda:{local_rank}" if requested == "cuda" else requested
+
+
 class Ranks:
-    def __init__(self, timeout_s: float = 1800.0):
+    def __init__(self, timeout_s: float = 1800.0, backend: str = "gloo"):
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -27,13 +34,22 @@ class Ranks:
             import torch.distributed as dist
 
             if not dist.is_initialized():
-                dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+                dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
                 self._owns_group = True
             self._dist = dist
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def device(self, requested: str):
+        """``requested`` as this rank's torch device (``rank_device``); a GPU is made current."""
+        import torch
+
+        device = torch.device(rank_device(requested, self.local_rank))
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL and the object collectives use the current device
+        return device
 
     def broadcast(self, obj):
         """Rank 0's ``obj`` on every rank."""
@@ -42,6 +58,12 @@ class Ranks:
         box = [obj]
         self._dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def broadcast_tensors(self, tensors) -> None:
+        """Overwrite each tensor with rank 0's, in place."""
+        if self._dist is not None:
+            for t in tensors:
+                self._dist.broadcast(t.data, 0)
 
     def gather(self, obj) -> list:
         """Every rank's ``obj``, in rank order, on every rank."""

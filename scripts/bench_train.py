@@ -43,19 +43,20 @@ def prepare(work: Path) -> tuple[Path, Path, Path]:
 
 
 def make_state(data, ckpt, store, work, policy, batch_size):
+    from pipeline.ranks import Ranks
     from training.cvae import CVAEConfig
     from training.train import TrainConfig, setup
 
     cfg = TrainConfig(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(work / f"run-{policy}"),
                       policy=policy, cvae=CVAEConfig(k=K), batch_size=batch_size, steps=10**6, grad_diag_every=0,
                       num_workers=0)
-    return setup(cfg, 0, 1)
+    return setup(cfg, Ranks())
 
 
 def batches(state, n):
-    from training.data import TrainStream, loader
+    from training.data import TrainStream
 
-    return list(islice(iter(loader(TrainStream(state.spec, 0, 1), 0)), n))
+    return list(islice(TrainStream(state.spec, 0, 1).batches(0), n))
 
 
 def step_time(state, batch) -> float:
@@ -106,11 +107,11 @@ def bench_memory(states: dict, batch) -> dict:
 
 
 def bench_join(state, n) -> dict:
-    from training.data import TrainStream, loader
+    from training.data import TrainStream
 
     def read(spec):
         t = time.perf_counter()
-        for _ in islice(iter(loader(TrainStream(spec, 0, 1), 0)), n):
+        for _ in islice(TrainStream(spec, 0, 1).batches(0), n):
             pass
         return (time.perf_counter() - t) / n
 

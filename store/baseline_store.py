@@ -9,6 +9,7 @@ naming the part, never silently wrong numbers. Input shards are matched by conte
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,10 @@ import pyarrow as pa
 from store.manifest import (FINGERPRINT_PREFIX, MANIFEST_NAME, check_schema_version, list_fingerprint_dirs,
                             read_manifest)
 from store.parts import read_part, sha256_path
+
+
+ROWS_CACHE_PARTS = 32
+"""Parts whose parsed rows a view keeps: a training stream that draws a shard again finds them."""
 
 
 class BaselineStore:
@@ -62,6 +67,8 @@ class StoreView:
         self._parts = {p["name"]: p for p in manifest["parts"]}
         # (path, size, mtime_ns) -> sha256: each tar hashed once (per store, when opened through one)
         self._shard_sha: dict[tuple, str] = {} if shard_sha is None else shard_sha
+        self._rows: OrderedDict[str, dict] = OrderedDict()  # part name -> rows_for_shard's dict, least recent first
+        self.bytes_read = 0  # part files read and data tars hashed, by this view
 
     def __repr__(self) -> str:
         return f"StoreView({str(self.root)!r}, {self.fingerprint!r})"
@@ -84,6 +91,7 @@ class StoreView:
         if not path.exists():
             raise FileNotFoundError(f"part {name} of {self.dir} is missing; `tokweight extract` re-creates it")
         sha, _ = sha256_path(path)
+        self.bytes_read += path.stat().st_size
         if sha != entry["sha256"]:
             raise ValueError(f"part {name} of {self.dir} is damaged (sha256 {sha[:12]}..., manifest says "
                              f"{entry['sha256'][:12]}...); `tokweight extract` re-creates it")
@@ -94,6 +102,7 @@ class StoreView:
         cache_key = (str(path.resolve()), size, stat.st_mtime_ns)
         if cache_key not in self._shard_sha:
             self._shard_sha[cache_key] = sha256_path(path)[0]
+            self.bytes_read += size
         return self._shard_sha[cache_key]
 
     def input_for_shard(self, shard_path: str | Path) -> dict:
@@ -116,9 +125,30 @@ class StoreView:
                            f"{self.dir} has no rows for it")
         return entry["part"]
 
+    def has_rows_for(self, shard_path) -> bool:
+        """Whether this tar was extracted into a part (not absent, changed or skipped)."""
+        try:
+            self._part_for_shard(shard_path)
+        except KeyError:
+            return False
+        return True
+
     def rows_for_shard(self, shard_path) -> dict[str, dict]:
-        """key -> {"T": int, "b": (T,) float32 nats, "target_id": (T,) int32} for one input shard."""
-        table = self.read_part(self._part_for_shard(shard_path))
+        """key -> {"T": int, "b": (T,) float32 nats, "target_id": (T,) int32} for one input shard.
+
+        The last ``ROWS_CACHE_PARTS`` parts stay parsed: read, checksummed and parsed once each."""
+        name = self._part_for_shard(shard_path)
+        if name in self._rows:
+            self._rows.move_to_end(name)
+            return self._rows[name]
+        rows = self._parse_rows(name)
+        self._rows[name] = rows
+        if len(self._rows) > ROWS_CACHE_PARTS:
+            self._rows.popitem(last=False)
+        return rows
+
+    def _parse_rows(self, name: str) -> dict[str, dict]:
+        table = self.read_part(name)
         T = table.column("T").to_numpy()
         bounds = np.cumsum(T)[:-1]
         b = np.split(table.column("b").combine_chunks().flatten().to_numpy(), bounds)

@@ -5,12 +5,17 @@ A stream is a chain of generator stages, each ``Iterator[A] -> Iterator[B]``:
     shard urls -> (url, Sample)                       pipeline.shards.iter_shard
                -> (url, Sample, stored row | None)    join_store: by (__url__, __key__), before any shuffle
                -> Example                             encode: templates, T and echoed-id checks
-               -> Example (shuffled, this rank's)     shuffle (seeded), take_every (rank / worker)
-               -> TrainBatch                          batched + collate_examples, inside the loader worker
+               -> Example (shuffled)                  shuffle (seeded)
+               -> TrainBatch                          batched + collate_examples
 
-Training reads an infinite resampled stream that every rank draws identically (same
-seed) and splits by example, so ranks take equal steps by construction and the union
-of the ranks' batches at a step is the one-process batch of the same global size.
+Training draws the global batch from ``lanes`` sample streams (MosaicML streaming's
+"canonical nodes"): lane l owns the shards i with i % lanes == l, resamples them with
+its own seed (WebDataset's ``ResampledShards``) and shuffles its examples in its own
+buffer; every step takes the same number of examples from each lane, in lane order.
+Rank r reads only its block of lanes, and its loader workers divide the rank's shard
+draws between them (worker w decodes draws w, w + W, ...), so every drawn shard is read
+once across the job, and the batches depend on the lanes, not on the number of ranks or
+workers. One lane is the stream of a single process: resampled shards, one shuffle buffer.
 Evaluation is an exact pass, shards split by node and by worker.
 """
 
@@ -20,7 +25,8 @@ import random
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from collections import deque
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -63,6 +69,16 @@ class StoreRef:
         if vocab is not None and list(view.vocab_tokens()) != list(vocab.tokens):
             raise StoreMismatchError(f"store {view.dir} was written with another vocabulary than the checkpoint's")
         return view
+
+
+def shards_without_rows(view, urls: Iterable[str]) -> list[str]:
+    """The shards that have no rows in the store view (never extracted, skipped, or changed since)."""
+    return [url for url in urls if not view.has_rows_for(url)]
+
+
+def extract_command(checkpoint: str, data: str, store: str) -> str:
+    """The command that adds the missing shards' rows to the store (committed parts are kept)."""
+    return f"tokweight extract --checkpoint {checkpoint} --data {data} --store {store}"
 
 
 def join_store(items: Iterable[tuple[str, Sample]], view, fingerprint: str) -> Iterator[tuple]:
@@ -199,10 +215,6 @@ def shuffle(items: Iterable, buffer: int, rng: random.Random) -> Iterator:
     yield from pool
 
 
-def take_every(items: Iterable, start: int, step: int) -> Iterator:
-    return islice(items, start, None, step)
-
-
 def batched(items: Iterable[Example], batch_size: int, *, partial: bool) -> Iterator[TrainBatch]:
     it = iter(items)
     while chunk := list(islice(it, batch_size)):
@@ -211,9 +223,9 @@ def batched(items: Iterable[Example], batch_size: int, *, partial: bool) -> Iter
         yield collate_examples(chunk)
 
 
-def shard_samples(urls: Iterable) -> Iterator[tuple[str, Sample]]:
+def shard_samples(urls: Iterable[str]) -> Iterator[tuple[str, Sample]]:
     for url in urls:
-        yield from iter_shard(url["url"] if isinstance(url, dict) else url)
+        yield from iter_shard(url)
 
 
 def _same_seed_everywhere() -> int:
@@ -236,6 +248,7 @@ class StreamSpec:
     store: StoreRef | None = None
     seed: int = 0
     shuffle_buffer: int = 256
+    lanes: int = 1
 
 
 def _worker_info() -> tuple[int, int]:
@@ -243,30 +256,127 @@ def _worker_info() -> tuple[int, int]:
     return (info.id, info.num_workers) if info is not None else (0, 1)
 
 
-def _joined(spec: StreamSpec, items: Iterable[tuple[str, Sample]]) -> Iterator[Example]:
-    if spec.store is None:
+def _open_store(spec: StreamSpec):
+    return None if spec.store is None else spec.store.open(spec.vocab)
+
+
+def _joined(spec: StreamSpec, view, items: Iterable[tuple[str, Sample]]) -> Iterator[Example]:
+    if view is None:
         return encode(items, spec.vocab, spec.slots, spec.block_size)
-    view = spec.store.open(spec.vocab)
     fps = (view.fingerprint, spec.store.fingerprint)
     return encode(join_store(items, view, spec.store.fingerprint), spec.vocab, spec.slots, spec.block_size, fps)
 
 
-class TrainStream(torch.utils.data.IterableDataset):
-    """Infinite batches for this rank and worker: resampled shards, joined, shuffled, split."""
+# ---------------------------------------------------------------- the training stream
+
+
+@dataclass(frozen=True)
+class DecodedShard:
+    """One drawn shard of a lane: its examples in file order, and the bytes read to make them."""
+
+    lane: int
+    examples: list[Example]
+    bytes_read: int
+
+
+def lane_seed(seed: int, lane: int) -> int:
+    """Lane 0 runs on the stream's own seed, so that one lane is the plain single-process stream."""
+    return seed + lane
+
+
+def lane_draws(shards: Sequence[str], seed: int) -> Iterator[str]:
+    """A lane's infinite sequence of shard draws, identical in every process that asks."""
+    resampled = wds.ResampledShards(list(shards), seed=seed, worker_seed=_same_seed_everywhere, deterministic=True)
+    return (item["url"] for item in resampled)
+
+
+def rank_draws(spec: StreamSpec, lanes: range) -> Iterator[tuple[int, str]]:
+    """(lane, shard url) for the given lanes, round-robin: draw j of each lane before any lane's draw j + 1."""
+    draws = [lane_draws(spec.urls[lane::spec.lanes], lane_seed(spec.seed, lane)) for lane in lanes]
+    for urls in zip(*draws):
+        yield from zip(lanes, urls)
+
+
+def shard_decoder(spec: StreamSpec) -> Callable[[int, str], DecodedShard]:
+    """decode(lane, url): one shard read, joined with the store (one view per process) and encoded."""
+    view = _open_store(spec)
+
+    def decode(lane: int, url: str) -> DecodedShard:
+        before = view.bytes_read if view is not None else 0
+        examples = list(_joined(spec, view, iter_shard(url)))
+        from_store = view.bytes_read - before if view is not None else 0
+        return DecodedShard(lane, examples, Path(url).stat().st_size + from_store)
+
+    return decode
+
+
+class ShardDecoder(torch.utils.data.IterableDataset):
+    """A rank's shard draws, decoded; loader worker w of W takes draws w, w + W, ... The loader
+    returns its workers' items round-robin, so the main process sees them in draw order."""
+
+    def __init__(self, spec: StreamSpec, lanes: range):
+        super().__init__()
+        self.spec, self.lanes = spec, lanes
+
+    def __iter__(self) -> Iterator[DecodedShard]:
+        worker, workers = _worker_info()
+        decode = shard_decoder(self.spec)
+        for lane, url in islice(rank_draws(self.spec, self.lanes), worker, None, workers):
+            yield decode(lane, url)
+
+
+class LaneRouter:
+    """Splits the decoded shards (in draw order) into one example stream per lane."""
+
+    def __init__(self, decoded: Iterator[DecodedShard], lanes: range):
+        self.decoded = decoded
+        self.pending: dict[int, deque[DecodedShard]] = {lane: deque() for lane in lanes}
+        self.bytes_read = 0
+
+    def examples(self, lane: int) -> Iterator[Example]:
+        while True:
+            while not self.pending[lane]:  # other lanes' shards wait in their queues
+                shard = next(self.decoded)
+                self.bytes_read += shard.bytes_read
+                self.pending[shard.lane].append(shard)
+            yield from self.pending[lane].popleft().examples
+
+
+def lane_layout(spec: StreamSpec, rank: int, world: int) -> tuple[range, int]:
+    """(this rank's block of lanes, examples per lane per step); refuses layouts that do not divide."""
+    where = f"the train split ({len(spec.urls)} shards, first {spec.urls[0]})"
+    if spec.lanes % world:
+        raise ValueError(f"lanes={spec.lanes} cannot be split over {world} ranks: pass --lanes a multiple of {world}")
+    if (spec.batch_size * world) % spec.lanes:
+        raise ValueError(f"the global batch of {spec.batch_size * world} examples does not split evenly over "
+                         f"lanes={spec.lanes}: choose a batch size or --lanes that divides it")
+    if len(spec.urls) < spec.lanes:
+        raise ValueError(f"lanes={spec.lanes} need at least {spec.lanes} shards, {where}: write smaller "
+                         f"shards (tokweight convert --shard-size) or pass --lanes {len(spec.urls)}")
+    per_rank = spec.lanes // world
+    return range(rank * per_rank, (rank + 1) * per_rank), spec.batch_size * world // spec.lanes
+
+
+class TrainStream:
+    """Infinite batches of this rank's rows of the global batch: rows [r * B, (r + 1) * B),
+    which ``global_batch.GlobalBatch`` relies on."""
 
     def __init__(self, spec: StreamSpec, rank: int, world: int):
-        super().__init__()
-        self.spec, self.rank, self.world = spec, rank, world
+        self.spec = spec
+        self.lanes, self.lane_batch = lane_layout(spec, rank, world)
+        self.router: LaneRouter | None = None
 
-    def __iter__(self) -> Iterator[TrainBatch]:
-        spec = self.spec
-        worker, workers = _worker_info()
-        shards = wds.ResampledShards(list(spec.urls), seed=spec.seed, worker_seed=_same_seed_everywhere,
-                                     deterministic=True)
-        examples = _joined(spec, shard_samples(shards))
-        mixed = shuffle(examples, spec.shuffle_buffer, random.Random(spec.seed))
-        mine = take_every(mixed, self.rank * workers + worker, self.world * workers)
-        return batched(mine, spec.batch_size, partial=False)
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of shards and store parts read so far for this rank (its loader workers included)."""
+        return self.router.bytes_read if self.router is not None else 0
+
+    def batches(self, num_workers: int) -> Iterator[TrainBatch]:
+        self.router = LaneRouter(iter(loader(ShardDecoder(self.spec, self.lanes), num_workers)), self.lanes)
+        streams = [shuffle(self.router.examples(lane), self.spec.shuffle_buffer,
+                           random.Random(lane_seed(self.spec.seed, lane))) for lane in self.lanes]
+        while True:
+            yield collate_examples([ex for stream in streams for ex in islice(stream, self.lane_batch)])
 
 
 class EvalStream(torch.utils.data.IterableDataset):
@@ -278,7 +388,8 @@ class EvalStream(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[TrainBatch]:
         urls = wds.split_by_worker(wds.split_by_node(iter(self.spec.urls)))
-        return batched(_joined(self.spec, shard_samples(urls)), self.spec.batch_size, partial=True)
+        return batched(_joined(self.spec, _open_store(self.spec), shard_samples(urls)), self.spec.batch_size,
+                       partial=True)
 
 
 def split_urls(data: str | Path, split: str) -> tuple[str, ...]:
@@ -287,8 +398,7 @@ def split_urls(data: str | Path, split: str) -> tuple[str, ...]:
     return tuple(str(p) for p in paths)
 
 
-def loader(dataset: torch.utils.data.IterableDataset, num_workers: int, steps: int | None = None):
-    """A WebLoader over ready batches (collated in the worker); ``steps`` caps an infinite stream."""
+def loader(dataset: torch.utils.data.IterableDataset, num_workers: int):
+    """A WebLoader over the dataset's ready items (forkserver workers: STACK-NOTES, cpython#112275)."""
     kw = dict(multiprocessing_context="forkserver", persistent_workers=False) if num_workers else {}
-    dl = wds.WebLoader(dataset, batch_size=None, num_workers=num_workers, **kw)
-    return dl.with_epoch(steps) if steps is not None else dl
+    return wds.WebLoader(dataset, batch_size=None, num_workers=num_workers, **kw)

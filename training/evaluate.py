@@ -26,7 +26,7 @@ from store.tables import general, markdown_table
 from training.baselines import make_baseline
 from training.checkpoint import load_checkpoint
 from training.cvae import CVAE
-from training.data import EvalStream, StoreRef, StreamSpec, loader, split_urls
+from training.data import EvalStream, StoreRef, StreamSpec, extract_command, loader, shards_without_rows, split_urls
 from training.losses import WeightingParams
 from training.metrics import hungarian_accuracy, kmeans
 from training.train import load_run
@@ -152,24 +152,43 @@ def markdown(metrics: dict, decode: dict) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def eval_baseline(tcfg, meta: dict, vocab, urls, cfg: EvalConfig) -> tuple[str, StoreRef | None, dict]:
+    """(policy, store to join, what eval.json says of b): the run's own policy, except that a split
+    the store does not hold is scored by the baseline checkpoint (``frozen``), which gives what the
+    store would hold (the store equals the frozen b to 1e-5)."""
+    if tcfg.policy != "precomputed":
+        return tcfg.policy, None, {"policy": tcfg.policy}
+    store = StoreRef(tcfg.store, meta["baseline_fingerprint"])
+    missing = shards_without_rows(store.open(vocab), urls)
+    if not missing:
+        return "precomputed", store, {"policy": "precomputed", "store": tcfg.store}
+    checkpoint = tcfg.baseline_checkpoint or tcfg.checkpoint
+    command = extract_command(checkpoint, cfg.data, tcfg.store)
+    note = (f"{len(missing)} of {len(urls)} shards of split {cfg.split!r} (first {missing[0]}) have no rows in "
+            f"store {tcfg.store}: b computed by the baseline checkpoint {checkpoint} (policy frozen); "
+            f"to store it instead: {command}")
+    return "frozen", None, {"policy": "frozen", "reason": note, "extract_command": command}
+
+
 def run_eval(cfg: EvalConfig) -> dict:
     tcfg, model, vocab, meta = load_run(cfg.run, cfg.device)
-    baseline_model = None
-    if tcfg.policy == "frozen":
-        baseline_model = load_checkpoint(tcfg.baseline_checkpoint or tcfg.checkpoint, device=cfg.device).model
-    store = StoreRef(tcfg.store, meta["baseline_fingerprint"]) if tcfg.policy == "precomputed" else None
-    params = WeightingParams(tcfg.eps, tcfg.eps_inv, meta.get("dataset_mean_b"))
     urls = split_urls(cfg.data, cfg.split)
+    policy, store, b_source = eval_baseline(tcfg, meta, vocab, urls, cfg)
+    baseline_model = None
+    if policy == "frozen":
+        baseline_model = load_checkpoint(tcfg.baseline_checkpoint or tcfg.checkpoint, device=cfg.device).model
+    params = WeightingParams(tcfg.eps, tcfg.eps_inv, meta.get("dataset_mean_b"))
     spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
                       batch_size=cfg.batch_size, store=store)
-    records = evaluate_pass(model, loader(EvalStream(spec), 0), make_baseline(tcfg.policy, baseline_model), tcfg,
+    records = evaluate_pass(model, loader(EvalStream(spec), 0), make_baseline(policy, baseline_model), tcfg,
                             params, torch.device(cfg.device))
     model.eval()
     metrics = records.finalize(tcfg.cvae.latent, tcfg.cvae.k, tcfg.seed)
     centres = kmeans(np.stack(records.rows["post"]), tcfg.cvae.k, tcfg.seed)[0] if tcfg.cvae.latent == "continuous" else None
     samples = [s for _, s in islice(iter_samples(list(urls)), cfg.decode_examples)]  # only the first ones are parsed
     decode = decode_per_latent(model, vocab, samples, centres, strategy_outputs(cfg.data)) if samples else {}
-    result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "metrics": metrics, "decode": decode}
+    result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,
+              "metrics": metrics, "decode": decode}
     Path(cfg.run, "eval.json").write_text(json.dumps(result, indent=1) + "\n")
     Path(cfg.run, "eval.md").write_text(markdown(metrics, decode))
     return result

@@ -5,35 +5,38 @@ Outputs in RUN/: config.json (the resolved TrainConfig), metrics.jsonl (one line
 logged step, then the validation line), checkpoint/ (safetensors model + optimizer,
 state.json, vocab.json; replaced atomically), and resume from it.
 
-Data parallel (torchrun, gloo): every rank draws the same shuffled stream and keeps
-every world-th example (``data.TrainStream``); gradients are averaged with one
-all_reduce per parameter, so N ranks with batch B step exactly like one process with
-batch N*B. Rank 0 writes everything.
+Data parallel (torchrun; gloo on CPU, NCCL on GPUs): the global batch of N * B examples
+is drawn from ``lanes`` sample streams, each rank reading only its own lanes' shards
+(``data.TrainStream``); gradients are averaged with one all_reduce per parameter, and the
+terms that couple a batch's examples are computed over the global batch
+(``global_batch.py``), so N ranks with batch B step like one process with batch N * B
+and the same lanes. Rank 0 writes everything.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
+from itertools import islice
 from dataclasses import asdict, dataclass, field, replace
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from pipeline.ranks import Ranks
 from pipeline.synth import load_synth_config
 from pipeline.vocab import Vocab
 from training.baselines import POLICIES, Baseline, make_baseline
 from training.checkpoint import load_checkpoint
 from training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent_embeddings
 from training.estep import EStepConfig, em_objective, strategy_indices
-from training.data import StoreRef, StreamSpec, TrainBatch, TrainStream, loader, split_urls
+from training.data import (StoreRef, StreamSpec, TrainBatch, TrainStream, extract_command, shards_without_rows,
+                           split_urls)
+from training.global_batch import GlobalBatch
 from training.losses import (WEIGHTINGS, WeightingParams, check_free_bits, example_kl, reconstruction_weights,
                              weighted_reconstruction)
 from training.metrics import entropy, posterior_gradient_norms
@@ -112,8 +115,13 @@ class TrainConfig:
     """Val examples of each periodic validation (rounded up to whole eval batches); the final one reads all."""
     seed: int = 0
     """Seeds the heads, the data order and the continuous latent's noise."""
+    lanes: int | None = None
+    """Sample streams the global batch is drawn from, each over its own shards (shard i in lane
+    i % lanes), seeded and shuffled on its own; rank r reads only its lanes. The data order depends
+    on lanes, not on ranks or workers: N ranks equal one process with the same global batch and
+    lanes. None: one lane per rank."""
     device: str = "cpu"
-    """torch device of the model."""
+    """torch device of the model; "cuda" under torchrun is cuda:LOCAL_RANK on each rank."""
 
     def __post_init__(self):
         if isinstance(self.cvae, dict):
@@ -141,6 +149,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "log_every", "ckpt_every", "eval_batch_size", "eval_examples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.lanes is not None and self.lanes < 1:
+            raise ValueError(f"lanes must be >= 1 (or None: one per rank), got {self.lanes}")
         if min(self.num_workers, self.grad_diag_every, self.shuffle_buffer, self.eval_every) < 0:
             raise ValueError("num_workers, grad_diag_every, shuffle_buffer and eval_every must be >= 0")
         WeightingParams(self.eps, self.eps_inv)  # validates both
@@ -167,23 +177,16 @@ class State:
     vocab: Vocab
     rank: int
     world: int
+    device: torch.device
     step: int = 0
     meta: dict = field(default_factory=dict)
     post_opt: torch.optim.Optimizer | None = None  # aggressive posterior updates only
     strategy_names: tuple[str, ...] = ()  # estep mode "label": latent value k is strategy_names[k]
+    input_bytes: int = 0  # bytes of shards and store parts this rank's training stream has read
 
     @property
-    def device(self) -> torch.device:
-        return torch.device(self.cfg.device)
-
-
-def init_distributed() -> tuple[int, int]:
-    """(rank, world): a gloo process group when launched by torchrun with WORLD_SIZE > 1."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    def global_batch(self) -> GlobalBatch:
+        return GlobalBatch(self.rank, self.world)
 
 
 def data_seed(seed: int, start_step: int) -> int:
@@ -191,15 +194,16 @@ def data_seed(seed: int, start_step: int) -> int:
     return int(np.random.SeedSequence([seed, start_step]).generate_state(1)[0])
 
 
-def setup(cfg: TrainConfig, rank: int, world: int) -> State:
+def setup(cfg: TrainConfig, ranks: Ranks) -> State:
     torch.manual_seed(cfg.seed)
+    device = ranks.device(cfg.device)
     init = load_checkpoint(cfg.checkpoint)
     same = cfg.baseline_checkpoint is None or Path(cfg.baseline_checkpoint).resolve() == Path(cfg.checkpoint).resolve()
     base = init if same else load_checkpoint(cfg.baseline_checkpoint)
     if list(base.vocab.tokens) != list(init.vocab.tokens):
         raise ValueError(f"baseline checkpoint {base.path} and init checkpoint {init.path} have different vocabularies")
-    baseline = make_baseline(cfg.policy, base.model.to(cfg.device))  # copies the checkpoint before any re-init
-    model = build_cvae(init.model.train(), init.vocab, cfg.cvae).to(cfg.device)
+    baseline = make_baseline(cfg.policy, base.model.to(device))  # copies the checkpoint before any re-init
+    model = build_cvae(init.model.train(), init.vocab, cfg.cvae).to(device)
     if cfg.latent_embedding_norm > 0:  # before resume: a resumed run loads its trained rows over these
         spread_latent_embeddings(model.backbone, model.latent.latent_ids.tolist(), cfg.latent_embedding_norm,
                                  torch.Generator().manual_seed(cfg.seed), center=cfg.latent_embedding_center)
@@ -208,24 +212,33 @@ def setup(cfg: TrainConfig, rank: int, world: int) -> State:
     dataset_mean_b = None
     if store is not None:
         view = store.open(init.vocab)  # fails early on a wrong fingerprint, vocabulary or incomplete store
+        check_store_holds(cfg, view, urls + split_urls(cfg.data, "val"))
         if cfg.weighting == "distribution-rescale":
             dataset_mean_b = float(view.mean_example_mean_b(list(urls)))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     post_opt = (torch.optim.AdamW(model.posterior_parameters, lr=cfg.lr, betas=(0.9, 0.95))
                 if cfg.aggressive_steps else None)
     state = State(cfg, model, opt, baseline,
-                  WeightingParams(cfg.eps, cfg.eps_inv, dataset_mean_b), spec=None, vocab=init.vocab, rank=rank,
-                  world=world, meta={"init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
+                  WeightingParams(cfg.eps, cfg.eps_inv, dataset_mean_b), spec=None, vocab=init.vocab,
+                  rank=ranks.rank, world=ranks.world, device=device, meta={"init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
                                      "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b},
                   post_opt=post_opt, strategy_names=label_names(cfg))
     resume(state)
-    if world > 1:  # identical starting points, whatever the ranks computed on their own
-        for p in model.parameters():
-            dist.broadcast(p.data, 0)
+    ranks.broadcast_tensors(model.parameters())  # identical starting points, whatever the ranks computed alone
     state.spec = StreamSpec(urls=urls, vocab=init.vocab, slots=cfg.cvae.slots, block_size=init.model.cfg.block_size,
                             batch_size=cfg.batch_size, store=store if cfg.policy == "precomputed" else None,
-                            seed=data_seed(cfg.seed, state.step), shuffle_buffer=cfg.shuffle_buffer)
+                            seed=data_seed(cfg.seed, state.step), shuffle_buffer=cfg.shuffle_buffer,
+                            lanes=cfg.lanes or ranks.world)
     return state
+
+
+def check_store_holds(cfg: TrainConfig, view, urls) -> None:
+    """Before any step: every shard the run reads (train, and val for the validations) has stored rows."""
+    missing = shards_without_rows(view, urls)
+    if missing and cfg.policy == "precomputed":
+        command = extract_command(cfg.baseline_checkpoint or cfg.checkpoint, cfg.data, cfg.store)
+        raise ValueError(f"{len(missing)} shards (first {missing[0]}) have no rows in store {cfg.store}; "
+                         f"add them with: {command}")
 
 
 def label_names(cfg: TrainConfig) -> tuple[str, ...]:
@@ -314,32 +327,35 @@ def load_run(run: str | Path, device: str = "cpu") -> tuple[TrainConfig, CVAE, V
 # ---------------------------------------------------------------- one step
 
 
-def sample_generator(seed: int, rank: int, step: int) -> torch.Generator:
-    """The continuous latent's noise for one step: a function of (seed, rank, step), so resumes repeat it."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0]))
+def sample_generator(seed: int, step: int) -> torch.Generator:
+    """The continuous latent's noise for one step's global batch, the same on every rank: a function
+    of (seed, step), so resumes repeat it. (The 0 in the seed sequence was once the rank; kept, so
+    that runs repeat the noise they drew before.)"""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 0, step]).generate_state(1)[0]))
 
 
 def step_objective(cfg: TrainConfig, latent, out, pi: torch.Tensor, beta: float, em: bool,
-                   labels: torch.Tensor | None = None):
+                   labels: torch.Tensor | None, batch: GlobalBatch):
     """The E-step objective (``estep.em_objective``) while it is active, else the plain one.
     Under the E-step ``recon`` is reported, not optimised, so the gradient diagnostic reads 0 there."""
     if em:
-        return em_objective(latent, out, pi, beta, cfg.free_bits, cfg.estep, labels)
-    return objective(latent, out, pi, beta, cfg.free_bits)
+        return em_objective(latent, out, pi, beta, cfg.free_bits, cfg.estep, labels, batch)
+    return objective(latent, out, pi, beta, cfg.free_bits, batch)
 
 
 def forward_backward(state: State, batch: TrainBatch) -> dict:
     cfg, model, step = state.cfg, state.model, state.step
-    out = model(batch, generator=sample_generator(cfg.seed, state.rank, step))
+    out = model(batch, generator=sample_generator(cfg.seed, step), global_batch=state.global_batch)
     mask = batch.zfree.mask
     b = state.baseline(batch, out)  # (B, T_max) nats over S, detached
-    pi, degenerate = reconstruction_weights(cfg.weighting, b, mask, state.params, cfg.token_weighted_reconstruction_weight)
+    pi, degenerate = reconstruction_weights(cfg.weighting, b, mask, state.params, cfg.token_weighted_reconstruction_weight,
+                                            state.global_batch)
     beta = cfg.beta.at(step, cfg.steps)
     em = cfg.estep.active(step)
     labels = strategy_indices(batch.strategies, state.strategy_names, batch.keys) if em and state.strategy_names else None
     if cfg.aggressive_steps and step < cfg.aggressive_until:
         out.post = aggressive_posterior_updates(state, batch, out, pi, beta, em, labels)
-    obj = step_objective(cfg, model.latent, out, pi, beta, em, labels)
+    obj = step_objective(cfg, model.latent, out, pi, beta, em, labels, state.global_batch)
     record = {"step": step, "loss": obj.loss.item(), "recon": obj.recon.item(),
               "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": beta,
               "degenerate": int(degenerate.sum()), "estep": em, **latent_summary(model, out, batch, state.params, pi)}
@@ -357,24 +373,28 @@ def aggressive_posterior_updates(state: State, batch: TrainBatch, out, pi: torch
     the updated parameters, still attached to the shared backbone's graph for the joint step.
 
     The posterior's objective is the step's own (plain or E-step) with R and the prior detached.
+    Under data parallelism the ranks stop together, on the global batch's objective, and
+    average the posterior's gradients, so their posteriors stay equal.
     """
-    cfg, model = state.cfg, state.model
+    cfg, model, batch_of_all = state.cfg, state.model, state.global_batch
     fixed = replace(out, nll=out.nll.detach(), prior=detach(out.prior))
     shared_input = out.pooled.detach() if model.encoder is None else None
 
     def posterior_loss() -> torch.Tensor:
         pooled = shared_input if shared_input is not None else model.posterior_input(batch)
         return step_objective(cfg, model.latent, replace(fixed, post=model.latent.posterior(pooled)), pi, beta, em,
-                              labels).loss
+                              labels, batch_of_all).loss
 
     best = float("inf")
     for _ in range(cfg.aggressive_steps):
         loss = posterior_loss()
-        if loss.item() > best - 1e-4:
+        value = batch_of_all.mean(loss.detach()[None]).item()
+        if value > best - 1e-4:
             break
-        best = loss.item()
+        best = value
         state.post_opt.zero_grad(set_to_none=True)
         loss.backward()
+        average_gradients(model.posterior_parameters, state.world)
         state.post_opt.step()
     return model.latent.posterior(out.pooled if model.encoder is None else model.posterior_input(batch))
 
@@ -403,14 +423,22 @@ def latent_summary(model: CVAE, out, batch: TrainBatch, params: WeightingParams,
     return summary
 
 
+def average_gradients(params, world: int) -> None:
+    """The ranks' mean gradient on every rank: the gradient of the global batch's mean."""
+    if world == 1:
+        return
+    import torch.distributed as dist
+
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+        p.grad.div_(world)
+
+
 def optimizer_step(state: State) -> None:
     params = [p for p in state.model.parameters() if p.requires_grad]
-    if state.world > 1:  # average the ranks' gradients: the global batch's mean
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-            p.grad.div_(state.world)
+    average_gradients(params, state.world)
     if state.cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(params, state.cfg.grad_clip)
     state.opt.step()
@@ -423,7 +451,8 @@ def fit(state: State) -> None:
     cfg, out = state.cfg, Path(state.cfg.out)
     if state.step >= cfg.steps:
         return
-    batches = loader(TrainStream(state.spec, state.rank, state.world), cfg.num_workers, cfg.steps - state.step)
+    stream = TrainStream(state.spec, state.rank, state.world)
+    batches = islice(stream.batches(cfg.num_workers), cfg.steps - state.step)
     log = (out / "metrics.jsonl").open("a") if state.rank == 0 else None
     bar = tqdm(total=cfg.steps, initial=state.step, desc="train", unit="step", disable=state.rank != 0,
                mininterval=1.0)
@@ -445,24 +474,23 @@ def fit(state: State) -> None:
         bar.close()
         if log:
             log.close()
-    if state.step != cfg.steps:
-        raise RuntimeError(f"the training stream ended after {state.step} of {cfg.steps} steps")
+        state.input_bytes += stream.bytes_read
 
 
 def run(cfg: TrainConfig) -> dict:
-    rank, world = init_distributed()
+    """The whole job; the result holds the final validation's metrics, the training wall time and
+    ``input_bytes_read``: each rank's bytes of shards and store parts read by its training stream."""
+    ranks = Ranks(timeout_s=120.0, backend="nccl" if cfg.device.startswith("cuda") else "gloo")
     try:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
-        state = setup(cfg, rank, world)
-        if rank == 0:
+        state = setup(cfg, ranks)
+        if ranks.is_main:
             (out / "config.json").write_text(json.dumps(cfg.to_json(), indent=1) + "\n")
         t0 = time.perf_counter()
         fit(state)
         wall = time.perf_counter() - t0
         metrics = validate(state)
-        return {**metrics, "train_wall_s": wall}
+        return {**metrics, "train_wall_s": wall, "input_bytes_read": ranks.gather(state.input_bytes)}
     finally:
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
+        ranks.close()

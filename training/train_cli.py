@@ -54,6 +54,8 @@ import click
 @click.option("--batch-size", type=int, default=32, help="Per rank.")
 @click.option("--lr", type=float, default=1e-3)
 @click.option("--num-workers", type=int, default=1)
+@click.option("--lanes", type=int, default=None,
+              help="Sample streams of the global batch (default: one per rank); the data order depends on it.")
 @click.option("--log-every", type=int, default=10)
 @click.option("--grad-diag-every", type=int, default=50)
 @click.option("--ckpt-every", type=int, default=100)
@@ -63,7 +65,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
           baseline_checkpoint, beta, beta_schedule, warmup_steps, cycles, ramp_ratio, free_bits, recipe, estep,
           estep_temperature, estep_prior, estep_balance_iters, estep_until, latent_embedding_norm,
           latent_embedding_center, aggressive_steps, aggressive_until, posterior_encoder, steps, batch_size, lr,
-          num_workers, log_every, grad_diag_every, ckpt_every, seed, device):
+          num_workers, lanes, log_every, grad_diag_every, ckpt_every, seed, device):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready)."""
     import torch
 
@@ -81,7 +83,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
             cvae=CVAEConfig(latent=latent, k=k, z_dim=z_dim, prior=prior, cond=cond, slots=slots),
             weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,
             beta=BetaSchedule(beta, beta_schedule, warmup_steps, cycles, ramp_ratio), free_bits=free_bits,
-            steps=steps, batch_size=batch_size, lr=lr, num_workers=num_workers, log_every=log_every,
+            steps=steps, batch_size=batch_size, lr=lr, num_workers=num_workers, lanes=lanes, log_every=log_every,
             grad_diag_every=grad_diag_every, ckpt_every=ckpt_every, seed=seed, device=device)
         cfg = with_recipe(cfg, recipe)
         given = lambda **kw: {k: v for k, v in kw.items() if v is not None}
@@ -114,5 +116,7 @@ def evaluate(run_dir, data, split, decode_examples, device):
                                      device=device))
     except ValueError as e:
         raise click.ClickException(str(e)) from e
+    if "reason" in result["baseline"]:
+        click.echo(f"note: {result['baseline']['reason']}", err=True)
     click.echo((Path(run_dir) / "eval.md").read_text())
     click.echo(json.dumps(result["metrics"], indent=1))
