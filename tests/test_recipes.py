@@ -83,9 +83,10 @@ def test_recipes_set_only_remedy_fields(tiny, tmp_path):
 def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re_initialised(tiny, tmp_path):
     from training.baselines import Frozen
     from training.data import EvalStream, loader
+    from pipeline.ranks import Ranks
     from training.train import setup
 
-    state = setup(config(tiny, tmp_path, latent_embedding_norm=3.0), 0, 1)
+    state = setup(config(tiny, tmp_path, latent_embedding_norm=3.0), Ranks())
     batch = next(iter(loader(EvalStream(state.spec), 0)))
     reference = Frozen(load_checkpoint(tiny[1]).model)(batch)
     assert torch.equal(state.baseline(batch, None), reference)
@@ -113,11 +114,12 @@ def test_cli_recipe_and_flags_override_it(tiny, tmp_path):
 
 def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
     from pipeline.synth import load_synth_config
+    from pipeline.ranks import Ranks
     from training.train import label_names, setup
 
     cfg = with_recipe(config(tiny, tmp_path, weighting="uniform", beta={"beta": 0.3}), "survival")
     assert cfg.estep.mode == "label" and cfg.latent_embedding_center and cfg.cvae.posterior_pool == "mean"
-    state = setup(cfg, 0, 1)
+    state = setup(cfg, Ranks())
     assert state.strategy_names == tuple(load_synth_config(tiny[0]).strategies)
     before = load_checkpoint(tiny[1]).model.wte.weight[state.model.latent.latent_ids]
     offsets = state.model.backbone.wte.weight[state.model.latent.latent_ids].detach() - before.mean(0)
