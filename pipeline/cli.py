@@ -11,8 +11,9 @@ import json
 import click
 
 from pipeline.extract_cli import extract
+from pipeline.inspect_cli import inspect_cmd
 from store.cli import store
-from store.inspect_cli import inspect_cmd, sql_cmd
+from store.inspect_cli import sql_cmd
 from training.train_cli import evaluate as eval_cmd, train as train_cmd
 from training.experiment_cli import experiment
 

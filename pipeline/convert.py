@@ -26,12 +26,13 @@ ERROR_LISTED = 5  # bad lines named in the error message
 
 
 class _Report:
-    """What happened to the lines: bad ones by number, keys rewritten, symbols seen."""
+    """What happened to the lines: bad ones by number, keys rewritten, symbols and strategy labels seen."""
 
     def __init__(self):
         self.bad: list[dict] = []
         self.bad_count = self.sanitized = self.deduplicated = self.blank = 0
         self.symbols: set[str] = set()
+        self.strategies: set[str] = set()
         self.keys: set[str] = set()
 
     def add_bad(self, lineno: int, error: SampleError) -> None:
@@ -80,6 +81,8 @@ def _good_samples(path: Path, report: _Report) -> Iterator[Sample]:
                 report.add_bad(lineno, error)
                 continue
             report.symbols.update(sample.x, sample.y)
+            if sample.strategy is not None:
+                report.strategies.add(sample.strategy)
             yield sample
 
 
@@ -117,6 +120,7 @@ def convert_jsonl(jsonl_path: str | Path, out_dir: str | Path, *, shard_size: in
         "source": {"name": path.name, "size": size, "sha256": sha256},
         "config": {"shard_size": shard_size, "on_bad": on_bad},
         "symbols": sorted(report.symbols),
+        "strategies": sorted(report.strategies),  # pipeline.labels reads them: latent value k <-> strategies[k]
         "splits": {split: {"samples": n, "shards": [shard_name(out_dir, p) for p in shards]}},
         "bad_lines": {"count": report.bad_count, "lines": report.bad},
         "keys": {"sanitized": report.sanitized, "deduplicated": report.deduplicated},

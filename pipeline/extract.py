@@ -45,8 +45,10 @@ from tqdm import tqdm
 from webdataset.tariterators import base_plus_ext
 
 from pipeline.bucketing import bucket
+from pipeline.checkpoint import Checkpoint, load_checkpoint
 from pipeline.errors import SampleError
 from pipeline.extract_plan import Plan, Task, make_plan, remove_temporaries
+from pipeline.model import GPT
 from pipeline.ranks import RankFailed, Ranks
 from pipeline.samples import Sample
 from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name
@@ -59,8 +61,6 @@ from store.lock import StoreLock
 from store.manifest import Manifest, Provenance, Record
 from store.schema import PART_SCHEMA
 from store.writer import StoreWriter, hash_inputs
-from training.checkpoint import Checkpoint, load_checkpoint
-from training.model import GPT
 
 POLICIES = ("error", "skip")
 

@@ -34,13 +34,14 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.bucketing import padded_fraction, plan_batches
+from pipeline.checkpoint import load_checkpoint
 from pipeline.extract import ExtractConfig, ShardBatches, encode, prepare_shard, read_samples, run, score_batch
 from pipeline.extract_plan import InputShard, Task
 from pipeline.shards import resolve_shards, shard_name
 from pipeline.synth import PRESETS, write_dataset
 from store.baseline_store import BaselineStore
-from training.checkpoint import load_checkpoint
-from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
+from training.train_base import BASE_PRESETS, BaseTrainConfig
+from training.train_base import run as train_base
 
 
 def prepare(workdir: Path, data: str | None, checkpoint: str | None, train_steps: int) -> tuple[Path, Path]:

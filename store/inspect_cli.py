@@ -1,4 +1,4 @@
-"""`tokweight sql` and `tokweight inspect`: SQL and a report over a baseline store.
+"""`tokweight sql`: SQL over a baseline store (`tokweight inspect` is pipeline/inspect_cli.py).
 
 DuckDB, pyarrow and matplotlib are imported inside the commands so that `--help` stays fast.
 A bad query or store is a click error carrying DuckDB's (or the store's) message, never a
@@ -13,12 +13,12 @@ import sys
 
 import click
 
-_store_arg = click.argument("store", type=click.Path(exists=True, file_okay=False))
-_fingerprint_opt = click.option("--fingerprint", "fingerprints", multiple=True,
+store_argument = click.argument("store", type=click.Path(exists=True, file_okay=False))
+fingerprint_option = click.option("--fingerprint", "fingerprints", multiple=True,
                                 help="Fingerprint to open (repeatable); default: every one in the store.")
 
 
-def _estimator_options(f):
+def estimator_options(f):
     for opt in reversed([
         click.option("--q", type=float, default=0.9, help="Cumulative share for t0_share."),
         click.option("--tau", type=float, default=0.1, help="Surprisal threshold (nats) for t0_threshold."),
@@ -29,10 +29,10 @@ def _estimator_options(f):
 
 
 @click.command("sql")
-@_store_arg
+@store_argument
 @click.argument("query", required=False)
-@_fingerprint_opt
-@_estimator_options
+@fingerprint_option
+@estimator_options
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result here (parquet needs it).")
 @click.option("--max-rows", type=int, default=40, help="Rows shown by --format table.")
@@ -80,24 +80,3 @@ def _emit(rel, fmt: str, out: str | None, max_rows: int) -> None:
             f.write(str(rel) + "\n")
     else:
         rel.show(max_rows=max_rows, max_width=200)
-
-
-@click.command("inspect")
-@_store_arg
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
-@click.option("--data", type=click.Path(exists=True, file_okay=False), default=None,
-              help="The dataset the store was extracted from: fills in ground truth (strategy, t0) the store lacks.")
-@_fingerprint_opt
-@_estimator_options
-def inspect_cmd(store, out, data, fingerprints, q, tau, eps):
-    """Write OUT/report.md, PNG plots and OUT/summary.json: t0 estimates and weight diagnostics."""
-    import duckdb
-
-    from store.report import InspectConfig, run
-
-    try:
-        cfg = InspectConfig(store=store, out=out, data=data, fingerprints=tuple(fingerprints), q=q, tau=tau, eps=eps)
-        run(cfg)
-    except (duckdb.Error, ValueError, KeyError, FileNotFoundError) as e:
-        raise click.ClickException(str(e).strip("'\"")) from None
-    click.echo(f"report: {out}/report.md")

@@ -54,42 +54,15 @@ class InspectConfig:
         return EstimatorParams(self.q, self.tau, self.eps)
 
 
-def ground_truth_from_data(store: str | Path, fingerprints: list[str], data: str | Path) -> pa.Table:
-    """(fingerprint, shard, key, strategy, t0) of every sample in ``data`` whose shard the store holds.
-
-    A data shard is matched to a manifest input by size and sha256 (so a moved dataset
-    still matches), and ``shard`` is that input's name, as in the stored rows.
-    """
-    from pipeline.shards import iter_samples, resolve_shards
-    from store.baseline_store import BaselineStore
-
-    base = BaselineStore(store)
-    views = [base.open(fp) for fp in fingerprints or base.fingerprints()]
-    _, paths = resolve_shards(data)
-    columns = {"fingerprint": [], "shard": [], "key": [], "strategy": [], "t0": []}
-    for path in paths:
-        names = {}  # fingerprint -> the input name this shard has there
-        for view in views:
-            try:
-                names[view.fingerprint] = view.input_for_shard(path)["name"]
-            except KeyError:
-                continue  # not extracted into this fingerprint
-        if not names:
-            continue
-        samples = [(s.key, s.strategy, s.t0) for _, s in iter_samples([path])]  # read once for every fingerprint
-        for fp, name in names.items():
-            for row in samples:
-                for col, value in zip(columns, (fp, name, *row)):
-                    columns[col].append(value)
-    return pa.table({k: pa.array(v, pa.int32() if k == "t0" else pa.string()) for k, v in columns.items()})
-
-
-def run(cfg: InspectConfig) -> dict:
-    """Write the report files and return the summary."""
+def run(cfg: InspectConfig, ground_truth: pa.Table | None = None) -> dict:
+    """Write the report files and return the summary. ``ground_truth``: (fingerprint, shard, key,
+    strategy, t0) rows that fill in what the store lacks; reading them from ``cfg.data`` takes the
+    data layer (``pipeline.inspect``), which the store does not import."""
+    if cfg.data and ground_truth is None:
+        raise ValueError(f"the labels of {cfg.data} must be read by the caller: use pipeline.inspect.run")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    truth = ground_truth_from_data(cfg.store, list(cfg.fingerprints), cfg.data) if cfg.data else None
-    con = connect(cfg.store, cfg.fingerprints, cfg.params, ground_truth=truth)
+    con = connect(cfg.store, cfg.fingerprints, cfg.params, ground_truth=ground_truth)
     summary_rows = _records(con.sql(read_sql("summary")))
     manifests = _records(con.sql("SELECT * EXCLUDE (manifest) FROM manifests ORDER BY fingerprint"))
     # each query runs once, into Arrow: the CSV file and the report's rows both read that result

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.extract import ExtractConfig, run
 from pipeline.synth import PRESETS, write_dataset
-from training.checkpoint import load_checkpoint, save_checkpoint
-from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
+from training.train_base import BASE_PRESETS, BaseTrainConfig
+from training.train_base import run as train_base
 
 
 @dataclass(frozen=True)

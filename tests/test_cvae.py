@@ -3,12 +3,12 @@
 import pytest
 import torch
 
+from pipeline.model import GPT, ModelConfig
 from pipeline.samples import Sample
 from pipeline.vocab import Vocab
 from training.cvae import CVAEConfig, build_cvae, objective
 from training.data import collate_examples, encode
 from training.losses import WeightingParams, reconstruction_weights
-from training.model import GPT, ModelConfig
 
 VOCAB = Vocab(("a", "b", "c", "d"), k_max=4)
 SAMPLES = [Sample("k0", ("a", "b"), ("b", "a", "c")), Sample("k1", ("c",), ("d",)),

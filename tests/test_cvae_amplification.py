@@ -4,8 +4,8 @@ import math
 
 import torch
 
+from pipeline.checkpoint import load_checkpoint
 from tests.fixtures_train import AMP_T, AMP_T0, two_regime_samples
-from training.checkpoint import load_checkpoint
 from training.cvae import CVAEConfig, build_cvae, objective
 from training.data import collate_examples, encode
 from training.losses import WeightingParams, reconstruction_weights

@@ -5,11 +5,10 @@
 import pytest
 import torch
 
+from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.errors import SampleError
 from pipeline.extract import run, tar_keys
 from store.baseline_store import BaselineStore
-from training.checkpoint import load_checkpoint, save_checkpoint
-
 from tests.fixtures_extract import fp_dir, sample_member, write_raw_tar
 
 GOOD = {"x": ["a", "b"], "y": ["c", "d", "e"], "strategy": "copy", "t0": 1}

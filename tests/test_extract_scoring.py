@@ -6,16 +6,16 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.bucketing import bucket, padded_fraction, plan_batches
+from pipeline.checkpoint import load_checkpoint
 from pipeline.extract import ShardBatches, encode, read_samples, score_batch, score_shard
 from pipeline.shards import resolve_shards, shard_name
 from pipeline.templates import Layout, collate, zfree_ids
 from store.baseline_store import BaselineStore
-from training.checkpoint import load_checkpoint
 from training.export_hf import export_hf
-
 
 TOL = 1e-5
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.shards import iter_samples, write_shards
 from training.baselines import Frozen
-from training.checkpoint import load_checkpoint, save_checkpoint
 from training.cvae import CVAEConfig, build_cvae, objective
-from training.data import (StoreMismatchError, StoreRef, collate_examples, encode, join_store, split_urls)
+from training.data import StoreMismatchError, StoreRef, collate_examples, encode, join_store, split_urls
 from training.losses import WeightingParams, reconstruction_weights
 from training.train import TrainConfig, run
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from training.checkpoint import load_checkpoint
+from pipeline.checkpoint import load_checkpoint
 from training.cvae import CVAEConfig, build_cvae, spread_latent_embeddings
 from training.estep import EStepConfig
 from training.recipes import RECIPES, check_recipe, with_recipe
@@ -55,7 +55,7 @@ def test_spread_latent_embeddings_are_orthogonal_with_the_given_norm(tiny):
 
 
 def test_separate_encoder_owns_the_posterior_and_leaves_the_backbone_out():
-    from training.model import GPT, ModelConfig
+    from pipeline.model import GPT, ModelConfig
     from pipeline.vocab import Vocab
 
     vocab = Vocab(symbols=("a", "b"), k_max=4)
@@ -81,9 +81,9 @@ def test_recipes_set_only_remedy_fields(tiny, tmp_path):
 
 
 def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re_initialised(tiny, tmp_path):
+    from pipeline.ranks import Ranks
     from training.baselines import Frozen
     from training.data import EvalStream, loader
-    from pipeline.ranks import Ranks
     from training.train import setup
 
     state = setup(config(tiny, tmp_path, latent_embedding_norm=3.0), Ranks())
@@ -113,8 +113,8 @@ def test_cli_recipe_and_flags_override_it(tiny, tmp_path):
 
 
 def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
-    from pipeline.synth import load_synth_config
     from pipeline.ranks import Ranks
+    from pipeline.synth import load_synth_config
     from training.train import label_names, setup
 
     cfg = with_recipe(config(tiny, tmp_path, weighting="uniform", beta={"beta": 0.3}), "survival")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.checkpoint import load_checkpoint
 from pipeline.samples import Sample
 from pipeline.shards import write_shards
 from pipeline.vocab import Vocab
-from training.checkpoint import load_checkpoint
 from training.data import ShardDecoder, StoreRef, StreamSpec, TrainStream, split_urls
 
 STEPS = 12

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pipeline.checkpoint import load_checkpoint
 from training.baselines import Frozen, dynamic
-from training.checkpoint import load_checkpoint
 from training.cvae import CVAEConfig, build_cvae
 from training.data import EvalStream, StreamSpec, loader, split_urls
 from training.schedules import BetaSchedule

@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
+from pipeline.checkpoint import load_checkpoint
 from pipeline.synth import PRESETS, consistent_at_t0, write_dataset
-from training.checkpoint import load_checkpoint
 from training.train_base import BASE_PRESETS, BaseTrainConfig, run
 
 

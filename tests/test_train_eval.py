@@ -4,10 +4,11 @@ import math
 import numpy as np
 import pytest
 
+from pipeline.checkpoint import load_checkpoint
+from pipeline.labels import load_labels
 from tests.fixtures_train import two_regime_samples
-from training.checkpoint import load_checkpoint
 from training.cvae import CVAEConfig, build_cvae
-from training.evaluate import EvalConfig, greedy_decode, latent_values, run_eval, strategy_outputs
+from training.evaluate import EvalConfig, greedy_decode, latent_values, run_eval
 from training.metrics import contingency, exact_mi, hungarian_accuracy, nmi
 from training.train import TrainConfig, run
 
@@ -36,7 +37,7 @@ def test_eval_writes_json_and_markdown(tiny, tmp_path):
     assert saved["decode"]["latent_values"] == 4 and 0.0 <= saved["decode"]["control_accuracy"] <= 1.0
     assert set(saved["decode"]["executes"]["0"]) == {"copy", "reverse", "sort", "sort-desc", "none"}
     assert "| strategy_nmi |" in (tmp_path / "run" / "eval.md").read_text()
-    outputs = strategy_outputs(data)
+    outputs = load_labels(data).outputs
     assert outputs(("c", "a", "b"))["sort"] == ("a", "b", "c")
 
 

@@ -13,9 +13,9 @@ from typing import Callable
 
 import torch
 
+from pipeline.model import GPT
 from training.cvae import CVAEOutput
 from training.data import TrainBatch
-from training.model import GPT
 from training.train_base import s_nll
 
 POLICIES = ("precomputed", "frozen", "dynamic")

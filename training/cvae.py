@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from pipeline.model import GPT
 from pipeline.templates import gather_s, token_surprisal
 from pipeline.vocab import Vocab
 from training.conditioning import MODES, Conditioning
@@ -28,7 +29,6 @@ from training.data import TrainBatch
 from training.global_batch import LOCAL, GlobalBatch
 from training.latent import CategoricalLatent, GaussianLatent
 from training.losses import free_bits_kl, weighted_reconstruction
-from training.model import GPT
 
 
 @dataclass(frozen=True)

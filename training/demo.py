@@ -39,8 +39,9 @@ class DemoConfig:
 
 def run(cfg: DemoConfig, echo=click.echo) -> dict:
     from pipeline.extract import ExtractConfig, run as extract
+    from pipeline.inspect import run as inspect
     from pipeline.synth import PRESETS, write_dataset
-    from store.report import InspectConfig, run as inspect
+    from store.report import InspectConfig
     from training.cvae import CVAEConfig
     from training.evaluate import EvalConfig, run_eval
     from training.recipes import with_recipe

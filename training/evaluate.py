@@ -3,8 +3,8 @@
 Decode-per-latent: for every latent value (discrete: each k; continuous: the K k-means
 centres of the posterior means over the split) each example is decoded greedily from
 its z-conditioned prefix ``... <z> slots </z> <y>`` until ``</y>``. An output *executes*
-strategy s when it equals s(x) exactly (synthetic data, whose dataset.json names the
-generator config). Control accuracy = matched executions / (examples x K) under the
+strategy s when it equals s(x) exactly, where the dataset can say what s(x) is
+(``pipeline.labels``: synthetic data). Control accuracy = matched executions / (examples x K) under the
 one-to-one map latent value -> strategy that maximises them (Hungarian).
 """
 
@@ -19,12 +19,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.checkpoint import load_checkpoint
+from pipeline.labels import DatasetLabels, load_labels
 from pipeline.samples import Sample
 from pipeline.shards import iter_samples
 from pipeline.templates import Layout, zcond_ids
 from store.tables import general, markdown_table
 from training.baselines import make_baseline
-from training.checkpoint import load_checkpoint
 from training.cvae import CVAE
 from training.data import EvalStream, StoreRef, StreamSpec, extract_command, loader, shards_without_rows, split_urls
 from training.losses import WeightingParams
@@ -51,27 +52,6 @@ class EvalConfig:
     def __post_init__(self):
         if self.batch_size < 1 or self.decode_examples < 0:
             raise ValueError("batch_size must be >= 1 and decode_examples >= 0")
-
-
-def strategy_outputs(data: str | Path):
-    """x -> {strategy: y} for synthetic data (from dataset.json's generator config), else None."""
-    meta = Path(data) / "dataset.json"
-    if not meta.is_file():
-        return None
-    from pipeline.synth import SynthConfig, candidate_sequences, symbol_name
-
-    info = json.loads(meta.read_text())
-    if info.get("generator") != "tokweight.synth":
-        return None
-    cfg = SynthConfig(**info["config"])
-    index = {symbol_name(i): i for i in range(cfg.alphabet_size)}
-
-    def outputs(x: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-        cands = candidate_sequences(tuple(index[s] for s in x), cfg)
-        return {name: tuple(t if isinstance(t, str) else symbol_name(t) for t in seq[:-1])
-                for name, seq in cands.items()}
-
-    return outputs
 
 
 @torch.no_grad()
@@ -114,16 +94,16 @@ def latent_values(model: CVAE, centres: np.ndarray | None):
     return torch.as_tensor(centres, dtype=torch.float32), None
 
 
-def decode_per_latent(model: CVAE, vocab, samples: list[Sample], centres, outputs_of) -> dict:
+def decode_per_latent(model: CVAE, vocab, samples: list[Sample], centres, labels: DatasetLabels) -> dict:
     z, slot_ids = latent_values(model, centres)
     V = z.shape[0]
     max_new = max(len(s.y) for s in samples) + 2
     decoded = greedy_decode(model, vocab, samples, z, slot_ids, max_new)
-    names = sorted(outputs_of(samples[0].x)) if outputs_of else []
+    names = sorted(labels.outputs(samples[0].x) or {})
     counts = np.zeros((V, len(names) + 1))  # last column: executes no strategy
     examples = []
     for i, s in enumerate(samples):
-        cands = outputs_of(s.x) if outputs_of else {}
+        cands = labels.outputs(s.x) or {}
         row = {"key": s.key, "strategy": s.strategy, "outputs": []}
         for v in range(V):
             y = decoded[i * V + v]
@@ -186,7 +166,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     metrics = records.finalize(tcfg.cvae.latent, tcfg.cvae.k, tcfg.seed)
     centres = kmeans(np.stack(records.rows["post"]), tcfg.cvae.k, tcfg.seed)[0] if tcfg.cvae.latent == "continuous" else None
     samples = [s for _, s in islice(iter_samples(list(urls)), cfg.decode_examples)]  # only the first ones are parsed
-    decode = decode_per_latent(model, vocab, samples, centres, strategy_outputs(cfg.data)) if samples else {}
+    decode = decode_per_latent(model, vocab, samples, centres, load_labels(cfg.data)) if samples else {}
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,
               "metrics": metrics, "decode": decode}
     Path(cfg.run, "eval.json").write_text(json.dumps(result, indent=1) + "\n")

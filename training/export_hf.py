@@ -12,8 +12,8 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from training.checkpoint import load_checkpoint
-from training.model import GPT
+from pipeline.checkpoint import load_checkpoint
+from pipeline.model import GPT
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 

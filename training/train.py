@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from itertools import islice
 from dataclasses import asdict, dataclass, field, replace
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -27,20 +27,20 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from pipeline.checkpoint import load_checkpoint
+from pipeline.model import GPT, ModelConfig
 from pipeline.ranks import Ranks
-from pipeline.synth import load_synth_config
+from pipeline.labels import load_labels
 from pipeline.vocab import Vocab
 from training.baselines import POLICIES, Baseline, make_baseline
-from training.checkpoint import load_checkpoint
 from training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent_embeddings
-from training.estep import EStepConfig, em_objective, strategy_indices
 from training.data import (StoreRef, StreamSpec, TrainBatch, TrainStream, extract_command, shards_without_rows,
                            split_urls)
+from training.estep import EStepConfig, em_objective, strategy_indices
 from training.global_batch import GlobalBatch
 from training.losses import (WEIGHTINGS, WeightingParams, check_free_bits, example_kl, reconstruction_weights,
                              weighted_reconstruction)
 from training.metrics import entropy, posterior_gradient_norms
-from training.model import GPT, ModelConfig
 from training.schedules import BetaSchedule
 from training.validation import validate
 
@@ -242,17 +242,17 @@ def check_store_holds(cfg: TrainConfig, view, urls) -> None:
 
 
 def label_names(cfg: TrainConfig) -> tuple[str, ...]:
-    """The dataset's strategies in generator order (estep mode "label" only; empty otherwise)."""
+    """The dataset's strategies in its labels' order (estep mode "label" only; empty otherwise)."""
     if cfg.estep.mode != "label":
         return ()
-    synth = load_synth_config(cfg.data)
-    if synth is None:
-        raise ValueError(f'estep mode "label" needs a synthetic dataset whose {Path(cfg.data) / "dataset.json"} '
-                         "lists its strategies (tokweight synth)")
-    if len(synth.strategies) > cfg.cvae.k:
-        raise ValueError(f'estep mode "label": {len(synth.strategies)} strategies {list(synth.strategies)} '
-                         f"need k >= {len(synth.strategies)}, got k={cfg.cvae.k}")
-    return tuple(synth.strategies)
+    strategies = load_labels(cfg.data).strategies
+    if not strategies:
+        raise ValueError(f'estep mode "label" needs a dataset whose {Path(cfg.data) / "dataset.json"} '
+                         "lists its strategies (tokweight synth, or tokweight convert of labelled lines)")
+    if len(strategies) > cfg.cvae.k:
+        raise ValueError(f'estep mode "label": {len(strategies)} strategies {list(strategies)} '
+                         f"need k >= {len(strategies)}, got k={cfg.cvae.k}")
+    return strategies
 
 
 def read_metrics(run: str | Path) -> list[dict]:

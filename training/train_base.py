@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from pipeline.checkpoint import save_checkpoint
+from pipeline.model import GPT, ModelConfig
 from pipeline.samples import Sample
 from pipeline.shards import iter_samples, resolve_shards
-from pipeline.synth import consistent_at_t0, load_synth_config
+from pipeline.labels import DatasetLabels, load_labels
 from pipeline.templates import Layout, collate, gather_s, token_surprisal, zcond_ids, zfree_ids
 from pipeline.vocab import Vocab
-from training.checkpoint import save_checkpoint
-from training.model import GPT, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -101,12 +101,12 @@ def lr_at(step: int, cfg: BaseTrainConfig) -> float:
 class EncodedSplit:
     """A split encoded once to z-free ids; `batch(idx)` collates any subset."""
 
-    def __init__(self, samples: list[Sample], vocab: Vocab, synth_cfg=None):
+    def __init__(self, samples: list[Sample], vocab: Vocab, labels: DatasetLabels | None = None):
         self.samples, self.vocab = samples, vocab
         self.seqs = [zfree_ids(vocab, s.x, s.y, key=s.key) for s in samples]
         self.layouts = [Layout(len(s.x), len(s.y)) for s in samples]
         # log(#strategies consistent at t0): the Bayes-optimal surprisal at t0 (synthetic data only)
-        counts = [consistent_at_t0(s, synth_cfg) if synth_cfg else None for s in samples]
+        counts = [labels.consistent_at_t0(s) if labels else None for s in samples]
         self.log_consistent = [math.log(c) if c else None for c in counts]
 
     def __len__(self):
@@ -176,8 +176,7 @@ def run(cfg: BaseTrainConfig) -> dict:
     train = load_split(cfg.data, "train")
     val = load_split(cfg.data, "val")
     vocab = dataset_vocab(cfg.data, train, cfg.k_max)
-    synth_cfg = load_synth_config(cfg.data)
-    train_enc, val_enc = EncodedSplit(train, vocab), EncodedSplit(val, vocab, synth_cfg)
+    train_enc, val_enc = EncodedSplit(train, vocab), EncodedSplit(val, vocab, load_labels(cfg.data))
     longest = max(lay.length for lay in train_enc.layouts + val_enc.layouts)
     block_size = 8 * math.ceil((longest + 2 + cfg.max_slots) / 8)  # room for <z> slots </z>
     mcfg = ModelConfig(vocab_size=len(vocab), block_size=block_size, n_layer=cfg.n_layer,

@@ -89,7 +89,7 @@ def prepare_base(task: TaskConfig, setting: Setting, data: Path, data_key: str, 
 
 def loads_as(checkpoint: Path, fingerprint: str) -> bool:
     """Whether the checkpoint loads (its files match its own fingerprint) and is the one recorded."""
-    from training.checkpoint import load_checkpoint
+    from pipeline.checkpoint import load_checkpoint
 
     try:
         return load_checkpoint(checkpoint).fingerprint == fingerprint
@@ -121,7 +121,8 @@ def setting_stats(setting: Setting, info: dict, store: Path, base_result: dict) 
 
 
 def prepare_setting(task: TaskConfig, setting: Setting, root: Path, echo: Echo) -> Prepared:
-    from pipeline.extract import ExtractConfig, run as extract
+    from pipeline.extract import ExtractConfig
+    from pipeline.extract import run as extract
 
     start = time.perf_counter()
     data, data_key, info, data_reused = prepare_data(task, setting, root)
