@@ -52,8 +52,8 @@ from pipeline.model import GPT
 from pipeline.ranks import RankFailed, Ranks
 from pipeline.samples import Sample
 from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name
-from pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, token_surprisal,
-                                zfree_ids)
+from pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, template_ids,
+                                token_surprisal)
 from pipeline.vocab import Vocab
 from store.derived import DERIVED_SCALARS, derived_columns
 from store.formats import PARQUET, check_format
@@ -168,7 +168,7 @@ def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str,
     index = 0
     for sample in samples:
         try:
-            ids = zfree_ids(vocab, sample.x, sample.y, key=sample.key)
+            ids, layout = template_ids(vocab, sample.x, sample.y, key=sample.key)
             check_length(len(ids), block_size, key=sample.key)
         except SampleError as error:
             error = error.located(shard=shard)
@@ -176,7 +176,7 @@ def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str,
                 raise error from None
             on_error(error)
             continue
-        yield Encoded(index, sample, ids, Layout(len(sample.x), len(sample.y)))
+        yield Encoded(index, sample, ids, layout)
         index += 1
 
 

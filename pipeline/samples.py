@@ -1,7 +1,8 @@
 """One input example (SPEC §5) and its validation.
 
-A WebDataset sample is ``<key>.json`` holding ``{"x": [...], "y": [...]}`` (lists of
-string tokens) with optional ``"strategy"`` (str) and ``"t0"`` (int, an index into S).
+A WebDataset sample is ``<key>.json`` holding ``{"x": ..., "y": ...}``, each a list of
+string tokens (looked up one to one in the vocabulary) or a string (encoded by a
+checkpoint's tokenizer), with optional ``"strategy"`` (str) and ``"t0"`` (int, an index into S).
 Every check raises ``SampleError`` naming the key and shard, so a caller can stop or
 skip-and-count by reason.
 """
@@ -20,8 +21,8 @@ class Sample:
     """A validated example: ``key`` has no '.' or '/', ``y`` is non-empty."""
 
     key: str
-    x: tuple[str, ...]
-    y: tuple[str, ...]
+    x: tuple[str, ...] | str
+    y: tuple[str, ...] | str
     strategy: str | None = None  # the generating strategy, when known
     t0: int | None = None  # first index in S at which y_<=t fits one strategy only
 
@@ -34,11 +35,14 @@ def check_key(key: Any, *, shard: str | None = None) -> str:
     return key
 
 
-def _tokens(record: dict, field: str, key: str, shard: str | None) -> tuple[str, ...]:
-    """``record[field]`` as a tuple of strings (wrong-type otherwise)."""
+def _tokens(record: dict, field: str, key: str, shard: str | None) -> tuple[str, ...] | str:
+    """``record[field]`` as a tuple of strings, or the string itself (wrong-type otherwise)."""
     value = record[field]
+    if isinstance(value, str):
+        return value
     if not isinstance(value, list) or not all(isinstance(tok, str) for tok in value):
-        raise SampleError("wrong-type", f"field {field!r} must be a list of strings", key=key, shard=shard)
+        raise SampleError("wrong-type", f"field {field!r} must be a list of strings or a string", key=key,
+                          shard=shard)
     return tuple(value)
 
 
@@ -79,7 +83,7 @@ def parse_sample(raw: dict, *, shard: str | None = None) -> Sample:
 
 def sample_to_json(sample: Sample) -> dict:
     """The ``<key>.json`` payload; optional fields only when set, so files stay minimal."""
-    record: dict[str, Any] = {"x": list(sample.x), "y": list(sample.y)}
+    record: dict[str, Any] = {f: v if isinstance(v, str) else list(v) for f, v in (("x", sample.x), ("y", sample.y))}
     if sample.strategy is not None:
         record["strategy"] = sample.strategy
     if sample.t0 is not None:

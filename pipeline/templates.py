@@ -66,28 +66,33 @@ class Layout:
         return range(self.s_start - 1, self.s_start + self.T - 1)
 
 
-def _check_y(y: Sequence[str], key: str | None) -> None:
-    if len(y) == 0:
+Text = Sequence[str] | str  # a list of symbols, looked up one to one, or a string for a tokenizer
+
+
+def template_ids(vocab: Vocab, x: Text, y: Text, slot_ids: Sequence[int] = (), *,
+                 key: str | None = None) -> tuple[list[int], Layout]:
+    """A sample in the z-free template (no ``slot_ids``) or the z-conditioned one (one id per
+    latent slot), and its layout. The one place x and y become ids: the layout counts their
+    tokens, which for a string is what the vocabulary's tokenizer made of it."""
+    x_ids = vocab.encode_symbols(x, key=key, field_name="x")
+    y_ids = vocab.encode_symbols(y, key=key, field_name="y")
+    if not y_ids:
         raise SampleError("empty-y", "y is empty: S would only hold </y>", key=key)
-
-
-def zfree_ids(vocab: Vocab, x: Sequence[str], y: Sequence[str], *, key: str | None = None) -> list[int]:
-    _check_y(y, key)
     v = vocab.id
-    return ([v("<bos>"), v("<x>")] + vocab.encode_symbols(x, key=key, field_name="x") + [v("</x>"), v("<y>")]
-            + vocab.encode_symbols(y, key=key, field_name="y") + [v("</y>"), v("<eos>")])
+    z_section = [v("<z>"), *slot_ids, v("</z>")] if slot_ids else []
+    ids = [v("<bos>"), v("<x>"), *x_ids, v("</x>"), *z_section, v("<y>"), *y_ids, v("</y>"), v("<eos>")]
+    return ids, Layout(len(x_ids), len(y_ids), len(slot_ids))
 
 
-def zcond_ids(vocab: Vocab, x: Sequence[str], y: Sequence[str], slot_ids: Sequence[int], *,
-              key: str | None = None) -> list[int]:
+def zfree_ids(vocab: Vocab, x: Text, y: Text, *, key: str | None = None) -> list[int]:
+    return template_ids(vocab, x, y, key=key)[0]
+
+
+def zcond_ids(vocab: Vocab, x: Text, y: Text, slot_ids: Sequence[int], *, key: str | None = None) -> list[int]:
     """The z-conditioned template with ``slot_ids`` in the latent slots (one id per slot)."""
-    _check_y(y, key)
     if not slot_ids:
         raise ValueError("the z-conditioned template needs at least one latent slot")
-    v = vocab.id
-    return ([v("<bos>"), v("<x>")] + vocab.encode_symbols(x, key=key, field_name="x") + [v("</x>"), v("<z>")]
-            + list(slot_ids) + [v("</z>"), v("<y>")] + vocab.encode_symbols(y, key=key, field_name="y")
-            + [v("</y>"), v("<eos>")])
+    return template_ids(vocab, x, y, slot_ids, key=key)[0]
 
 
 def s_targets(ids: Sequence[int], layout: Layout) -> list[int]:

@@ -66,6 +66,9 @@ class Vocab:
 
     def encode_symbols(self, symbols: Sequence[str], *, key: str | None = None, field_name: str = "") -> list[int]:
         """Ids of data symbols; specials and latent tokens are not data and are refused."""
+        if isinstance(symbols, str):
+            raise SampleError("wrong-type", f"{field_name or 'a field'} is a string, but this vocabulary has no "
+                              "tokenizer: give it as a list of symbols, or use a checkpoint with a tokenizer", key=key)
         ids = []
         first_symbol = len(SPECIALS) + self.k_max
         for s in symbols:

@@ -32,7 +32,7 @@ def _raw(record, key="k1"):
     (_raw({"y": ["a"]}), "missing-field"),
     (_raw({"x": ["a"]}), "missing-field"),
     ({"__key__": "k1", "txt": b"hello"}, "missing-field"),
-    (_raw({"x": "abc", "y": ["a"]}), "wrong-type"),
+    (_raw({"x": 3, "y": ["a"]}), "wrong-type"),
     (_raw({"x": ["a"], "y": ["a", 3]}), "wrong-type"),
     (_raw({"x": ["a"], "y": ["a"], "strategy": 1}), "wrong-type"),
     (_raw({"x": ["a"], "y": ["a"], "t0": True}), "wrong-type"),

@@ -34,7 +34,7 @@ import webdataset as wds
 
 from pipeline.samples import Sample
 from pipeline.shards import iter_shard, resolve_shards
-from pipeline.templates import Batch, Layout, check_length, collate, s_targets, zcond_ids, zfree_ids
+from pipeline.templates import Batch, Layout, check_length, collate, s_targets, template_ids
 from pipeline.vocab import Vocab
 
 
@@ -124,13 +124,12 @@ def encode(items: Iterable[tuple], vocab: Vocab, slots: int, block_size: int,
     """
     placeholder = [vocab.latent_id(0)] * slots
     for url, sample, *row in items:
-        zfree = zfree_ids(vocab, sample.x, sample.y, key=sample.key)
-        zcond = zcond_ids(vocab, sample.x, sample.y, placeholder, key=sample.key)
+        zfree, free_layout = template_ids(vocab, sample.x, sample.y, key=sample.key)
+        zcond, layout = template_ids(vocab, sample.x, sample.y, placeholder, key=sample.key)
         check_length(len(zcond), block_size, key=sample.key)
-        layout = Layout(len(sample.x), len(sample.y), slots)
         b = None
         if row and row[0] is not None:
-            b = _checked_b(row[0], s_targets(zfree, Layout(layout.m, layout.n)), sample.key, url, fingerprints)
+            b = _checked_b(row[0], s_targets(zfree, free_layout), sample.key, url, fingerprints)
         yield Example(sample.key, url, tuple(zfree), tuple(zcond), layout, sample.strategy, sample.t0, b)
 
 

@@ -22,7 +22,7 @@ from pipeline.model import GPT, ModelConfig
 from pipeline.samples import Sample
 from pipeline.shards import iter_samples, resolve_shards
 from pipeline.labels import DatasetLabels, load_labels
-from pipeline.templates import Layout, collate, gather_s, token_surprisal, zcond_ids, zfree_ids
+from pipeline.templates import collate, gather_s, template_ids, token_surprisal
 from pipeline.vocab import Vocab
 
 
@@ -103,8 +103,7 @@ class EncodedSplit:
 
     def __init__(self, samples: list[Sample], vocab: Vocab, labels: DatasetLabels | None = None):
         self.samples, self.vocab = samples, vocab
-        self.seqs = [zfree_ids(vocab, s.x, s.y, key=s.key) for s in samples]
-        self.layouts = [Layout(len(s.x), len(s.y)) for s in samples]
+        self.seqs, self.layouts = map(list, zip(*(template_ids(vocab, s.x, s.y, key=s.key) for s in samples)))
         # log(#strategies consistent at t0): the Bayes-optimal surprisal at t0 (synthetic data only)
         counts = [labels.consistent_at_t0(s) if labels else None for s in samples]
         self.log_consistent = [math.log(c) if c else None for c in counts]
@@ -121,8 +120,9 @@ class EncodedSplit:
         for i, m, k in zip(idx, slots, latent):
             s = self.samples[i]
             if m:
-                seqs.append(zcond_ids(self.vocab, s.x, s.y, [self.vocab.latent_id(k)] * m, key=s.key))
-                layouts.append(Layout(len(s.x), len(s.y), m))
+                ids, layout = template_ids(self.vocab, s.x, s.y, [self.vocab.latent_id(k)] * m, key=s.key)
+                seqs.append(ids)
+                layouts.append(layout)
             else:
                 seqs.append(self.seqs[i])
                 layouts.append(self.layouts[i])
