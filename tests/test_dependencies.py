@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "store", "training")
 # Imports an extra may satisfy: only inside a function, so that the commands that do
 # not need them import without them.
-OPTIONAL = {"transformers": "hf"}
+OPTIONAL = {"transformers": "hf", "tokenizers": "hf"}
 
 
 def project() -> dict:
