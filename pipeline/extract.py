@@ -45,15 +45,14 @@ from tqdm import tqdm
 from webdataset.tariterators import base_plus_ext
 
 from pipeline.bucketing import bucket
-from pipeline.checkpoint import Checkpoint, load_checkpoint
+from pipeline.backbone import load_backbone
+from pipeline.checkpoint import Checkpoint
 from pipeline.errors import SampleError
 from pipeline.extract_plan import Plan, Task, make_plan, remove_temporaries
-from pipeline.model import GPT
 from pipeline.ranks import RankFailed, Ranks
 from pipeline.samples import Sample
 from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name
-from pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, template_ids,
-                                token_surprisal)
+from pipeline.templates import TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, template_ids
 from pipeline.vocab import Vocab
 from store.derived import DERIVED_SCALARS, derived_columns
 from store.formats import PARQUET, check_format
@@ -79,6 +78,8 @@ class ExtractConfig:
     """Computed tokens per forward batch (batch size x padded length), a memory/speed knob only."""
     device: str = "cpu"
     """Torch device; under torchrun with "cuda" each rank uses cuda:LOCAL_RANK."""
+    dtype: str = "float32"
+    """Dtype of the forward ("float32", "bfloat16", "float16"); the log-softmax is float32 whatever it is."""
     on_bad_sample: str = "error"
     """"error": stop at the first bad sample or truncated shard, naming shard and key;
     "skip": leave it out and count it per reason in the part entry and the manifest."""
@@ -96,6 +97,8 @@ class ExtractConfig:
             raise ValueError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
         if self.on_bad_sample not in POLICIES:
             raise ValueError(f"on_bad_sample must be one of {POLICIES}, got {self.on_bad_sample!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.lock_wait_s < 0:
             raise ValueError(f"lock_wait_s must be >= 0, got {self.lock_wait_s}")
 
@@ -215,24 +218,40 @@ class ShardBatches:
         self.__dict__.update({**state, "batches": batches})
 
 
+LOGIT_CHUNK_ELEMENTS = 1 << 26
+"""Float32 logits held at once (256 MiB): with a 150k-token vocabulary, ~450 positions per chunk."""
+
+
+def score_positions(logits_s: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(b, entropy, top1) of (N, V) logits in float32 (whatever the model's dtype) against (N,) targets."""
+    logits_s = logits_s.float()
+    b = torch.logsumexp(logits_s, dim=-1) - logits_s.gather(-1, targets[:, None]).squeeze(-1)  # nats
+    log_p = logits_s.log_softmax(dim=-1)
+    return b, -(log_p.exp() * log_p).sum(dim=-1), logits_s.argmax(dim=-1) == targets
+
+
 @torch.inference_mode()
-def score_batch(model: GPT, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def score_batch(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(b, entropy, top1), each (B, T_max) over S; 0 / False where masked.
 
-    Logits go to float32 before the log-softmax whatever the model's dtype. The input is
-    cut after the last position that predicts S: the tail (</y> <eos>) changes nothing.
+    The input is cut after the last position that predicts S (the tail </y> <eos> changes
+    nothing); the output head runs only on the hidden states that predict S, in chunks of
+    positions, so memory stays bounded whatever the vocabulary.
     """
     length = int(batch.logit_pos.max()) + 1
-    logits, _ = model(batch.input_ids[:, :length])
-    logits_s = gather_s(logits, batch.logit_pos).float()  # (B, T_max, V)
-    b = token_surprisal(logits_s, batch.targets, batch.mask)  # (B, T_max) nats
-    log_p = logits_s.log_softmax(dim=-1)
-    entropy = -(log_p.exp() * log_p).sum(dim=-1).masked_fill(~batch.mask, 0.0)  # (B, T_max) nats
-    top1 = (logits_s.argmax(dim=-1) == batch.targets) & batch.mask
-    return b, entropy, top1
+    hidden_s = gather_s(model.hidden(batch.input_ids[:, :length]), batch.logit_pos)[batch.mask]  # (N, d)
+    targets = batch.targets[batch.mask]  # (N,)
+    chunk = max(1, LOGIT_CHUNK_ELEMENTS // model.cfg.vocab_size)
+    scored = [score_positions(model.head(h), t) for h, t in zip(hidden_s.split(chunk), targets.split(chunk))]
+    out = []
+    for values, fill in zip(zip(*scored), (0.0, 0.0, False)):
+        full = torch.full(batch.mask.shape, fill, dtype=values[0].dtype, device=batch.mask.device)
+        full[batch.mask] = torch.cat(values)
+        out.append(full)
+    return tuple(out)
 
 
-def score_shard(rows: ShardBatches, model: GPT, device: torch.device,
+def score_shard(rows: ShardBatches, model, device: torch.device,
                 on_tokens: Callable[[int], None]) -> pa.Table:
     """Stage: every batch through the model, outputs scattered back to file order -> one PART_SCHEMA table.
 
@@ -463,7 +482,7 @@ def run(cfg: ExtractConfig) -> dict:
     t_start = time.perf_counter()
     ranks = Ranks()
     try:
-        ckpt = load_checkpoint(cfg.checkpoint)
+        ckpt = load_backbone(cfg.checkpoint, dtype=cfg.dtype)
         writer = StoreWriter(cfg.store, ckpt.fingerprint, cfg.format)
         directory = writer.directory
         if ranks.is_main:

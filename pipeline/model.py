@@ -123,9 +123,9 @@ class GPT(nn.Module):
         """(B, L) token ids -> (B, L, d) token embeddings (no positions)."""
         return self.wte(idx)
 
-    def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
-                ln_cond: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """idx (B, L) -> logits (B, L, V) and final hidden states (B, L, d).
+    def hidden(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
+               ln_cond: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, L) -> final hidden states (B, L, d), after the last LayerNorm.
 
         tok_emb: (B, L, d) replaces `embed(idx)` when given.
         ln_cond: (B, n_layernorms, 2, d) scale/shift deltas, LayerNorms in forward order.
@@ -138,5 +138,14 @@ class GPT(nn.Module):
         conds = [None] * self.cfg.n_layernorms if ln_cond is None else ln_cond.unbind(1)
         for i, block in enumerate(self.h):
             x = block(x, conds[2 * i], conds[2 * i + 1])
-        hidden = _modulate(self.ln_f(x), conds[-1])
-        return hidden @ self.wte.weight.T, hidden
+        return _modulate(self.ln_f(x), conds[-1])
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., d) hidden states -> (..., V) logits (the output embedding is tied to wte)."""
+        return hidden @ self.wte.weight.T
+
+    def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
+                ln_cond: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """idx (B, L) -> logits (B, L, V) and final hidden states (B, L, d); see ``hidden``."""
+        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond)
+        return self.head(hidden), hidden
