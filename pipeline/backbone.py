@@ -19,6 +19,7 @@ import torch
 
 from pipeline.checkpoint import Checkpoint, load_checkpoint
 from pipeline.hf import DTYPES, is_hf_checkpoint, load_hf
+from pipeline.templates import Batch, gather_s, token_surprisal
 
 NATIVE_FILES = ("model.safetensors", "config.json", "vocab.json", "fingerprint.json")
 
@@ -41,3 +42,10 @@ def load_backbone(path: str | Path, *, device: str | torch.device = "cpu", dtype
         return Checkpoint(model, vocab, fingerprint, path, {"kind": "huggingface", "dtype": dtype})
     raise FileNotFoundError(f"{path}: neither a tokweight checkpoint ({', '.join(NATIVE_FILES)}) nor a Hugging Face "
                             "model directory (config.json with model_type, *.safetensors, tokenizer files)")
+
+
+def s_nll(model, batch: Batch) -> torch.Tensor:
+    """(B, T_max) per-token NLL over S of a batch in one template, nats, 0 where masked: the
+    z-free surprisal b when the batch is z-free (the base model's training loss, the frozen baseline)."""
+    logits, _ = model(batch.input_ids)
+    return token_surprisal(gather_s(logits, batch.logit_pos), batch.targets, batch.mask)

@@ -44,8 +44,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from tqdm import tqdm
 from webdataset.tariterators import base_plus_ext
 
-from pipeline.bucketing import bucket
 from pipeline.backbone import load_backbone
+from pipeline.bucketing import bucket
 from pipeline.checkpoint import Checkpoint
 from pipeline.errors import SampleError
 from pipeline.extract_plan import Plan, Task, make_plan, remove_temporaries

@@ -14,8 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 

@@ -7,7 +7,8 @@ data layer's (``labels.ground_truth_from_data``). This module is where the two m
 from __future__ import annotations
 
 from pipeline.labels import ground_truth_from_data
-from store.report import InspectConfig, run as write_report
+from store.report import InspectConfig
+from store.report import run as write_report
 
 
 def run(cfg: InspectConfig) -> dict:

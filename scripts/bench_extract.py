@@ -13,7 +13,12 @@ load average before and after:
   bucket, score, write Parquet, fsync, manifest) into a fresh store, with the reader
   process (the default) and without it, and their ratios to the bare forward;
 - the read + parse + encode + batch stage alone (once);
-- the padded fraction of computed tokens, and bytes per S token of `b` on disk.
+- the padded fraction of computed tokens, and bytes per S token of `b` on disk;
+- with --hf-export: the same checkpoint exported with `export-hf` and run through the
+  Hugging Face path (transformers' GPT2LMHeadModel), scoring and in-process extraction,
+  each with its ratio to the native path's.
+
+--checkpoint may be a tokweight checkpoint or a Hugging Face model directory.
 
 Tokens are S tokens (the ones stored) for every throughput, so the ratios compare
 like with like.
@@ -34,7 +39,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.bucketing import padded_fraction, plan_batches
-from pipeline.checkpoint import load_checkpoint
+from pipeline.backbone import load_backbone
 from pipeline.extract import ExtractConfig, ShardBatches, encode, prepare_shard, read_samples, run, score_batch
 from pipeline.extract_plan import InputShard, Task
 from pipeline.shards import resolve_shards, shard_name
@@ -140,27 +145,36 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hf-export", action="store_true",
+                        help="also time the checkpoint exported with export-hf, through the Hugging Face path")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     workdir = Path(args.workdir)
     data, ckpt_dir = prepare(workdir, args.data, args.checkpoint, args.train_steps)
-    ckpt = load_checkpoint(ckpt_dir, device=args.device)
+    ckpt = load_backbone(ckpt_dir, device=args.device)
     batches, pad = build_batches(data, ckpt, args.batch_tokens)
     s_tokens = sum(int(b.mask.sum()) for b in batches)
     computed = sum(b.input_ids.shape[0] * (int(b.logit_pos.max()) + 1) for b in batches)
     bare_forward(ckpt.model, batches[:4])  # warm-up
     load_before = load()
 
-    def extraction(reader_process: bool) -> None:
-        store = workdir / "store"
+    def extraction(reader_process: bool, checkpoint: Path = ckpt_dir, store_name: str = "store") -> None:
+        store = workdir / store_name
         shutil.rmtree(store, ignore_errors=True)
-        run(ExtractConfig(checkpoint=str(ckpt_dir), data=str(data), store=str(store), batch_tokens=args.batch_tokens,
+        run(ExtractConfig(checkpoint=str(checkpoint), data=str(data), store=str(store), batch_tokens=args.batch_tokens,
                           device=args.device, progress=False, reader_process=reader_process))
 
     rounds = {"bare forward": lambda: bare_forward(ckpt.model, batches),
               "forward + scoring": lambda: scoring(ckpt.model, batches),
               "extract, reader process": lambda: extraction(True),
               "extract, in-process": lambda: extraction(False)}
+    if args.hf_export:
+        from training.export_hf import export_hf
+
+        hf_dir = export_hf(ckpt_dir, workdir / "hf-export")
+        hf = load_backbone(hf_dir, device=args.device)
+        rounds |= {"HF: forward + scoring": lambda: scoring(hf.model, batches),
+                   "HF: extract, in-process": lambda: extraction(False, hf_dir, "store-hf")}
     times: dict[str, list[float]] = {name: [] for name in rounds}
     for _ in range(args.repeats):
         for name, fn in rounds.items():
@@ -180,6 +194,10 @@ def main() -> None:
         print(f"{name:<24}{s_tokens / t:10.0f} S tok/s  {t:7.3f} s  ratio to bare {t_bare / t:.3f}  (runs: {runs})")
     print(f"{'read+encode+batch alone':<24}{s_tokens / t_read:10.0f} S tok/s  {t_read:7.3f} s  (one run)")
     print("target: extract / bare >= 0.9")
+    if args.hf_export:
+        for native, via_hf in (("forward + scoring", "HF: forward + scoring"),
+                               ("extract, in-process", "HF: extract, in-process")):
+            print(f"HF path / native path, {native}: {median[native] / median[via_hf]:.3f}  (target >= 0.9)")
     print(f"padded fraction of computed tokens: {pad:.4f}  (target <= 0.05)")
     print(f"b column: {b_bpt:.3f} bytes per S token  (target <= 4.5); whole part: {part_bpt:.3f} bytes per S token")
 

@@ -13,10 +13,10 @@ from typing import Callable
 
 import torch
 
+from pipeline.backbone import s_nll
 from pipeline.model import GPT
 from training.cvae import CVAEOutput
 from training.data import TrainBatch
-from training.train_base import s_nll
 
 POLICIES = ("precomputed", "frozen", "dynamic")
 

@@ -22,10 +22,10 @@ Evaluation is an exact pass, shards split by node and by worker.
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from collections import deque
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np

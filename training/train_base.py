@@ -17,12 +17,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from pipeline.backbone import s_nll
 from pipeline.checkpoint import save_checkpoint
+from pipeline.labels import DatasetLabels, load_labels
 from pipeline.model import GPT, ModelConfig
 from pipeline.samples import Sample
 from pipeline.shards import iter_samples, resolve_shards
-from pipeline.labels import DatasetLabels, load_labels
-from pipeline.templates import collate, gather_s, template_ids, token_surprisal
+from pipeline.templates import collate, template_ids
 from pipeline.vocab import Vocab
 
 
@@ -127,12 +128,6 @@ class EncodedSplit:
                 seqs.append(self.seqs[i])
                 layouts.append(self.layouts[i])
         return collate(seqs, layouts)
-
-
-def s_nll(model: GPT, batch) -> torch.Tensor:
-    """(B, T_max) per-token NLL over S, 0 where masked."""
-    logits, _ = model(batch.input_ids)
-    return token_surprisal(gather_s(logits, batch.logit_pos), batch.targets, batch.mask)
 
 
 @torch.inference_mode()
