@@ -42,13 +42,15 @@ def parse_args() -> argparse.Namespace:
 def base_config(args: argparse.Namespace, out: Path):
     from training.cvae import CVAEConfig
     from training.schedules import BetaSchedule
-    from training.train import TrainConfig
+    from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
-    return TrainConfig(checkpoint=args.checkpoint, data=args.data, out=str(out), store=args.store,
-                       policy="precomputed" if args.store else "frozen", cvae=CVAEConfig(k=args.k),
-                       beta=BetaSchedule(args.beta), steps=args.steps, batch_size=args.batch_size,
-                       eval_every=args.eval_every, eval_examples=args.eval_examples, log_every=10,
-                       grad_diag_every=0, ckpt_every=args.steps, num_workers=0, seed=args.seed)
+    return TrainConfig(io=IOConfig(checkpoint=args.checkpoint, data=args.data, out=str(out), store=args.store,
+                                   num_workers=0),
+                       cvae=CVAEConfig(k=args.k),
+                       loss=LossConfig(policy="precomputed" if args.store else "frozen", beta=BetaSchedule(args.beta)),
+                       optim=OptimConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed),
+                       log=LogConfig(eval_every=args.eval_every, eval_examples=args.eval_examples, log_every=10,
+                                     grad_diag_every=0, ckpt_every=args.steps))
 
 
 def main() -> None:

@@ -43,14 +43,17 @@ def prepare(work: Path) -> tuple[Path, Path, Path]:
 
 
 def make_state(data, ckpt, store, work, policy, batch_size):
+    """(the run's state, its config) after setup."""
     from pipeline.ranks import Ranks
     from training.cvae import CVAEConfig
-    from training.train import TrainConfig, setup
+    from training.train import setup
+    from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
-    cfg = TrainConfig(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(work / f"run-{policy}"),
-                      policy=policy, cvae=CVAEConfig(k=K), batch_size=batch_size, steps=10**6, grad_diag_every=0,
-                      num_workers=0)
-    return setup(cfg, Ranks())
+    cfg = TrainConfig(io=IOConfig(checkpoint=str(ckpt), data=str(data), store=str(store),
+                                  out=str(work / f"run-{policy}"), num_workers=0),
+                      cvae=CVAEConfig(k=K), loss=LossConfig(policy=policy),
+                      optim=OptimConfig(batch_size=batch_size, steps=10**6), log=LogConfig(grad_diag_every=0))
+    return setup(cfg, Ranks()), cfg
 
 
 def batches(state, n):
@@ -59,27 +62,29 @@ def batches(state, n):
     return list(islice(TrainStream(state.spec, 0, 1).batches(0), n))
 
 
-def step_time(state, batch) -> float:
+def step_time(run, batch) -> float:
+    """Seconds of one training step of ``run`` (state, config) on ``batch``."""
     from training.train import forward_backward, optimizer_step
 
+    state, cfg = run
     t = time.perf_counter()
-    forward_backward(state, batch)
-    optimizer_step(state)
+    forward_backward(state, batch, cfg.loss, cfg.remedies, cfg.optim, cfg.log.grad_diag_every)
+    optimizer_step(state, cfg.optim.grad_clip)
     return time.perf_counter() - t
 
 
 def bench_steps(data, ckpt, store, work, steps, batch_size) -> dict:
-    states = {p: make_state(data, ckpt, store, work, p, batch_size) for p in ("precomputed", "frozen")}
-    fed = batches(states["precomputed"], steps)  # joined batches; frozen ignores their b
-    for p in states:  # warm-up
-        step_time(states[p], fed[0])
-    times = {p: [] for p in states}
+    runs = {p: make_state(data, ckpt, store, work, p, batch_size) for p in ("precomputed", "frozen")}
+    fed = batches(runs["precomputed"][0], steps)  # joined batches; frozen ignores their b
+    for p in runs:  # warm-up
+        step_time(runs[p], fed[0])
+    times = {p: [] for p in runs}
     for batch in fed:  # alternate, so drifts of a noisy machine hit both alike
-        for p in states:
-            times[p].append(step_time(states[p], batch))
+        for p in runs:
+            times[p].append(step_time(runs[p], batch))
     med = {p: statistics.median(v) for p, v in times.items()}
     return {"step_s": med, "ratio": med["precomputed"] / med["frozen"], "target": (3 * K + 3) / (3 * K + 4) + 0.02,
-            "memory": bench_memory(states, fed[1])}
+            "memory": bench_memory(runs, fed[1])}
 
 
 def held_mib(state) -> float:
@@ -88,13 +93,13 @@ def held_mib(state) -> float:
     return sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()]) / 2**20
 
 
-def step_peak_mib(state, batch) -> float:
+def step_peak_mib(run, batch) -> float:
     """Peak of live CPU allocations during one step: torch.profiler(profile_memory=True), each
     op's self allocations (frees negative) summed in start order; relative to the step's start."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step_time(state, batch)
+        step_time(run, batch)
     live = peak = 0
     for event in sorted(prof.events(), key=lambda e: e.time_range.start):
         live += event.self_cpu_memory_usage
@@ -102,8 +107,8 @@ def step_peak_mib(state, batch) -> float:
     return peak / 2**20
 
 
-def bench_memory(states: dict, batch) -> dict:
-    return {p: {"held_mib": held_mib(st), "step_peak_mib": step_peak_mib(st, batch)} for p, st in states.items()}
+def bench_memory(runs: dict, batch) -> dict:
+    return {p: {"held_mib": held_mib(run[0]), "step_peak_mib": step_peak_mib(run, batch)} for p, run in runs.items()}
 
 
 def bench_join(state, n) -> dict:
@@ -164,7 +169,7 @@ def main():
     mem = steps.pop("memory")
     print("memory (torch.profiler, one step): " + ", ".join(
         f"{p} step peak {m['step_peak_mib']:.2f} MiB + held {m['held_mib']:.2f} MiB" for p, m in mem.items()))
-    state = make_state(data, ckpt, store, work, "precomputed", args.batch_size)
+    state, _ = make_state(data, ckpt, store, work, "precomputed", args.batch_size)
     join = bench_join(state, args.steps)
     share = join["join_s_per_batch"] / steps["step_s"]["precomputed"]
     print(f"join overhead: {join['join_s_per_batch'] * 1e3:.2f} ms per batch "

@@ -11,7 +11,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from training.train import TrainConfig, run
+from training.train import run
+from training.train_config import TrainConfig
 
 
 def main(path: str) -> None:

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 from training.cvae import CVAEConfig
 from training.recipes import with_recipe
-from training.train import TrainConfig, run
+from training.train import run
+from training.train_config import IOConfig, LogConfig, OptimConfig, RemedyConfig, TrainConfig
 
 TIMEOUT_S = 240
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,10 +55,12 @@ def relative_difference(run_a: Path, run_b: Path, init_ckpt: Path) -> float:
     return float(apart / moved)
 
 
-def common(tiny, tiny_store, out: Path, **kw) -> TrainConfig:
+def common(tiny, tiny_store, out: Path, batch_size: int, lanes: int | None = None) -> TrainConfig:
     data, ckpt = tiny
-    return TrainConfig(checkpoint=str(ckpt), data=str(data), store=str(tiny_store), out=str(out), steps=4,
-                       log_every=1, grad_diag_every=2, ckpt_every=4, num_workers=0, seed=3, **kw)
+    return TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), store=str(tiny_store), out=str(out),
+                                lanes=lanes, num_workers=0),
+                       optim=OptimConfig(steps=4, batch_size=batch_size, seed=3),
+                       log=LogConfig(log_every=1, grad_diag_every=2, ckpt_every=4))
 
 
 def test_two_ranks_equal_one_process_with_the_global_batch(tiny, tiny_store, tmp_path):
@@ -75,10 +78,13 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tiny, tiny_store, tmp
 
 COUPLED = {  # objectives with a term over the whole batch, and what couples it
     "em-balanced": lambda cfg: with_recipe(cfg, "em-balanced"),  # Sinkhorn over the batch
-    "example-inverse": lambda cfg: replace(cfg, weighting="example-inverse"),  # v normalised to batch mean 1
-    "free-bits": lambda cfg: replace(cfg, free_bits=0.5),  # floor on the batch-mean KL
-    "free-bits-continuous": lambda cfg: replace(cfg, cvae=CVAEConfig(latent="continuous"), free_bits=0.1),
-    "aggressive": lambda cfg: replace(cfg, aggressive_steps=3, aggressive_until=4),  # posterior-only steps
+    # v normalised to batch mean 1
+    "example-inverse": lambda cfg: replace(cfg, loss=replace(cfg.loss, weighting="example-inverse")),
+    "free-bits": lambda cfg: replace(cfg, loss=replace(cfg.loss, free_bits=0.5)),  # floor on the batch-mean KL
+    "free-bits-continuous": lambda cfg: replace(cfg, cvae=CVAEConfig(latent="continuous"),
+                                                loss=replace(cfg.loss, free_bits=0.1)),
+    # posterior-only steps
+    "aggressive": lambda cfg: replace(cfg, remedies=RemedyConfig(aggressive_steps=3, aggressive_until=4)),
 }
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from pipeline.extract import ExtractConfig, run as extract
 from training.evaluate import EvalConfig, run_eval
-from training.train import TrainConfig, run as train
+from training.train import run as train
+from training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig
 
 
 def partial_store(tiny, root, splits=("train", "val")):
@@ -24,8 +25,9 @@ def partial_store(tiny, root, splits=("train", "val")):
 def test_eval_on_an_unextracted_split_uses_the_frozen_baseline_and_matches_the_store(tiny, tmp_path):
     data, ckpt = tiny
     store = partial_store(tiny, tmp_path)
-    train(TrainConfig(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(tmp_path / "run"), steps=2,
-                      batch_size=8, num_workers=0, grad_diag_every=0))
+    train(TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(tmp_path / "run"),
+                               num_workers=0),
+                      optim=OptimConfig(steps=2, batch_size=8), log=LogConfig(grad_diag_every=0)))
     cfg = EvalConfig(run=str(tmp_path / "run"), data=str(data), split="test", decode_examples=0)
     fallback = run_eval(cfg)
     assert fallback["baseline"]["policy"] == "frozen"
@@ -46,6 +48,7 @@ def test_train_without_the_val_split_in_the_store_stops_before_training(tiny, tm
     data, ckpt = tiny
     store = partial_store(tiny, tmp_path, splits=("train",))
     with pytest.raises(ValueError, match=r"val/shard-000000.tar.*add them with: tokweight extract --checkpoint"):
-        train(TrainConfig(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(tmp_path / "run"),
-                          steps=2, batch_size=8, num_workers=0))
+        train(TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), store=str(store),
+                                   out=str(tmp_path / "run"), num_workers=0),
+                          optim=OptimConfig(steps=2, batch_size=8)))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

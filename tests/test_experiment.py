@@ -102,11 +102,12 @@ def test_recipe_overrides_how_to_train_but_not_what_is_compared(tmp_path):
     for name in RECIPES:
         cfg = cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, name), tmp_path / "run")
         assert cfg == with_recipe(plain, name)  # the recipe check's path, not a second one
-        assert (cfg.lr, cfg.steps, cfg.batch_size) == (TINY_BUDGET.lr, TINY_BUDGET.steps, TINY_BUDGET.batch_size)
-        assert (cfg.beta.beta, cfg.cvae.cond, cfg.cvae.k, cfg.cvae.slots, cfg.weighting, cfg.seed) == \
+        assert (cfg.optim.lr, cfg.optim.steps, cfg.optim.batch_size) == \
+            (TINY_BUDGET.lr, TINY_BUDGET.steps, TINY_BUDGET.batch_size)
+        assert (cfg.loss.beta.beta, cfg.cvae.cond, cfg.cvae.k, cfg.cvae.slots, cfg.loss.weighting, cfg.optim.seed) == \
             (0.3, "prefix", 2, 3, "surprisal-share", 4)
     survival = cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, "survival"), tmp_path / "run")
-    assert survival.estep.mode == "label" and survival.cvae.posterior_pool == "mean"
+    assert survival.remedies.estep.mode == "label" and survival.cvae.posterior_pool == "mean"
     with pytest.raises(ValueError, match="unknown recipe"):
         cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, "nope"), tmp_path / "run")
 

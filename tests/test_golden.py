@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 
-from training.train import TrainConfig, read_metrics, run
+from training.run_dir import read_metrics
+from training.train import run
+from training.train_config import TrainConfig
 
 GOLDEN = Path(__file__).parent / "golden" / "train_losses.json"
 WRITE_ENV = "TOKWEIGHT_GOLDEN_WRITE"
@@ -31,10 +33,12 @@ REGENERATE = "python -m tests.test_golden --write"
 FIELDS = ("loss", "recon", "kl")
 RTOL, ATOL = 1e-5, 1e-6
 
-# Fields every run sets (besides the fixture paths checkpoint, data, store and out).
+# The runs' fields in TrainConfig's flat form (the one config.json had before the grouping, which the golden
+# file records and ``TrainConfig.from_json`` reads). Fields every run sets (besides the fixture paths
+# checkpoint, data, store and out):
 COMMON = dict(policy="precomputed", steps=8, batch_size=8, log_every=1, num_workers=0, grad_diag_every=0,
               ckpt_every=8, eval_batch_size=64, seed=0, device="cpu")
-# Each run's own fields, JSON-native (TrainConfig turns the cvae / estep dicts into their configs).
+# Each run's own fields, JSON-native (TrainConfig.from_json turns the cvae / estep dicts into their configs).
 RUNS: dict[str, dict] = {
     "discrete": {"cvae": {"latent": "discrete", "k": 4}},
     "continuous": {"cvae": {"latent": "continuous"}},
@@ -49,12 +53,13 @@ PATH_FIELDS = ("checkpoint", "data", "store", "out")
 
 def config(name: str, tiny, store, out: Path) -> TrainConfig:
     data, ckpt = tiny
-    return TrainConfig(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(out), **COMMON, **RUNS[name])
+    paths = dict(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(out))
+    return TrainConfig.from_json({**paths, **COMMON, **RUNS[name]})
 
 
 def resolved(cfg: TrainConfig) -> dict:
-    """Every config field but the (temporary) paths: what the run was, defaults included."""
-    return {k: v for k, v in cfg.to_json().items() if k not in PATH_FIELDS}
+    """Every config field but the (temporary) paths, flat: what the run was, defaults included."""
+    return {k: v for k, v in cfg.flat_json().items() if k not in PATH_FIELDS}
 
 
 def golden_numbers(tiny, store, root: Path) -> dict:
@@ -66,7 +71,7 @@ def golden_numbers(tiny, store, root: Path) -> dict:
         for name in RUNS:
             cfg = config(name, tiny, store, root / name)
             run(cfg)
-            steps = [{"step": r["step"], **{f: r[f] for f in FIELDS}} for r in read_metrics(cfg.out) if "loss" in r]
+            steps = [{"step": r["step"], **{f: r[f] for f in FIELDS}} for r in read_metrics(cfg.io.out) if "loss" in r]
             runs[name] = {"overrides": RUNS[name], "config": resolved(cfg), "steps": steps}
     finally:
         torch.set_num_threads(threads)

@@ -14,7 +14,8 @@ from training.baselines import Frozen
 from training.cvae import CVAEConfig, build_cvae, objective
 from training.data import StoreMismatchError, StoreRef, collate_examples, encode, join_store, split_urls
 from training.losses import WeightingParams, reconstruction_weights
-from training.train import TrainConfig, run
+from training.train import run
+from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 
 class EditedView:
@@ -51,8 +52,10 @@ def test_precomputed_and_frozen_give_the_same_loss_at_every_step(tiny, tiny_stor
     data, ckpt = tiny
     losses = {}
     for policy in ("precomputed", "frozen"):
-        cfg = TrainConfig(checkpoint=str(ckpt), data=str(data), store=str(tiny_store), out=str(tmp_path / policy),
-                          policy=policy, steps=5, batch_size=8, log_every=1, grad_diag_every=0, num_workers=0)
+        cfg = TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), store=str(tiny_store),
+                                   out=str(tmp_path / policy), num_workers=0),
+                          loss=LossConfig(policy=policy), optim=OptimConfig(steps=5, batch_size=8),
+                          log=LogConfig(log_every=1, grad_diag_every=0))
         run(cfg)
         recs = [json.loads(x) for x in (tmp_path / policy / "metrics.jsonl").read_text().splitlines()]
         losses[policy] = [r["loss"] for r in recs if "loss" in r]
@@ -96,8 +99,9 @@ def test_store_of_another_checkpoint_is_refused(tiny, tiny_store, tmp_path):
         ckpt.model.wte.weight[0, 0] += 1.0
     other = tmp_path / "other"
     other_fp = save_checkpoint(other, ckpt.model, ckpt.vocab)
-    cfg = TrainConfig(checkpoint=str(ckpt_dir), data=str(data), store=str(tiny_store), out=str(tmp_path / "run"),
-                      baseline_checkpoint=str(other), steps=2, num_workers=0)
+    cfg = TrainConfig(IOConfig(checkpoint=str(ckpt_dir), data=str(data), store=str(tiny_store),
+                               out=str(tmp_path / "run"), baseline_checkpoint=str(other), num_workers=0),
+                      optim=OptimConfig(steps=2))
     with pytest.raises(StoreMismatchError) as info:
         run(cfg)
     assert other_fp in str(info.value) and load_checkpoint(ckpt_dir).fingerprint in str(info.value)

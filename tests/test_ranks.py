@@ -4,7 +4,8 @@ import torch
 
 from pipeline.extract import ExtractConfig, run as extract
 from pipeline.ranks import Ranks, rank_device
-from training.train import TrainConfig, run as train
+from training.train import run as train
+from training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig
 
 
 def test_cuda_means_the_nodes_gpu_numbered_by_local_rank():
@@ -25,6 +26,7 @@ def test_extraction_and_training_take_their_device_from_the_rank(tiny, tiny_stor
     monkeypatch.setenv("LOCAL_RANK", "1")
     extract(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(tmp_path / "store"), device="cuda",
                           progress=False, reader_process=False))
-    train(TrainConfig(checkpoint=str(ckpt), data=str(data), store=str(tiny_store), out=str(tmp_path / "run"),
-                      steps=1, batch_size=8, num_workers=0, grad_diag_every=0, device="cuda"))
+    train(TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), store=str(tiny_store), out=str(tmp_path / "run"),
+                               num_workers=0, device="cuda"),
+                      optim=OptimConfig(steps=1, batch_size=8), log=LogConfig(grad_diag_every=0)))
     assert asked == [("cuda", "cuda:1"), ("cuda", "cuda:1")]

@@ -9,38 +9,46 @@ from pipeline.checkpoint import load_checkpoint
 from training.cvae import CVAEConfig, build_cvae, spread_latent_embeddings
 from training.estep import EStepConfig
 from training.recipes import RECIPES, check_recipe, with_recipe
-from training.train import TrainConfig, load_run, run
+from training.run_dir import load_run
+from training.train import run
+from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
 
 
-def config(tiny, out, **kw):
+def config(tiny, out, beta=1.0, weighting="surprisal-share", **groups):
     data, ckpt = tiny
-    base = dict(checkpoint=str(ckpt), data=str(data), out=str(out), policy="frozen", steps=4, batch_size=8,
-                log_every=1, grad_diag_every=2, ckpt_every=4, num_workers=0, eval_batch_size=64, eval_every=2,
-                eval_examples=32)
-    return TrainConfig(**{**base, **kw})
+    base = dict(io=IOConfig(checkpoint=str(ckpt), data=str(data), out=str(out), num_workers=0),
+                loss=LossConfig(policy="frozen", weighting=weighting, beta={"beta": beta}),
+                optim=OptimConfig(steps=4, batch_size=8),
+                log=LogConfig(log_every=1, grad_diag_every=2, ckpt_every=4, eval_batch_size=64, eval_every=2,
+                              eval_examples=32))
+    return TrainConfig(**{**base, **groups})
+
+
+def remedies(cfg, **kw):
+    return replace(cfg, remedies=replace(cfg.remedies, **kw))
 
 
 REMEDIES = {
-    "estep-hard-balanced": dict(estep=EStepConfig(mode="hard", balance_iters=3)),
-    "estep-soft-learned-prior-warm-start": dict(estep=EStepConfig(mode="soft", temperature=0.5, prior="learned",
-                                                                  until_step=2)),
-    "latent-embedding-norm": dict(latent_embedding_norm=3.0),
-    "aggressive": dict(aggressive_steps=3, aggressive_until=3),
+    "estep-hard-balanced": dict(remedies=RemedyConfig(estep=EStepConfig(mode="hard", balance_iters=3))),
+    "estep-soft-learned-prior-warm-start": dict(remedies=RemedyConfig(
+        estep=EStepConfig(mode="soft", temperature=0.5, prior="learned", until_step=2))),
+    "latent-embedding-norm": dict(remedies=RemedyConfig(latent_embedding_norm=3.0)),
+    "aggressive": dict(remedies=RemedyConfig(aggressive_steps=3, aggressive_until=3)),
     "separate-encoder-aggressive-em": dict(cvae=CVAEConfig(posterior_encoder="separate", encoder_d_model=16),
-                                           aggressive_steps=2, aggressive_until=2,
-                                           estep=EStepConfig(mode="hard", balance_iters=2)),
+                                           remedies=RemedyConfig(aggressive_steps=2, aggressive_until=2,
+                                                                 estep=EStepConfig(mode="hard", balance_iters=2))),
 }
 
 
 @pytest.mark.parametrize("name", sorted(REMEDIES))
 def test_a_short_run_per_remedy_gives_finite_metrics(tiny, tmp_path, name):
-    cfg = config(tiny, tmp_path / name, beta={"beta": 0.1}, **REMEDIES[name])
+    cfg = config(tiny, tmp_path / name, beta=0.1, **REMEDIES[name])
     result = run(cfg)
     assert 0 <= result["mi"] <= math.log(cfg.cvae.k) + 1e-9 and math.isfinite(result["recon"])
     recs = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in recs if "loss" in r]
     assert len(train) == 4 and all(math.isfinite(r["loss"]) and math.isfinite(r["R_spread_weighted"]) for r in train)
-    assert [r["estep"] for r in train] == [cfg.estep.active(s) for s in range(4)]
+    assert [r["estep"] for r in train] == [cfg.remedies.estep.active(s) for s in range(4)]
     assert [r["step"] for r in recs if r.get("split") == "val"] == [2, 4]  # periodic, then the final one
     assert TrainConfig.from_json(json.loads((tmp_path / name / "config.json").read_text())) == cfg
     load_run(tmp_path / name)  # the run's model rebuilds from its config
@@ -67,10 +75,11 @@ def test_separate_encoder_owns_the_posterior_and_leaves_the_backbone_out():
 
 
 def test_recipes_set_only_remedy_fields(tiny, tmp_path):
-    cfg = config(tiny, tmp_path, weighting="uniform", beta={"beta": 0.3})
+    cfg = config(tiny, tmp_path, weighting="uniform", beta=0.3)
     em = with_recipe(cfg, "em-balanced")
-    assert em.estep.mode == "hard" and em.latent_embedding_norm == RECIPES["em-balanced"]["latent_embedding_norm"]
-    assert replace(em, estep=cfg.estep, latent_embedding_norm=cfg.latent_embedding_norm) == cfg
+    assert em.remedies.estep.mode == "hard"
+    assert em.remedies.latent_embedding_norm == RECIPES["em-balanced"]["latent_embedding_norm"]
+    assert remedies(em, estep=cfg.remedies.estep, latent_embedding_norm=cfg.remedies.latent_embedding_norm) == cfg
     assert with_recipe(cfg, "baseline") == cfg
     with pytest.raises(ValueError, match="unknown recipe"):
         with_recipe(cfg, "magic")
@@ -86,7 +95,7 @@ def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re
     from training.data import EvalStream, loader
     from training.train import setup
 
-    state = setup(config(tiny, tmp_path, latent_embedding_norm=3.0), Ranks())
+    state = setup(config(tiny, tmp_path, remedies=RemedyConfig(latent_embedding_norm=3.0)), Ranks())
     batch = next(iter(loader(EvalStream(state.spec), 0)))
     reference = Frozen(load_checkpoint(tiny[1]).model)(batch)
     assert torch.equal(state.baseline(batch, None), reference)
@@ -106,8 +115,8 @@ def test_cli_recipe_and_flags_override_it(tiny, tmp_path):
     result = CliRunner().invoke(train, args)
     assert result.exit_code == 0, result.output
     saved = TrainConfig.from_json(json.loads((tmp_path / "cli" / "config.json").read_text()))
-    assert saved.estep == EStepConfig(mode="hard", balance_iters=5)
-    assert saved.latent_embedding_norm == RECIPES["em-balanced"]["latent_embedding_norm"]
+    assert saved.remedies.estep == EStepConfig(mode="hard", balance_iters=5)
+    assert saved.remedies.latent_embedding_norm == RECIPES["em-balanced"]["latent_embedding_norm"]
     bad = CliRunner().invoke(train, args[:-4] + ["--recipe", "magic", "--out", str(tmp_path / "bad")])
     assert bad.exit_code != 0 and "unknown recipe" in bad.output
 
@@ -117,8 +126,9 @@ def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
     from pipeline.synth import load_synth_config
     from training.train import label_names, setup
 
-    cfg = with_recipe(config(tiny, tmp_path, weighting="uniform", beta={"beta": 0.3}), "survival")
-    assert cfg.estep.mode == "label" and cfg.latent_embedding_center and cfg.cvae.posterior_pool == "mean"
+    cfg = with_recipe(config(tiny, tmp_path, weighting="uniform", beta=0.3), "survival")
+    assert cfg.remedies.estep.mode == "label" and cfg.remedies.latent_embedding_center
+    assert cfg.cvae.posterior_pool == "mean"
     state = setup(cfg, Ranks())
     assert state.strategy_names == tuple(load_synth_config(tiny[0]).strategies)
     before = load_checkpoint(tiny[1]).model.wte.weight[state.model.latent.latent_ids]
@@ -127,6 +137,6 @@ def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
     assert torch.allclose(offsets @ before.mean(0), torch.zeros(len(offsets)), atol=1e-5)
     (tmp_path / "foreign").mkdir()
     with pytest.raises(ValueError, match="foreign/dataset.json"):
-        label_names(replace(cfg, data=str(tmp_path / "foreign")))
+        label_names(replace(cfg, io=replace(cfg.io, data=str(tmp_path / "foreign"))))
     with pytest.raises(ValueError, match="latent_embedding_center needs"):
-        replace(cfg, latent_embedding_norm=0.0)
+        remedies(cfg, latent_embedding_norm=0.0)

@@ -10,15 +10,26 @@ from pipeline.checkpoint import load_checkpoint
 from training.baselines import Frozen, dynamic
 from training.cvae import CVAEConfig, build_cvae
 from training.data import EvalStream, StreamSpec, loader, split_urls
+from training.run_dir import load_run
 from training.schedules import BetaSchedule
-from training.train import TrainConfig, load_run, run
+from training.train import run
+from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 
-def config(tiny, out, **kw):
+def config(tiny, out, steps=6, **groups):
     data, ckpt = tiny
-    base = dict(checkpoint=str(ckpt), data=str(data), out=str(out), policy="frozen", steps=6, batch_size=8,
-                log_every=2, grad_diag_every=3, ckpt_every=2, num_workers=0, eval_batch_size=64)
-    return TrainConfig(**{**base, **kw})
+    base = dict(io=IOConfig(checkpoint=str(ckpt), data=str(data), out=str(out), num_workers=0),
+                loss=LossConfig(policy="frozen"), optim=OptimConfig(steps=steps, batch_size=8),
+                log=LogConfig(log_every=2, grad_diag_every=3, ckpt_every=2, eval_batch_size=64))
+    return TrainConfig(**{**base, **groups})
+
+
+def optim(cfg, **kw):
+    return replace(cfg, optim=replace(cfg.optim, **kw))
+
+
+def elsewhere(cfg, out):
+    return replace(cfg, io=replace(cfg.io, out=str(out)))
 
 
 def lines(path):
@@ -35,30 +46,31 @@ def test_run_writes_config_metrics_checkpoint_and_resumes(tiny, tmp_path):
     assert {"grad_recon", "grad_kl", "grad_ratio"} <= set(recs[0])
     assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 4
     # resume: the same run, longer, continues from step 4
-    run(replace(cfg, steps=6))
+    run(optim(cfg, steps=6))
     recs = lines(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in recs if "loss" in r][-2:] == [3, 5]
     _, model, _, meta = load_run(tmp_path / "run")
     assert meta["step"] == 6
     # a run started before a field existed resumes: the field compares at its default
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
-    del saved["latent_embedding_center"], saved["cvae"]["posterior_pool"]
+    del saved["remedies"]["latent_embedding_center"], saved["cvae"]["posterior_pool"]
     (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
-    run(replace(cfg, steps=7))
+    run(optim(cfg, steps=7))
     assert load_run(tmp_path / "run")[3]["step"] == 7
     # another config in the same directory is refused
     with pytest.raises(ValueError, match="another config"):
-        run(replace(cfg, steps=8, lr=5e-4))
+        run(optim(cfg, steps=8, lr=5e-4))
 
 
 def test_same_seed_same_parameters(tiny, tmp_path):
-    cfg = config(tiny, tmp_path / "a", cvae=CVAEConfig(latent="continuous", z_dim=3), num_workers=1)
+    cfg = config(tiny, tmp_path / "a", cvae=CVAEConfig(latent="continuous", z_dim=3))
+    cfg = replace(cfg, io=replace(cfg.io, num_workers=1))
     run(cfg)
-    run(replace(cfg, out=str(tmp_path / "b")))
+    run(elsewhere(cfg, tmp_path / "b"))
     a = load_file(tmp_path / "a" / "checkpoint" / "model.safetensors")
     b = load_file(tmp_path / "b" / "checkpoint" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    run(replace(cfg, out=str(tmp_path / "c"), seed=1))
+    run(optim(elsewhere(cfg, tmp_path / "c"), seed=1))
     c = load_file(tmp_path / "c" / "checkpoint" / "model.safetensors")
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
@@ -78,11 +90,11 @@ def test_dynamic_baseline_is_the_z_free_pass_and_equals_frozen_at_init(tiny):
 
 def test_config_refusals(tiny, tmp_path):
     with pytest.raises(ValueError, match="log K"):
-        config(tiny, tmp_path, free_bits=math.log(4))
+        config(tiny, tmp_path, loss=LossConfig(policy="frozen", free_bits=math.log(4)))
     with pytest.raises(ValueError, match="needs --store"):
-        config(tiny, tmp_path, policy="precomputed")
+        config(tiny, tmp_path, loss=LossConfig(policy="precomputed"))
     with pytest.raises(ValueError, match="weighting"):
-        config(tiny, tmp_path, weighting="median")
+        config(tiny, tmp_path, loss=LossConfig(policy="frozen", weighting="median"))
 
 
 def test_beta_schedules():

@@ -10,7 +10,8 @@ from tests.fixtures_train import two_regime_samples
 from training.cvae import CVAEConfig, build_cvae
 from training.evaluate import EvalConfig, greedy_decode, latent_values, run_eval
 from training.metrics import contingency, exact_mi, hungarian_accuracy, nmi
-from training.train import TrainConfig, run
+from training.train import run
+from training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
 
 
 @pytest.mark.parametrize("cond", ["token", "prefix", "layernorm"])
@@ -28,8 +29,9 @@ def test_greedy_decode_per_latent_follows_the_base_model(two_regime, cond):
 
 def test_eval_writes_json_and_markdown(tiny, tmp_path):
     data, ckpt = tiny
-    run(TrainConfig(checkpoint=str(ckpt), data=str(data), out=str(tmp_path / "run"), policy="frozen", steps=2,
-                    batch_size=8, num_workers=0, cvae=CVAEConfig(latent="continuous", z_dim=2)))
+    run(TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), out=str(tmp_path / "run"), num_workers=0),
+                    cvae=CVAEConfig(latent="continuous", z_dim=2), loss=LossConfig(policy="frozen"),
+                    optim=OptimConfig(steps=2, batch_size=8)))
     result = run_eval(EvalConfig(run=str(tmp_path / "run"), data=str(data), split="test", decode_examples=16))
     saved = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert saved["metrics"]["examples"] == 128 and "active_units" in saved["metrics"]

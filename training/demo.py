@@ -46,7 +46,8 @@ def run(cfg: DemoConfig, echo=click.echo) -> dict:
     from training.evaluate import EvalConfig, run_eval
     from training.recipes import with_recipe
     from training.schedules import BetaSchedule
-    from training.train import TrainConfig, run as train
+    from training.train import run as train
+    from training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
     from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
 
     root = Path(cfg.out)
@@ -72,10 +73,12 @@ def run(cfg: DemoConfig, echo=click.echo) -> dict:
     store = stage("extract", f"per-token baselines -> {paths['store']}", extract,
                   ExtractConfig(checkpoint=str(paths["base"]), data=str(paths["data"]), store=str(paths["store"])))
     shutil.rmtree(paths["cvae"], ignore_errors=True)  # a run directory would otherwise be resumed
-    cvae_cfg = TrainConfig(checkpoint=str(paths["base"]), data=str(paths["data"]), store=str(paths["store"]),
-                           out=str(paths["cvae"]), cvae=CVAEConfig(latent="discrete", k=k),
-                           weighting="surprisal-share", policy="precomputed", beta=BetaSchedule(cfg.beta),
-                           steps=cfg.cvae_steps, seed=cfg.seed)
+    cvae_cfg = TrainConfig(io=IOConfig(checkpoint=str(paths["base"]), data=str(paths["data"]),
+                                       store=str(paths["store"]), out=str(paths["cvae"])),
+                           cvae=CVAEConfig(latent="discrete", k=k),
+                           loss=LossConfig(weighting="surprisal-share", policy="precomputed",
+                                           beta=BetaSchedule(cfg.beta)),
+                           optim=OptimConfig(steps=cfg.cvae_steps, seed=cfg.seed))
     stage("train", f"discrete CVAE (K={k}), surprisal-share, precomputed b, recipe {cfg.recipe} -> {paths['cvae']}",
           train, with_recipe(cvae_cfg, cfg.recipe))
     evaluated = stage("eval", "test split", run_eval,

@@ -30,8 +30,9 @@ from training.cvae import CVAE
 from training.data import EvalStream, StoreRef, StreamSpec, extract_command, loader, shards_without_rows, split_urls
 from training.losses import WeightingParams
 from training.metrics import hungarian_accuracy, kmeans
-from training.train import load_run
-from training.validation import evaluate_pass
+from training.run_dir import load_run
+from training.train_config import IOConfig
+from training.validation import Scoring, evaluate_pass
 
 
 @dataclass(frozen=True)
@@ -132,20 +133,20 @@ def markdown(metrics: dict, decode: dict) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def eval_baseline(tcfg, meta: dict, vocab, urls, cfg: EvalConfig) -> tuple[str, StoreRef | None, dict]:
-    """(policy, store to join, what eval.json says of b): the run's own policy, except that a split
+def eval_baseline(policy: str, io: IOConfig, meta: dict, vocab, urls,
+                  cfg: EvalConfig) -> tuple[str, StoreRef | None, dict]:
+    """(policy, store to join, what eval.json says of b): the run's own ``policy``, except that a split
     the store does not hold is scored by the baseline checkpoint (``frozen``), which gives what the
     store would hold (the store equals the frozen b to 1e-5)."""
-    if tcfg.policy != "precomputed":
-        return tcfg.policy, None, {"policy": tcfg.policy}
-    store = StoreRef(tcfg.store, meta["baseline_fingerprint"])
+    if policy != "precomputed":
+        return policy, None, {"policy": policy}
+    store = StoreRef(io.store, meta["baseline_fingerprint"])
     missing = shards_without_rows(store.open(vocab), urls)
     if not missing:
-        return "precomputed", store, {"policy": "precomputed", "store": tcfg.store}
-    checkpoint = tcfg.baseline_checkpoint or tcfg.checkpoint
-    command = extract_command(checkpoint, cfg.data, tcfg.store)
+        return "precomputed", store, {"policy": "precomputed", "store": io.store}
+    command = extract_command(io.baseline_source, cfg.data, io.store)
     note = (f"{len(missing)} of {len(urls)} shards of split {cfg.split!r} (first {missing[0]}) have no rows in "
-            f"store {tcfg.store}: b computed by the baseline checkpoint {checkpoint} (policy frozen); "
+            f"store {io.store}: b computed by the baseline checkpoint {io.baseline_source} (policy frozen); "
             f"to store it instead: {command}")
     return "frozen", None, {"policy": "frozen", "reason": note, "extract_command": command}
 
@@ -153,18 +154,19 @@ def eval_baseline(tcfg, meta: dict, vocab, urls, cfg: EvalConfig) -> tuple[str, 
 def run_eval(cfg: EvalConfig) -> dict:
     tcfg, model, vocab, meta = load_run(cfg.run, cfg.device)
     urls = split_urls(cfg.data, cfg.split)
-    policy, store, b_source = eval_baseline(tcfg, meta, vocab, urls, cfg)
+    policy, store, b_source = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, cfg)
     baseline_model = None
     if policy == "frozen":
-        baseline_model = load_checkpoint(tcfg.baseline_checkpoint or tcfg.checkpoint, device=cfg.device).model
-    params = WeightingParams(tcfg.eps, tcfg.eps_inv, meta.get("dataset_mean_b"))
+        baseline_model = load_checkpoint(tcfg.io.baseline_source, device=cfg.device).model
+    params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
+    scoring = Scoring(make_baseline(policy, baseline_model), tcfg.loss, params, tcfg.cvae, tcfg.optim.seed)
     spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
                       batch_size=cfg.batch_size, store=store)
-    records = evaluate_pass(model, loader(EvalStream(spec), 0), make_baseline(policy, baseline_model), tcfg,
-                            params, torch.device(cfg.device))
+    records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, torch.device(cfg.device))
     model.eval()
-    metrics = records.finalize(tcfg.cvae.latent, tcfg.cvae.k, tcfg.seed)
-    centres = kmeans(np.stack(records.rows["post"]), tcfg.cvae.k, tcfg.seed)[0] if tcfg.cvae.latent == "continuous" else None
+    metrics = scoring.metrics(records)
+    centres = (kmeans(np.stack(records.rows["post"]), tcfg.cvae.k, tcfg.optim.seed)[0]
+               if tcfg.cvae.latent == "continuous" else None)
     samples = [s for _, s in islice(iter_samples(list(urls)), cfg.decode_examples)]  # only the first ones are parsed
     decode = decode_per_latent(model, vocab, samples, centres, load_labels(cfg.data)) if samples else {}
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,

@@ -1,9 +1,10 @@
 """Named recipes: TrainConfig overrides that make the discrete latent learnable.
 
-A recipe sets only the remedy fields (E-step, latent embedding init, aggressive
-posterior updates, posterior encoder), never what an experiment varies (weighting, beta,
-policy, z pathway, steps), so ``with_recipe(cfg, name)`` composes with any experiment
-grid. Measurements behind each recipe: docs/latent-learnability.md.
+A recipe sets only the remedy fields (TrainConfig's ``remedies`` group: E-step, latent
+embedding init, aggressive posterior updates; and the posterior's fields of its ``cvae``
+group: pooling, encoder), never what an experiment varies (weighting, beta, policy, z
+pathway, steps), so ``with_recipe(cfg, name)`` composes with any experiment grid.
+Measurements behind each recipe: docs/latent-learnability.md.
 
 Recommended: ``em-balanced`` to learn z at beta = 0 (the only recipe that made z carry
 the strategy on the default task); ``em-exact`` with a beta warm-up when beta must keep
@@ -13,12 +14,11 @@ surprisal-share, not under uniform).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
-from training.estep import EStepConfig
+from training.train_config import RemedyConfig
 
-REMEDY_FIELDS = frozenset({"estep", "latent_embedding_norm", "latent_embedding_center", "aggressive_steps",
-                           "aggressive_until", "cvae"})
+REMEDY_FIELDS = frozenset({f.name for f in fields(RemedyConfig)} | {"cvae"})  # "cvae": its CVAE_REMEDY_FIELDS
 CVAE_REMEDY_FIELDS = frozenset({"posterior_pool", "posterior_encoder", "encoder_layers", "encoder_d_model"})
 
 RECIPES: dict[str, dict] = {
@@ -60,10 +60,8 @@ def recipe_overrides(name: str) -> dict:
 
 
 def with_recipe(cfg, name: str):
-    """``cfg`` (a TrainConfig) with recipe ``name``'s remedy fields set; the rest unchanged."""
+    """``cfg`` (a TrainConfig) with recipe ``name``'s remedy fields set; the rest unchanged. A recipe's
+    estep replaces the whole E-step config (RemedyConfig turns the dict into one)."""
     overrides = recipe_overrides(name)
-    if "estep" in overrides:
-        overrides["estep"] = EStepConfig(**overrides["estep"])
-    if "cvae" in overrides:
-        overrides["cvae"] = replace(cfg.cvae, **overrides["cvae"])
-    return replace(cfg, **overrides)
+    cvae = overrides.pop("cvae", {})
+    return replace(cfg, remedies=replace(cfg.remedies, **overrides), cvae=replace(cfg.cvae, **cvae))

@@ -74,26 +74,30 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
     from training.cvae import CVAEConfig
     from training.recipes import with_recipe
     from training.schedules import BetaSchedule
-    from training.train import TrainConfig, run
+    from training.train import run
+    from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     torch.set_num_threads(1)
+    given = lambda **kw: {k: v for k, v in kw.items() if v is not None}
     try:
-        cfg = TrainConfig(
-            checkpoint=checkpoint, data=data, store=store, out=out, baseline_checkpoint=baseline_checkpoint,
+        cfg = with_recipe(TrainConfig(
+            io=IOConfig(checkpoint=checkpoint, data=data, out=out, store=store, baseline_checkpoint=baseline_checkpoint,
+                        lanes=lanes, num_workers=num_workers, device=device),
             cvae=CVAEConfig(latent=latent, k=k, z_dim=z_dim, prior=prior, cond=cond, slots=slots),
-            weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,
-            beta=BetaSchedule(beta, beta_schedule, warmup_steps, cycles, ramp_ratio), free_bits=free_bits,
-            steps=steps, batch_size=batch_size, lr=lr, num_workers=num_workers, lanes=lanes, log_every=log_every,
-            grad_diag_every=grad_diag_every, ckpt_every=ckpt_every, seed=seed, device=device)
-        cfg = with_recipe(cfg, recipe)
-        given = lambda **kw: {k: v for k, v in kw.items() if v is not None}
-        cfg = replace(cfg, estep=replace(cfg.estep, **given(mode=estep, temperature=estep_temperature,
-                                                             prior=estep_prior, balance_iters=estep_balance_iters,
-                                                             until_step=estep_until)),
-                      cvae=replace(cfg.cvae, **given(posterior_encoder=posterior_encoder)),
-                      **given(latent_embedding_norm=latent_embedding_norm,
-                              latent_embedding_center=latent_embedding_center, aggressive_steps=aggressive_steps,
-                              aggressive_until=aggressive_until))
+            loss=LossConfig(weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,
+                            beta=BetaSchedule(beta, beta_schedule, warmup_steps, cycles, ramp_ratio),
+                            free_bits=free_bits),
+            optim=OptimConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed),
+            log=LogConfig(log_every=log_every, grad_diag_every=grad_diag_every, ckpt_every=ckpt_every)), recipe)
+        remedies = cfg.remedies  # the recipe's, then the remedy flags given over it
+        estep_flags = given(mode=estep, temperature=estep_temperature, prior=estep_prior,
+                            balance_iters=estep_balance_iters, until_step=estep_until)
+        cfg = replace(cfg, remedies=replace(remedies, estep=replace(remedies.estep, **estep_flags),
+                                            **given(latent_embedding_norm=latent_embedding_norm,
+                                                    latent_embedding_center=latent_embedding_center,
+                                                    aggressive_steps=aggressive_steps,
+                                                    aggressive_until=aggressive_until)),
+                      cvae=replace(cfg.cvae, **given(posterior_encoder=posterior_encoder)))
         result = run(cfg)
     except ValueError as e:
         raise click.ClickException(str(e)) from e

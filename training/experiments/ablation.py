@@ -28,7 +28,7 @@ def strategy_count(data: str, k: int) -> int:
 
 def curve(run_dir: Path) -> list[tuple[int, float, float]]:
     """(step, MI, NMI) of every validation line of a run, periodic and final."""
-    from training.train import read_metrics
+    from training.run_dir import read_metrics
 
     return [(r["step"], r["mi"], r.get("strategy_nmi", float("nan"))) for r in read_metrics(run_dir)
             if r.get("split") == "val"]
@@ -45,7 +45,8 @@ def run_cell(base, recipe: str, weighting: str, run_dir: Path) -> dict:
     done = run_dir / "result.json"
     if done.is_file():
         return json.loads(done.read_text())
-    result = run(with_recipe(replace(base, weighting=weighting, out=str(run_dir)), recipe))
+    cfg = replace(base, io=replace(base.io, out=str(run_dir)), loss=replace(base.loss, weighting=weighting))
+    result = run(with_recipe(cfg, recipe))
     write_json_atomic(done, result)
     return result
 
@@ -55,7 +56,8 @@ def measure(base, recipe: str, weighting: str, out: Path, log_s: float) -> dict:
     run_dir = out / f"{recipe}__{weighting}"
     result = run_cell(base, recipe, weighting, run_dir)
     points = curve(run_dir)
-    return {"recipe": recipe, "weighting": weighting, "seed": base.seed, "steps": base.steps, "beta": base.beta.beta,
+    return {"recipe": recipe, "weighting": weighting, "seed": base.optim.seed, "steps": base.optim.steps,
+            "beta": base.loss.beta.beta,
             "mi": result["mi"], "strategy_nmi": result.get("strategy_nmi", float("nan")),
             "val_examples": result["examples"], "train_wall_s": result["train_wall_s"],
             "steps_to_half": first_step_at(points, 0.5 * log_s), "curve": points}

@@ -2,8 +2,9 @@
 runner that takes a list of cells through a process pool.
 
 A cell is reused when runs/<setting>-<key>/cell.json names its key, which hashes the train
-config without its paths, the base fingerprint it was trained from, the data's key and the
-evaluation; an interrupted cell's run resumes (training.train).
+config without its paths (in the flat form of before TrainConfig's grouping, so that cells
+trained before it keep their keys), the base fingerprint it was trained from, the data's key
+and the evaluation; an interrupted cell's run resumes (training.train).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ METRICS = ("mi", "strategy_mi", "kl", "strategy_nmi", "control_accuracy", "recon
 strategy_nmi, control_accuracy (decode-per-latent), recon_uniform (token-mean NLL under E_q, comparable
 across weightings), recon (the cell's own weighted reconstruction), active_units (continuous only).
 All on the test split; nats."""
-PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # not part of a cell's key
+PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # io's paths: not part of a cell's key
 
 
 @dataclass(frozen=True)
@@ -80,27 +81,29 @@ def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
     remedy fields by ``with_recipe``: a recipe says how to train, the cell what is compared."""
     from training.cvae import CVAEConfig
     from training.schedules import BetaSchedule
-    from training.train import TrainConfig
+    from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
-    cvae = CVAEConfig(latent=cell.latent, k=plan.k, cond=cell.cond,
-                      slots=plan.prefix_slots if cell.cond == "prefix" else 1)
     b = plan.budget
-    cfg = TrainConfig(checkpoint=str(prep.base), data=str(prep.data), store=str(prep.store), out=str(run_dir),
-                      cvae=cvae, weighting=cell.weighting, policy="precomputed", beta=BetaSchedule(cell.beta),
-                      steps=b.steps, batch_size=b.batch_size, lr=b.lr, grad_diag_every=b.steps, ckpt_every=b.steps,
-                      num_workers=0, seed=cell.seed)
+    cfg = TrainConfig(
+        io=IOConfig(checkpoint=str(prep.base), data=str(prep.data), store=str(prep.store), out=str(run_dir),
+                    num_workers=0),
+        cvae=CVAEConfig(latent=cell.latent, k=plan.k, cond=cell.cond,
+                        slots=plan.prefix_slots if cell.cond == "prefix" else 1),
+        loss=LossConfig(weighting=cell.weighting, policy="precomputed", beta=BetaSchedule(cell.beta)),
+        optim=OptimConfig(steps=b.steps, batch_size=b.batch_size, lr=b.lr, seed=cell.seed),
+        log=LogConfig(grad_diag_every=b.steps, ckpt_every=b.steps))
     return with_recipe(cfg, plan.recipe)
 
 
 def cell_key(tcfg, prep: Prepared, decode_examples: int) -> str:
-    train = {k: v for k, v in tcfg.to_json().items() if k not in PATH_FIELDS}
+    train = {k: v for k, v in tcfg.flat_json().items() if k not in PATH_FIELDS}
     return key_of({"train": train, "base_fingerprint": prep.fingerprint, "data": prep.data_key,
                    "eval": {"split": "test", "decode_examples": decode_examples}})
 
 
 def init_gradients(run_dir: Path) -> dict:
     """grad_recon / grad_kl of the posterior head at step 0 (training.metrics.posterior_gradient_norms)."""
-    from training.train import read_metrics
+    from training.run_dir import read_metrics
 
     for record in read_metrics(run_dir):
         if record.get("step") == 0 and "grad_recon" in record:
@@ -117,7 +120,8 @@ def run_cell(cell: Cell, prep: Prepared, plan: CellPlan, root: Path) -> tuple[di
     if done is not None and done.get("key") == key:  # the key holds the base fingerprint
         return done, True
     record = {"key": key, "init_fingerprint": prep.fingerprint, "run": run_dir.name,
-              **train_and_evaluate(replace(probe, out=str(run_dir)), prep, plan.budget.decode_examples)}
+              **train_and_evaluate(replace(probe, io=replace(probe.io, out=str(run_dir))), prep,
+                                   plan.budget.decode_examples)}
     write_json_atomic(run_dir / "cell.json", record)
     return record, False
 
@@ -129,13 +133,14 @@ def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
 
     start = time.perf_counter()
     trained = train(tcfg)  # refuses a run directory trained from another checkpoint
-    evaluated = run_eval(EvalConfig(run=tcfg.out, data=str(prep.data), split="test", decode_examples=decode_examples))
+    evaluated = run_eval(EvalConfig(run=tcfg.io.out, data=str(prep.data), split="test",
+                                    decode_examples=decode_examples))
     metrics = evaluated["metrics"]
     return {**{m: metrics.get(m) for m in METRICS if m != "control_accuracy"},
             "control_accuracy": evaluated["decode"].get("control_accuracy"),
             "strategy_accuracy": metrics.get("strategy_accuracy"),
             "usage_perplexity": metrics.get("usage_perplexity"), "val_mi": trained.get("mi"),
-            **init_gradients(Path(tcfg.out)), "train_wall_s": trained["train_wall_s"],
+            **init_gradients(Path(tcfg.io.out)), "train_wall_s": trained["train_wall_s"],
             "wall_s": time.perf_counter() - start}
 
 

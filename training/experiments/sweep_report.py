@@ -95,7 +95,7 @@ def plot_mi_vs_beta(means: dict[tuple, dict], cfg: SweepConfig, settings: dict[s
 
 def batch_mi(run_dir: Path) -> tuple[list[int], list[float]]:
     """(steps, exact MI of each logged training batch = H(mean_i q_i) - mean_i H(q_i), nats)."""
-    from training.train import read_metrics
+    from training.run_dir import read_metrics
 
     logged = [r for r in read_metrics(run_dir) if "usage" in r and "q_entropy" in r]
     return [r["step"] for r in logged], [float(entropy(np.asarray(r["usage"])) - r["q_entropy"]) for r in logged]
