@@ -1,6 +1,7 @@
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from training.run_dir import load_run
 from training.schedules import BetaSchedule
 from training.train import run
 from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+
+FLAT_CONFIG = Path(__file__).parent / "golden" / "run_config_flat.json"  # as runs wrote config.json before the groups
 
 
 def config(tiny, out, steps=6, **groups):
@@ -62,6 +65,25 @@ def test_run_writes_config_metrics_checkpoint_and_resumes(tiny, tmp_path):
         run(optim(cfg, steps=8, lr=5e-4))
 
 
+def test_a_run_directory_with_the_flat_config_of_earlier_versions_loads_and_resumes(tiny, tmp_path):
+    """Before TrainConfig's groups, config.json was flat (cvae, beta and estep nested): it reads back through
+    the grouped config, compares equal to it on resume and names what differs otherwise."""
+    data, ckpt = tiny
+    out = tmp_path / "run"
+    flat = {**json.loads(FLAT_CONFIG.read_text()), "checkpoint": str(ckpt), "data": str(data), "out": str(out)}
+    cfg = TrainConfig.from_json(flat)
+    assert cfg.flat_json() == flat
+    assert (cfg.remedies.estep.balance_iters, cfg.remedies.latent_embedding_norm, cfg.loss.beta.beta) == (3, 3.0, 0.3)
+    run(cfg)
+    (out / "config.json").write_text(json.dumps(flat))  # the run directory as an earlier version left it
+    assert load_run(out)[0] == cfg
+    with pytest.raises(ValueError, match=r"another config \(loss\.beta, optim\.lr differ\)"):
+        run(replace(optim(cfg, steps=3, lr=5e-4), loss=replace(cfg.loss, beta=BetaSchedule(1.0))))
+    result = run(optim(cfg, steps=3))
+    assert result["step"] == 3 and load_run(out)[3]["step"] == 3
+    assert TrainConfig.from_json(json.loads((out / "config.json").read_text())) == optim(cfg, steps=3)
+
+
 def test_same_seed_same_parameters(tiny, tmp_path):
     cfg = config(tiny, tmp_path / "a", cvae=CVAEConfig(latent="continuous", z_dim=3))
     cfg = replace(cfg, io=replace(cfg.io, num_workers=1))
@@ -95,6 +117,8 @@ def test_config_refusals(tiny, tmp_path):
         config(tiny, tmp_path, loss=LossConfig(policy="precomputed"))
     with pytest.raises(ValueError, match="weighting"):
         config(tiny, tmp_path, loss=LossConfig(policy="frozen", weighting="median"))
+    with pytest.raises(ValueError, match=r"\['bogus'\] belong to no TrainConfig group"):
+        TrainConfig.from_json({**config(tiny, tmp_path).flat_json(), "bogus": 1})
 
 
 def test_beta_schedules():
