@@ -148,7 +148,21 @@ class CVAE(nn.Module):
         return logits[rows, batch.z_pos], hidden[rows, batch.z_pos]
 
 
+def check_backbone(backbone, cfg: CVAEConfig) -> None:
+    """Refuse what this backbone cannot do, naming it: a Hugging Face model has no z-modulable
+    LayerNorms (``n_layernorms`` 0) and no config a separate GPT encoder could copy."""
+    kind = getattr(backbone.cfg, "model_type", "") or "tokweight"
+    if cfg.cond == "layernorm" and not backbone.cfg.n_layernorms:
+        raise ValueError(f"the layernorm z pathway needs a backbone whose LayerNorms it can modulate; the {kind!r} "
+                         "backbone has none: use --cond token or --cond prefix")
+    if cfg.posterior_encoder == "separate" and not isinstance(backbone, GPT):
+        raise ValueError(f"a separate posterior encoder copies the built-in GPT's config; the {kind!r} backbone "
+                         "is not one: use the shared posterior")
+
+
 def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
+    """backbone: the built-in GPT or any backbone with its interface (``pipeline.backbone``)."""
+    check_backbone(backbone, cfg)
     d, n_ln = backbone.cfg.d_model, backbone.cfg.n_layernorms
     encoder = None
     if cfg.posterior_encoder == "separate":
@@ -156,7 +170,8 @@ def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
     d_post = cfg.encoder_d_model if encoder is not None else d
     if cfg.latent == "discrete":
         if cfg.k > vocab.k_max:
-            raise ValueError(f"k={cfg.k} exceeds the vocabulary's {vocab.k_max} latent tokens")
+            raise ValueError(f"k={cfg.k} exceeds the vocabulary's {vocab.k_max} latent tokens <z_0>..: a tokweight "
+                             "base model needs more (train-base builds 8), a tokenizer needs <z_0>..<z_{K-1}> added")
         latent = CategoricalLatent(cfg.k, d_post, [vocab.latent_id(k) for k in range(cfg.k)])
     else:
         latent = GaussianLatent(cfg.z_dim, d_post, cfg.prior)

@@ -23,7 +23,7 @@ from pipeline.checkpoint import load_checkpoint
 from pipeline.labels import DatasetLabels, load_labels
 from pipeline.samples import Sample
 from pipeline.shards import iter_samples
-from pipeline.templates import Layout, zcond_ids
+from pipeline.templates import Layout, template_ids
 from store.tables import general, markdown_table
 from training.baselines import make_baseline
 from training.cvae import CVAE
@@ -64,13 +64,14 @@ def greedy_decode(model: CVAE, vocab, samples: list[Sample], z: torch.Tensor, sl
     """
     V, M = z.shape[0], model.conditioning.slots
     end, outputs = vocab.id("</y>"), {}
-    by_len = defaultdict(list)
+    prefixes, by_len = {}, defaultdict(list)  # the z-conditioned template up to <y>, grouped by its length
     for i, s in enumerate(samples):
-        by_len[len(s.x)].append(i)
+        ids, lay = template_ids(vocab, s.x, s.y, [vocab.latent_id(0)] * M, key=s.key)
+        prefixes[i] = ids[: lay.s_start]
+        by_len[lay.m].append(i)
     for m, idx in by_len.items():
         lay = Layout(m, 1, M)
-        prefix = torch.tensor([zcond_ids(vocab, samples[i].x, samples[i].y, [vocab.latent_id(0)] * M)
-                               [: lay.s_start] for i in idx]).repeat_interleave(V, 0)  # (n*V, s_start)
+        prefix = torch.tensor([prefixes[i] for i in idx]).repeat_interleave(V, 0)  # (n*V, s_start)
         zz, sid = z.repeat(len(idx), 1), None if slot_ids is None else slot_ids.repeat(len(idx))
         slot_pos = torch.tensor([list(lay.slot_positions)]).expand(len(prefix), M)
         ids, done = prefix, torch.zeros(len(prefix), dtype=torch.bool)
@@ -98,7 +99,7 @@ def latent_values(model: CVAE, centres: np.ndarray | None):
 def decode_per_latent(model: CVAE, vocab, samples: list[Sample], centres, labels: DatasetLabels) -> dict:
     z, slot_ids = latent_values(model, centres)
     V = z.shape[0]
-    max_new = max(len(s.y) for s in samples) + 2
+    max_new = max(len(vocab.encode_symbols(s.y, key=s.key)) for s in samples) + 2  # tokens, also for text y
     decoded = greedy_decode(model, vocab, samples, z, slot_ids, max_new)
     names = sorted(labels.outputs(samples[0].x) or {})
     counts = np.zeros((V, len(names) + 1))  # last column: executes no strategy

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipeline.backbone import load_backbone
 from pipeline.model import GPT, ModelConfig
 from pipeline.vocab import Vocab
 from training.cvae import CVAE, CVAEConfig, build_cvae
@@ -48,7 +49,10 @@ def save_checkpoint(run: str | Path, model: CVAE, opt: torch.optim.Optimizer, vo
     tmp, final = out / "checkpoint.tmp", out / "checkpoint"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
+    # cloned: a backbone with tied input and output embeddings holds one tensor under two names,
+    # which safetensors refuses to write twice
+    save_file({k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()},
+              tmp / "model.safetensors")
     opt_state = opt.state_dict()
     tensors = {f"{i}.{name}": t.detach().cpu().contiguous()
                for i, s in opt_state["state"].items() for name, t in s.items()}
@@ -103,7 +107,20 @@ def load_run(run: str | Path, device: str = "cpu") -> tuple[TrainConfig, CVAE, V
     if not (run / "checkpoint" / "state.json").is_file():
         raise FileNotFoundError(f"{run}: no checkpoint/state.json (not a tokweight train run, or not started)")
     meta = json.loads((run / "checkpoint" / "state.json").read_text())
-    vocab = Vocab.load(run / "checkpoint" / "vocab.json")
-    model = build_cvae(GPT(ModelConfig(**meta["model_config"])), vocab, CVAEConfig(**meta["cvae"]))
+    cfg = read_config(run)
+    backbone, vocab = run_backbone(run, cfg, meta)
+    model = build_cvae(backbone, vocab, CVAEConfig(**meta["cvae"]))
     model.load_state_dict(load_file(run / "checkpoint" / "model.safetensors"))
-    return read_config(run), model.to(device).eval(), vocab, meta
+    return cfg, model.to(device).eval(), vocab, meta
+
+
+def run_backbone(run: Path, cfg: TrainConfig, meta: dict):
+    """(backbone architecture, vocabulary) of a run: the built-in GPT from its recorded config; a
+    Hugging Face backbone (architecture and tokenizer) from the run's init checkpoint directory."""
+    if meta.get("backbone", "tokweight") == "tokweight":
+        return GPT(ModelConfig(**meta["model_config"])), Vocab.load(run / "checkpoint" / "vocab.json")
+    init = load_backbone(cfg.io.checkpoint)
+    if init.fingerprint != meta["init_fingerprint"]:
+        raise ValueError(f"{run} was trained from {meta['init_fingerprint']}, but its checkpoint "
+                         f"{cfg.io.checkpoint} is now {init.fingerprint}")
+    return init.model, init.vocab

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from pipeline.checkpoint import load_checkpoint
+from pipeline.backbone import load_backbone
 from pipeline.labels import load_labels
 from pipeline.ranks import Ranks
 from pipeline.vocab import Vocab
@@ -78,7 +78,8 @@ def setup(cfg: TrainConfig, ranks: Ranks) -> State:
     store, dataset_mean_b = open_store(cfg, init.vocab, base.fingerprint)
     opt, post_opt = optimizers(model, cfg.optim, cfg.remedies)
     meta = {"cvae": cfg.cvae.to_json(), "init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
-            "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b}
+            "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b,
+            "backbone": init.meta.get("kind", "tokweight")}
     step = resume(cfg, model, opt, init.fingerprint)
     ranks.broadcast_tensors(model.parameters())  # identical starting points, whatever the ranks computed alone
     spec = StreamSpec(urls=split_urls(cfg.io.data, "train"), vocab=init.vocab, slots=cfg.cvae.slots,
@@ -92,10 +93,10 @@ def setup(cfg: TrainConfig, ranks: Ranks) -> State:
 
 def load_checkpoints(io: IOConfig):
     """(init checkpoint, baseline checkpoint): one object when they are the same directory."""
-    init = load_checkpoint(io.checkpoint)
+    init = load_backbone(io.checkpoint)
     if Path(io.baseline_source).resolve() == Path(io.checkpoint).resolve():
         return init, init
-    base = load_checkpoint(io.baseline_source)
+    base = load_backbone(io.baseline_source)
     if list(base.vocab.tokens) != list(init.vocab.tokens):
         raise ValueError(f"baseline checkpoint {base.path} and init checkpoint {init.path} have different vocabularies")
     return init, base

@@ -1,0 +1,69 @@
+"""CVAE training, evaluation and resume on Hugging Face backbones (tiny models built from a config)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.extract import ExtractConfig, run as extract
+from training.cvae import CVAEConfig
+from training.evaluate import EvalConfig, run_eval
+from training.run_dir import load_run, read_metrics
+from training.train import run
+from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_stores(tiny, hf_checkpoints, tmp_path_factory):
+    """arch -> a store extracted through the HF path over every split of the tiny data."""
+    root = tmp_path_factory.mktemp("hf_stores")
+    for arch, ckpt in hf_checkpoints.items():
+        extract(ExtractConfig(checkpoint=str(ckpt), data=str(tiny[0]), store=str(root / arch), progress=False,
+                              reader_process=False))
+    return {arch: root / arch for arch in hf_checkpoints}
+
+
+def config(tiny, ckpt, store, out, *, policy="precomputed", steps=5, cvae=CVAEConfig()) -> TrainConfig:
+    return TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(tiny[0]), store=str(store), out=str(out),
+                                num_workers=0),
+                       cvae=cvae, loss=LossConfig(policy=policy, beta={"beta": 0.3}),
+                       optim=OptimConfig(steps=steps, batch_size=8, lr=3e-4),
+                       log=LogConfig(log_every=1, grad_diag_every=0, ckpt_every=3))
+
+
+def step_losses(out) -> list[float]:
+    return [r["loss"] for r in read_metrics(out) if "loss" in r]
+
+
+def test_precomputed_and_frozen_give_the_same_loss_at_every_step_on_llama(tiny, hf_checkpoints, hf_stores, tmp_path):
+    losses = {}
+    for policy in ("precomputed", "frozen"):
+        run(config(tiny, hf_checkpoints["llama"], hf_stores["llama"], tmp_path / policy, policy=policy))
+        losses[policy] = step_losses(tmp_path / policy)
+    assert len(losses["frozen"]) == 5 and len(set(losses["frozen"])) > 1
+    np.testing.assert_allclose(losses["precomputed"], losses["frozen"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("cvae", [CVAEConfig(cond="prefix", slots=2, k=2), CVAEConfig(latent="continuous")],
+                         ids=["discrete-prefix", "continuous-token"])
+def test_a_gpt2_run_trains_evaluates_and_resumes(tiny, hf_checkpoints, hf_stores, tmp_path, cvae):
+    out = tmp_path / "run"
+    result = run(config(tiny, hf_checkpoints["gpt2"], hf_stores["gpt2"], out, steps=3, cvae=cvae))
+    assert np.isfinite(result["recon"]) and result["examples"] == 128
+    evaluated = run_eval(EvalConfig(run=str(out), data=str(tiny[0]), split="test", decode_examples=8))
+    assert evaluated["baseline"]["policy"] == "precomputed" and evaluated["metrics"]["examples"] == 128
+    assert evaluated["decode"]["latent_values"] == (2 if cvae.latent == "discrete" else 4)
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert state["backbone"] == "huggingface"
+    _, model, vocab, _ = load_run(out)
+    assert vocab.tokens == load_run(out)[2].tokens and model.backbone.cfg.model_type == "gpt2"
+    run(config(tiny, hf_checkpoints["gpt2"], hf_stores["gpt2"], out, steps=4, cvae=cvae))  # resumes at step 3
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == [0, 1, 2, 3]
+
+
+def test_the_layernorm_pathway_is_refused_naming_the_architecture(tiny, hf_checkpoints, hf_stores, tmp_path):
+    cfg = config(tiny, hf_checkpoints["llama"], hf_stores["llama"], tmp_path / "run", cvae=CVAEConfig(cond="layernorm"))
+    with pytest.raises(ValueError, match="the 'llama' backbone has none: use --cond token or --cond prefix"):
+        run(cfg)
