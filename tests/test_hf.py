@@ -154,3 +154,33 @@ def test_a_sample_longer_than_the_context_is_named(tmp_path, tiny):
 def test_a_directory_that_is_no_checkpoint_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither a tokweight checkpoint"):
         load_backbone(tmp_path)
+
+
+def test_the_native_path_never_imports_transformers(tiny, tiny_store, tmp_path):
+    """transformers is the optional [hf] extra: extraction and training of a tokweight checkpoint run without it."""
+    import subprocess
+    import sys
+
+    data, ckpt = tiny
+    code = ("import sys, torch; torch.set_num_threads(1)\n"
+            "from pipeline.extract import ExtractConfig, run as extract\n"
+            "from training.train import run\n"
+            "from training.train_config import IOConfig, OptimConfig, LogConfig, TrainConfig\n"
+            f"extract(ExtractConfig(checkpoint={str(ckpt)!r}, data={str(data)!r}, store={str(tmp_path / 's')!r}, "
+            "progress=False, reader_process=False))\n"
+            f"run(TrainConfig(IOConfig(checkpoint={str(ckpt)!r}, data={str(data)!r}, store={str(tiny_store)!r}, "
+            f"out={str(tmp_path / 'run')!r}, num_workers=0), optim=OptimConfig(steps=1, batch_size=4), "
+            "log=LogConfig(grad_diag_every=0)))\n"
+            "assert not {'transformers', 'tokenizers'} & set(sys.modules), 'imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_inspect_reports_on_an_hf_store(tiny, hf_checkpoints, tmp_path):
+    from pipeline.inspect import run as inspect
+    from store.report import InspectConfig
+
+    extract_into(hf_checkpoints["gpt2"], tiny[0] / "val", tmp_path / "store")
+    summary = inspect(InspectConfig(store=str(tmp_path / "store"), out=str(tmp_path / "report"), data=str(tiny[0])))
+    assert summary["fingerprints"][0]["fingerprint"] == load_backbone(hf_checkpoints["gpt2"]).fingerprint
+    assert (tmp_path / "report" / "report.md").is_file()
