@@ -45,18 +45,34 @@ def synth(out, preset, seed, header_len, min_len, max_len):
 
 @main.command()
 @click.option("--jsonl", type=click.Path(exists=True, dir_okay=False), required=True)
-@click.option("--out", type=click.Path(file_okay=False), required=True)
+@click.option("--out", type=click.Path(file_okay=False), required=True,
+              help="Dataset directory to write: OUT/{train,val,test}/shard-NNNNNN.tar and OUT/dataset.json.")
 @click.option("--shard-size", type=int, default=1000)
-@click.option("--on-bad", type=click.Choice(["error", "skip"]), default="error")
-def convert(jsonl, out, shard_size, on_bad):
-    """Convert JSON lines ({"x": [...], "y": [...], ...}) into WebDataset shards."""
-    from pipeline.convert import convert_jsonl
+@click.option("--on-bad", type=click.Choice(["error", "skip"]), default="error",
+              help="A bad line: stop before writing anything, naming it by line number; or skip it and list it.")
+@click.option("--val-fraction", type=float, default=None,
+              help="Share of keys in val/, by a hash of (seed, key): a key keeps its split when lines are added."
+                   "  [default: 0.1; not with --split-field]")
+@click.option("--test-fraction", type=float, default=None,
+              help="Share of keys in test/, likewise; 0 and 0 put every line in train/."
+                   "  [default: 0.1; not with --split-field]")
+@click.option("--seed", type=int, default=0, help="Salt of the key hash: another seed, another division.")
+@click.option("--split-field", default=None,
+              help="Take each line's split from this field (a name of [a-z0-9_-]) instead of the key hash.")
+@click.option("--overwrite", is_flag=True, help="Replace the dataset OUT already holds.")
+def convert(jsonl, out, shard_size, on_bad, val_fraction, test_fraction, seed, split_field, overwrite):
+    """Convert JSON lines ({"x": [...], "y": [...], ...}) into train/val/test WebDataset shards."""
+    from pipeline.convert import ConvertConfig, run
 
     try:
-        report = convert_jsonl(jsonl, out, shard_size=shard_size, on_bad=on_bad)
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
-    click.echo(json.dumps(report, indent=1, default=str))
+        info = run(ConvertConfig(jsonl=jsonl, out=out, shard_size=shard_size, on_bad=on_bad,
+                                 val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
+                                 split_field=split_field, overwrite=overwrite))
+    except (ValueError, OSError) as e:  # bad lines, bad options, a folder in use: one line, no traceback
+        raise click.ClickException(str(e)) from None
+    click.echo(json.dumps({"out": out, "splits": {k: v["samples"] for k, v in info["splits"].items()},
+                           "bad_lines": info["bad_lines"]["count"], "keys_cleaned": len(info["key_map"])},
+                          indent=1))
 
 
 @main.command("train-base")

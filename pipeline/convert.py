@@ -1,16 +1,33 @@
-"""JSON lines -> WebDataset shards in the SPEC §5 schema, with a report of what was changed.
+"""JSON lines -> WebDataset shards in the SPEC §5 schema, split into train/val/test, with a report.
 
 Each line is an object with ``x`` and ``y`` (lists of string tokens), optional
-``strategy`` and ``t0``, and an optional ``key`` (default ``line-<lineno>``). Keys are
-made safe for WebDataset ('.', '/' and whitespace become '_') and made unique with a
-``_dupN`` suffix. Lines are checked exactly as ``parse_sample`` checks shard samples.
+``strategy`` and ``t0``, and an optional ``key`` (default ``line-<lineno>``). Lines are
+checked exactly as ``parse_sample`` checks shard samples.
+
+Keys. A legal key (no '.', '/' or whitespace) is stored unchanged. Any other key is
+cleaned (those characters become '_') only when the clean key is free: no line of the
+file holds it as its own key (a bad line too, so fixing that line never changes what
+another line is called) and no earlier line took it. Otherwise the line is bad
+(``duplicate-key``), like a key that repeats an earlier one. ``dataset.json["key_map"]``
+records ``{original: stored}`` for every cleaned key.
+
+Splits go to ``OUT/<split>/shard-NNNNNN.tar`` (the layout ``tokweight synth`` writes),
+either by a hash of (seed, stored key), so a key's split never changes when lines are
+added or removed, or by a field of each line (``split_field``).
+
+Two passes over the file: the first checks every line and decides its key and split
+(every legal key must be known before a dotted key may take its clean form), so a bad
+line under ``on_bad="error"`` stops the run before anything is written; the second
+writes each split's shards, decoding only that split's lines again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import json
 import re
-import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -21,110 +38,369 @@ from store.manifest import write_json_atomic
 from store.parts import sha256_path
 
 _UNSAFE = re.compile(r"[.\s/]")
+_SPLIT_NAME = re.compile(r"[a-z0-9_-]+")
+SPLIT_ORDER = ("train", "val", "test")  # dataset.json lists these first, then any others by name
+SAMPLE_FIELDS = ("key", "x", "y", "strategy", "t0")
+DEFAULT_FRACTION = 0.1  # val and test each, when neither a fraction nor a split field is given
 MAX_LISTED_BAD_LINES = 100  # in dataset.json; the count is always complete
 ERROR_LISTED = 5  # bad lines named in the error message
 
 
-class _Report:
-    """What happened to the lines: bad ones by number, keys rewritten, symbols and strategy labels seen."""
+def clean_key(key: str) -> str:
+    """``key`` with '.', '/' and whitespace made '_' (WebDataset splits a member name at its first dot)."""
+    return _UNSAFE.sub("_", key)
+
+
+def key_unit(seed: int, key: str) -> float:
+    """A number in [0, 1) fixed by (seed, key) on every machine: blake2b's first 8 bytes / 2**64."""
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+# ---------------------------------------------------------------- split rules
+
+
+@dataclass(frozen=True)
+class HashSplit:
+    """Splits by ``key_unit(seed, key)``: [0, val) is val, [val, val + test) test, the rest train."""
+
+    val_fraction: float = DEFAULT_FRACTION
+    """Expected share of keys in ``val`` (each key draws independently: the count is binomial)."""
+    test_fraction: float = DEFAULT_FRACTION
+    """Expected share of keys in ``test``; ``train`` holds the rest."""
+    seed: int = 0
+    """Salt of the hash: another seed, another division of the same keys."""
+
+    def __post_init__(self):
+        for name, share in (("val_fraction", self.val_fraction), ("test_fraction", self.test_fraction)):
+            if not 0 <= share <= 1:
+                raise ValueError(f"{name} must lie in [0, 1], got {share}")
+        if self.val_fraction + self.test_fraction > 1:
+            raise ValueError(f"val_fraction + test_fraction must be at most 1, got "
+                             f"{self.val_fraction} + {self.test_fraction}")
+
+    def names(self) -> list[str]:
+        """The splits this rule can fill (listed in dataset.json even when a small file leaves one empty)."""
+        shares = {"train": 1 - self.val_fraction - self.test_fraction, "val": self.val_fraction,
+                  "test": self.test_fraction}
+        return [name for name, share in shares.items() if share > 0]
+
+    def split_of(self, key: str, record: dict) -> str:
+        unit = key_unit(self.seed, key)
+        if unit < self.val_fraction:
+            return "val"
+        return "test" if unit < self.val_fraction + self.test_fraction else "train"
+
+    def describe(self) -> dict:
+        return {"by": "key-hash", "hash": "blake2b('<seed>:<key>', 8 bytes) / 2**64", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class FieldSplit:
+    """Splits named by a field of each line, for data that carries its own split."""
+
+    field: str
+    """The field holding the split name ([a-z0-9_-]; a line without it is bad)."""
+
+    def __post_init__(self):
+        if self.field in SAMPLE_FIELDS:
+            raise ValueError(f"split_field {self.field!r} is a sample field; name the field that holds the split")
+
+    def names(self) -> list[str]:
+        return []  # whatever the lines name
+
+    def split_of(self, key: str, record: dict) -> str:
+        value = record.get(self.field)
+        if value is None:
+            raise SampleError("missing-field", f"field {self.field!r} (the split, --split-field) is missing")
+        if not isinstance(value, str) or not _SPLIT_NAME.fullmatch(value):
+            raise SampleError("wrong-type", f"field {self.field!r} must name a split with [a-z0-9_-] only, "
+                                            f"got {value!r}")
+        return value
+
+    def describe(self) -> dict:
+        return {"by": "field", "field": self.field}
+
+
+def _split_order(name: str) -> tuple[int, str]:
+    return (SPLIT_ORDER.index(name) if name in SPLIT_ORDER else len(SPLIT_ORDER), name)
+
+
+# ---------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """One conversion of a JSON lines file into a dataset directory."""
+
+    jsonl: str
+    """The JSON lines file."""
+    out: str
+    """The dataset directory: ``<split>/shard-NNNNNN.tar`` and ``dataset.json``."""
+    shard_size: int = 1000
+    """Samples per shard."""
+    on_bad: str = "error"
+    """A bad line: "error" stops before anything is written and names the lines; "skip" drops and lists it."""
+    val_fraction: float | None = None
+    """Share of keys in ``val`` by key hash; None: 0.1 (not allowed with ``split_field``)."""
+    test_fraction: float | None = None
+    """Share of keys in ``test`` by key hash; None: 0.1 (not allowed with ``split_field``)."""
+    seed: int = 0
+    """Salt of the key hash."""
+    split_field: str | None = None
+    """Take each line's split from this field instead of the key hash."""
+    overwrite: bool = False
+    """Replace a dataset ``out`` already holds (its shards and dataset.json are deleted first)."""
+
+    def __post_init__(self):
+        if self.on_bad not in ("error", "skip"):
+            raise ValueError(f"on_bad must be 'error' or 'skip', got {self.on_bad!r}")
+        if self.shard_size < 1:
+            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
+        self.rule()  # validates the split options
+
+    def rule(self) -> HashSplit | FieldSplit:
+        if self.split_field is None:
+            return HashSplit(*(DEFAULT_FRACTION if share is None else share
+                               for share in (self.val_fraction, self.test_fraction)), seed=self.seed)
+        if (self.val_fraction, self.test_fraction) != (None, None):
+            raise ValueError("--split-field takes each line's split from the line: drop --val-fraction and "
+                             "--test-fraction")
+        return FieldSplit(self.split_field)
+
+
+# ---------------------------------------------------------------- pass one: every line's fate
+
+
+class _BadLines:
+    """Bad lines: the count, and the first ``MAX_LISTED_BAD_LINES`` by line number (found in any order)."""
 
     def __init__(self):
-        self.bad: list[dict] = []
-        self.bad_count = self.sanitized = self.deduplicated = self.blank = 0
-        self.symbols: set[str] = set()
-        self.strategies: set[str] = set()
-        self.keys: set[str] = set()
+        self.count = 0
+        self._kept: list[tuple[int, str, str]] = []  # a heap of (-line, reason, message): the largest line on top
 
-    def add_bad(self, lineno: int, error: SampleError) -> None:
-        self.bad_count += 1
-        if len(self.bad) < MAX_LISTED_BAD_LINES:
-            self.bad.append({"line": lineno, "reason": error.reason, "message": error.detail})
+    def add(self, lineno: int, error: SampleError) -> None:
+        self.count += 1
+        heapq.heappush(self._kept, (-lineno, error.reason, error.detail))
+        if len(self._kept) > MAX_LISTED_BAD_LINES:
+            heapq.heappop(self._kept)
 
-    def unique_key(self, key: str) -> str:
-        """``key`` made WebDataset-safe and unused so far."""
-        safe = _UNSAFE.sub("_", key)
-        self.sanitized += safe != key
-        if safe in self.keys:
-            n = 1
-            while f"{safe}_dup{n}" in self.keys:
-                n += 1
-            safe, self.deduplicated = f"{safe}_dup{n}", self.deduplicated + 1
-        self.keys.add(safe)
-        return safe
+    def listed(self) -> list[dict]:
+        return [{"line": -neg, "reason": reason, "message": message}
+                for neg, reason, message in sorted(self._kept, reverse=True)]
 
 
-def _parse_line(line: bytes, lineno: int, report: _Report) -> Sample:
-    """A Sample from one JSON line; SampleError (without a key yet) if it is bad."""
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    with open(path, "rb") as lines:  # split on b"\n" only, decode line by line
+        yield from enumerate(lines, start=1)
+
+
+def _decode(line: bytes) -> dict:
     try:
-        record = json.loads(line.decode("utf-8"))
+        record = json.loads(line.rstrip(b"\r\n").decode("utf-8"))  # so the error's "line 1" is this line
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SampleError("bad-json", f"json does not decode: {exc}") from None
     if not isinstance(record, dict):
         raise SampleError("wrong-type", f"line must hold a json object, got {type(record).__name__}")
+    return record
+
+
+def _line_key(record: dict, lineno: int) -> str:
+    """The line's own key, as written (not yet cleaned)."""
     key = record.get("key", f"line-{lineno}")
     if not isinstance(key, str) or not key.strip():
         raise SampleError("bad-key", f"field 'key' must be a non-empty string, got {key!r}")
-    sample = sample_from_record(record, _UNSAFE.sub("_", key))  # validated before the key is claimed
-    return Sample(report.unique_key(key), sample.x, sample.y, sample.strategy, sample.t0)
+    return key
 
 
-def _good_samples(path: Path, report: _Report) -> Iterator[Sample]:
-    """The file's valid lines as Samples, in order; bad lines go to ``report``."""
-    with open(path, "rb") as lines:  # split on b"\n" only, decode line by line
-        for lineno, line in enumerate(lines, start=1):
+class _Plan:
+    """Pass one: each line's split (None: blank, bad or refused) and stored key, before a shard is written."""
+
+    def __init__(self, rule: HashSplit | FieldSplit):
+        self.rule = rule
+        self.split_of_line: list[str | None] = []  # index lineno - 1
+        self.bad, self.blank = _BadLines(), 0
+        self.claimed: dict[str, int] = {}  # legal key -> first line holding it, bad lines too: never cleaned into
+        self.taken: dict[str, int] = {}  # stored key -> the line that will be written under it
+        self.dotted: list[tuple[int, str, str]] = []  # (line, key, split): decided once every legal key is known
+        self.key_map: dict[str, str] = {}  # original -> stored, for cleaned keys
+
+    def read(self, path: Path) -> _Plan:
+        for lineno, line in _lines(path):
+            self.split_of_line.append(None)
             if not line.strip():
-                report.blank += 1
+                self.blank += 1
                 continue
             try:
-                sample = _parse_line(line, lineno, report)
+                self._check(lineno, line)
             except SampleError as error:
-                report.add_bad(lineno, error)
-                continue
-            report.symbols.update(sample.x, sample.y)
-            if sample.strategy is not None:
-                report.strategies.add(sample.strategy)
-            yield sample
+                self.bad.add(lineno, error)
+        self._clean_dotted()
+        return self
+
+    def _check(self, lineno: int, line: bytes) -> None:
+        record = _decode(line)
+        key = _line_key(record, lineno)
+        clean = clean_key(key)
+        if clean == key:
+            self.claimed.setdefault(key, lineno)
+        sample_from_record(record, clean)  # SampleError if bad
+        split = self.rule.split_of(clean, record)
+        if clean != key:
+            self.dotted.append((lineno, key, split))
+        elif key in self.taken:
+            raise SampleError("duplicate-key", f"key {key!r} is already the key of line {self.taken[key]}")
+        else:
+            self._place(lineno, key, split)
+
+    def _clean_dotted(self) -> None:
+        for lineno, key, split in self.dotted:
+            clean = clean_key(key)
+            holder = self.claimed.get(clean) or self.taken.get(clean)
+            if holder:
+                self.bad.add(lineno, SampleError(
+                    "duplicate-key", f"key {key!r} cleans to {clean!r}, already the key of line {holder}"))
+            else:
+                self._place(lineno, clean, split)
+                self.key_map[key] = clean
+
+    def _place(self, lineno: int, key: str, split: str) -> None:
+        self.taken[key] = lineno
+        self.split_of_line[lineno - 1] = split
+
+    def split_names(self) -> list[str]:
+        seen = set(self.split_of_line) - {None}
+        return sorted(seen | set(self.rule.names()), key=_split_order)
 
 
-def _bad_lines_error(path: Path, report: _Report) -> ValueError:
-    listed = ", ".join(f"line {b['line']} ({b['reason']}: {b['message']})" for b in report.bad[:ERROR_LISTED])
-    more = f", and {report.bad_count - ERROR_LISTED} more" if report.bad_count > ERROR_LISTED else ""
-    return ValueError(f"{path}: {report.bad_count} bad line(s): {listed}{more}; "
+def _bad_lines_error(path: Path, bad: _BadLines) -> ValueError:
+    listed = ", ".join(f"line {b['line']} ({b['reason']}: {b['message']})" for b in bad.listed()[:ERROR_LISTED])
+    more = f", and {bad.count - ERROR_LISTED} more" if bad.count > ERROR_LISTED else ""
+    return ValueError(f"{path}: {bad.count} bad line(s): {listed}{more}; "
                       "fix them, or skip them with `tokweight convert --on-bad skip` (on_bad='skip')")
 
 
-def convert_jsonl(jsonl_path: str | Path, out_dir: str | Path, *, shard_size: int = 1000,
-                  on_bad: str = "error", split: str = "all", overwrite: bool = False) -> dict:
-    """Write ``out_dir/shard-NNNNNN.tar`` and then ``out_dir/dataset.json``; return the latter.
+# ---------------------------------------------------------------- the output folder
 
-    ``on_bad="error"`` raises ValueError naming the file and the first bad line numbers
-    (and leaves no shards behind); ``"skip"`` drops them and lists them in the report.
-    The single split is recorded under ``split`` in ``dataset.json["splits"]``.
-    """
-    if on_bad not in ("error", "skip"):
-        raise ValueError(f"on_bad must be 'error' or 'skip', got {on_bad!r}")
-    path, out_dir = Path(jsonl_path), Path(out_dir)
-    prepare_output_dir(out_dir, overwrite=overwrite)
-    report = _Report()
-    shards = write_shards(_good_samples(path, report), out_dir, shard_size=shard_size)
-    if report.bad_count and on_bad == "error":
-        for shard in shards:  # nothing was committed: dataset.json is not written
-            shard.unlink()
-        raise _bad_lines_error(path, report)
-    if report.deduplicated:
-        warnings.warn(f"{path}: {report.deduplicated} duplicate key(s) renamed with a _dupN suffix")
-    n = len(report.keys)
-    sha256, size = sha256_path(path)
+
+def _refuse_existing(out_dir: Path, overwrite: bool) -> None:
+    """FileExistsError where ``out_dir`` holds a dataset: readers glob every *.tar below it, old and new alike."""
+    if overwrite or not out_dir.is_dir():
+        return
+    held = sorted((p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*")
+                   if p.suffix == ".tar" or p.name == "dataset.json"),
+                  key=lambda name: (name == "dataset.json", _split_order(name.split("/")[0]), name))  # train's first
+    if held:
+        more = ", ..." if len(held) > 1 else ""
+        raise FileExistsError(f"{out_dir} already holds a dataset ({held[0]}{more}): "
+                              "choose an empty folder or pass --overwrite")
+
+
+def _first_missing(folder: Path) -> Path | None:
+    """The topmost of ``folder`` and its parents that does not exist yet: what creating it creates."""
+    missing = None
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def _remove_if_empty(folder: Path) -> None:
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+
+
+def _undo(out_dir: Path, names: list[str], created: Path | None) -> None:
+    """After a failed write: its shards go, then the folders it left empty, up to the first it created."""
+    for name in names:
+        for leftover in (out_dir / name).glob("shard-*.tar*"):  # .tmp too; no older shard survived prepare
+            leftover.unlink()
+        _remove_if_empty(out_dir / name)
+    if created is None:
+        return
+    for folder in (out_dir, *out_dir.parents):
+        _remove_if_empty(folder)
+        if folder == created:
+            break
+
+
+# ---------------------------------------------------------------- pass two: writing
+
+
+class _Vocabulary:
+    """Symbols and strategy labels of the samples written (dataset.json lists both sorted)."""
+
+    def __init__(self):
+        self.symbols: set[str] = set()
+        self.strategies: set[str] = set()
+
+    def note(self, sample: Sample) -> Sample:
+        self.symbols.update(sample.x, sample.y)
+        if sample.strategy is not None:
+            self.strategies.add(sample.strategy)
+        return sample
+
+
+def _split_samples(path: Path, plan: _Plan, name: str, vocab: _Vocabulary) -> Iterator[Sample]:
+    """Split ``name``'s samples in line order, under their stored keys (its lines were checked in pass one)."""
+    for split, (lineno, line) in zip(plan.split_of_line, _lines(path)):
+        if split == name:
+            record = _decode(line)
+            yield vocab.note(sample_from_record(record, clean_key(_line_key(record, lineno))))
+
+
+def _write_splits(cfg: ConvertConfig, plan: _Plan, vocab: _Vocabulary) -> dict:
+    path, out_dir = Path(cfg.jsonl), Path(cfg.out)
+    counts = {name: plan.split_of_line.count(name) for name in plan.split_names()}
+    splits = {}
+    for name, samples in counts.items():
+        shards = write_shards(_split_samples(path, plan, name, vocab), out_dir / name, shard_size=cfg.shard_size)
+        splits[name] = {"samples": samples, "shards": [shard_name(out_dir, p) for p in shards]}
+    return splits
+
+
+def _write_dataset(cfg: ConvertConfig, plan: _Plan) -> dict:
+    """Shards first, then ``dataset.json``, the commit point."""
+    prepare_output_dir(cfg.out, overwrite=cfg.overwrite)
+    vocab = _Vocabulary()
+    splits = _write_splits(cfg, plan, vocab)
+    sha256, size = sha256_path(cfg.jsonl)
     info = {
         "generator": "tokweight.convert",
-        "source": {"name": path.name, "size": size, "sha256": sha256},
-        "config": {"shard_size": shard_size, "on_bad": on_bad},
-        "symbols": sorted(report.symbols),
-        "strategies": sorted(report.strategies),  # pipeline.labels reads them: latent value k <-> strategies[k]
-        "splits": {split: {"samples": n, "shards": [shard_name(out_dir, p) for p in shards]}},
-        "bad_lines": {"count": report.bad_count, "lines": report.bad},
-        "keys": {"sanitized": report.sanitized, "deduplicated": report.deduplicated},
-        "blank_lines": report.blank,
+        "source": {"name": Path(cfg.jsonl).name, "size": size, "sha256": sha256},
+        "config": {"shard_size": cfg.shard_size, "on_bad": cfg.on_bad, "split": plan.rule.describe()},
+        "symbols": sorted(vocab.symbols),
+        "strategies": sorted(vocab.strategies),  # pipeline.labels reads them: latent value k <-> strategies[k]
+        "splits": splits,
+        "key_map": plan.key_map,
+        "bad_lines": {"count": plan.bad.count, "lines": plan.bad.listed()},
+        "blank_lines": plan.blank,
     }
-    write_json_atomic(out_dir / "dataset.json", info)
+    write_json_atomic(Path(cfg.out) / "dataset.json", info)
     return info
+
+
+def run(cfg: ConvertConfig) -> dict:
+    """Write ``cfg.out/<split>/shard-NNNNNN.tar`` and then ``cfg.out/dataset.json``; return the latter.
+
+    FileExistsError if ``cfg.out`` holds a dataset and ``overwrite`` is off; ValueError
+    naming the file and the first bad lines under ``on_bad="error"``. Either way, and on
+    any failure while writing, no shard and no folder this call created is left behind.
+    """
+    out_dir = Path(cfg.out)
+    _refuse_existing(out_dir, cfg.overwrite)
+    plan = _Plan(cfg.rule()).read(Path(cfg.jsonl))
+    if plan.bad.count and cfg.on_bad == "error":
+        raise _bad_lines_error(Path(cfg.jsonl), plan.bad)
+    created = _first_missing(out_dir)
+    try:
+        return _write_dataset(cfg, plan)
+    except BaseException:
+        _undo(out_dir, plan.split_names(), created)
+        raise
+
+
+def convert_jsonl(jsonl_path: str | Path, out_dir: str | Path, **options) -> dict:
+    """``run(ConvertConfig(jsonl_path, out_dir, **options))``."""
+    return run(ConvertConfig(str(jsonl_path), str(out_dir), **options))

@@ -21,6 +21,7 @@ Evaluation is an exact pass, shards split by node and by worker.
 
 from __future__ import annotations
 
+import json
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -392,9 +393,22 @@ class EvalStream(torch.utils.data.IterableDataset):
 
 
 def split_urls(data: str | Path, split: str) -> tuple[str, ...]:
+    """Shard paths of split ``split`` of dataset ``data`` (``data/<split>/``); ValueError listing the splits there are.
+
+    The splits are the subfolders that hold shards, and those dataset.json lists (convert
+    lists a split a small file left empty). A folder with no such subfolder (shards at its
+    top, as convert wrote before it split) or a glob is every split at once.
+    """
     root = Path(data)
-    _, paths = resolve_shards(root / split if (root / split).is_dir() else root)
-    return tuple(str(p) for p in paths)
+    subdirs = [d.name for d in root.iterdir() if d.is_dir() and any(d.rglob("*.tar"))] if root.is_dir() else []
+    if not subdirs:
+        return tuple(str(p) for p in resolve_shards(data)[1])
+    meta = root / "dataset.json"
+    listed = json.loads(meta.read_text()).get("splits", {}) if meta.is_file() else {}
+    names = sorted({*listed, *subdirs}, key=lambda name: ({"train": 0, "val": 1, "test": 2}.get(name, 3), name))
+    if split not in names:
+        raise ValueError(f"{root} has no split {split!r}: its splits are {', '.join(names)}; pass one of them")
+    return tuple(str(p) for p in resolve_shards(root / split)[1])
 
 
 def loader(dataset: torch.utils.data.IterableDataset, num_workers: int):
