@@ -81,8 +81,10 @@ def convert(jsonl, out, shard_size, on_bad, val_fraction, test_fraction, seed, s
 @click.option("--preset", type=click.Choice(["tiny", "small", "default"]), default="default")
 @click.option("--steps", type=int, default=None)
 @click.option("--seed", type=int, default=0)
+@click.option("--k-max", type=int, default=8,
+              help="Latent tokens <z_0>..<z_{N-1}> in the vocabulary: the largest --k a discrete CVAE can train.")
 @click.option("--device", default="cpu")
-def train_base(data, out, preset, steps, seed, device):
+def train_base(data, out, preset, steps, seed, k_max, device):
     """Train the entangled (z-free) base model on S and write a fingerprinted checkpoint."""
     import torch
 
@@ -90,7 +92,11 @@ def train_base(data, out, preset, steps, seed, device):
 
     torch.set_num_threads(1)  # small models: one thread is fastest, two oversubscribe a shared core
     overrides = {"steps": steps} if steps else {}
-    cfg = BaseTrainConfig(data=data, out=out, seed=seed, device=device, **{**BASE_PRESETS[preset], **overrides})
+    try:
+        cfg = BaseTrainConfig(data=data, out=out, seed=seed, k_max=k_max, device=device,
+                              **{**BASE_PRESETS[preset], **overrides})
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
     click.echo(json.dumps(run(cfg), indent=1))
 
 

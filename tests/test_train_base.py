@@ -48,3 +48,57 @@ def test_consistent_at_t0_matches_enumeration():
             assert n is None
         else:
             assert 2 <= n <= len(cfg.strategies)  # one left before t0 would have made t0 earlier
+
+
+def test_k_max_flag_reaches_the_vocabulary_checkpoint_and_fingerprint(tiny_data, tmp_path):
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    args = ["train-base", "--data", str(tiny_data / "data"), "--preset", "tiny", "--steps", "3"]
+    for name, extra in (("k8", []), ("k10", ["--k-max", "10"])):
+        result = CliRunner().invoke(main, args + ["--out", str(tmp_path / name), *extra])
+        assert result.exit_code == 0, result.output
+    k8, k10 = load_checkpoint(tmp_path / "k8"), load_checkpoint(tmp_path / "k10")
+    assert (k8.vocab.k_max, k10.vocab.k_max) == (8, 10) and k10.vocab.tokens[k10.vocab.latent_id(9)] == "<z_9>"
+    assert k10.meta["train"]["k_max"] == 10
+    assert json.loads((tmp_path / "k10" / "train_config.json").read_text())["k_max"] == 10
+    assert k8.fingerprint != k10.fingerprint  # another vocabulary, another store
+    bad = CliRunner().invoke(main, args + ["--out", str(tmp_path / "k0"), "--k-max", "0"])
+    assert bad.exit_code != 0 and "k_max must be >= 1" in bad.output and not (tmp_path / "k0").exists()
+
+
+def test_train_with_more_latent_values_than_tokens_names_the_flag_and_leaves_no_run_dir(tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from training.cvae import CVAEConfig
+    from training.train import run as train
+    from training.train_cli import train as train_cmd
+    from training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
+
+    data, ckpt = tiny  # built with the default k_max = 8
+    out = tmp_path / "run"
+    cfg = TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), out=str(out), num_workers=0),
+                      cvae=CVAEConfig(k=10), loss=LossConfig(policy="frozen"), optim=OptimConfig(steps=1, batch_size=4))
+    expected = ("k=10 exceeds the base checkpoint's 8 latent tokens: train the base model with train-base --k-max 10 "
+                "(or use a tokenizer with <z_0>..<z_9>)")
+    with pytest.raises(ValueError) as error:
+        train(cfg)
+    assert str(error.value) == expected and not out.exists()
+    result = CliRunner().invoke(train_cmd, ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out),
+                                            "--k", "10", "--policy", "frozen", "--steps", "1", "--num-workers", "0"])
+    assert result.exit_code != 0 and "train-base --k-max 10" in result.output and not out.exists()
+
+
+def test_a_k_max_checkpoint_trains_that_many_latent_values(tiny_data, tmp_path):
+    from training.cvae import CVAEConfig
+    from training.train import run as train
+    from training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
+
+    run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / "base"),
+                        **{**BASE_PRESETS["tiny"], "steps": 3, "k_max": 10}))
+    result = train(TrainConfig(IOConfig(checkpoint=str(tmp_path / "base"), data=str(tiny_data / "data"),
+                                        out=str(tmp_path / "run"), num_workers=0),
+                               cvae=CVAEConfig(k=10), loss=LossConfig(policy="frozen"),
+                               optim=OptimConfig(steps=1, batch_size=4)))
+    assert len(result["usage"]) == 10

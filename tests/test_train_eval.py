@@ -38,7 +38,14 @@ def test_eval_writes_json_and_markdown(tiny, tmp_path):
     assert result["metrics"] == saved["metrics"] and result["split"] == "test"
     assert saved["decode"]["latent_values"] == 4 and 0.0 <= saved["decode"]["control_accuracy"] <= 1.0
     assert set(saved["decode"]["executes"]["0"]) == {"copy", "reverse", "sort", "sort-desc", "none"}
-    assert "| strategy_nmi |" in (tmp_path / "run" / "eval.md").read_text()
+    md = (tmp_path / "run" / "eval.md").read_text()
+    assert "| strategy_nmi |" in md and md.startswith("## Is z used?\n\nz is ")
+    metrics = saved["metrics"]  # the continuous MI estimate with its SE, and the rule it is judged by
+    assert metrics["mi_estimate"] >= 0 and metrics["mi_estimate_se"] >= 0
+    assert "MI estimate" in metrics["posterior_values"]
+    assert saved["z_used"]["used"] is False  # two steps: the posterior is still flat
+    control = saved["decode"]["reference"]  # synth data: the reference check as well as the execution check
+    assert control["measured"] and control["examples"] + control["unassigned"] == 16
     outputs = load_labels(data).outputs
     assert outputs(("c", "a", "b"))["sort"] == ("a", "b", "c")
 

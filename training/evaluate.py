@@ -2,10 +2,17 @@
 
 Decode-per-latent: for every latent value (discrete: each k; continuous: the K k-means
 centres of the posterior means over the split) each example is decoded greedily from
-its z-conditioned prefix ``... <z> slots </z> <y>`` until ``</y>``. An output *executes*
-strategy s when it equals s(x) exactly, where the dataset can say what s(x) is
-(``pipeline.labels``: synthetic data). Control accuracy = matched executions / (examples x K) under the
-one-to-one map latent value -> strategy that maximises them (Hungarian).
+its z-conditioned prefix ``... <z> slots </z> <y>`` until ``</y>``.
+
+- Against the references (any data with strategy labels): the Hungarian matching of the split's
+  posterior clusters against its labels gives each label a latent value; per value, the share of
+  the examples assigned to it whose decode under it equals their own y (and whose first token
+  does), against chance: the same examples decoded under the other values (``reference_control``).
+- Strategy execution (synthetic data, where ``pipeline.labels`` says what s(x) is): an output
+  executes s when it equals s(x); control accuracy = matched executions / (examples x K) under the
+  one-to-one map latent value -> strategy that maximises them (Hungarian).
+
+``z_use`` states whether z is used, with its rules (eval.json ``z_used``, the head of eval.md).
 """
 
 from __future__ import annotations
@@ -26,10 +33,25 @@ from pipeline.shards import iter_samples
 from pipeline.templates import Layout, template_ids
 from store.tables import general, markdown_table
 from training.baselines import make_baseline
+from training.control import (
+    CONTROL_RULE,
+    reference_control,
+    reference_markdown,
+    strategy_execution,
+    z_use,
+)
 from training.cvae import CVAE
-from training.data import EvalStream, StoreRef, StreamSpec, extract_command, loader, shards_without_rows, split_urls
+from training.data import (
+    EvalStream,
+    StoreRef,
+    StreamSpec,
+    extract_command,
+    loader,
+    shards_without_rows,
+    split_urls,
+)
 from training.losses import WeightingParams
-from training.metrics import hungarian_accuracy, kmeans
+from training.metrics import contingency, kmeans, matched_labels
 from training.run_dir import load_run
 from training.train_config import IOConfig
 from training.validation import Scoring, evaluate_pass
@@ -96,41 +118,57 @@ def latent_values(model: CVAE, centres: np.ndarray | None):
     return torch.as_tensor(centres, dtype=torch.float32), None
 
 
-def decode_per_latent(model: CVAE, vocab, samples: list[Sample], centres, labels: DatasetLabels) -> dict:
+def decode_per_latent(model: CVAE, vocab, samples: list[Sample], centres, labels: DatasetLabels,
+                      matched: dict) -> dict:
+    """Every sample decoded under every latent value; matched: strategy label -> latent value (Hungarian)."""
     z, slot_ids = latent_values(model, centres)
     V = z.shape[0]
     max_new = max(len(vocab.encode_symbols(s.y, key=s.key)) for s in samples) + 2  # tokens, also for text y
     decoded = greedy_decode(model, vocab, samples, z, slot_ids, max_new)
-    names = sorted(labels.outputs(samples[0].x) or {})
-    counts = np.zeros((V, len(names) + 1))  # last column: executes no strategy
-    examples = []
-    for i, s in enumerate(samples):
-        cands = labels.outputs(s.x) or {}
-        row = {"key": s.key, "strategy": s.strategy, "outputs": []}
-        for v in range(V):
-            y = decoded[i * V + v]
-            hit = [n for n in names if cands.get(n) == y]
-            counts[v, names.index(hit[0]) if hit else len(names)] += 1
-            row["outputs"].append({"latent": v, "y": " ".join(y), "executes": hit[0] if hit else None})
-        examples.append(row)
-    result = {"latent_values": V, "examples": len(samples),
-              "executes": {str(v): {n: float(counts[v, j] / len(samples)) for j, n in enumerate(names + ["none"])}
-                           for v in range(V)},
-              "sample_outputs": examples[:8]}
-    if names:
-        result["control_accuracy"] = float(hungarian_accuracy(counts[:, :-1]) * counts[:, :-1].sum() / counts.sum())
+    outputs = [decoded[i * V:(i + 1) * V] for i in range(len(samples))]  # per example: its V outputs
+    refs = [reference_tokens(vocab, s) for s in samples]
+    assigned = [matched.get(s.strategy, -1) for s in samples]  # -1: no label, or one the matching left out
+    control = reference_control(outputs, refs, assigned, {v: label for label, v in matched.items()})
+    result = {"latent_values": V, "examples": len(samples), "reference": control}
+    hits = None
+    if labels.synth is not None:  # the generator says what each strategy outputs: the execution check too
+        executes, hits = strategy_execution(samples, outputs, labels)
+        result |= executes
+    result["sample_outputs"] = sample_outputs(samples, outputs, refs, assigned, hits)
     return result
 
 
-def markdown(metrics: dict, decode: dict) -> str:
-    numbers = [[k, general(v)] for k, v in metrics.items() if isinstance(v, (int, float))]
-    parts = [markdown_table(["metric", "value"], numbers)]
+def reference_tokens(vocab, sample: Sample) -> tuple[str, ...]:
+    """The sample's own y as the token strings a decode yields (a text y through the tokenizer)."""
+    return tuple(vocab.decode(vocab.encode_symbols(sample.y, key=sample.key, field_name="y")))
+
+
+def sample_outputs(samples, outputs, refs, assigned, hits, n: int = 8) -> list[dict]:
+    """The first n examples: reference, assigned latent value and every value's output (synth: what it executes)."""
+    rows = []
+    for i, s in enumerate(samples[:n]):
+        outs = [{"latent": v, "y": " ".join(y), "matches_reference": y == refs[i]} for v, y in enumerate(outputs[i])]
+        for v, out in enumerate(outs if hits else ()):
+            out["executes"] = hits[i][v]
+        rows.append({"key": s.key, "strategy": s.strategy, "reference": " ".join(refs[i]),
+                     "assigned_latent": assigned[i] if assigned[i] >= 0 else None, "outputs": outs})
+    return rows
+
+
+def markdown(metrics: dict, decode: dict, verdict: dict) -> str:
+    """eval.md: the verdict, the metrics (NMI / accuracy as the verdict reports them), the decode sections."""
+    cells = [[k, "not informative (posterior flat: rule above)" if isinstance(verdict.get(k), str) else general(v)]
+             for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    parts = ["## Is z used?", verdict["statement"], f"Rules: posterior: {verdict['posterior_rule']}; {CONTROL_RULE}.",
+             "## Metrics", markdown_table(["metric", "value"], cells)]
     if decode:
+        parts += reference_markdown(decode["reference"])
+    if "executes" in decode:
         names = list(next(iter(decode["executes"].values())))
-        parts.append(markdown_table(["latent", *names], [[v, *(f"{row[n]:.2f}" for n in names)]
-                                                         for v, row in decode["executes"].items()]))
-        if "control_accuracy" in decode:
-            parts.append(f"control accuracy: {decode['control_accuracy']:.3f}")
+        parts += ["## Strategy execution (synthetic data: does a decode equal s(x) for a strategy s?)",
+                  markdown_table(["latent", *names], [[v, *(f"{row[n]:.2f}" for n in names)]
+                                                      for v, row in decode["executes"].items()]),
+                  f"control accuracy: {decode['control_accuracy']:.3f}"]
     return "\n\n".join(parts) + "\n"
 
 
@@ -166,12 +204,31 @@ def run_eval(cfg: EvalConfig) -> dict:
     records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, torch.device(cfg.device))
     model.eval()
     metrics = scoring.metrics(records)
-    centres = (kmeans(np.stack(records.rows["post"]), tcfg.cvae.k, tcfg.optim.seed)[0]
-               if tcfg.cvae.latent == "continuous" else None)
+    centres, clusters = split_clusters(np.stack(records.rows["post"]), tcfg.cvae, tcfg.optim.seed)
+    matched = strategy_to_latent(records.rows["strategy"], clusters, tcfg.cvae.k)
     samples = [s for _, s in islice(iter_samples(list(urls)), cfg.decode_examples)]  # only the first ones are parsed
-    decode = decode_per_latent(model, vocab, samples, centres, load_labels(cfg.data)) if samples else {}
+    decode = decode_per_latent(model, vocab, samples, centres, load_labels(cfg.data), matched) if samples else {}
+    verdict = z_use(metrics, decode, tcfg.cvae.latent)
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,
-              "metrics": metrics, "decode": decode}
+              "metrics": metrics, "z_used": verdict, "decode": decode}
     Path(cfg.run, "eval.json").write_text(json.dumps(result, indent=1) + "\n")
-    Path(cfg.run, "eval.md").write_text(markdown(metrics, decode))
+    Path(cfg.run, "eval.md").write_text(markdown(metrics, decode, verdict))
     return result
+
+
+def split_clusters(post: np.ndarray, cvae, seed: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """(the continuous latent values to decode, or None; (N,) the value each example's posterior points to):
+    argmax q, or the K k-means centres of mu and each example's cluster (the metrics' seeded call)."""
+    if cvae.latent == "discrete":
+        return None, post.argmax(1)
+    return kmeans(post, cvae.k, seed)
+
+
+def strategy_to_latent(strategies: list, clusters: np.ndarray, V: int) -> dict:
+    """label -> latent value: the Hungarian matching of the split's clusters against its strategy labels
+    (V latent values: discrete K, continuous K centres); {} when no example has a label."""
+    known = [i for i, s in enumerate(strategies) if s is not None]
+    if not known:
+        return {}
+    table, names = contingency([strategies[i] for i in known], clusters[known], V)
+    return matched_labels(table, names)

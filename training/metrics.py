@@ -56,15 +56,33 @@ def usage(q: np.ndarray) -> dict:
     return {"usage": qbar.tolist(), "usage_perplexity": float(np.exp(entropy(qbar)))}
 
 
-def active_units(mu: np.ndarray, threshold: float = 0.01) -> int:
+# The floors below which the posterior is called flat (it carries no information about x, y), and
+# with it the strategy NMI / accuracy uninformative: argmax q or k-means of mu then sorts examples
+# by noise, and a near-uniform contingency can still score well (a discrete run with exact MI 0.000
+# reported NMI 0.58; a collapsed continuous one, 0 active units, NMI 1.0).
+MI_FLOOR = 0.01
+"""nats: discrete exact MI, continuous MI estimate."""
+ACTIVE_UNIT_THRESHOLD = 0.01
+"""Var_i mu_{i,d} above which dimension d is active (Burda et al.)."""
+POSTERIOR_RULES = {
+    "discrete": f"exact MI >= {MI_FLOOR} nats",
+    "continuous": f">= 1 active unit (Var_i mu_i,d > {ACTIVE_UNIT_THRESHOLD}) and MI estimate >= {MI_FLOOR} nats "
+                  "and > 2 SE",
+}
+
+
+def active_units(mu: np.ndarray, threshold: float = ACTIVE_UNIT_THRESHOLD) -> int:
     """Dimensions d with Cov_i(mu_{i,d}) > threshold (Burda et al.), mu (N, D) posterior means."""
     return int((mu.var(0) > threshold).sum()) if len(mu) > 1 else 0
 
 
-def contingency(labels: list, clusters: np.ndarray) -> tuple[np.ndarray, list]:
-    """(C, S) counts of cluster c against ground-truth label s, and the label names."""
+def contingency(labels: list, clusters: np.ndarray, n_clusters: int | None = None) -> tuple[np.ndarray, list]:
+    """(C, S) counts of cluster c against ground-truth label s, and the label names; C = n_clusters
+    (default: the largest cluster seen + 1)."""
     names = sorted(set(labels))
-    table = np.zeros((int(clusters.max()) + 1 if len(clusters) else 0, len(names)))
+    if n_clusters is None:
+        n_clusters = int(clusters.max()) + 1 if len(clusters) else 0
+    table = np.zeros((n_clusters, len(names)))
     for lab, c in zip(labels, clusters):
         table[c, names.index(lab)] += 1
     return table, names
@@ -90,6 +108,63 @@ def hungarian_accuracy(table: np.ndarray) -> float:
     return float(table[rows, cols].sum() / table.sum())
 
 
+def matched_labels(table: np.ndarray, names: list) -> dict:
+    """label -> cluster under the one-to-one map of ``hungarian_accuracy`` (labels beyond C clusters: unmatched)."""
+    from scipy.optimize import linear_sum_assignment
+
+    rows, cols = linear_sum_assignment(-table)
+    return {names[c]: int(r) for r, c in zip(rows, cols)}
+
+
+def gaussian_log_density(z: np.ndarray, mu: np.ndarray, logvar: np.ndarray) -> np.ndarray:
+    """log N(z_a; mu_b, diag exp(logvar_b)) for every pair: z (A, D), mu and logvar (B, D) -> (A, B) nats."""
+    sq = (z[:, None] - mu[None]) ** 2 / np.exp(logvar)[None]  # (A, B, D)
+    return -0.5 * (sq + logvar[None] + math.log(2 * math.pi)).sum(-1)
+
+
+def gaussian_mi(mu: np.ndarray, logvar: np.ndarray, seed: int = 0, max_examples: int = 4096,
+                chunk: int = 256) -> tuple[float, float]:
+    """Monte Carlo I(z; x,y) = E_i E_{z ~ q_i} [log q_i(z) - log q_agg(z)], q_agg = mean_j q_j the split's
+    aggregate posterior (Hoffman & Johnson 2016; He et al. 2019's MI), one seeded sample per example:
+    (estimate, standard error over examples), nats. Both are 0 when every posterior is the same;
+    the estimate is at most log N. Over a seeded subset of ``max_examples`` when the split is larger."""
+    rng = np.random.default_rng(seed)
+    if len(mu) > max_examples:
+        keep = np.sort(rng.choice(len(mu), max_examples, replace=False))
+        mu, logvar = mu[keep], logvar[keep]
+    n = len(mu)
+    if n < 2:
+        return 0.0, 0.0
+    z = mu + np.exp(0.5 * logvar) * rng.standard_normal(mu.shape)  # (N, D): z_i ~ q_i
+    terms = np.concatenate([pointwise_mi(z[a:a + chunk], mu, logvar, a) for a in range(0, n, chunk)])
+    return float(terms.mean()), float(terms.std(ddof=1) / math.sqrt(n))
+
+
+def pointwise_mi(z: np.ndarray, mu: np.ndarray, logvar: np.ndarray, start: int) -> np.ndarray:
+    """log q_i(z_i) - log mean_j q_j(z_i) for the examples i = start.. of the chunk z (A, D) -> (A,)."""
+    from scipy.special import logsumexp
+
+    log_q = gaussian_log_density(z, mu, logvar)  # (A, N): row a is z of example start + a
+    own = log_q[np.arange(len(z)), start + np.arange(len(z))]
+    return own - (logsumexp(log_q, axis=1) - math.log(len(mu)))
+
+
+def posterior_informative(metrics: dict, latent: str) -> tuple[bool, str]:
+    """(whether the posterior carries information by ``POSTERIOR_RULES[latent]``, the values it was read off)."""
+    if latent == "discrete":
+        mi = metrics["mi"]
+        return mi >= MI_FLOOR, f"exact MI {mi:.4f} nats"
+    units, mi, se = metrics["active_units"], metrics.get("mi_estimate"), metrics.get("mi_estimate_se")
+    if mi is None:  # records without log-variances: active units alone
+        return units >= 1, f"{units} active units"
+    return units >= 1 and mi >= MI_FLOOR and mi > 2 * se, f"{units} active units, MI estimate {mi:.4f} ± {se:.4f} nats"
+
+
+def latent_clusters(post: np.ndarray, latent: str, k: int, seed: int = 0) -> np.ndarray:
+    """(N,) the latent value each example's posterior points to: argmax q, or its k-means cluster of mu (K clusters)."""
+    return post.argmax(1) if latent == "discrete" else kmeans(post, k, seed)[1]
+
+
 def kmeans(x: np.ndarray, k: int, seed: int = 0, iters: int = 50) -> tuple[np.ndarray, np.ndarray]:
     """Lloyd's k-means, k-means++ start with a seeded rng: (centres (k, D), assignment (N,))."""
     rng = np.random.default_rng(seed)
@@ -111,13 +186,16 @@ class EvalRecords:
     """Per-example records of an eval pass; ``merge`` combines ranks' records, ``finalize`` the metrics."""
 
     def __init__(self):
-        self.rows: dict[str, list] = {k: [] for k in ("recon", "recon_uniform", "kl", "post", "strategy", "degenerate")}
+        self.rows: dict[str, list] = {k: [] for k in ("recon", "recon_uniform", "kl", "post", "logvar", "strategy",
+                                                      "degenerate")}
 
-    def add(self, recon, recon_uniform, kl, post, strategies, degenerate) -> None:
-        """recon, recon_uniform, kl: (B,); post: (B, K) q or (B, D) mu; strategies: labels or None."""
+    def add(self, recon, recon_uniform, kl, post, strategies, degenerate, logvar=None) -> None:
+        """recon, recon_uniform, kl: (B,); post: (B, K) q or (B, D) mu; strategies: labels or None;
+        logvar: (B, D) of a continuous posterior (its MI estimate), or None."""
         for name, value in (("recon", recon), ("recon_uniform", recon_uniform), ("kl", kl), ("post", post),
-                            ("degenerate", degenerate)):
-            self.rows[name].extend(value.detach().cpu().double().numpy())
+                            ("degenerate", degenerate), ("logvar", logvar)):
+            if value is not None:
+                self.rows[name].extend(value.detach().cpu().double().numpy())
         self.rows["strategy"].extend(strategies)
 
     def merge(self, others: list["EvalRecords"]) -> "EvalRecords":
@@ -128,25 +206,38 @@ class EvalRecords:
 
     def finalize(self, latent: str, k: int, seed: int = 0) -> dict:
         """Means of recon (weighted), recon_uniform and KL; discrete: exact MI, usage, strategy MI; continuous:
-        active units; both: strategy NMI and Hungarian accuracy of argmax q (or of k-means
-        clusters of mu, K clusters) against the ground-truth strategy."""
+        active units and the MI estimate (with its SE; when log-variances were recorded); both: whether the
+        posterior is informative (``POSTERIOR_RULES``), strategy NMI and Hungarian accuracy of argmax q (or
+        of k-means clusters of mu, K clusters) against the ground-truth strategy. The NMI and accuracy are
+        numbers whatever the posterior; ``posterior_informative`` false says they mean nothing."""
         n = len(self.rows["recon"])
         if n == 0:
             return {"examples": 0}
         out = {"examples": n, **{m: float(np.mean(self.rows[m])) for m in ("recon", "recon_uniform", "kl")},
                "degenerate": int(np.sum(self.rows["degenerate"]))}
         post = np.stack(self.rows["post"])
+        out |= self.latent_metrics(post, latent, seed)
+        informative, values = posterior_informative(out, latent)
+        out |= {"posterior_informative": bool(informative), "posterior_values": values}
+        return out | self.strategy_metrics(post, latent_clusters(post, latent, k, seed), latent)
+
+    def latent_metrics(self, post: np.ndarray, latent: str, seed: int) -> dict:
         if latent == "discrete":
-            out |= {"mi": exact_mi(post), **usage(post)}
-            clusters = post.argmax(1)
-        else:
-            out["active_units"] = active_units(post)
-            clusters = kmeans(post, k, seed)[1]
+            return {"mi": exact_mi(post), **usage(post)}
+        out = {"active_units": active_units(post)}
+        if len(self.rows["logvar"]) == len(post):
+            mi, se = gaussian_mi(post, np.stack(self.rows["logvar"]), seed)
+            out |= {"mi_estimate": mi, "mi_estimate_se": se}
+        return out
+
+    def strategy_metrics(self, post: np.ndarray, clusters: np.ndarray, latent: str) -> dict:
+        """NMI, Hungarian accuracy (and, discrete, strategy MI) over the examples with a label; {} if none."""
         known = [i for i, s in enumerate(self.rows["strategy"]) if s is not None]
-        if known:
-            labels = [self.rows["strategy"][i] for i in known]
-            table, _ = contingency(labels, clusters[known])
-            out |= {"strategy_nmi": nmi(table), "strategy_accuracy": hungarian_accuracy(table)}
-            if latent == "discrete":
-                out["strategy_mi"] = strategy_mi(post[known], labels)
+        if not known:
+            return {}
+        labels = [self.rows["strategy"][i] for i in known]
+        table, _ = contingency(labels, clusters[known])
+        out = {"strategy_nmi": nmi(table), "strategy_accuracy": hungarian_accuracy(table)}
+        if latent == "discrete":
+            out["strategy_mi"] = strategy_mi(post[known], labels)
         return out

@@ -31,7 +31,7 @@ from pipeline.labels import load_labels
 from pipeline.ranks import Ranks
 from pipeline.vocab import Vocab
 from training.baselines import Baseline, make_baseline
-from training.cvae import CVAE, build_cvae, objective, spread_latent_embeddings
+from training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent_embeddings
 from training.data import (StoreRef, StreamSpec, TrainBatch, TrainStream, extract_command, shards_without_rows,
                            split_urls)
 from training.estep import EStepConfig, em_objective, strategy_indices
@@ -72,6 +72,7 @@ def setup(cfg: TrainConfig, ranks: Ranks) -> State:
     torch.manual_seed(cfg.optim.seed)
     device = ranks.device(cfg.io.device)
     init, base = load_checkpoints(cfg.io)
+    check_latent_tokens(cfg.cvae, init.vocab)
     baseline = make_baseline(cfg.loss.policy, base.model.to(device))  # copies the checkpoint before any re-init
     model = build_cvae(init.model.train(), init.vocab, cfg.cvae).to(device)
     spread_latents(model, cfg.remedies, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
@@ -100,6 +101,14 @@ def load_checkpoints(io: IOConfig):
     if list(base.vocab.tokens) != list(init.vocab.tokens):
         raise ValueError(f"baseline checkpoint {base.path} and init checkpoint {init.path} have different vocabularies")
     return init, base
+
+
+def check_latent_tokens(cvae: CVAEConfig, vocab) -> None:
+    """A discrete latent's K values are the tokens <z_0>..<z_{K-1}>: the checkpoint must have them.
+    Checked before ``build_cvae`` (which refuses too), with the remedy, before the run directory exists."""
+    if cvae.latent == "discrete" and cvae.k > vocab.k_max:
+        raise ValueError(f"k={cvae.k} exceeds the base checkpoint's {vocab.k_max} latent tokens: train the base model "
+                         f"with train-base --k-max {cvae.k} (or use a tokenizer with <z_0>..<z_{cvae.k - 1}>)")
 
 
 def spread_latents(model: CVAE, remedies: RemedyConfig, seed: int) -> None:
@@ -327,8 +336,8 @@ def run(cfg: TrainConfig) -> dict:
     ``input_bytes_read``: each rank's bytes of shards and store parts read by its training stream."""
     ranks = Ranks(timeout_s=120.0, backend="nccl" if cfg.io.device.startswith("cuda") else "gloo")
     try:
+        state = setup(cfg, ranks)  # refuses a bad config, checkpoint or store before the run directory exists
         Path(cfg.io.out).mkdir(parents=True, exist_ok=True)
-        state = setup(cfg, ranks)
         if ranks.is_main:
             write_config(cfg)
         t0 = time.perf_counter()

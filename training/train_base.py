@@ -44,7 +44,9 @@ class BaseTrainConfig:
     n_head: int = 4
     d_model: int = 64
     k_max: int = 8
-    """Latent tokens <z_0..z_{k_max-1}> in the vocabulary, untrained here."""
+    """Latent tokens <z_0..z_{k_max-1}> in the vocabulary, untrained here (beyond z-conditioned base
+    sequences); the most latent values a discrete CVAE on this checkpoint can have. Part of the
+    vocabulary, so of the fingerprint."""
     max_slots: int = 4
     """Context reserved for the latent slots of the z-conditioned template."""
     zcond_rate: float = 0.5
@@ -66,6 +68,8 @@ class BaseTrainConfig:
             raise ValueError("lr must be in (0, 1)")
         if self.max_slots < 1:
             raise ValueError("max_slots must be >= 1")
+        if self.k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {self.k_max}")
 
 
 BASE_PRESETS = {

@@ -54,8 +54,9 @@ def evaluate_pass(model: CVAE, batches, scoring: Scoring, device) -> EvalRecords
         recon = model.latent.expectation(weighted_reconstruction(out.nll, pi), out.post)
         recon_u = model.latent.expectation(weighted_reconstruction(out.nll, pi_u), out.post)
         kl = model.latent.kl(out.post, out.prior)
-        post = out.post.exp() if model.latent.kind == "discrete" else out.post[0]
-        records.add(recon, recon_u, example_kl(kl), post, list(batch.strategies), degenerate)
+        discrete = model.latent.kind == "discrete"
+        post, logvar = (out.post.exp(), None) if discrete else out.post  # q (B, K), or mu and logvar (B, D)
+        records.add(recon, recon_u, example_kl(kl), post, list(batch.strategies), degenerate, logvar)
     model.train()
     return records
 

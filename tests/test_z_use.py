@@ -1,0 +1,149 @@
+"""Evidence that z is used: decode control against the references on labelled (converted-style) data,
+the flat-posterior rule that marks strategy NMI / accuracy as not informative, and the continuous
+latent's Monte Carlo MI estimate against hand computations."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.samples import Sample
+from pipeline.shards import write_shards
+from training.control import reference_control, z_use
+from training.cvae import CVAEConfig
+from training.evaluate import EvalConfig, markdown, run_eval
+from training.metrics import EvalRecords, gaussian_mi
+from training.recipes import with_recipe
+from training.schedules import BetaSchedule
+from training.train import run as train
+from training.train_base import BaseTrainConfig
+from training.train_base import run as train_base
+from training.train_config import (
+    IOConfig,
+    LogConfig,
+    LossConfig,
+    OptimConfig,
+    TrainConfig,
+)
+
+
+def lead_samples(n: int, seed: int) -> list[Sample]:
+    """y = (c, e, e, e, e): the strategy "lead-c" picks c in {a, b} independently of x; the rest is fixed."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        x = tuple(rng.choice(list("abcd"), size=int(rng.integers(1, 5))))
+        c = str(rng.choice(["a", "b"]))
+        out.append(Sample(key=f"s{i:05d}", x=x, y=(c,) + ("e",) * 4, strategy=f"lead-{c}", t0=0))
+    return out
+
+
+@pytest.fixture(scope="module")
+def lead_run(tmp_path_factory):
+    """(data, run dir): converted-style data (shards + a convert dataset.json, no generator to ask) and a
+    CVAE taught the true strategy (survival recipe: label E-step) on a base model trained on it."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("lead")
+    for split, seed in (("train", 1), ("val", 2), ("test", 3)):
+        write_shards(lead_samples(128, seed), root / "data" / split, shard_size=64)
+    (root / "data" / "dataset.json").write_text(json.dumps(
+        {"generator": "tokweight.convert", "symbols": list("abcde"), "strategies": ["lead-a", "lead-b"]}))
+    train_base(BaseTrainConfig(data=str(root / "data"), out=str(root / "base"), steps=400, batch_size=32, d_model=32,
+                               n_head=2, eval_every=400, warmup_steps=10, lr=3e-3))
+    cfg = TrainConfig(IOConfig(checkpoint=str(root / "base"), data=str(root / "data"), out=str(root / "run"),
+                               num_workers=0),
+                      cvae=CVAEConfig(k=2),
+                      loss=LossConfig(policy="frozen", token_weighted_reconstruction_weight=0.5,
+                                      beta=BetaSchedule(0.3)),
+                      optim=OptimConfig(steps=200, batch_size=16, lr=3e-3), log=LogConfig(eval_every=0))
+    train(with_recipe(cfg, "survival"))
+    return root / "data", root / "run"
+
+
+def test_decode_control_on_converted_data_matches_the_references(lead_run):
+    data, run_dir = lead_run
+    result = run_eval(EvalConfig(run=str(run_dir), data=str(data), split="test", decode_examples=64))
+    control = result["decode"]["reference"]
+    assert control["measured"] and control["examples"] == 64 and control["unassigned"] == 0
+    assert control["exact_match"] >= 0.9 and control["chance_exact_match"] <= 0.1 and control["above_chance"]
+    assert {r["strategy"] for r in control["per_latent"].values()} == {"lead-a", "lead-b"}
+    assert "executes" not in result["decode"] and "control_accuracy" not in result["decode"]  # no generator
+    for row in result["decode"]["sample_outputs"]:  # the rates are read off these decodes
+        mine = row["outputs"][row["assigned_latent"]]
+        assert mine["matches_reference"] == (mine["y"] == row["reference"])
+    verdict = result["z_used"]
+    assert verdict["used"] and verdict["statement"].startswith("z is used") and verdict["strategy_nmi"] > 0.9
+    md = (run_dir / "eval.md").read_text()
+    assert "z is used" in md and "| 0 | lead-" in md and "Strategy execution" not in md
+
+
+def test_reference_control_by_hand():
+    ref = [("a", "e"), ("b", "e"), ("a", "e"), ("b", "e")]
+    follows = [[("a", "e"), ("b", "e")], [("a", "e"), ("b", "e")], [("a", "e"), ("b", "e")], [("a", "f"), ("b", "f")]]
+    control = reference_control(follows, ref, [0, 1, 0, 1], {0: "lead-a", 1: "lead-b"})
+    assert control["exact_match"] == 0.75 and control["chance_exact_match"] == 0.0  # the last decodes "b f"
+    assert control["first_token_match"] == 1.0 and control["chance_first_token_match"] == 0.0
+    assert control["per_latent"]["1"] == {"strategy": "lead-b", "examples": 2, "exact_match": 0.5,
+                                          "chance_exact_match": 0.0, "first_token_match": 1.0,
+                                          "chance_first_token_match": 0.0}
+    assert control["above_chance"] and control["exact_match_by_latent"] == [0.5, 0.25]
+    ignores_z = [[("a", "e")] * 2 for _ in ref]  # the same output under every latent value
+    flat = reference_control(ignores_z, ref, [0, 1, 0, 1], {0: "lead-a", 1: "lead-b"})
+    assert flat["exact_match"] == flat["chance_exact_match"] == 0.5 and not flat["above_chance"]
+    unlabelled = reference_control(ignores_z, ref, [-1] * 4, {})
+    assert not unlabelled["measured"] and unlabelled["exact_match_by_latent"] == [0.5, 0.5]
+
+
+def records(post, labels, logvar=None) -> EvalRecords:
+    rec, n = EvalRecords(), len(labels)
+    zeros = torch.zeros(n)
+    rec.add(zeros, zeros, zeros, torch.as_tensor(post), labels, zeros,
+            None if logvar is None else torch.as_tensor(logvar))
+    return rec
+
+
+def test_a_flat_posterior_marks_strategy_nmi_and_accuracy_not_informative():
+    labels = ["copy", "rot"] * 50
+    onehot = np.eye(2)[[0, 1] * 50]
+    nearly_uniform = 0.5 + 0.001 * (onehot - 0.5)  # argmax follows the label, q carries ~nothing
+    metrics = records(nearly_uniform, labels).finalize("discrete", 2)
+    assert metrics["strategy_nmi"] == pytest.approx(1.0) and metrics["mi"] < 1e-5  # a number that looks good
+    assert not metrics["posterior_informative"] and metrics["posterior_values"].startswith("exact MI 0.0000")
+    verdict = z_use(metrics, {}, "discrete")
+    assert not verdict["used"] and verdict["posterior_rule"] == "exact MI >= 0.01 nats"
+    for name in ("strategy_nmi", "strategy_accuracy"):
+        assert verdict[name].startswith("not informative (posterior flat: exact MI 0.0000 nats; rule: exact MI >= 0.01")
+    assert "| strategy_nmi | not informative" in markdown(metrics, {}, verdict)
+    sharp = records(onehot, labels).finalize("discrete", 2)
+    assert sharp["posterior_informative"] and z_use(sharp, {}, "discrete")["strategy_nmi"] == pytest.approx(1.0)
+
+
+def test_a_collapsed_continuous_posterior_is_flat_whatever_k_means_finds():
+    labels = ["copy", "rot"] * 50
+    mu = 1e-3 * (np.eye(2)[[0, 1] * 50] - 0.5)  # two tight clusters, by label, of almost no spread
+    metrics = records(mu, labels, np.zeros_like(mu)).finalize("continuous", 2)
+    assert metrics["strategy_nmi"] == pytest.approx(1.0) and metrics["strategy_accuracy"] == 1.0
+    assert metrics["active_units"] == 0 and metrics["mi_estimate"] < 0.01 and not metrics["posterior_informative"]
+    assert z_use(metrics, {}, "continuous")["strategy_accuracy"].startswith("not informative (posterior flat: 0 active")
+    apart = records(10 * (np.eye(2)[[0, 1] * 50] - 0.5), labels, np.full_like(mu, -4.0)).finalize("continuous", 2)
+    assert apart["active_units"] == 2 and apart["mi_estimate"] == pytest.approx(math.log(2), abs=1e-3)
+    assert apart["posterior_informative"]
+
+
+def test_gaussian_mi_against_hand_computations():
+    n = 400
+    mu = np.repeat([[-10.0], [10.0]], n // 2, axis=0)  # two well-separated posteriors, half the examples each
+    mi, se = gaussian_mi(mu, np.zeros_like(mu), seed=0)
+    assert mi == pytest.approx(math.log(2), abs=1e-6) and se < 1e-6
+    same, se_same = gaussian_mi(np.zeros((n, 3)), np.zeros((n, 3)), seed=0)
+    assert same == pytest.approx(0.0, abs=1e-12) and se_same == pytest.approx(0.0, abs=1e-12)
+    # overlapping: q = N(-1, 1) or N(+1, 1); I = H(mixture) - H(N(0, 1)) by quadrature
+    mu = np.repeat([[-1.0], [1.0]], 2000, axis=0)
+    z = np.linspace(-12, 12, 200001)
+    mix = 0.5 * (np.exp(-0.5 * (z + 1) ** 2) + np.exp(-0.5 * (z - 1) ** 2)) / math.sqrt(2 * math.pi)
+    exact = -np.sum(mix * np.log(mix)) * (z[1] - z[0]) - 0.5 * math.log(2 * math.pi * math.e)
+    mi, se = gaussian_mi(mu, np.zeros_like(mu), seed=0)
+    assert abs(mi - exact) < 4 * se and 0 < se < 0.02 and gaussian_mi(mu, np.zeros_like(mu), seed=0) == (mi, se)
+    assert gaussian_mi(mu, np.zeros_like(mu), seed=1) != (mi, se)  # the seed draws the samples
