@@ -3,6 +3,7 @@
 Per input shard, a stream of stages:
 
     read_samples   tar -> Sample, in shard order (bad samples raise or are counted)
+    drop_later_occurrences   Sample -> Sample: keys an earlier shard of the run has are duplicates
     encode         Sample -> Encoded: z-free ids, layout, position in the shard
     ShardBatches   Encoded -> batches of similar length (pipeline.bucketing), collated
     score_shard    batches -> b, entropy, top-1 over S, float32, scattered back to shard
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import posixpath  # tar member names are '/'-separated; Path() costs ~10 us a name
 import tarfile
 import threading
 import time
@@ -42,16 +42,16 @@ import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 from tqdm import tqdm
-from webdataset.tariterators import base_plus_ext
 
 from pipeline.backbone import load_backbone
 from pipeline.bucketing import bucket
 from pipeline.checkpoint import Checkpoint
 from pipeline.errors import SampleError
-from pipeline.extract_plan import Plan, Task, make_plan, remove_temporaries
+from pipeline.extract_plan import (Plan, Task, cross_shard_duplicates, make_plan, remove_temporaries,
+                                   skip_duplicates)
 from pipeline.ranks import RankFailed, Ranks
 from pipeline.samples import Sample
-from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name
+from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name, tar_keys
 from pipeline.templates import TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, template_ids
 from pipeline.vocab import Vocab
 from store.derived import DERIVED_SCALARS, derived_columns
@@ -122,47 +122,27 @@ class Encoded:
 ErrorHandler = Callable[[SampleError], None] | None
 
 
-def _wds_key(name: str) -> str:
-    return base_plus_ext(name)[0]
-
-
-def tar_keys(names: list[str]) -> tuple[int, dict[str, str]]:
-    """(samples in the tar, {dotted key: the key WebDataset makes of it}) from member names.
-
-    A sample is a ``<key>.json`` member (keyed by the name minus ".json"), or a group of
-    other members that has no json. WebDataset cuts names at the first dot, so
-    ``k.1.json`` would silently become a member "1.json" of sample "k": such keys are
-    found here, from the names, before WebDataset regroups them.
-    """
-    names = [n for n in names if not posixpath.basename(n).startswith("__")]
-    json_keys = {n[: -len(".json")] for n in names if n.endswith(".json")}
-    grouped = {_wds_key(n) for n in names if n.endswith(".json")}
-    others = {_wds_key(n) for n in names if not n.endswith(".json")} - grouped
-    dotted = {k: _wds_key(k + ".json") for k in sorted(json_keys) if "." in posixpath.basename(k)}
-    return len(json_keys) + len(others), dotted
-
-
 def read_samples(path: Path, shard: str, on_error: ErrorHandler,
                  members: list[tarfile.TarInfo] | None = None) -> Iterator[Sample]:
-    """Stage: one shard's valid samples in file order (shards.iter_shard does the per-sample checks).
-
-    members: ``scan_shard(path)`` if the caller has scanned the tar already.
-    """
-    members = scan_shard(path) if members is None else members
-    _, dotted = tar_keys([m.name for m in members])
-    for key in dotted:
-        error = SampleError("bad-key", "key contains '.', which WebDataset splits on", key=key, shard=shard)
-        if on_error is None:
-            raise error
-        on_error(error)
-    residue = set(dotted.values())  # what WebDataset makes of a dotted key: reported above already
-
-    def forward(error: SampleError) -> None:
-        if not (error.reason == "missing-field" and error.key in residue):
-            on_error(error)
-
-    for _, sample in iter_shard(path, on_error=None if on_error is None else forward, members=members):
+    """Stage: one shard's valid samples in file order (shards.iter_shard does the per-sample checks,
+    dotted keys included). members: ``scan_shard(path)`` if the caller has scanned the tar already."""
+    for _, sample in iter_shard(path, on_error=on_error, members=members, name=shard):
         yield sample
+
+
+def drop_later_occurrences(samples: Iterable[Sample], duplicates: dict[str, str], shard: str,
+                           skips: ShardSkips | None) -> Iterator[Sample]:
+    """Stage: samples whose key an earlier shard of the run has (``extract_plan.cross_shard_duplicates``)
+    are left out, counted as 'duplicate-key'; under 'error' (``skips`` None) the plan has raised already."""
+    for sample in samples:
+        if sample.key not in duplicates:
+            yield sample
+            continue
+        error = SampleError("duplicate-key", f"key also occurs in the earlier shard {duplicates[sample.key]}",
+                            key=sample.key, shard=shard)
+        if skips is None:
+            raise error
+        skips.later_occurrence(error)
 
 
 def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str,
@@ -298,6 +278,33 @@ def score_shard(rows: ShardBatches, model, device: torch.device,
 # ---------------------------------------------------------------- one shard -> one part
 
 
+class ShardSkips:
+    """The 'skip' policy's error handler for one shard: bad samples per reason, and their keys per
+    reason, which the part's manifest entry records so that training skips exactly these."""
+
+    def __init__(self):
+        self.counts: Counter = Counter()
+        self.keys: dict[str, list[str]] = {}  # reason -> keys in file order
+        self.extra_copies = 0  # a duplicate key's further copies inside the shard: not samples of their own
+
+    def __call__(self, error: SampleError) -> None:
+        self._count(error)
+        self.extra_copies += error.reason == "duplicate-key"  # iter_shard's only duplicates: inside the shard
+
+    def later_occurrence(self, error: SampleError) -> None:
+        """A sample whose key an earlier shard has: a sample of this tar, skipped."""
+        self._count(error)
+
+    def _count(self, error: SampleError) -> None:
+        self.counts[error.reason] += 1
+        if error.key is not None:
+            self.keys.setdefault(error.reason, []).append(error.key)
+
+    def samples(self) -> int:
+        """Samples of the tar left out."""
+        return sum(self.counts.values()) - self.extra_copies
+
+
 @dataclass
 class PreparedShard:
     """A shard read, encoded and batched (or found truncated, under 'skip'), ready for the model."""
@@ -305,28 +312,30 @@ class PreparedShard:
     task: Task
     rows: ShardBatches | None  # None: a truncated tar skipped whole
     skipped: Counter  # bad samples per reason
+    skipped_keys: dict[str, list[str]]  # their keys, per reason
     in_tar: int  # samples in the tar: rows + skipped (a duplicate's extra copies are not samples)
 
 
 def prepare_shard(task: Task, vocab: Vocab, block_size: int, policy: str, batch_tokens: int) -> PreparedShard:
     """Read, encode and batch one shard. A truncated tar raises, or under 'skip' is marked whole."""
-    skipped: Counter = Counter()
-    on_error = None if policy == "error" else (lambda e: skipped.update([e.reason]))
+    skips = None if policy == "error" else ShardSkips()
     name = task.shard.name
     try:
-        members = scan_shard(task.shard.path)
-        samples = read_samples(task.shard.path, name, on_error, members)  # stream: Sample, file order
-        encoded = list(encode(samples, vocab, block_size, name, on_error))  # Encoded, file order
+        members = scan_shard(task.shard.path, name)
+        samples = read_samples(task.shard.path, name, skips, members)  # stream: Sample, file order
+        samples = drop_later_occurrences(samples, task.duplicates, name, skips)  # keys unique across shards
+        encoded = list(encode(samples, vocab, block_size, name, skips))  # Encoded, file order
     except SampleError as error:
-        if error.reason != "truncated-shard" or policy == "error":
+        if error.reason != "truncated-shard" or skips is None:
             raise
-        return PreparedShard(task, None, skipped, 0)
+        return PreparedShard(task, None, Counter(), {}, 0)
+    skips = ShardSkips() if skips is None else skips
     in_tar, _ = tar_keys([m.name for m in members])
-    accounted = len(encoded) + sum(n for r, n in skipped.items() if r != "duplicate-key")
-    if accounted != in_tar:
+    if len(encoded) + skips.samples() != in_tar:
         raise RuntimeError(f"shard {name!r}: {in_tar} samples in the tar but {len(encoded)} read + "
-                           f"{accounted - len(encoded)} skipped; refusing to write a part that lacks samples")
-    return PreparedShard(task, ShardBatches.build(name, encoded, batch_tokens), skipped, in_tar)
+                           f"{skips.samples()} skipped; refusing to write a part that lacks samples")
+    rows = ShardBatches.build(name, encoded, batch_tokens)
+    return PreparedShard(task, rows, skips.counts, skips.keys, in_tar)
 
 
 @dataclass(frozen=True)
@@ -424,7 +433,8 @@ def extract_part(prepared: PreparedShard, table: pa.Table | None, writer: StoreW
     task = prepared.task
     if table is None:
         return Record(task.shard.entry(None, None, skipped="truncated-shard"), None)
-    return writer.write_part(table, task.shard.entry(prepared.in_tar, task.part), prepared.skipped)
+    return writer.write_part(table, task.shard.entry(prepared.in_tar, task.part), prepared.skipped,
+                             prepared.skipped_keys)
 
 
 def provenance(ckpt: Checkpoint, cfg: ExtractConfig, data_root: Path) -> Provenance:
@@ -436,6 +446,11 @@ def provenance(ckpt: Checkpoint, cfg: ExtractConfig, data_root: Path) -> Provena
 # ---------------------------------------------------------------- run
 
 
+def parts_in(records: list[Record]) -> int:
+    """Parts among the records, counted as `store ls` counts them: an input skipped whole has none."""
+    return sum(r.part is not None for r in records)
+
+
 def _plan_on_rank0(cfg: ExtractConfig, directory: Path, ranks: Ranks, lock: StoreLock):
     """(data_root, shards, plan) from rank 0, or the exception it raised, on every rank."""
     result = None
@@ -445,7 +460,10 @@ def _plan_on_rank0(cfg: ExtractConfig, directory: Path, ranks: Ranks, lock: Stor
             remove_temporaries(directory)
             root, paths = resolve_shards(cfg.data)
             shards = hash_inputs({shard_name(root, path): path for path in paths})
-            result = (root, shards, make_plan(directory, shards, cfg.format, ranks.world))
+            plan = make_plan(directory, shards, cfg.format, ranks.world)
+            if not plan.committed:  # keys unique across every rank's shards: one check, here
+                plan.tasks = skip_duplicates(plan.tasks, cross_shard_duplicates(shards, cfg.on_bad_sample))
+            result = (root, shards, plan)
         except Exception as e:  # every rank must learn that there is no plan
             result = e
     return ranks.broadcast(result)
@@ -497,7 +515,7 @@ def run(cfg: ExtractConfig) -> dict:
             data_root, shards, plan = planned
             if plan.committed:
                 return {"fingerprint": ckpt.fingerprint, "store": str(directory), "rank": ranks.rank,
-                        "nothing_to_do": True, "parts_written": 0, "parts_reused": len(plan.done)}
+                        "nothing_to_do": True, "parts_written": 0, "parts_reused": parts_in(plan.done)}
             try:
                 outcome = ("ok", _write_parts(plan, ckpt, cfg, writer, ranks))
             except Exception as e:
@@ -517,10 +535,11 @@ def run(cfg: ExtractConfig) -> dict:
         wall = time.perf_counter() - t_start
         tokens = sum(r.part.tokens for r in written if r.part)
         summary = {"fingerprint": ckpt.fingerprint, "store": str(directory), "rank": ranks.rank, "nothing_to_do": False,
-                   "parts_written": len(written), "parts_reused": len(plan.done), "wall_s": round(wall, 3),
+                   "parts_written": parts_in(written), "parts_reused": parts_in(plan.done), "wall_s": round(wall, 3),
                    "tokens_written": tokens, "tokens_per_s": round(tokens / wall, 1) if wall > 0 else None}
         if manifest is not None:
-            summary |= {"stats": manifest.stats(), "skipped": manifest.skipped()}
+            summary |= {"parts": len(manifest.parts), "stats": manifest.stats(), "skipped": manifest.skipped(),
+                        "skipped_shards": manifest.skipped_by_input()}
         return summary
     finally:
         ranks.close()

@@ -28,7 +28,7 @@ from store.formats import PARQUET, PART_FORMATS
               help="Read and batch shards in a separate process ahead of the model (default), or in this one.")
 def extract(checkpoint, data, store, fmt, batch_tokens, device, on_bad_sample, wait_lock, progress, reader_process):
     """Compute per-token baselines b_t of CHECKPOINT once and store them under STORE/fingerprint=<fp>/."""
-    from pipeline.errors import SampleError
+    from pipeline.errors import SampleError, Skips
     from pipeline.extract import ExtractConfig, run
     from pipeline.ranks import RankFailed
     from store.lock import StoreLockedError
@@ -44,4 +44,6 @@ def extract(checkpoint, data, store, fmt, batch_tokens, device, on_bad_sample, w
         return
     if summary["nothing_to_do"]:
         click.echo(f"store {summary['store']} is complete for these inputs: nothing to do", err=True)
+    if line := Skips(summary.get("skipped_shards")).summary_line():
+        click.echo(line, err=True)
     click.echo(json.dumps(summary, indent=1))

@@ -3,13 +3,21 @@
 Shards are identified by size and sha256, so a moved dataset still matches its parts and
 changed data never does. A part is done when the committed manifest, or the journal of an
 interrupted run, names it and the file on disk hashes to the recorded sha256.
+
+Keys are unique across the run's shards, not only inside one: rank 0 reads every shard's
+member names before any rank starts (``cross_shard_duplicates``), so the check is global
+under torchrun and does not depend on which rank reads which shard. A key found again in a
+later shard (in name order) is an error naming both shards, or under 'skip' a skipped
+'duplicate-key' of the later shard's task; the first occurrence is kept.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pipeline.errors import SampleError
+from pipeline.shards import sample_keys, scan_shard
 from store.manifest import Manifest, Record, load_manifest, part_index, part_name, read_records
 from store.parts import TMP_SUFFIX, remove_path, sha256_path
 from store.writer import InputShard
@@ -22,6 +30,7 @@ class Task:
     shard: InputShard
     part: str
     rank: int
+    duplicates: dict[str, str] = field(default_factory=dict)  # key -> the earlier shard that has it: skipped here
 
 
 @dataclass
@@ -49,6 +58,42 @@ def _intact(directory: Path, record: Record | None) -> bool:
         return record.input.skipped is not None
     path = directory / record.part.name
     return path.exists() and sha256_path(path)[0] == record.part.sha256
+
+
+def cross_shard_duplicates(shards: list[InputShard], policy: str) -> dict[str, dict[str, str]]:
+    """{shard name: {key: the earlier shard's name}} for keys that an earlier shard of the run has too.
+
+    Under 'error' the first such key raises, naming both shards. A truncated shard has no
+    keys here: it raises when it is read (or is skipped whole under 'skip').
+    """
+    first: dict[str, str] = {}  # key -> the first shard (in the run's order) that has it
+    later: dict[str, dict[str, str]] = {}
+    for shard in shards:
+        for key in _keys_of(shard, policy):
+            if key not in first:
+                first[key] = shard.name
+                continue
+            if policy == "error":
+                raise SampleError("duplicate-key", f"key {key!r} occurs in shards {first[key]} and {shard.name}",
+                                  key=key, shard=shard.name)
+            later.setdefault(shard.name, {})[key] = first[key]
+    return later
+
+
+def _keys_of(shard: InputShard, policy: str) -> list[str]:
+    """The shard's sample keys from its tar headers; none for a truncated shard under 'skip'."""
+    try:
+        members = scan_shard(shard.path, shard.name)
+    except SampleError:
+        if policy == "error":
+            raise
+        return []
+    return sample_keys([m.name for m in members])
+
+
+def skip_duplicates(tasks: list[Task], duplicates: dict[str, dict[str, str]]) -> list[Task]:
+    """The tasks, each with the keys of its shard that an earlier shard has (``cross_shard_duplicates``)."""
+    return [replace(task, duplicates=duplicates.get(task.shard.name, {})) for task in tasks]
 
 
 def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -> Plan:

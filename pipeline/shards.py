@@ -5,7 +5,11 @@ walked once (``scan_shard``) and a shard without a complete last member and an
 end-of-archive block raises ``SampleError('truncated-shard')``; WebDataset on its own
 stops quietly at a cut that falls on a 512-byte block boundary. The scan's members are
 then read by offset and grouped into samples by WebDataset's own ``group_by_keys``, so
-the headers are parsed once.
+the headers are parsed once. Keys with a dot, which WebDataset merges into the key before
+the dot (STACK-NOTES), are found from the member names first and reported under their
+real key. Every stage (extraction, training, evaluation) reads shards through ``iter_shard``,
+so a bad sample is found, and named, the same way in each: its key and the shard's name
+relative to the dataset root (``shard_name``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import posixpath  # tar member names are '/'-separated
 import re
 import tarfile
 from pathlib import Path
@@ -116,15 +121,16 @@ def shard_name(root: str | Path, path: str | Path) -> str:
 # ---------------------------------------------------------------- checking
 
 
-def scan_shard(path: str | Path) -> list[tarfile.TarInfo]:
-    """The regular members, in order; SampleError('truncated-shard') if incomplete.
+def scan_shard(path: str | Path, name: str | None = None) -> list[tarfile.TarInfo]:
+    """The regular members, in order; SampleError('truncated-shard') naming the shard ``name``
+    (default: the path) if incomplete.
 
     Complete means: every member's data is present and an all-zero end-of-archive
     block follows the last member.
     """
-    shard = str(path)
+    shard = str(path) if name is None else name
     try:
-        with tarfile.open(shard, "r:*") as tar:
+        with tarfile.open(path, "r:*") as tar:
             members = [m for m in tar if m.isreg()]  # walks every header
             tar.fileobj.seek(tar.offset)  # just past the last member's padded data
             marker = tar.fileobj.read(tarfile.BLOCKSIZE)
@@ -143,6 +149,41 @@ def _member_key(name: str) -> tuple[str | None, str | None]:
     if _META.match(name) or ("/" not in name and name.startswith("__") and name.endswith("__")):
         return None, None
     return base_plus_ext(name)
+
+
+def _wds_key(name: str) -> str:
+    return base_plus_ext(name)[0]
+
+
+def tar_keys(names: list[str]) -> tuple[int, dict[str, str]]:
+    """(samples in the tar, {dotted key: the key WebDataset makes of it}) from member names.
+
+    A sample is a ``<key>.json`` member (keyed by the name minus ".json"), or a group of
+    other members that has no json. WebDataset cuts names at the first dot, so
+    ``k.1.json`` would silently become a member "1.json" of sample "k": such keys are
+    found here, from the names, before WebDataset regroups them.
+    """
+    names = [n for n in names if not posixpath.basename(n).startswith("__")]
+    json_keys = {n[: -len(".json")] for n in names if n.endswith(".json")}
+    grouped = {_wds_key(n) for n in names if n.endswith(".json")}
+    others = {_wds_key(n) for n in names if not n.endswith(".json")} - grouped
+    dotted = {k: _wds_key(k + ".json") for k in sorted(json_keys) if "." in posixpath.basename(k)}
+    return len(json_keys) + len(others), dotted
+
+
+def merged_keys(names: list[str], dotted: dict[str, str]) -> set[str]:
+    """The keys WebDataset makes of dotted keys that no sample of the tar has itself: samples that
+    exist only as the residue of dotted keys, reported under those keys already."""
+    genuine = {n[: -len(".json")] for n in names if n.endswith(".json")}
+    return set(dotted.values()) - genuine
+
+
+def sample_keys(names: list[str]) -> list[str]:
+    """The keys of a tar's samples as WebDataset groups them, in first-occurrence order, without the
+    residue of dotted keys (those samples are bad keys wherever they are)."""
+    keys = dict.fromkeys(key for key, _ in map(_member_key, names) if key is not None)
+    residue = merged_keys(names, tar_keys(names)[1])
+    return [key for key in keys if key not in residue]
 
 
 def duplicate_keys(names: list[str]) -> list[str]:
@@ -183,7 +224,7 @@ def _continue_after_duplicate_name(exn: Exception) -> bool:
     raise exn
 
 
-def _raw_samples(url: str, members: list[tarfile.TarInfo]) -> Iterator[dict]:
+def _raw_samples(url: str, members: list[tarfile.TarInfo], name: str) -> Iterator[dict]:
     """Raw WebDataset dicts of one shard in file order: the scanned members' data, grouped as WebDataset groups.
 
     Members that WebDataset skips (``__meta__`` names, names without a suffix) are not read.
@@ -194,7 +235,7 @@ def _raw_samples(url: str, members: list[tarfile.TarInfo]) -> Iterator[dict]:
                      for m in members if _member_key(m.name)[0] is not None)
             yield from group_by_keys(files, handler=_continue_after_duplicate_name)
     except (tarfile.TarError, EOFError) as exc:  # the file changed after scan_shard
-        raise SampleError("truncated-shard", f"tar read failed: {exc}", shard=url) from None
+        raise SampleError("truncated-shard", f"tar read failed: {exc}", shard=name) from None
 
 
 def _report(on_error: ErrorHandler | None, error: SampleError) -> None:
@@ -203,22 +244,35 @@ def _report(on_error: ErrorHandler | None, error: SampleError) -> None:
     on_error(error)
 
 
+def _report_bad_names(names: list[str], shard: str, on_error: ErrorHandler | None) -> set[str]:
+    """Report the dotted keys (under their real names) and the duplicate keys found from the member names;
+    returns the keys whose samples are not to be read: the residue WebDataset makes of dotted keys."""
+    _, dotted = tar_keys(names)
+    residue = merged_keys(names, dotted)  # reported as the dotted keys, never as what WebDataset made of them
+    for key in dotted:
+        _report(on_error, SampleError("bad-key", "key contains '.', which WebDataset splits on", key=key, shard=shard))
+    for key in duplicate_keys(names):
+        if key not in residue:
+            _report(on_error, SampleError("duplicate-key", "key occurs more than once in the shard",
+                                          key=key, shard=shard))
+    return residue
+
+
 def iter_shard(url: str | Path, *, on_error: ErrorHandler | None = None,
-               members: list[tarfile.TarInfo] | None = None) -> Iterator[tuple[str, Sample]]:
-    """(url, Sample) for one shard; see ``iter_samples``. ``members``: ``scan_shard(url)`` if already done."""
+               members: list[tarfile.TarInfo] | None = None, name: str | None = None) -> Iterator[tuple[str, Sample]]:
+    """(url, Sample) for one shard; see ``iter_samples``. ``members``: ``scan_shard(url)`` if already done;
+    ``name``: the shard's name in errors (``shard_name``; default: the url)."""
     url = str(url)
-    members = scan_shard(url) if members is None else members  # truncated-shard is raised whatever on_error says
-    for key in duplicate_keys([m.name for m in members]):  # reported before anything is yielded
-        _report(on_error, SampleError("duplicate-key", "key occurs more than once in the shard",
-                                      key=key, shard=url))
-    seen: set[str] = set()
-    for raw in _raw_samples(url, members):
+    name = url if name is None else name
+    members = scan_shard(url, name) if members is None else members  # truncated-shard is raised whatever on_error says
+    seen = _report_bad_names([m.name for m in members], name, on_error)  # before anything is yielded
+    for raw in _raw_samples(url, members, name):
         key = raw.get("__key__")
-        if key in seen:  # a later occurrence of a duplicate key: reported above
+        if key in seen:  # a later occurrence of a duplicate key, or a dotted key's residue: reported above
             continue
         seen.add(key)
         try:
-            sample = parse_sample(raw, shard=url)
+            sample = parse_sample(raw, shard=name)
         except SampleError as error:
             _report(on_error, error)
             continue
@@ -232,7 +286,8 @@ def iter_samples(urls: Iterable[str | Path] | str | Path, *,
     A bad sample raises SampleError when ``on_error`` is None; otherwise ``on_error``
     gets the error and the sample is skipped (for a duplicate key, the later
     occurrences are skipped and the first is kept). A truncated or unreadable shard
-    always raises SampleError('truncated-shard').
+    always raises SampleError('truncated-shard'). A key with a dot is a 'bad-key' under its real
+    name (``doc.v1.0001``), never the sample WebDataset merges it into (``doc``).
     """
     if isinstance(urls, (str, Path)):
         urls = [urls]

@@ -121,9 +121,16 @@ class PartEntry:
     b_sum: float  # nats, over every token
     sum_example_mean_b: float  # sum over rows of mean_t b_t: divided by rows, the mean of per-example means
     skipped: dict[str, int]  # bad samples left out of the part, per reason
+    skipped_keys: dict[str, list[str]] = field(default_factory=dict)
+    """Their keys per reason, in file order (a duplicate's further copies included): what training and
+    evaluation skip without error, because extraction did. Not in the JSON when empty, so a store without
+    skips is written as before."""
 
     def to_json(self) -> dict:
-        return asdict(self)
+        entry = asdict(self)
+        if not self.skipped_keys:
+            del entry["skipped_keys"]
+        return entry
 
     @classmethod
     def from_json(cls, obj: dict) -> PartEntry:
@@ -203,6 +210,12 @@ class Manifest:
 
     def skipped(self) -> dict:
         return skipped_totals(self.parts, self.inputs)
+
+    def skipped_by_input(self) -> dict[str, dict[str, int]]:
+        """{input name: {reason: n}} for the inputs with skipped samples or skipped whole (counted once)."""
+        by_input = {p.input: dict(p.skipped) for p in self.parts if p.skipped}
+        whole = {e.name: {e.skipped: 1} for e in self.inputs if e.part is None and e.skipped}
+        return dict(sorted({**by_input, **whole}.items()))
 
     def to_json(self) -> dict:
         return {"tool": TOOL, "tool_version": self.tool_version, "schema_version": self.schema_version,

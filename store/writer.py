@@ -61,12 +61,14 @@ def sum_example_mean_b(table: pa.Table) -> float:
     return float(np.sum(table.column("b_sum").to_numpy() / table.column("T").to_numpy()))
 
 
-def part_entry(table: pa.Table, source: InputEntry, written: dict, skipped: Mapping[str, int]) -> PartEntry:
+def part_entry(table: pa.Table, source: InputEntry, written: dict, skipped: Mapping[str, int],
+               skipped_keys: Mapping[str, list[str]]) -> PartEntry:
     """The manifest entry of ``table`` published as ``source.part``; ``written``: its {"sha256", "bytes"}."""
     return PartEntry(name=source.part, input=source.name, **written, rows=len(table),
                      tokens=int(np.sum(table.column("T").to_numpy())),
                      b_sum=float(np.sum(table.column("b_sum").to_numpy())),
-                     sum_example_mean_b=sum_example_mean_b(table), skipped=dict(sorted(skipped.items())))
+                     sum_example_mean_b=sum_example_mean_b(table), skipped=dict(sorted(skipped.items())),
+                     skipped_keys={r: list(keys) for r, keys in sorted(skipped_keys.items())})
 
 
 class StoreWriter:
@@ -83,13 +85,14 @@ class StoreWriter:
     def part_name(self, index: int) -> str:
         return part_name(index, self.format)
 
-    def write_part(self, table: pa.Table, source: InputEntry, skipped: Mapping[str, int] | None = None) -> Record:
+    def write_part(self, table: pa.Table, source: InputEntry, skipped: Mapping[str, int] | None = None,
+                   skipped_keys: Mapping[str, list[str]] | None = None) -> Record:
         """Publish ``table`` as the part ``source.part``, then its journal record; the record.
 
-        skipped: bad samples of the input left out of the table, per reason.
+        skipped: bad samples of the input left out of the table, per reason; skipped_keys: their keys.
         """
         written = write_part(table, self.directory / source.part, self.format)
-        record = Record(source, part_entry(table, source, written, skipped or {}))
+        record = Record(source, part_entry(table, source, written, skipped or {}, skipped_keys or {}))
         write_json_atomic(record_path(self.directory, source.part), record.to_json(self.fingerprint))
         return record
 

@@ -1,14 +1,21 @@
 """Each class of bad input under both policies: 'error' names shard and key and commits nothing;
-'skip' leaves the sample out, counts it per reason, and keeps the other rows in order."""
+'skip' leaves the sample out, counts it per reason, records its key, and keeps the other rows in order.
+Keys are unique across the shards of a run, and what a run skipped is said on stderr."""
 
+import json
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from pipeline.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.cli import main
 from pipeline.errors import SampleError
-from pipeline.extract import run, tar_keys
+from pipeline.extract import run
+from pipeline.extract_plan import cross_shard_duplicates, make_plan, skip_duplicates
+from pipeline.shards import tar_keys
 from store.baseline_store import BaselineStore
+from store.writer import hash_inputs
 from tests.fixtures_extract import fp_dir, sample_member, write_raw_tar
 
 GOOD = {"x": ["a", "b"], "y": ["c", "d", "e"], "strategy": "copy", "t0": 1}
@@ -55,6 +62,8 @@ def test_skip_policy_counts_per_reason(world, tmp_path, reason):
     assert summary["skipped"] == view.manifest["skipped"] == {reason: 1}
     part = view.parts()[0]
     assert part["input"] == "bad/shard.tar" and part["skipped"] == {reason: 1}
+    assert part["skipped_keys"] == {reason: ["k.1" if reason == "bad-key" else "k1"]}  # what training skips too
+    assert "skipped_keys" not in view.parts()[1]  # a part without skips is written as before
     keys = view.read_part(part["name"]).column("key").to_pylist()
     assert keys == (["k0", "k1", "k2x", "k2"] if reason == "duplicate-key" else ["k0", "k2"])
     samples = {e["name"]: e["samples"] for e in view.manifest["inputs"]}
@@ -102,3 +111,59 @@ def test_non_finite_b_is_never_written(world, tmp_path):
     with pytest.raises(FloatingPointError, match="non-finite"):
         run(world.config(tmp_path / "s", checkpoint=str(tmp_path / "nan")))
     assert not list(fp_dir(tmp_path / "s").glob("part-*"))
+
+
+def test_a_truncated_shard_skipped_whole_is_said_on_stderr_and_counted_like_store_ls(world, tmp_path):
+    store = tmp_path / "s"
+    args = ["extract", "--checkpoint", str(world.ckpt), "--data", str(_truncated(tmp_path)), "--store", str(store),
+            "--on-bad-sample", "skip", "--no-progress", "--no-reader-process"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == ["skipped 1 whole shard: truncated-shard 1 (shard bad/shard.tar)"]
+    summary = json.loads(result.stdout)
+    listed = CliRunner().invoke(main, ["store", "ls", str(store)]).stdout
+    assert summary["parts_written"] == summary["parts"] == 1 and "  parts=1  " in listed
+    assert summary["skipped_shards"] == {"bad/shard.tar": {"truncated-shard": 1}}
+
+
+def _twins(tmp_path):
+    """train/shard-000000.tar and train/shard-000001.tar both hold a sample keyed 'twin'."""
+    data = tmp_path / "data"
+    write_raw_tar(data / "train" / "shard-000000.tar", [sample_member(k, GOOD) for k in ("a0", "twin", "a1")])
+    write_raw_tar(data / "train" / "shard-000001.tar", [sample_member(k, GOOD) for k in ("b0", "twin", "b1")])
+    return data
+
+
+def test_a_key_in_two_shards_is_refused_naming_both(world, tmp_path):
+    with pytest.raises(SampleError) as info:
+        run(world.config(tmp_path / "s", data=str(_twins(tmp_path))))
+    assert info.value.reason == "duplicate-key"
+    assert "key 'twin' occurs in shards train/shard-000000.tar and train/shard-000001.tar" in str(info.value)
+    assert BaselineStore(tmp_path / "s").fingerprints() == []
+
+
+def test_a_key_in_two_shards_is_skipped_in_the_later_one(world, tmp_path):
+    summary = run(world.config(tmp_path / "s", data=str(_twins(tmp_path)), on_bad_sample="skip"))
+    view = BaselineStore(tmp_path / "s").open()
+    first, later = view.parts()
+    assert view.read_part(first["name"]).column("key").to_pylist() == ["a0", "twin", "a1"]
+    assert view.read_part(later["name"]).column("key").to_pylist() == ["b0", "b1"]
+    assert later["skipped"] == {"duplicate-key": 1} and later["skipped_keys"] == {"duplicate-key": ["twin"]}
+    assert [e["samples"] for e in view.manifest["inputs"]] == [3, 3]  # the later twin is a sample of its tar
+    assert summary["skipped_shards"] == {"train/shard-000001.tar": {"duplicate-key": 1}}
+
+
+def test_the_key_check_is_one_plan_for_every_rank(tmp_path):
+    """Rank 0 plans from every shard's names; the rank that writes the later shard gets its duplicates."""
+    data = _twins(tmp_path)
+    shards = hash_inputs({f"train/{p.name}": p for p in sorted((data / "train").iterdir())})
+    tasks = skip_duplicates(make_plan(tmp_path / "store", shards, "parquet", 2).tasks,
+                            cross_shard_duplicates(shards, "skip"))
+    assert [(t.rank, t.duplicates) for t in tasks] == [(0, {}), (1, {"twin": "train/shard-000000.tar"})]
+
+
+def test_a_store_without_skips_is_written_as_before(world):
+    manifest = BaselineStore(world.store).open().manifest
+    assert {tuple(sorted(p)) for p in manifest["parts"]} == {
+        ("b_sum", "bytes", "input", "name", "rows", "sha256", "skipped", "sum_example_mean_b", "tokens")}
+    assert {tuple(sorted(e)) for e in manifest["inputs"]} == {("name", "part", "samples", "sha256", "size")}
