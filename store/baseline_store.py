@@ -125,6 +125,20 @@ class StoreView:
                            f"{self.dir} has no rows for it")
         return entry["part"]
 
+    def skipped_whole(self, shard_path) -> str | None:
+        """Why extraction skipped this tar whole ("truncated-shard"); None if it has a part or is no input."""
+        try:
+            entry = self.input_for_shard(shard_path)
+        except KeyError:
+            return None
+        return entry.get("skipped") if entry.get("part") is None else None
+
+    def skipped_keys(self, shard_path) -> dict[str, str]:
+        """key -> reason, for the samples of this tar that extraction left out of its part (the part
+        entry's ``skipped_keys``; empty for a store written before they were recorded)."""
+        part = self._parts[self._part_for_shard(shard_path)]
+        return {key: reason for reason, keys in part.get("skipped_keys", {}).items() for key in keys}
+
     def has_rows_for(self, shard_path) -> bool:
         """Whether this tar was extracted into a part (not absent, changed or skipped)."""
         try:

@@ -12,7 +12,8 @@ from pipeline.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.shards import iter_samples, write_shards
 from training.baselines import Frozen
 from training.cvae import CVAEConfig, build_cvae, objective
-from training.data import StoreMismatchError, StoreRef, collate_examples, encode, join_store, split_urls
+from training.data import (BadSamples, StoreMismatchError, StoreRef, collate_examples, encode, join_store, split_urls,
+                           stored_shard)
 from training.losses import WeightingParams, reconstruction_weights
 from training.train import run
 from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
@@ -23,7 +24,9 @@ class EditedView:
 
     def __init__(self, view, edit):
         self.view, self.edit = view, edit
-        self.dir, self.fingerprint = view.dir, view.fingerprint
+
+    def __getattr__(self, name):
+        return getattr(self.view, name)
 
     def rows_for_shard(self, url):
         rows = {k: self.edit(k, dict(r)) for k, r in self.view.rows_for_shard(url).items()}
@@ -37,8 +40,8 @@ def joined_batch(tiny, store, edit=lambda k, r: r, n=24):
     view = EditedView(ref.open(ckpt.vocab), edit)
     url = split_urls(data, "train")[0]
     items = list(iter_samples([url]))[:n]
-    examples = encode(join_store(items, view, ref.fingerprint), ckpt.vocab, 1, ckpt.model.cfg.block_size,
-                      (view.fingerprint, ref.fingerprint))
+    joined = join_store(items, stored_shard(view, url, ref.fingerprint), BadSamples(url, "error"))
+    examples = encode(joined, ckpt.vocab, 1, ckpt.model.cfg.block_size, (view.fingerprint, ref.fingerprint))
     return ckpt, collate_examples(list(examples))
 
 
@@ -114,7 +117,7 @@ def test_changed_shard_and_incomplete_store_are_refused(tiny, tiny_store, tmp_pa
     changed = [replace(s, y=s.y[::-1]) for _, s in iter_samples(split_urls(data, "train")[:1])]
     [shard] = write_shards(changed, tmp_path / "changed", shard_size=1000)
     with pytest.raises(StoreMismatchError, match="shard .*shard-000000.tar has no part"):
-        list(join_store(iter_samples([shard]), ref.open(ckpt.vocab), ref.fingerprint))
+        stored_shard(ref.open(ckpt.vocab), str(shard), ref.fingerprint)
     copy = tmp_path / "store"
     shutil.copytree(tiny_store, copy)
     manifest = next(copy.glob("fingerprint=*/manifest.json"))

@@ -1,12 +1,19 @@
 """Training data: WebDataset shards -> (store join) -> encoded examples -> TrainBatch.
 
-A stream is a chain of generator stages, each ``Iterator[A] -> Iterator[B]``:
+A stream is a chain of generator stages, each ``Iterator[A] -> Iterator[B]``; the first
+three run per shard (``shard_examples``):
 
-    shard urls -> (url, Sample)                       pipeline.shards.iter_shard
+    shard url  -> (url, Sample)                       pipeline.shards.iter_shard
                -> (url, Sample, stored row | None)    join_store: by (__url__, __key__), before any shuffle
                -> Example                             encode: templates, T and echoed-id checks
                -> Example (shuffled)                  shuffle (seeded)
                -> TrainBatch                          batched + collate_examples
+
+Bad samples follow one rule in every stage (``BadSamples``): what extraction skipped, as the
+store's manifest records it (a tar skipped whole, or keys per reason), is skipped here too,
+whatever the stream's policy; any other bad sample raises a SampleError naming its key and
+the shard (relative to the dataset root, as extraction names it), or under the policy
+'skip' is left out. Skips are counted per shard and reason (``pipeline.errors.Skips``).
 
 Training draws the global batch from ``lanes`` sample streams (MosaicML streaming's
 "canonical nodes"): lane l owns the shards i with i % lanes == l, resamples them with
@@ -23,9 +30,9 @@ from __future__ import annotations
 
 import json
 import random
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -33,8 +40,9 @@ import numpy as np
 import torch
 import webdataset as wds
 
+from pipeline.errors import SampleError, Skips
 from pipeline.samples import Sample
-from pipeline.shards import iter_shard, resolve_shards
+from pipeline.shards import iter_shard, resolve_shards, shard_name
 from pipeline.templates import Batch, Layout, check_length, collate, s_targets, template_ids
 from pipeline.vocab import Vocab
 
@@ -73,8 +81,9 @@ class StoreRef:
 
 
 def shards_without_rows(view, urls: Iterable[str]) -> list[str]:
-    """The shards that have no rows in the store view (never extracted, skipped, or changed since)."""
-    return [url for url in urls if not view.has_rows_for(url)]
+    """The shards that have no rows in the store view (never extracted, or changed since); a shard that
+    extraction skipped whole is not missing: the streams skip it too."""
+    return [url for url in urls if not view.has_rows_for(url) and view.skipped_whole(url) is None]
 
 
 def extract_command(checkpoint: str, data: str, store: str) -> str:
@@ -82,22 +91,63 @@ def extract_command(checkpoint: str, data: str, store: str) -> str:
     return f"tokweight extract --checkpoint {checkpoint} --data {data} --store {store}"
 
 
-def join_store(items: Iterable[tuple[str, Sample]], view, fingerprint: str) -> Iterator[tuple]:
-    """(url, Sample) -> (url, Sample, row): a whole part is loaded when the url changes."""
-    current, rows = None, {}
+@dataclass(frozen=True)
+class StoredShard:
+    """What the store holds for one input tar: its rows by key, and what extraction skipped in it."""
+
+    rows: dict[str, dict]  # key -> {"T", "b", "target_id"}
+    skipped: dict[str, str]  # key -> the reason extraction left it out for
+    whole: str | None  # why extraction skipped the whole tar (then no rows); None: it has a part
+    where: str  # the store and both fingerprints, for errors
+
+
+def stored_shard(view, url: str, fingerprint: str) -> StoredShard:
+    """The store's side of one tar (a whole part loaded at once); StoreMismatchError if no input has its content."""
+    where = f"store {view.dir} (store fingerprint {view.fingerprint}, baseline {fingerprint})"
+    try:
+        whole = view.skipped_whole(url)
+        if whole is not None:
+            return StoredShard({}, {}, whole, where)
+        return StoredShard(view.rows_for_shard(url), view.skipped_keys(url), None, where)
+    except KeyError as e:
+        raise StoreMismatchError(f"shard {url} has no part in {where}: {e}") from None
+
+
+class BadSamples:
+    """One shard's bad samples in a training or eval stream, as one error handler.
+
+    A sample that extraction skipped (``recorded``: key -> reason, from the manifest) is left
+    out whatever the policy and counted under extraction's reason, so both stages count the
+    same; any other bad sample raises, naming the shard, or under policy 'skip' is counted.
+    """
+
+    def __init__(self, shard: str, policy: str, recorded: dict[str, str] | None = None):
+        self.shard, self.policy, self.recorded = shard, policy, recorded or {}
+        self.counts: Counter = Counter()  # reason -> samples left out
+
+    def __call__(self, error: SampleError) -> None:
+        reason = self.recorded.get(error.key)
+        if reason is None and self.policy == "error":
+            raise error.located(shard=self.shard)
+        self.counts[reason or error.reason] += 1
+
+    def skipped_at_extraction(self, key: str) -> bool:
+        """Whether a sample without a stored row is one extraction left out (then it is counted)."""
+        if key not in self.recorded:
+            return False
+        self.counts[self.recorded[key]] += 1
+        return True
+
+
+def join_store(items: Iterable[tuple[str, Sample]], stored: StoredShard, bad: BadSamples) -> Iterator[tuple]:
+    """Stage (one shard): (url, Sample) -> (url, Sample, row), by key. A sample without a row is one that
+    extraction skipped (left out, counted) or a StoreMismatchError."""
     for url, sample in items:
-        if url != current:
-            try:
-                rows = view.rows_for_shard(url)
-            except KeyError as e:
-                raise StoreMismatchError(f"shard {url} has no part in store {view.dir} "
-                                         f"(store fingerprint {view.fingerprint}, baseline {fingerprint}): {e}") from None
-            current = url
-        row = rows.get(sample.key)
-        if row is None:
-            raise StoreMismatchError(f"key {sample.key!r} of shard {url} has no row in store {view.dir} "
-                                     f"(store fingerprint {view.fingerprint}, baseline {fingerprint})")
-        yield url, sample, row
+        row = stored.rows.get(sample.key)
+        if row is not None:
+            yield url, sample, row
+        elif not bad.skipped_at_extraction(sample.key):
+            raise StoreMismatchError(f"key {sample.key!r} of shard {bad.shard} has no row in {stored.where}")
 
 
 # ---------------------------------------------------------------- examples
@@ -118,24 +168,32 @@ class Example:
 
 
 def encode(items: Iterable[tuple], vocab: Vocab, slots: int, block_size: int,
-           fingerprints: tuple[str, str] | None = None) -> Iterator[Example]:
+           fingerprints: tuple[str, str] | None = None, on_error: BadSamples | None = None) -> Iterator[Example]:
     """(url, Sample[, row]) -> Example, checking T and the echoed S token ids of every stored row.
 
-    fingerprints: (store, baseline) named in errors.
+    fingerprints: (store, baseline) named in errors. on_error: gets an unknown symbol or a too-long
+    sequence (None: they raise); errors name its shard, else the url.
     """
     placeholder = [vocab.latent_id(0)] * slots
     for url, sample, *row in items:
-        zfree, free_layout = template_ids(vocab, sample.x, sample.y, key=sample.key)
-        zcond, layout = template_ids(vocab, sample.x, sample.y, placeholder, key=sample.key)
-        check_length(len(zcond), block_size, key=sample.key)
+        try:
+            zfree, free_layout = template_ids(vocab, sample.x, sample.y, key=sample.key)
+            zcond, layout = template_ids(vocab, sample.x, sample.y, placeholder, key=sample.key)
+            check_length(len(zcond), block_size, key=sample.key)
+        except SampleError as error:
+            if on_error is None:
+                raise
+            on_error(error)
+            continue
         b = None
         if row and row[0] is not None:
-            b = _checked_b(row[0], s_targets(zfree, free_layout), sample.key, url, fingerprints)
+            shard = url if on_error is None else on_error.shard
+            b = _checked_b(row[0], s_targets(zfree, free_layout), sample.key, shard, fingerprints)
         yield Example(sample.key, url, tuple(zfree), tuple(zcond), layout, sample.strategy, sample.t0, b)
 
 
-def _checked_b(row: dict, targets: list[int], key: str, url: str, fingerprints) -> np.ndarray:
-    where = f"key {key!r} in shard {url} (store fingerprint {fingerprints[0]}, baseline {fingerprints[1]})"
+def _checked_b(row: dict, targets: list[int], key: str, shard: str, fingerprints) -> np.ndarray:
+    where = f"key {key!r} in shard {shard} (store fingerprint {fingerprints[0]}, baseline {fingerprints[1]})"
     if int(row["T"]) != len(targets):
         raise StoreMismatchError(f"stored T={int(row['T'])} but the sample has T={len(targets)}: {where}")
     stored = np.asarray(row["target_id"])
@@ -223,11 +281,6 @@ def batched(items: Iterable[Example], batch_size: int, *, partial: bool) -> Iter
         yield collate_examples(chunk)
 
 
-def shard_samples(urls: Iterable[str]) -> Iterator[tuple[str, Sample]]:
-    for url in urls:
-        yield from iter_shard(url)
-
-
 def _same_seed_everywhere() -> int:
     """ResampledShards' worker seed: 0, so every rank and worker draws the same shard sequence."""
     return 0
@@ -249,6 +302,12 @@ class StreamSpec:
     seed: int = 0
     shuffle_buffer: int = 256
     lanes: int = 1
+    root: str | None = None  # the dataset root that shards are named relative to in errors and counts
+    on_bad_sample: str = "error"  # a bad sample the store does not record as skipped: "error" or "skip"
+
+    def __post_init__(self):
+        if self.on_bad_sample not in ("error", "skip"):
+            raise ValueError(f"on_bad_sample must be 'error' or 'skip', got {self.on_bad_sample!r}")
 
 
 def _worker_info() -> tuple[int, int]:
@@ -260,11 +319,56 @@ def _open_store(spec: StreamSpec):
     return None if spec.store is None else spec.store.open(spec.vocab)
 
 
-def _joined(spec: StreamSpec, view, items: Iterable[tuple[str, Sample]]) -> Iterator[Example]:
-    if view is None:
-        return encode(items, spec.vocab, spec.slots, spec.block_size)
+def shard_label(spec: StreamSpec, view, url: str) -> str:
+    """The shard's name in errors and counts, as extraction names it: its path relative to ``spec.root``;
+    without a root, the store's name for it (relative to the root extraction read); else the url."""
+    try:
+        if spec.root is not None:
+            return shard_name(spec.root, url)
+        if view is not None:
+            return view.input_for_shard(url)["name"]
+    except (ValueError, KeyError):  # not below the root, or not in the store (joining it raises)
+        pass
+    return url
+
+
+def shard_examples(spec: StreamSpec, view, url: str, name: str) -> tuple[list[Example], dict[str, int]]:
+    """One shard (``name``: its ``shard_label``) read, joined with the store (``view``, None without one) and
+    encoded: (its examples in file order, the samples left out per reason). A bad sample raises
+    SampleError, or is skipped (``BadSamples``)."""
+    stored = None if view is None else stored_shard(view, url, spec.store.fingerprint)
+    if stored is not None and stored.whole is not None:
+        return [], {stored.whole: 1}
+    bad = BadSamples(name, spec.on_bad_sample, None if stored is None else stored.skipped)
+    samples = iter_shard(url, on_error=bad, name=name)  # (url, Sample); bad samples go to ``bad``
+    try:
+        examples = list(_encoded(spec, view, stored, bad, samples))
+    except SampleError as error:  # a truncated tar raises whatever the handler says
+        if error.reason != "truncated-shard" or spec.on_bad_sample == "error":
+            raise
+        return [], {error.reason: 1}
+    return examples, dict(bad.counts)
+
+
+def kept_samples(spec: StreamSpec, n: int) -> list[Sample]:
+    """The split's first ``n`` samples that the streams keep (``shard_examples``' rule, so never one that
+    extraction or the policy skipped), in shard order: what evaluation decodes."""
+    view, kept = _open_store(spec), []
+    for url in spec.urls:
+        if len(kept) >= n:
+            break
+        examples, _ = shard_examples(spec, view, url, shard_label(spec, view, url))
+        keys = {ex.key for ex in examples}
+        if keys:  # read again for the samples themselves: bad ones are known to be left out
+            kept += [s for _, s in iter_shard(url, on_error=lambda error: None) if s.key in keys][: n - len(kept)]
+    return kept
+
+
+def _encoded(spec: StreamSpec, view, stored: StoredShard | None, bad: BadSamples, items) -> Iterator[Example]:
+    if stored is None:
+        return encode(items, spec.vocab, spec.slots, spec.block_size, on_error=bad)
     fps = (view.fingerprint, spec.store.fingerprint)
-    return encode(join_store(items, view, spec.store.fingerprint), spec.vocab, spec.slots, spec.block_size, fps)
+    return encode(join_store(items, stored, bad), spec.vocab, spec.slots, spec.block_size, fps, bad)
 
 
 # ---------------------------------------------------------------- the training stream
@@ -272,11 +376,17 @@ def _joined(spec: StreamSpec, view, items: Iterable[tuple[str, Sample]]) -> Iter
 
 @dataclass(frozen=True)
 class DecodedShard:
-    """One drawn shard of a lane: its examples in file order, and the bytes read to make them."""
+    """One drawn shard of a lane: its examples in file order, the bytes read to make them, the samples
+    left out, and the bad-sample or store error that stopped it (raised by the main process, so that it
+    arrives as itself, not as a loader worker's traceback)."""
 
     lane: int
+    url: str
+    shard: str  # its name relative to the dataset root
     examples: list[Example]
     bytes_read: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    error: Exception | None = None
 
 
 def lane_seed(seed: int, lane: int) -> int:
@@ -303,9 +413,13 @@ def shard_decoder(spec: StreamSpec) -> Callable[[int, str], DecodedShard]:
 
     def decode(lane: int, url: str) -> DecodedShard:
         before = view.bytes_read if view is not None else 0
-        examples = list(_joined(spec, view, iter_shard(url)))
+        name = shard_label(spec, view, url)
+        try:
+            examples, skipped = shard_examples(spec, view, url, name)
+        except (SampleError, StoreMismatchError) as error:
+            return DecodedShard(lane, url, name, [], 0, error=error)
         from_store = view.bytes_read - before if view is not None else 0
-        return DecodedShard(lane, examples, Path(url).stat().st_size + from_store)
+        return DecodedShard(lane, url, name, examples, Path(url).stat().st_size + from_store, skipped)
 
     return decode
 
@@ -326,20 +440,39 @@ class ShardDecoder(torch.utils.data.IterableDataset):
 
 
 class LaneRouter:
-    """Splits the decoded shards (in draw order) into one example stream per lane."""
+    """Splits the decoded shards (in draw order) into one example stream per lane; raises a shard's error
+    and counts its skips (once per shard, however often it is drawn)."""
 
-    def __init__(self, decoded: Iterator[DecodedShard], lanes: range):
+    def __init__(self, decoded: Iterator[DecodedShard], lane_shards: dict[int, set[str]]):
         self.decoded = decoded
-        self.pending: dict[int, deque[DecodedShard]] = {lane: deque() for lane in lanes}
+        self.pending: dict[int, deque[DecodedShard]] = {lane: deque() for lane in lane_shards}
+        self.lane_shards = lane_shards  # lane -> its shard urls
+        self.empty: dict[int, set[str]] = {lane: set() for lane in lane_shards}  # shards that gave no example
         self.bytes_read = 0
+        self.skips = Skips()
 
     def examples(self, lane: int) -> Iterator[Example]:
         while True:
             while not self.pending[lane]:  # other lanes' shards wait in their queues
-                shard = next(self.decoded)
-                self.bytes_read += shard.bytes_read
-                self.pending[shard.lane].append(shard)
+                self.receive(next(self.decoded))
             yield from self.pending[lane].popleft().examples
+
+    def receive(self, shard: DecodedShard) -> None:
+        if shard.error is not None:
+            raise shard.error
+        self.bytes_read += shard.bytes_read
+        self.skips.add(shard.shard, shard.skipped)
+        self.pending[shard.lane].append(shard)
+        if not shard.examples:
+            self.check_not_exhausted(shard)
+
+    def check_not_exhausted(self, shard: DecodedShard) -> None:
+        """A lane whose every shard gives no example would be drawn from forever: stop, saying why."""
+        self.empty[shard.lane].add(shard.url)
+        if self.empty[shard.lane] == self.lane_shards[shard.lane]:
+            raise ValueError(f"every shard of lane {shard.lane} ({len(self.lane_shards[shard.lane])}, e.g. "
+                             f"{shard.shard}) was skipped or holds no usable sample: "
+                             f"{self.skips.summary_line() or 'no samples'}")
 
 
 def lane_layout(spec: StreamSpec, rank: int, world: int) -> tuple[range, int]:
@@ -371,8 +504,14 @@ class TrainStream:
         """Bytes of shards and store parts read so far for this rank (its loader workers included)."""
         return self.router.bytes_read if self.router is not None else 0
 
+    @property
+    def skips(self) -> Skips:
+        """The samples this rank's stream left out so far, per shard (each shard counted once)."""
+        return self.router.skips if self.router is not None else Skips()
+
     def batches(self, num_workers: int) -> Iterator[TrainBatch]:
-        self.router = LaneRouter(iter(loader(ShardDecoder(self.spec, self.lanes), num_workers)), self.lanes)
+        lane_shards = {lane: set(self.spec.urls[lane::self.spec.lanes]) for lane in self.lanes}
+        self.router = LaneRouter(iter(loader(ShardDecoder(self.spec, self.lanes), num_workers)), lane_shards)
         streams = [shuffle(self.router.examples(lane), self.spec.shuffle_buffer,
                            random.Random(lane_seed(self.spec.seed, lane))) for lane in self.lanes]
         while True:
@@ -380,16 +519,33 @@ class TrainStream:
 
 
 class EvalStream(torch.utils.data.IterableDataset):
-    """One exact pass: shards split by node and by worker, last batch partial."""
+    """One exact pass: shards split by node and by worker, last batch partial. Each batch is preceded by
+    a ``Skips`` of the samples left out while it was filled, if any, and the pass ends with the rest."""
 
     def __init__(self, spec: StreamSpec):
         super().__init__()
         self.spec = spec
 
-    def __iter__(self) -> Iterator[TrainBatch]:
+    def __iter__(self) -> Iterator[TrainBatch | Skips]:
         urls = wds.split_by_worker(wds.split_by_node(iter(self.spec.urls)))
-        return batched(_joined(self.spec, _open_store(self.spec), shard_samples(urls)), self.spec.batch_size,
-                       partial=True)
+        view, skips = _open_store(self.spec), Skips()
+
+        def examples(url: str) -> list[Example]:
+            name = shard_label(self.spec, view, url)
+            kept, skipped = shard_examples(self.spec, view, url, name)
+            skips.add(name, skipped)
+            return kept
+
+        batches = batched(chain.from_iterable(map(examples, urls)), self.spec.batch_size, partial=True)
+        return with_skips(batches, skips)
+
+
+def with_skips(batches: Iterable[TrainBatch], skips: Skips) -> Iterator[TrainBatch | Skips]:
+    """Stage: each batch preceded by what ``skips`` gathered while it was filled, the remainder last."""
+    for batch in batches:
+        yield from skips.drain()
+        yield batch
+    yield from skips.drain()
 
 
 def split_urls(data: str | Path, split: str) -> tuple[str, ...]:

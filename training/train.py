@@ -17,7 +17,7 @@ and the same lanes. Rank 0 writes everything.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import islice
 from pathlib import Path
@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.backbone import load_backbone
+from pipeline.errors import Skips
 from pipeline.labels import load_labels
 from pipeline.ranks import Ranks
 from pipeline.vocab import Vocab
@@ -61,6 +62,7 @@ class State:
     step: int = 0
     post_opt: torch.optim.Optimizer | None = None  # aggressive posterior updates only
     strategy_names: tuple[str, ...] = ()  # estep mode "label": latent value k is strategy_names[k]
+    skips: Skips = field(default_factory=Skips)  # samples this rank's streams left out (train and val), per shard
 
 
 def data_seed(seed: int, start_step: int) -> int:
@@ -87,7 +89,7 @@ def setup(cfg: TrainConfig, ranks: Ranks) -> State:
                       block_size=init.model.cfg.block_size, batch_size=cfg.optim.batch_size,
                       store=store if cfg.loss.policy == "precomputed" else None,
                       seed=data_seed(cfg.optim.seed, step), shuffle_buffer=cfg.io.shuffle_buffer,
-                      lanes=cfg.io.lanes or ranks.world)
+                      lanes=cfg.io.lanes or ranks.world, root=cfg.io.data)
     return State(model, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
                  GlobalBatch(ranks.rank, ranks.world), device, meta, step, post_opt, label_names(cfg))
 
@@ -288,7 +290,7 @@ def optimizer_step(state: State, grad_clip: float) -> None:
 
 def fit(state: State, cfg: TrainConfig) -> int:
     """Train from ``state.step`` to ``cfg.optim.steps``; the bytes of shards and store parts this rank's
-    training stream read."""
+    training stream read. The samples it left out are added to ``state.skips``."""
     if state.step >= cfg.optim.steps:
         return 0
     ranks = state.global_batch
@@ -306,6 +308,7 @@ def fit(state: State, cfg: TrainConfig) -> int:
             after_step(state, cfg, record, bar)
     finally:
         bar.close()
+        state.skips.merge(stream.skips)
     return stream.bytes_read
 
 
@@ -327,13 +330,16 @@ def validate_run(state: State, cfg: TrainConfig, examples: int | None = None) ->
     scoring = Scoring(state.baseline, cfg.loss, state.params, cfg.cvae, cfg.optim.seed)
     spec = replace(state.spec, urls=split_urls(cfg.io.data, "val"), batch_size=cfg.log.eval_batch_size)
     ranks = state.global_batch
-    return validate(state.model, scoring, spec, split="val", step=state.step, world=ranks.world, device=state.device,
-                    log=Path(cfg.io.out) if ranks.rank == 0 else None, examples=examples)
+    metrics = validate(state.model, scoring, spec, split="val", step=state.step, world=ranks.world,
+                       device=state.device, log=Path(cfg.io.out) if ranks.rank == 0 else None, examples=examples)
+    state.skips.merge(metrics.get("skipped_shards", {}))
+    return metrics
 
 
 def run(cfg: TrainConfig) -> dict:
-    """The whole job; the result holds the final validation's metrics, the training wall time and
-    ``input_bytes_read``: each rank's bytes of shards and store parts read by its training stream."""
+    """The whole job; the result holds the final validation's metrics, the training wall time,
+    ``input_bytes_read``: each rank's bytes of shards and store parts read by its training stream, and,
+    if any sample was left out, ``skipped`` and ``skipped_shards``: every rank's train and val streams'."""
     ranks = Ranks(timeout_s=120.0, backend="nccl" if cfg.io.device.startswith("cuda") else "gloo")
     try:
         state = setup(cfg, ranks)  # refuses a bad config, checkpoint or store before the run directory exists
@@ -344,6 +350,9 @@ def run(cfg: TrainConfig) -> dict:
         bytes_read = fit(state, cfg)
         wall = time.perf_counter() - t0
         metrics = validate_run(state, cfg)
-        return {**metrics, "train_wall_s": wall, "input_bytes_read": ranks.gather(bytes_read)}
+        skips = Skips()
+        for shards in ranks.gather(state.skips.shards):  # the ranks read disjoint train shards
+            skips.merge(shards)
+        return {**metrics, "train_wall_s": wall, "input_bytes_read": ranks.gather(bytes_read), **skips.to_json()}
     finally:
         ranks.close()

@@ -9,6 +9,14 @@ from pathlib import Path
 import click
 
 
+def echo_skips(result: dict) -> None:
+    """The one stderr line saying which samples the run left out, if it left any out."""
+    from pipeline.errors import Skips
+
+    if line := Skips(result.get("skipped_shards")).summary_line():
+        click.echo(line, err=True)
+
+
 @click.command("train")
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), required=True,
               help="Entangled checkpoint to initialise the CVAE from.")
@@ -102,6 +110,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     if int(os.environ.get("RANK", "0")) == 0:  # one report under torchrun
+        echo_skips(result)
         click.echo(json.dumps(result, indent=1))
 
 
@@ -122,5 +131,6 @@ def evaluate(run_dir, data, split, decode_examples, device):
         raise click.ClickException(str(e)) from e
     if "reason" in result["baseline"]:
         click.echo(f"note: {result['baseline']['reason']}", err=True)
+    echo_skips(result["metrics"])
     click.echo((Path(run_dir) / "eval.md").read_text())
     click.echo(json.dumps(result["metrics"], indent=1))

@@ -1,19 +1,22 @@
 """The validation pass of a train run (and of ``tokweight eval``): per-example records over a
-split, gathered across ranks, finalised into metrics and appended to RUN/metrics.jsonl by rank 0."""
+split, gathered across ranks, finalised into metrics and appended to RUN/metrics.jsonl by rank 0.
+The samples the stream left out (``data.EvalStream``'s ``Skips`` items) are counted with the
+records and reported in the metrics (``skipped``, ``skipped_shards``) when there are any."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from pipeline.errors import Skips
 from training.baselines import Baseline
 from training.cvae import CVAE, CVAEConfig
-from training.data import EvalStream, StreamSpec, loader
+from training.data import EvalStream, StreamSpec, TrainBatch, loader
 from training.losses import WeightingParams, example_kl, reconstruction_weights, weighted_reconstruction
 from training.metrics import EvalRecords
 from training.run_dir import append_metrics
@@ -36,15 +39,34 @@ class Scoring:
     """Seeds the continuous latent's noise and the k-means."""
 
     def metrics(self, records: EvalRecords) -> dict:
-        return records.finalize(self.cvae.latent, self.cvae.k, self.seed)
+        skipped = records.skips.to_json() if isinstance(records, PassRecords) else {}
+        return records.finalize(self.cvae.latent, self.cvae.k, self.seed) | skipped
+
+
+class PassRecords(EvalRecords):
+    """An eval pass's per-example records and the samples its stream left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.skips = Skips()
+
+    def merge(self, others: list[PassRecords]) -> PassRecords:
+        super().merge(others)
+        for other in others:
+            self.skips.merge(other.skips)
+        return self
 
 
 @torch.no_grad()
-def evaluate_pass(model: CVAE, batches, scoring: Scoring, device) -> EvalRecords:
-    """Per-example recon (weighted and uniform), KL and posterior over the batches (this rank's)."""
+def evaluate_pass(model: CVAE, batches: Iterable[TrainBatch | Skips], scoring: Scoring, device) -> PassRecords:
+    """Per-example recon (weighted and uniform), KL and posterior over the batches (this rank's), and the
+    samples the stream skipped (its ``Skips`` items)."""
     model.eval()
-    records, loss = EvalRecords(), scoring.loss
+    records, loss = PassRecords(), scoring.loss
     for batch in batches:
+        if isinstance(batch, Skips):
+            records.skips.merge(batch)
+            continue
         batch = batch.to(device)
         out = model(batch, generator=torch.Generator().manual_seed(scoring.seed))
         b = scoring.baseline(batch, out)
@@ -61,13 +83,24 @@ def evaluate_pass(model: CVAE, batches, scoring: Scoring, device) -> EvalRecords
     return records
 
 
-def gather_records(records: EvalRecords, world: int) -> EvalRecords:
-    """One collective after the loop: every rank's records to every rank."""
+def gather_records(records: PassRecords, world: int) -> PassRecords:
+    """One collective after the loop: every rank's records (and skips) to every rank."""
     if world == 1:
         return records
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, records)
-    return EvalRecords().merge(everyone)
+    return PassRecords().merge(everyone)
+
+
+def first_batches(items: Iterable[TrainBatch | Skips], n: int) -> Iterator[TrainBatch | Skips]:
+    """The items up to the n-th batch (``Skips`` items are not batches); nothing is read beyond it."""
+    if n < 1:
+        return
+    for item in items:
+        yield item
+        n -= not isinstance(item, Skips)
+        if n == 0:
+            return
 
 
 def validate(model: CVAE, scoring: Scoring, spec: StreamSpec, *, split: str, step: int, world: int, device,
@@ -76,7 +109,7 @@ def validate(model: CVAE, scoring: Scoring, spec: StreamSpec, *, split: str, ste
     appended to ``log``/metrics.jsonl when given (rank 0's run directory)."""
     batches = loader(EvalStream(spec), 0)
     if examples is not None:
-        batches = islice(batches, -(-examples // spec.batch_size))
+        batches = first_batches(batches, -(-examples // spec.batch_size))
     records = gather_records(evaluate_pass(model, batches, scoring, device), world)
     metrics = {"split": split, "step": step, **scoring.metrics(records)}
     if log is not None:
