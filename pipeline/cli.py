@@ -7,6 +7,8 @@ stays instant.
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import click
 
@@ -18,8 +20,52 @@ from training.train_cli import evaluate as eval_cmd, train as train_cmd
 from training.experiment_cli import experiment
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-def main():
+OUTPUT_OPTIONS = ("--out", "--store")  # what a command creates; a failed one leaves no empty one behind
+
+
+def one_line(error: Exception) -> str:
+    """The error as one line: its message (each names the file, the key and what to do), whitespace folded."""
+    return " ".join(str(error).strip("'\"").split()) or type(error).__name__
+
+
+def new_output_dirs(args: list[str]) -> list[Path]:
+    """The command's output directories that do not exist yet."""
+    paths = [Path(args[i + 1]) for i, arg in enumerate(args[:-1]) if arg in OUTPUT_OPTIONS]
+    return [p for p in paths if not p.exists()]
+
+
+def remove_if_empty(path: Path) -> None:
+    """Remove ``path`` if it holds nothing but empty directories."""
+    if path.is_dir() and not any(p.is_file() for p in path.rglob("*")):
+        shutil.rmtree(path)
+
+
+class OneLineErrors(click.Group):
+    """Every failure of a command is one line on stderr, `Error: <what>`, and exit status 1; the
+    traceback only with `tokweight --debug`. Output directories the failed command created and
+    left empty are removed."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["tokweight.args"] = list(args)  # the whole command line, the subcommand's options included
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context):
+        created = new_output_dirs(ctx.meta.get("tokweight.args", []))
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as error:
+            for path in created:
+                remove_if_empty(path)
+            if isinstance(error, click.ClickException) or ctx.params.get("debug"):
+                raise
+            raise click.ClickException(one_line(error)) from None
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--debug", is_flag=True, help="Show the traceback of a failure instead of one line.")
+def main(debug):
     """Surprisal-share token weighting for latent-strategy CVAEs."""
 
 

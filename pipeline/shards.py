@@ -109,7 +109,8 @@ def resolve_shards(data: str | Path) -> tuple[Path, list[Path]]:
         shards = [Path(p) for p in glob.glob(str(data), recursive=True) if Path(p).is_file()]
         root = Path(os.path.commonpath([str(p.parent) for p in shards])) if shards else path
     if not shards:
-        raise FileNotFoundError(f"no .tar shards found for {str(data)!r} (expected a directory or a glob pattern)")
+        raise FileNotFoundError(f"no .tar shards found for {str(data)!r} (expected a directory or a glob pattern): "
+                                "write them with tokweight synth or tokweight convert")
     return root, sorted(shards, key=lambda p: shard_name(root, p))
 
 

@@ -130,9 +130,10 @@ def test_cell_key_follows_the_config_not_the_paths(tmp_path):
                 key(cell, budget=replace(TINY_BUDGET, decode_examples=9))}) == 6
 
 
-def test_cell_keys_are_those_of_cells_trained_before_the_config_groups():
-    """A cell key hashes TrainConfig's flat form (config.json's shape before the grouping), so cells trained
-    then are found again; these keys were computed before it (commit 9a96994)."""
+def test_cell_keys_do_not_move_unless_the_config_does():
+    """A cell key hashes TrainConfig's flat form (config.json's shape before the grouping), so grouping the
+    fields moved no key (the keys of commit 9a96994 stayed); a new field does move them, since a key covers
+    every field with its default: these are the keys since io.on_bad_sample."""
     prep = artefacts.Prepared(TaskConfig().settings[0], Path("/d"), "datakey", Path("/b"), "fp123", Path("/s"), {})
     budget = cells.CellBudget()
 
@@ -141,10 +142,10 @@ def test_cell_keys_are_those_of_cells_trained_before_the_config_groups():
         tcfg = cells.train_config(cell, prep, cells.CellPlan(4, 3, budget, recipe), Path("/r"))
         return cells.cell_key(tcfg, prep, budget.decode_examples)
 
-    assert key("discrete", "token", "uniform", 1.0, 0, "baseline") == "54db2cf67280"
-    assert key("discrete", "prefix", "surprisal-share", 0.3, 4, "em-balanced") == "16b68262d094"
-    assert key("discrete", "prefix", "surprisal-share", 0.3, 4, "survival") == "448510bf3051"
-    assert key("continuous", "layernorm", "sum", 0.1, 1, "baseline") == "229b6c3a7000"
+    assert key("discrete", "token", "uniform", 1.0, 0, "baseline") == "64e1b205c5ee"
+    assert key("discrete", "prefix", "surprisal-share", 0.3, 4, "em-balanced") == "671acc82c440"
+    assert key("discrete", "prefix", "surprisal-share", 0.3, 4, "survival") == "5b95a550a7a3"
+    assert key("continuous", "layernorm", "sum", 0.1, 1, "baseline") == "bd92c2b98835"
 
 
 def test_default_task_keys_are_those_of_earlier_runs():

@@ -20,36 +20,21 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass
-from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from pipeline.checkpoint import load_checkpoint
+from pipeline.backbone import load_backbone
 from pipeline.labels import DatasetLabels, load_labels
 from pipeline.samples import Sample
-from pipeline.shards import iter_samples
 from pipeline.templates import Layout, template_ids
 from store.tables import general, markdown_table
 from training.baselines import make_baseline
-from training.control import (
-    CONTROL_RULE,
-    reference_control,
-    reference_markdown,
-    strategy_execution,
-    z_use,
-)
+from training.control import CONTROL_RULE, reference_control, reference_markdown, strategy_execution, z_use
 from training.cvae import CVAE
-from training.data import (
-    EvalStream,
-    StoreRef,
-    StreamSpec,
-    extract_command,
-    loader,
-    shards_without_rows,
-    split_urls,
-)
+from training.data import (EvalStream, StoreRef, StreamSpec, extract_command, kept_samples, loader, shards_without_rows,
+                           split_urls)
 from training.losses import WeightingParams
 from training.metrics import contingency, kmeans, matched_labels
 from training.run_dir import load_run
@@ -196,17 +181,17 @@ def run_eval(cfg: EvalConfig) -> dict:
     policy, store, b_source = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, cfg)
     baseline_model = None
     if policy == "frozen":
-        baseline_model = load_checkpoint(tcfg.io.baseline_source, device=cfg.device).model
+        baseline_model = load_backbone(tcfg.io.baseline_source, device=cfg.device).model
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
     scoring = Scoring(make_baseline(policy, baseline_model), tcfg.loss, params, tcfg.cvae, tcfg.optim.seed)
     spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
-                      batch_size=cfg.batch_size, store=store)
+                      batch_size=cfg.batch_size, store=store, root=cfg.data, on_bad_sample=tcfg.io.on_bad_sample)
     records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, torch.device(cfg.device))
     model.eval()
     metrics = scoring.metrics(records)
     centres, clusters = split_clusters(np.stack(records.rows["post"]), tcfg.cvae, tcfg.optim.seed)
     matched = strategy_to_latent(records.rows["strategy"], clusters, tcfg.cvae.k)
-    samples = [s for _, s in islice(iter_samples(list(urls)), cfg.decode_examples)]  # only the first ones are parsed
+    samples = kept_samples(spec, cfg.decode_examples)  # the first ones the stream keeps
     decode = decode_per_latent(model, vocab, samples, centres, load_labels(cfg.data), matched) if samples else {}
     verdict = z_use(metrics, decode, tcfg.cvae.latent)
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,

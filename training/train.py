@@ -89,7 +89,7 @@ def setup(cfg: TrainConfig, ranks: Ranks) -> State:
                       block_size=init.model.cfg.block_size, batch_size=cfg.optim.batch_size,
                       store=store if cfg.loss.policy == "precomputed" else None,
                       seed=data_seed(cfg.optim.seed, step), shuffle_buffer=cfg.io.shuffle_buffer,
-                      lanes=cfg.io.lanes or ranks.world, root=cfg.io.data)
+                      lanes=cfg.io.lanes or ranks.world, root=cfg.io.data, on_bad_sample=cfg.io.on_bad_sample)
     return State(model, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
                  GlobalBatch(ranks.rank, ranks.world), device, meta, step, post_opt, label_names(cfg))
 

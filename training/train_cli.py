@@ -64,6 +64,8 @@ def echo_skips(result: dict) -> None:
 @click.option("--num-workers", type=int, default=1)
 @click.option("--lanes", type=int, default=None,
               help="Sample streams of the global batch (default: one per rank); the data order depends on it.")
+@click.option("--on-bad-sample", type=click.Choice(["error", "skip"]), default="error",
+              help="A bad sample the store does not record as skipped: stop naming it, or skip and count it.")
 @click.option("--log-every", type=int, default=10)
 @click.option("--grad-diag-every", type=int, default=50)
 @click.option("--ckpt-every", type=int, default=100)
@@ -73,7 +75,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
           baseline_checkpoint, beta, beta_schedule, warmup_steps, cycles, ramp_ratio, free_bits, recipe, estep,
           estep_temperature, estep_prior, estep_balance_iters, estep_until, latent_embedding_norm,
           latent_embedding_center, aggressive_steps, aggressive_until, posterior_encoder, steps, batch_size, lr,
-          num_workers, lanes, log_every, grad_diag_every, ckpt_every, seed, device):
+          num_workers, lanes, on_bad_sample, log_every, grad_diag_every, ckpt_every, seed, device):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready)."""
     import torch
 
@@ -90,7 +92,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
     try:
         cfg = with_recipe(TrainConfig(
             io=IOConfig(checkpoint=checkpoint, data=data, out=out, store=store, baseline_checkpoint=baseline_checkpoint,
-                        lanes=lanes, num_workers=num_workers, device=device),
+                        lanes=lanes, num_workers=num_workers, device=device, on_bad_sample=on_bad_sample),
             cvae=CVAEConfig(latent=latent, k=k, z_dim=z_dim, prior=prior, cond=cond, slots=slots),
             loss=LossConfig(weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,
                             beta=BetaSchedule(beta, beta_schedule, warmup_steps, cycles, ramp_ratio),

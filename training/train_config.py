@@ -45,8 +45,13 @@ class IOConfig:
     """Examples in the seeded shuffle buffer (after the store join)."""
     device: str = "cpu"
     """torch device of the model; "cuda" under torchrun is cuda:LOCAL_RANK on each rank."""
+    on_bad_sample: str = "error"
+    """A bad sample the store does not already record as skipped: "error" (named by key and shard) or
+    "skip" (counted by reason). What extraction skipped is skipped whatever this says."""
 
     def __post_init__(self):
+        if self.on_bad_sample not in ("error", "skip"):
+            raise ValueError(f"on_bad_sample must be 'error' or 'skip', got {self.on_bad_sample!r}")
         if self.lanes is not None and self.lanes < 1:
             raise ValueError(f"lanes must be >= 1 (or None: one per rank), got {self.lanes}")
         if min(self.num_workers, self.shuffle_buffer) < 0:
