@@ -29,9 +29,11 @@ K = 4
 
 
 def prepare(work: Path) -> tuple[Path, Path, Path]:
-    from pipeline.extract import ExtractConfig, run as extract
+    from pipeline.extract import ExtractConfig
+    from pipeline.extract import run as extract
     from pipeline.synth import PRESETS, write_dataset
-    from training.train_base import BaseTrainConfig, run as train_base
+    from training.train_base import BaseTrainConfig
+    from training.train_base import run as train_base
 
     data, ckpt, store = work / "data", work / "base", work / "store"
     if not (data / "dataset.json").exists():
@@ -57,7 +59,7 @@ def make_state(data, ckpt, store, work, policy, batch_size):
 
 
 def batches(state, n):
-    from training.data import TrainStream
+    from training.stream import TrainStream
 
     return list(islice(TrainStream(state.spec, 0, 1).batches(0), n))
 
@@ -112,7 +114,7 @@ def bench_memory(runs: dict, batch) -> dict:
 
 
 def bench_join(state, n) -> dict:
-    from training.data import TrainStream
+    from training.stream import TrainStream
 
     def read(spec):
         t = time.perf_counter()

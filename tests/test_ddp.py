@@ -9,7 +9,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 

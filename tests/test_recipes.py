@@ -92,7 +92,7 @@ def test_recipes_set_only_remedy_fields(tiny, tmp_path):
 def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re_initialised(tiny, tmp_path):
     from pipeline.ranks import Ranks
     from training.baselines import Frozen
-    from training.data import EvalStream, loader
+    from training.stream import EvalStream, loader
     from training.train import setup
 
     state = setup(config(tiny, tmp_path, remedies=RemedyConfig(latent_embedding_norm=3.0)), Ranks())

@@ -11,10 +11,12 @@ from click.testing import CliRunner
 from pipeline.checkpoint import load_checkpoint
 from pipeline.cli import main
 from pipeline.errors import Skips
-from pipeline.extract import ExtractConfig, run as extract
+from pipeline.extract import ExtractConfig
+from pipeline.extract import run as extract
 from store.baseline_store import BaselineStore
 from tests.fixtures_extract import sample_member, write_raw_tar
-from training.data import EvalStream, StoreRef, StreamSpec, TrainStream, kept_samples, shard_decoder, split_urls
+from training.data import StoreRef, StreamSpec, kept_samples, split_urls
+from training.stream import EvalStream, TrainStream, shard_decoder
 
 GOOD = {"x": ["a", "b"], "y": ["c", "d", "e"], "strategy": "copy", "t0": 1}
 

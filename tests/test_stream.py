@@ -1,4 +1,4 @@
-"""The training stream divides its work: lanes, ranks and workers (training/data.py)."""
+"""The training stream divides its work: lanes, ranks and workers (training/stream.py)."""
 
 from dataclasses import replace
 from itertools import islice
@@ -10,7 +10,8 @@ from pipeline.checkpoint import load_checkpoint
 from pipeline.samples import Sample
 from pipeline.shards import write_shards
 from pipeline.vocab import Vocab
-from training.data import ShardDecoder, StoreRef, StreamSpec, TrainStream, split_urls
+from training.data import StoreRef, StreamSpec, split_urls
+from training.stream import ShardDecoder, TrainStream
 
 STEPS = 12
 
@@ -77,13 +78,14 @@ def test_one_lane_is_the_resampled_shuffled_stream_of_one_process(tmp_path):
 
     import webdataset as wds
 
-    from training.data import _same_seed_everywhere, shuffle
+    from training.data import shuffle
+    from training.stream import same_seed_everywhere
 
     vocab = Vocab(("a", "b"), k_max=2)
     samples = [Sample(key=f"k{i:03d}", x=("a",), y=("b",) * (1 + i % 3)) for i in range(40)]
     urls = tuple(str(p) for p in write_shards(samples, tmp_path, shard_size=10))
     spec = StreamSpec(urls=urls, vocab=vocab, slots=1, block_size=32, batch_size=4, seed=9, shuffle_buffer=6)
-    shards = wds.ResampledShards(list(urls), seed=9, worker_seed=_same_seed_everywhere, deterministic=True)
+    shards = wds.ResampledShards(list(urls), seed=9, worker_seed=same_seed_everywhere, deterministic=True)
     by_url = {u: [s.key for s in samples[10 * i:10 * i + 10]] for i, u in enumerate(urls)}
     drawn = (key for item in shards for key in by_url[item["url"]])
     expected = list(islice(shuffle(drawn, 6, random.Random(9)), 5 * 4))

@@ -10,9 +10,10 @@ from safetensors.torch import load_file
 from pipeline.checkpoint import load_checkpoint
 from training.baselines import Frozen, dynamic
 from training.cvae import CVAEConfig, build_cvae
-from training.data import EvalStream, StreamSpec, loader, split_urls
+from training.data import StreamSpec, split_urls
 from training.run_dir import load_run
 from training.schedules import BetaSchedule
+from training.stream import EvalStream, loader
 from training.train import run
 from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 

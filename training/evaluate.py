@@ -33,11 +33,11 @@ from store.tables import general, markdown_table
 from training.baselines import make_baseline
 from training.control import CONTROL_RULE, reference_control, reference_markdown, strategy_execution, z_use
 from training.cvae import CVAE
-from training.data import (EvalStream, StoreRef, StreamSpec, extract_command, kept_samples, loader, shards_without_rows,
-                           split_urls)
+from training.data import StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows, split_urls
 from training.losses import WeightingParams
 from training.metrics import contingency, kmeans, matched_labels
 from training.run_dir import load_run
+from training.stream import EvalStream, loader
 from training.train_config import IOConfig
 from training.validation import Scoring, evaluate_pass
 

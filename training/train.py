@@ -33,16 +33,15 @@ from pipeline.ranks import Ranks
 from pipeline.vocab import Vocab
 from training.baselines import Baseline, make_baseline
 from training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent_embeddings
-from training.data import (StoreRef, StreamSpec, TrainBatch, TrainStream, extract_command, shards_without_rows,
-                           split_urls)
+from training.data import StoreRef, StreamSpec, TrainBatch, extract_command, shards_without_rows, split_urls
 from training.estep import EStepConfig, em_objective, strategy_indices
 from training.global_batch import GlobalBatch
 from training.losses import WeightingParams, example_kl, reconstruction_weights, weighted_reconstruction
 from training.metrics import entropy, posterior_gradient_norms
 from training.run_dir import append_metrics, resume, save_checkpoint, write_config
+from training.stream import TrainStream
 from training.train_config import IOConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
 from training.validation import Scoring, validate
-
 
 # ---------------------------------------------------------------- setup
 

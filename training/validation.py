@@ -16,10 +16,11 @@ import torch.distributed as dist
 from pipeline.errors import Skips
 from training.baselines import Baseline
 from training.cvae import CVAE, CVAEConfig
-from training.data import EvalStream, StreamSpec, TrainBatch, loader
+from training.data import StreamSpec, TrainBatch
 from training.losses import WeightingParams, example_kl, reconstruction_weights, weighted_reconstruction
 from training.metrics import EvalRecords
 from training.run_dir import append_metrics
+from training.stream import EvalStream, loader
 from training.train_config import LossConfig
 
 
