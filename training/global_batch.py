@@ -8,7 +8,7 @@ normalisation of v_i to batch mean 1, and free bits' floor on the batch-mean KL.
 take a ``GlobalBatch`` argument; ``LOCAL`` (one process) makes each operation the plain
 one, so a single process computes exactly what it computed before.
 
-Rank r holds rows [r * B, (r + 1) * B) of the global batch (``data.TrainStream`` builds
+Rank r holds rows [r * B, (r + 1) * B) of the global batch (``stream.TrainStream`` builds
 it so), every rank the same B: the rank-order concatenation of the ranks' rows is the
 one-process batch of the same global size.
 """

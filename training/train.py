@@ -8,7 +8,7 @@ replaced atomically), and resume from it.
 
 Data parallel (torchrun; gloo on CPU, NCCL on GPUs): the global batch of N * B examples
 is drawn from ``lanes`` sample streams, each rank reading only its own lanes' shards
-(``data.TrainStream``); gradients are averaged with one all_reduce per parameter, and the
+(``stream.TrainStream``); gradients are averaged with one all_reduce per parameter, and the
 terms that couple a batch's examples are computed over the global batch
 (``global_batch.py``), so N ranks with batch B step like one process with batch N * B
 and the same lanes. Rank 0 writes everything.
