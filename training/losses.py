@@ -87,7 +87,7 @@ def example_inverse_weights(b: torch.Tensor, mask: torch.Tensor, params: Weighti
     """uniform * v_i; v normalised to mean 1 over the global batch's non-degenerate examples.
 
     The normalisation makes this weighting depend on the batch it is computed on: the
-    mean is the global batch's (``batch``), whatever the ranks or micro-batches.
+    mean is the global batch's (``batch``), however many ranks share it.
     """
     v = 1.0 / (example_mean_b(b, mask) + params.eps)  # (B,)
     v_mean = batch.masked_mean(v, ~degenerate_examples(b, mask, params.eps))
