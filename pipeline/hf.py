@@ -81,6 +81,7 @@ class TokenizerVocab:
         while self._token_name(latent_token(len(self._latent))) in self._index:
             self._latent.append(self._one_token(latent_token(len(self._latent))))
         self._reserved = set(self._template.values()) | set(self._latent)
+        self._tokens = tuple(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))  # id order, once
 
     def _token_name(self, name: str) -> str:
         return self.renames.get(name, name)
@@ -99,7 +100,7 @@ class TokenizerVocab:
 
     @property
     def tokens(self) -> tuple[str, ...]:
-        return tuple(self.tokenizer.convert_ids_to_tokens(list(range(len(self)))))
+        return self._tokens
 
     def __len__(self) -> int:
         return len(self.tokenizer)
