@@ -135,7 +135,7 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "tokweight-bench-extract"))
     parser.add_argument("--data", default=None, help="dataset directory (default: generate `default` in --workdir)")
@@ -147,7 +147,26 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hf-export", action="store_true",
                         help="also time the checkpoint exported with export-hf, through the Hugging Face path")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def interleaved(rounds: dict, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each round, ``repeats`` times, one of each in turn (the machine's noise hits all alike)."""
+    times: dict[str, list[float]] = {name: [] for name in rounds}
+    for _ in range(repeats):
+        for name, fn in rounds.items():
+            times[name].append(timed(fn))
+    return times
+
+
+def print_hf_ratios(median: dict[str, float]) -> None:
+    for native, via_hf in (("forward + scoring", "HF: forward + scoring"),
+                           ("extract, in-process", "HF: extract, in-process")):
+        print(f"HF path / native path, {native}: {median[native] / median[via_hf]:.3f}  (target >= 0.9)")
+
+
+def main() -> None:
+    args = arguments()
     torch.set_num_threads(args.threads)
     workdir = Path(args.workdir)
     data, ckpt_dir = prepare(workdir, args.data, args.checkpoint, args.train_steps)
@@ -175,10 +194,7 @@ def main() -> None:
         hf = load_backbone(hf_dir, device=args.device)
         rounds |= {"HF: forward + scoring": lambda: scoring(hf.model, batches),
                    "HF: extract, in-process": lambda: extraction(False, hf_dir, "store-hf")}
-    times: dict[str, list[float]] = {name: [] for name in rounds}
-    for _ in range(args.repeats):
-        for name, fn in rounds.items():
-            times[name].append(timed(fn))
+    times = interleaved(rounds, args.repeats)
     t_read = timed(lambda: read_all(data, ckpt, args.batch_tokens))
     b_bpt, part_bpt = b_bytes_per_token(workdir / "store")
     median = {name: statistics.median(ts) for name, ts in times.items()}
@@ -195,9 +211,7 @@ def main() -> None:
     print(f"{'read+encode+batch alone':<24}{s_tokens / t_read:10.0f} S tok/s  {t_read:7.3f} s  (one run)")
     print("target: extract / bare >= 0.9")
     if args.hf_export:
-        for native, via_hf in (("forward + scoring", "HF: forward + scoring"),
-                               ("extract, in-process", "HF: extract, in-process")):
-            print(f"HF path / native path, {native}: {median[native] / median[via_hf]:.3f}  (target >= 0.9)")
+        print_hf_ratios(median)
     print(f"padded fraction of computed tokens: {pad:.4f}  (target <= 0.05)")
     print(f"b column: {b_bpt:.3f} bytes per S token  (target <= 4.5); whole part: {part_bpt:.3f} bytes per S token")
 
