@@ -67,9 +67,14 @@ def lane_draws(shards: Sequence[str], seed: int) -> Iterator[str]:
     return (item["url"] for item in resampled)
 
 
+def lane_urls(spec: StreamSpec, lane: int) -> tuple[str, ...]:
+    """The shards lane ``lane`` owns: shard i belongs to lane i % lanes."""
+    return spec.urls[lane::spec.lanes]
+
+
 def rank_draws(spec: StreamSpec, lanes: range) -> Iterator[tuple[int, str]]:
     """(lane, shard url) for the given lanes, round-robin: draw j of each lane before any lane's draw j + 1."""
-    draws = [lane_draws(spec.urls[lane::spec.lanes], lane_seed(spec.seed, lane)) for lane in lanes]
+    draws = [lane_draws(lane_urls(spec, lane), lane_seed(spec.seed, lane)) for lane in lanes]
     for urls in zip(*draws):
         yield from zip(lanes, urls)
 
@@ -177,7 +182,7 @@ class TrainStream:
         return self.router.skips if self.router is not None else Skips()
 
     def batches(self, num_workers: int) -> Iterator[TrainBatch]:
-        lane_shards = {lane: set(self.spec.urls[lane::self.spec.lanes]) for lane in self.lanes}
+        lane_shards = {lane: set(lane_urls(self.spec, lane)) for lane in self.lanes}
         self.router = LaneRouter(iter(loader(ShardDecoder(self.spec, self.lanes), num_workers)), lane_shards)
         streams = [shuffle(self.router.examples(lane), self.spec.shuffle_buffer,
                            random.Random(lane_seed(self.spec.seed, lane))) for lane in self.lanes]
