@@ -46,6 +46,7 @@ from tqdm import tqdm
 from pipeline.backbone import load_backbone
 from pipeline.bucketing import bucket
 from pipeline.checkpoint import Checkpoint
+from pipeline.dtypes import FORWARD_DTYPES
 from pipeline.errors import SampleError
 from pipeline.extract_plan import (Plan, Task, cross_shard_duplicates, make_plan, remove_temporaries,
                                    skip_duplicates)
@@ -97,8 +98,8 @@ class ExtractConfig:
             raise ValueError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
         if self.on_bad_sample not in POLICIES:
             raise ValueError(f"on_bad_sample must be one of {POLICIES}, got {self.on_bad_sample!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in FORWARD_DTYPES:
+            raise ValueError(f"dtype must be one of {FORWARD_DTYPES}, got {self.dtype!r}")
         if self.lock_wait_s < 0:
             raise ValueError(f"lock_wait_s must be >= 0, got {self.lock_wait_s}")
 

@@ -9,6 +9,7 @@ import json
 
 import click
 
+from pipeline.dtypes import FORWARD_DTYPES
 from store.formats import PARQUET, PART_FORMATS
 
 
@@ -20,13 +21,16 @@ from store.formats import PARQUET, PART_FORMATS
 @click.option("--format", "fmt", type=click.Choice(PART_FORMATS), default=PARQUET)
 @click.option("--batch-tokens", type=int, default=16384, help="Computed tokens per forward batch.")
 @click.option("--device", default="cpu", help="cpu, cuda, cuda:N, ...")
+@click.option("--dtype", type=click.Choice(FORWARD_DTYPES), default="float32",
+              help="Dtype of the forward; the log-softmax is float32 whatever it is.")
 @click.option("--on-bad-sample", type=click.Choice(["error", "skip"]), default="error",
               help="Stop at a bad sample or truncated shard, or skip it and count it in the manifest.")
 @click.option("--wait-lock", type=float, default=0.0, help="Seconds to wait for another extract on this store.")
 @click.option("--progress/--no-progress", default=True)
 @click.option("--reader-process/--no-reader-process", default=True,
               help="Read and batch shards in a separate process ahead of the model (default), or in this one.")
-def extract(checkpoint, data, store, fmt, batch_tokens, device, on_bad_sample, wait_lock, progress, reader_process):
+def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, on_bad_sample, wait_lock, progress,
+            reader_process):
     """Compute per-token baselines b_t of CHECKPOINT once and store them under STORE/fingerprint=<fp>/."""
     from pipeline.errors import SampleError, Skips
     from pipeline.extract import ExtractConfig, run
@@ -34,7 +38,7 @@ def extract(checkpoint, data, store, fmt, batch_tokens, device, on_bad_sample, w
     from store.lock import StoreLockedError
 
     cfg = ExtractConfig(checkpoint=checkpoint, data=data, store=store, format=fmt, batch_tokens=batch_tokens,
-                        device=device, on_bad_sample=on_bad_sample, lock_wait_s=wait_lock, progress=progress,
+                        device=device, dtype=dtype, on_bad_sample=on_bad_sample, lock_wait_s=wait_lock, progress=progress,
                         reader_process=reader_process)
     try:
         summary = run(cfg)

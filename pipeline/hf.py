@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
+from pipeline.dtypes import FORWARD_DTYPES
 from pipeline.errors import SampleError
 from pipeline.templates import TEMPLATE_VERSION
 from pipeline.vocab import SPECIALS, latent_token
@@ -32,7 +33,7 @@ PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", TEMPLATE_FILE)
 POST_HEAD_LOGIT_FIELDS = ("final_logit_softcapping", "logit_scale")  # logits that are not lm_head(hidden)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in FORWARD_DTYPES}
 
 
 def is_hf_checkpoint(path: str | Path) -> bool:

@@ -106,8 +106,14 @@ def test_text_samples_are_encoded_by_the_tokenizer(hf_checkpoints, tmp_path):
 
 
 def test_bf16_forward_is_recorded_and_close(tiny, hf_checkpoints, tmp_path):
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
     extract_into(hf_checkpoints["llama"], tiny[0] / "val", tmp_path / "f32")
-    extract_into(hf_checkpoints["llama"], tiny[0] / "val", tmp_path / "bf16", dtype="bfloat16")
+    args = ["extract", "--checkpoint", str(hf_checkpoints["llama"]), "--data", str(tiny[0] / "val"), "--store",
+            str(tmp_path / "bf16"), "--dtype", "bfloat16", "--no-progress", "--no-reader-process"]
+    assert CliRunner().invoke(main, args).exit_code == 0
     view = BaselineStore(tmp_path / "bf16").open()
     assert view.manifest["extract_config"]["dtype"] == "bfloat16"
     full, half = stored_rows(tmp_path / "f32", tiny[0] / "val"), stored_rows(tmp_path / "bf16", tiny[0] / "val")
