@@ -6,7 +6,7 @@
    allocations within one step from torch.profiler (profile_memory=True); process RSS is
    no use here: about 0.5 GB of runtime hides a model of under 1 MiB;
 3. join overhead per step: reading the train stream with the store join minus without,
-   per batch, as a share of a precomputed step;
+   per batch (medians of alternating rounds, load average beside), as a share of a precomputed step;
 4. one batched forward over K copies vs K forwards of B rows (forward + backward).
 
     python scripts/bench_train.py [--work DIR] [--steps N]
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -113,19 +114,38 @@ def bench_memory(runs: dict, batch) -> dict:
     return {p: {"held_mib": held_mib(run[0]), "step_peak_mib": step_peak_mib(run, batch)} for p, run in runs.items()}
 
 
-def bench_join(state, n) -> dict:
+JOIN_BATCHES = 100
+"""Batches read per join round: about 1.6 passes over the 2000-example train split, so that the
+shuffle buffer's read-ahead (256 examples and a shard) is a small part of what is timed."""
+
+
+def read_s_per_batch(spec, n) -> float:
+    """Seconds per batch of a fresh train stream (its store view opened, parts read and parsed anew)."""
     from training.stream import TrainStream
 
-    def read(spec):
-        t = time.perf_counter()
-        for _ in islice(TrainStream(spec, 0, 1).batches(0), n):
-            pass
-        return (time.perf_counter() - t) / n
+    t = time.perf_counter()
+    for _ in islice(TrainStream(spec, 0, 1).batches(0), n):
+        pass
+    return (time.perf_counter() - t) / n
 
-    with_join, without = read(state.spec), read(replace(state.spec, store=None))
-    with_join, without = min(with_join, read(state.spec)), min(without, read(replace(state.spec, store=None)))
-    return {"read_s_per_batch_with_join": with_join, "read_s_per_batch_without": without,
-            "join_s_per_batch": with_join - without}
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())  # 1, 5, 15 min
+
+
+def bench_join(state, rounds=5) -> dict:
+    """The train stream read with the store join and without, in alternating rounds (medians), per batch;
+    the load average (1, 5, 15 min) is taken before and after the rounds."""
+    specs = {"with_join": state.spec, "without": replace(state.spec, store=None)}
+    load_before = load_average()
+    times = {name: [] for name in specs}
+    for _ in range(rounds):
+        for name, spec in specs.items():
+            times[name].append(read_s_per_batch(spec, JOIN_BATCHES))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    return {"read_s_per_batch_with_join": med["with_join"], "read_s_per_batch_without": med["without"],
+            "join_s_per_batch": med["with_join"] - med["without"], "batches": JOIN_BATCHES, "rounds": rounds,
+            "load_before": load_before, "load_after": load_average()}
 
 
 def bench_copies(state, batch, reps=20) -> dict:
@@ -172,11 +192,13 @@ def main():
     print("memory (torch.profiler, one step): " + ", ".join(
         f"{p} step peak {m['step_peak_mib']:.2f} MiB + held {m['held_mib']:.2f} MiB" for p, m in mem.items()))
     state, _ = make_state(data, ckpt, store, work, "precomputed", args.batch_size)
-    join = bench_join(state, args.steps)
+    join = bench_join(state)
     share = join["join_s_per_batch"] / steps["step_s"]["precomputed"]
     print(f"join overhead: {join['join_s_per_batch'] * 1e3:.2f} ms per batch "
           f"(read {join['read_s_per_batch_with_join'] * 1e3:.2f} ms with join, "
-          f"{join['read_s_per_batch_without'] * 1e3:.2f} ms without) = {share:.1%} of a precomputed step")
+          f"{join['read_s_per_batch_without'] * 1e3:.2f} ms without; medians of {join['rounds']} alternating "
+          f"rounds of {join['batches']} batches) = {share:.2%} of a precomputed step (target < 1%); load average "
+          f"(1, 5, 15 min) before {join['load_before']}, after {join['load_after']}")
     copies = bench_copies(state, batches(state, 1)[0])
     print(f"K={K} copies, forward+backward: one batched {copies['one_batched_forward_s'] * 1e3:.1f} ms, "
           f"K separate {copies['k_forwards_s'] * 1e3:.1f} ms, ratio {copies['k_forwards_over_batched']:.2f}x")
