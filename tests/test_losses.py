@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from training.losses import (WeightingParams, categorical_kl, check_free_bits, free_bits_kl, gaussian_kl,
+from training.losses import (WeightingParams, anchor_penalty, categorical_kl, check_free_bits, free_bits_kl, gaussian_kl,
                              reconstruction_weights, surprisal_share_weights, weighted_reconstruction)
 
 # two examples, T = 3 and 2 (T_max = 3); the second is padded
@@ -128,3 +128,16 @@ def test_free_bits():
     with pytest.raises(ValueError, match="log K"):
         check_free_bits(math.log(4), "discrete", 4)
     check_free_bits(5.0, "continuous", 4)
+
+
+def test_anchor_penalty_against_hand_computation():
+    """mean_t relu(l_t - b_t - m) over S per copy; masked tokens count neither above nor in the mean."""
+    nll = torch.tensor([[[0.5, 3.0, 0.0], [2.0, 0.1, 9.0]]])  # (B=1, K=2, T=3), last token masked
+    b = torch.tensor([[1.0, 0.2, 0.0]])
+    mask = torch.tensor([[True, True, False]])
+    # copy 0: relu(0.5-1-0.1)=0, relu(3-0.2-0.1)=2.7 -> 1.35; copy 1: relu(2-1-0.1)=0.9, relu(0.1-0.2-0.1)=0 -> 0.45
+    torch.testing.assert_close(anchor_penalty(nll, b, mask, 0.1), torch.tensor([[1.35, 0.45]]))
+    nll.requires_grad_(True)
+    anchor_penalty(nll, b.requires_grad_(True), mask, 0.1).sum().backward()
+    torch.testing.assert_close(nll.grad, torch.tensor([[[0.0, 0.5, 0.0], [0.5, 0.0, 0.0]]]))
+    assert b.grad is None  # b is the stop-gradient baseline

@@ -140,3 +140,33 @@ def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
         label_names(replace(cfg, io=replace(cfg.io, data=str(tmp_path / "foreign"))))
     with pytest.raises(ValueError, match="latent_embedding_center needs"):
         remedies(cfg, latent_embedding_norm=0.0)
+
+
+def test_scratch_recipe_is_the_exact_estep_on_an_intact_decoder(tiny, tmp_path):
+    cfg = with_recipe(config(tiny, tmp_path, beta=0.3), "scratch")
+    assert cfg.remedies.estep == EStepConfig(mode="soft", follow_beta=True, prior="learned", balance_iters=3)
+    assert cfg.remedies.latent_embedding_norm == 1.0 and cfg.remedies.latent_embedding_center
+    assert cfg.cvae.posterior_pool == "mean" and cfg.cvae.cond == "token"  # the pathway stays the caller's
+
+
+def test_cli_posterior_pool_and_the_anchor_term(tiny, tmp_path):
+    """--posterior-pool overrides the recipe's read; --anchor-weight trains with the logged anchor term."""
+    from click.testing import CliRunner
+
+    from training.train_cli import train
+
+    data, ckpt = tiny
+    out = tmp_path / "cli"
+    args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--policy", "frozen", "--steps", "2",
+            "--batch-size", "4", "--num-workers", "0", "--beta", "0.3", "--recipe", "scratch", "--cond", "prefix",
+            "--slots", "2", "--posterior-pool", "last", "--anchor-weight", "1", "--anchor-margin", "0.05",
+            "--log-every", "1"]
+    result = CliRunner().invoke(train, args)
+    assert result.exit_code == 0, result.output
+    saved = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
+    assert saved.cvae.posterior_pool == "last" and saved.remedies.estep.follow_beta
+    assert (saved.loss.anchor_weight, saved.loss.anchor_margin) == (1.0, 0.05)
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert all(r["anchor"] >= 0 and math.isfinite(r["anchor"]) and r["l_t0_spread"] >= 0 for r in recs)
+    with pytest.raises(ValueError, match="anchor"):
+        LossConfig(anchor_weight=-1.0)

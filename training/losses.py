@@ -147,6 +147,19 @@ def weighted_reconstruction(nll: torch.Tensor, pi: torch.Tensor) -> torch.Tensor
     return (nll * pi).sum(-1)
 
 
+def anchor_penalty(nll: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, margin: float) -> torch.Tensor:
+    """mean_t relu(l_t(z) - b_t - margin) over S: how far each copy's tokens rise above the base model's.
+
+    nll (B, copies, T) nats over S (0 where masked), b (B, T) the stop-gradient base surprisal, mask
+    (B, T) -> (B, copies) nats. Why: a weighting that gives a token no weight (surprisal-share where
+    b_t = 0) leaves it free to drift; this pulls a token back only once it is worse than the base by
+    more than ``margin``, so it does not fight z where z makes a token better than the base.
+    """
+    m = mask.to(nll.dtype)[:, None]  # (B, 1, T)
+    excess = torch.relu(nll - b.detach().to(nll.dtype)[:, None] - margin) * m
+    return excess.sum(-1) / m.sum(-1).clamp_min(1.0)
+
+
 # ---------------------------------------------------------------- KL terms
 
 

@@ -31,6 +31,15 @@ def posterior_gradient_norms(recon: torch.Tensor, beta_kl: torch.Tensor, params:
 # ---------------------------------------------------------------- evaluation over a split
 
 
+def informative_token_spread(nll: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) max_k l_t*(k) - min_k l_t*(k) at t* = argmax_t b_t, the example's most surprising token (its t0
+    on the synthetic tasks): how much the decoder's prediction there responds to z. nll (B, copies, T)
+    nats over S, b (B, T), mask (B, T) bool."""
+    t_star = b.detach().masked_fill(~mask, -math.inf).argmax(-1)  # (B,)
+    at = nll.gather(2, t_star[:, None, None].expand(-1, nll.shape[1], 1))[..., 0]  # (B, copies)
+    return at.max(1).values - at.min(1).values
+
+
 def entropy(p: np.ndarray, axis: int = -1) -> np.ndarray:
     """H(p) = -sum_k p_k log p_k, nats (0 log 0 = 0)."""
     return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis)

@@ -6,10 +6,10 @@ group: pooling, encoder), never what an experiment varies (weighting, beta, poli
 pathway, steps), so ``with_recipe(cfg, name)`` composes with any experiment grid.
 Measurements behind each recipe: docs/latent-learnability.md.
 
-Recommended: ``em-balanced`` to learn z at beta = 0 (the only recipe that made z carry
-the strategy on the default task); ``em-exact`` with a beta warm-up when beta must keep
-its meaning in J (its E-step is J's exact minimiser; it kept z at beta = 0.3 under
-surprisal-share, not under uniform).
+Recommended: ``scratch`` to find z from scratch with beta keeping its meaning in J (the
+exact E-step of J, latent rows centred on the checkpoint's mean row, the mean-pooled
+posterior read; use it with a z pathway of 2 or more slots and a beta warm-up, see
+docs/results/from-scratch/); ``em-balanced`` to learn z at beta = 0 on the default task.
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ RECIPES: dict[str, dict] = {
     # to p(k|x) exp(-R(k) / beta), balanced; hard at beta = 0. The weighting's scale matters again.
     "em-exact": {"latent_embedding_norm": 3.0,
                  "estep": {"mode": "soft", "follow_beta": True, "prior": "learned", "balance_iters": 3}},
+    # em-exact's E-step on an intact decoder: centred rows at norm 1 (orthogonal rows of norm 3 put
+    # the h0-n16 decoder at 5.15 nats per token at step 0, centred ones at 0.067) and the posterior
+    # read where the strategy is (the mean S state, not <eos>). Found z from scratch at h0-n16 with a
+    # 2- or 4-slot prefix, not with one slot (docs/results/from-scratch/).
+    "scratch": {"latent_embedding_norm": 1.0, "latent_embedding_center": True, "cvae": {"posterior_pool": "mean"},
+                "estep": {"mode": "soft", "follow_beta": True, "prior": "learned", "balance_iters": 3}},
     # Not a way to find z: a supervised warm start (z = the true strategy for 200 steps; decoder
     # intact thanks to centred latent rows; a posterior that reads the mean S state, where the
     # strategy is), then the plain objective. It asks whether a z in use *survives* the step's

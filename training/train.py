@@ -36,8 +36,9 @@ from training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent
 from training.data import StoreRef, StreamSpec, TrainBatch, extract_command, shards_without_rows, split_urls
 from training.estep import EStepConfig, em_objective, strategy_indices
 from training.global_batch import GlobalBatch
-from training.losses import WeightingParams, example_kl, reconstruction_weights, weighted_reconstruction
-from training.metrics import entropy, posterior_gradient_norms
+from training.losses import (WeightingParams, anchor_penalty, example_kl, reconstruction_weights,
+                             weighted_reconstruction)
+from training.metrics import entropy, informative_token_spread, posterior_gradient_norms
 from training.run_dir import append_metrics, resume, save_checkpoint, write_config
 from training.stream import TrainStream
 from training.train_config import IOConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
@@ -197,14 +198,23 @@ def forward_backward(state: State, batch: TrainBatch, loss: LossConfig, remedies
     if remedies.aggressive_steps and step < remedies.aggressive_until:
         out.post = aggressive_posterior_updates(state, batch, out, objective_of, remedies.aggressive_steps)
     obj = objective_of(model.latent, out)
+    anchor = anchored(model, out, b, batch.zfree.mask, loss)
     record = {"step": step, "loss": obj.loss.item(), "recon": obj.recon.item(),
               "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": beta,
-              "degenerate": int(degenerate.sum()), "estep": em, **latent_summary(model, out, batch, state.params, pi)}
+              "anchor": anchor.item(), "degenerate": int(degenerate.sum()), "estep": em,
+              **latent_summary(model, out, batch, state.params, pi, b)}
     if grad_diag_every and step % grad_diag_every == 0:
         record |= posterior_gradient_norms(obj.recon, beta * obj.kl_term, model.posterior_parameters)
     state.opt.zero_grad(set_to_none=True)
-    obj.loss.backward()
+    (obj.loss + loss.anchor_weight * anchor).backward()
     return record
+
+
+def anchored(model: CVAE, out, b: torch.Tensor, mask: torch.Tensor, loss: LossConfig) -> torch.Tensor:
+    """() the batch mean of E_q[anchor_penalty], q detached (the term keeps the decoder whole; it does not
+    move the posterior); measured, and so logged, even when its weight is 0."""
+    penalty = anchor_penalty(out.nll, b, mask, loss.anchor_margin)  # (B, copies)
+    return model.latent.expectation(penalty, detach(out.post)).mean()
 
 
 def aggressive_posterior_updates(state: State, batch: TrainBatch, out, objective_of, max_steps: int):
@@ -244,11 +254,14 @@ def detach(value):
 
 
 @torch.no_grad()
-def latent_summary(model: CVAE, out, batch: TrainBatch, params: WeightingParams, pi: torch.Tensor) -> dict:
+def latent_summary(model: CVAE, out, batch: TrainBatch, params: WeightingParams, pi: torch.Tensor,
+                   b: torch.Tensor) -> dict:
     """Uniform reconstruction E_q[sum_t l_t / T]; discrete: mean H(q), the spreads
     mean_i (max_k R_ik - min_k R_ik) of the uniform R and of the trained (weighted, ``pi``) R
-    across latent values, usage mean_i q_i, and argmin_usage: the share of examples whose
-    weighted R is lowest at k (where a hard E-step would send them)."""
+    across latent values, the same spread of l_t at the example's most surprising token
+    (``l_t0_spread``: the decoder's response to z where z can help), usage mean_i q_i, and
+    argmin_usage: the share of examples whose weighted R is lowest at k (where a hard E-step
+    would send them)."""
     pi_u, _ = reconstruction_weights("uniform", out.zfree_nll, batch.zfree.mask, params)
     R = weighted_reconstruction(out.nll, pi_u)  # (B, copies)
     summary = {"recon_uniform": model.latent.expectation(R, out.post).mean().item()}
@@ -259,6 +272,7 @@ def latent_summary(model: CVAE, out, batch: TrainBatch, params: WeightingParams,
         summary |= {"q_entropy": float(entropy(q.cpu().numpy()).mean()),
                     "R_spread": (R.max(1).values - R.min(1).values).mean().item(),
                     "R_spread_weighted": (Rw.max(1).values - Rw.min(1).values).mean().item(),
+                    "l_t0_spread": informative_token_spread(out.nll, b, batch.zfree.mask).mean().item(),
                     "usage": q.mean(0).tolist(), "argmin_usage": winners.tolist()}
     return summary
 

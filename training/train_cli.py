@@ -43,6 +43,9 @@ def echo_skips(result: dict) -> None:
 @click.option("--cycles", type=int, default=4, help="Cyclical schedule: M.")
 @click.option("--ramp-ratio", type=float, default=0.5, help="Cyclical schedule: R.")
 @click.option("--free-bits", type=float, default=0.0, help="KL floor in nats (< log K for discrete).")
+@click.option("--anchor-weight", type=float, default=0.0,
+              help="Weight of the anchor term E_q mean_t relu(l_t(z) - b_t - margin): no token worse than the base.")
+@click.option("--anchor-margin", type=float, default=0.0, help="Nats a token may rise above b_t before the anchor acts.")
 @click.option("--recipe", default="baseline", show_default=True,
               help="Named remedy preset (training/recipes.py); the flags below override its fields.")
 @click.option("--estep", type=click.Choice(["off", "soft", "hard", "label"]), default=None,
@@ -58,6 +61,8 @@ def echo_skips(result: dict) -> None:
 @click.option("--aggressive-steps", type=int, default=None, help="He et al. 2019 inner posterior steps (0: off).")
 @click.option("--aggressive-until", type=int, default=None, help="Training steps with aggressive updates.")
 @click.option("--posterior-encoder", type=click.Choice(["shared", "separate"]), default=None)
+@click.option("--posterior-pool", type=click.Choice(["last", "mean"]), default=None,
+              help="What the posterior reads: the <eos> state, or the mean of the states that predict S.")
 @click.option("--steps", type=int, default=300)
 @click.option("--batch-size", type=int, default=32, help="Per rank.")
 @click.option("--lr", type=float, default=1e-3)
@@ -72,9 +77,10 @@ def echo_skips(result: dict) -> None:
 @click.option("--seed", type=int, default=0)
 @click.option("--device", default="cpu")
 def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, weighting, lam, policy,
-          baseline_checkpoint, beta, beta_schedule, warmup_steps, cycles, ramp_ratio, free_bits, recipe, estep,
-          estep_temperature, estep_prior, estep_balance_iters, estep_until, latent_embedding_norm,
-          latent_embedding_center, aggressive_steps, aggressive_until, posterior_encoder, steps, batch_size, lr,
+          baseline_checkpoint, beta, beta_schedule, warmup_steps, cycles, ramp_ratio, free_bits, anchor_weight,
+          anchor_margin, recipe, estep, estep_temperature, estep_prior, estep_balance_iters, estep_until,
+          latent_embedding_norm, latent_embedding_center, aggressive_steps, aggressive_until, posterior_encoder,
+          posterior_pool, steps, batch_size, lr,
           num_workers, lanes, on_bad_sample, log_every, grad_diag_every, ckpt_every, seed, device):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready)."""
     import torch
@@ -96,7 +102,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
             cvae=CVAEConfig(latent=latent, k=k, z_dim=z_dim, prior=prior, cond=cond, slots=slots),
             loss=LossConfig(weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,
                             beta=BetaSchedule(beta, beta_schedule, warmup_steps, cycles, ramp_ratio),
-                            free_bits=free_bits),
+                            free_bits=free_bits, anchor_weight=anchor_weight, anchor_margin=anchor_margin),
             optim=OptimConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed),
             log=LogConfig(log_every=log_every, grad_diag_every=grad_diag_every, ckpt_every=ckpt_every)), recipe)
         remedies = cfg.remedies  # the recipe's, then the remedy flags given over it
@@ -107,7 +113,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
                                                     latent_embedding_center=latent_embedding_center,
                                                     aggressive_steps=aggressive_steps,
                                                     aggressive_until=aggressive_until)),
-                      cvae=replace(cfg.cvae, **given(posterior_encoder=posterior_encoder)))
+                      cvae=replace(cfg.cvae, **given(posterior_encoder=posterior_encoder, posterior_pool=posterior_pool)))
         result = run(cfg)
     except ValueError as e:
         raise click.ClickException(str(e)) from e

@@ -81,8 +81,15 @@ class LossConfig:
     """The KL weight over training."""
     free_bits: float = 0.0
     """KL floor lambda in nats (0: off); refused at >= log K for a discrete latent."""
+    anchor_weight: float = 0.0
+    """Weight of the anchor term E_q[mean_t relu(l_t(z) - b_t - anchor_margin)] (losses.anchor_penalty),
+    q detached: keeps the tokens a weighting does not see from rising above the base model; 0: off."""
+    anchor_margin: float = 0.0
+    """Nats a token may rise above the base model's b_t before the anchor term acts."""
 
     def __post_init__(self):
+        if min(self.anchor_weight, self.anchor_margin) < 0:
+            raise ValueError("anchor_weight and anchor_margin must be >= 0")
         if isinstance(self.beta, dict):
             object.__setattr__(self, "beta", BetaSchedule(**self.beta))
         if self.weighting not in WEIGHTINGS:
