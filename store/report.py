@@ -2,7 +2,8 @@
 
 OUT/report.md (tables and PNGs), OUT/summary.json (the headline numbers per fingerprint),
 OUT/config.json (the resolved config) and OUT/*.csv (the full profile and confusion
-tables). Every number comes from the SQL in store/sql/, run over the views of store.sql.
+tables). Every number comes from SQL over the views of store.sql: the files of store/sql/,
+and the collapse-threshold prediction (``PREDICTED_BETA_C``) below.
 Plots use matplotlib's object API (``Figure``, Agg canvas): no pyplot state.
 """
 
@@ -20,6 +21,28 @@ from store.manifest import write_json_atomic
 from store.plots import figure, save_figures
 from store.sql import EstimatorParams, connect, read_sql
 from store.tables import records_table
+
+PREDICTED_BETA_C = """
+-- The beta below which a z that removes all of the base model's surprisal pays for itself, per
+-- weighting: the reconstruction it gains (a z with l_t(z) = 0 wherever b_t > 0) over the KL it costs,
+-- I(z; y | x) = H(strategy) for a z that names the strategy (x does not tell it on a synthetic task).
+-- Gains per example, averaged: uniform sum b / T; sum: sum b; surprisal-share: sum b^2 / sum b (a
+-- b-weighted mean of b; a degenerate example falls back to uniform). RESEARCH-NOTES, "Where beta = 1
+-- stands"; the survival sweep found the gains follow this, not T/(t0+1).
+WITH labelled AS (
+    SELECT fingerprint, strategy, count(*) AS n FROM examples WHERE strategy IS NOT NULL GROUP BY ALL),
+cost AS (
+    SELECT fingerprint, -sum(n / total * ln(n / total)) AS kl_cost
+    FROM (SELECT *, sum(n) OVER (PARTITION BY fingerprint) AS total FROM labelled) GROUP BY fingerprint),
+gain AS (
+    SELECT fingerprint, avg(b_sum / T) AS uniform, avg(b_sum) AS "sum",
+           avg(CASE WHEN degenerate THEN b_sum / T ELSE b_sq_sum / b_sum END) AS "surprisal-share"
+    FROM examples GROUP BY fingerprint)
+SELECT fingerprint, weighting, gain_nats, kl_cost AS kl_cost_nats, gain_nats / kl_cost AS beta_c_predicted
+FROM (UNPIVOT gain ON uniform, "sum", "surprisal-share" INTO NAME weighting VALUE gain_nats)
+LEFT JOIN cost USING (fingerprint)
+ORDER BY fingerprint, list_position(['uniform', 'sum', 'surprisal-share'], weighting)
+"""
 
 PROFILE_QUERIES = ("profile_by_position", "profile_by_strategy", "profile_by_T")
 MAX_TABLE_POSITIONS = 16  # wider profiles go to the CSV files only
@@ -83,11 +106,18 @@ def run(cfg: InspectConfig, ground_truth: pa.Table | None = None) -> dict:
     }
     saved = save_figures(plots, out)
     summary = {"store": str(Path(cfg.store).resolve()), "params": asdict(cfg.params),
-               "fingerprints": [{**m_row, **s_row} for m_row, s_row in _pair(manifests, summary_rows)]}
+               "fingerprints": [{**m_row, **s_row} for m_row, s_row in _pair(manifests, summary_rows)],
+               "predicted_beta_c": predicted_beta_c(con)}
     write_json_atomic(out / "summary.json", summary)
     write_json_atomic(out / "config.json", asdict(cfg))
     (out / "report.md").write_text(render_report(cfg, summary, profiles, confusion, saved))
     return summary
+
+
+def predicted_beta_c(con) -> list[dict]:
+    """Per fingerprint and weighting: the z-gain, its KL cost and beta_c = gain / cost (``PREDICTED_BETA_C``);
+    cost and beta_c are None where no example carries a strategy label."""
+    return _records(con.sql(PREDICTED_BETA_C))
 
 
 def _records(rel) -> list[dict]:
@@ -271,6 +301,18 @@ def render_report(cfg: InspectConfig, summary: dict, profiles: dict, confusion: 
                                      "mean_effective_fraction": "effective tokens / T", "mean_max_share": "max share",
                                      "degenerate": "degenerate (excluded)"}),
                  _plot_md("concentration.png", plots),
+                 "## Collapse threshold beta_c predicted from the store",
+                 "The beta below which a z that removes all of the base model's surprisal pays for itself under "
+                 "each weighting: gain = the reconstruction it saves (uniform: mean sum b / T; sum: mean sum b; "
+                 "surprisal-share: mean sum b^2 / sum b), cost = I(z; y | x) = H(strategy) nats for a z that "
+                 "names the strategy; beta_c = gain / cost. Before any training; the beta sweep "
+                 "(`tokweight experiment --sweep beta`) measures it.",
+                 records_table(summary["predicted_beta_c"],
+                               {"fingerprint": "fingerprint", "weighting": "weighting", "gain_nats": "gain (nats)",
+                                "kl_cost_nats": "KL cost H(strategy) (nats)",
+                                "beta_c_predicted": "predicted beta_c"}),
+                 "" if any(r["kl_cost_nats"] for r in summary["predicted_beta_c"]) else
+                 "No example carries a strategy label, so the cost is unknown (pass `--data` if the dataset has it).",
                  "## Files", "`summary.json` (headline numbers), `config.json` (this run's settings), the CSV tables "
                  "and PNG plots above."]
     return "\n\n".join(s for s in sections if s) + "\n"

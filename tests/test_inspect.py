@@ -82,3 +82,28 @@ def test_inspect_on_the_tiny_pipeline(tiny_pipeline, tmp_path):  # noqa: F811
     assert fp["examples"] > 0 and fp["with_true_t0"] == fp["examples"]
     assert isinstance(fp["t0_share_exact"], float) and 0.0 <= fp["t0_share_exact"] <= 1.0
     assert isinstance(fp["t0_share_mae"], float)
+
+
+def test_predicted_beta_c_against_hand_computation(tmp_path):
+    """gain / H(strategy) per weighting; a degenerate example's surprisal-share gain is its uniform one."""
+    rows = [make_row("a", "train/shard-000000.tar", [1.0, 0.0, 0.0], strategy="copy"),
+            make_row("b", "train/shard-000000.tar", [0.5, 0.5], strategy="copy"),
+            make_row("c", "train/shard-000000.tar", [0.0, 0.0], strategy="sort"),  # degenerate
+            make_row("d", "train/shard-000000.tar", [2.0, 0.0, 0.0, 0.0], strategy="sort")]
+    write_store(tmp_path / "store", FP, rows)
+    summary = run(InspectConfig(store=str(tmp_path / "store"), out=str(tmp_path / "report")))
+    got = {r["weighting"]: r for r in summary["predicted_beta_c"]}
+    gains = {"uniform": (1 / 3 + 1 / 2 + 0 + 2 / 4) / 4, "sum": (1 + 1 + 0 + 2) / 4,
+             "surprisal-share": (1 + 0.5 + 0 + 2) / 4}  # sum b^2 / sum b: 1, 0.5, (uniform) 0, 2
+    for name, gain in gains.items():
+        assert math.isclose(got[name]["gain_nats"], gain, rel_tol=1e-6)
+        assert math.isclose(got[name]["kl_cost_nats"], math.log(2), rel_tol=1e-9)
+        assert math.isclose(got[name]["beta_c_predicted"], gain / math.log(2), rel_tol=1e-6)
+    assert "## Collapse threshold beta_c predicted from the store" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_predicted_beta_c_without_labels_has_no_cost(tmp_path):
+    write_store(tmp_path / "store", FP, [make_row("a", "train/shard-000000.tar", [1.0, 0.5])])
+    summary = run(InspectConfig(store=str(tmp_path / "store"), out=str(tmp_path / "report")))
+    assert all(r["kl_cost_nats"] is None and r["beta_c_predicted"] is None for r in summary["predicted_beta_c"])
+    assert math.isclose(summary["predicted_beta_c"][1]["gain_nats"], 1.5, rel_tol=1e-6)

@@ -51,6 +51,18 @@ def test_gain_estimate_reads_the_grid_ends():
     assert sw.gain_estimate(never_collapsed, (0.01, 1.0, 10.0), HALF_LOG2)["beta_c_from_gain"] is None
 
 
+def test_prediction_columns_compare_every_seed_with_the_store():
+    cfg = sw.SweepConfig(out="x", task=TINY_TASK, betas=(0.1, 1.0, 10.0), seeds=(0, 1))
+    cells = [{"beta": b, "seed": s, "mi": mi} for s, curve in ((0, (0.69, 0.69, 0.0)), (1, (0.69, 0.0, 0.0)))
+             for b, mi in zip(cfg.betas, curve)]  # beta_c: 1.0 (seed 0), 0.1 (seed 1)
+    got = sw.prediction_columns(0.8, cells, cfg)
+    assert got["beta_c_predicted"] == 0.8 and got["measured_over_predicted"] == "0:1.25;1:0.12"
+    assert got["within_tolerance"] == "no"  # seed 1 is 8x below
+    assert sw.prediction_columns(0.8, [c for c in cells if c["seed"] == 0], replace(cfg, seeds=(0,)))[
+        "within_tolerance"] == "yes"
+    assert sw.prediction_columns(None, cells, cfg)["within_tolerance"] is None
+
+
 def test_ratio_rows_cover_every_case():
     def rows(ss, uni):
         return [{"recipe": "baseline", "setting": "a", "ratio_true": 8.0, "ratio_inspect": 7.5, "weighting": w,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.experiments.cells import METRICS
+from training.experiments.cells import DIAGNOSTICS, METRICS
 
 GROUP_KEYS = ("group", "setting", "latent", "cond", "weighting", "beta")
 
@@ -28,6 +28,6 @@ def seed_stats(group: dict, rows: list[dict]) -> dict:
     out = {**group, "recipe": rows[0]["recipe"], "ratio_true": rows[0]["ratio_true"],
            "ratio_inspect": rows[0]["ratio_inspect"], "n_seeds": len(rows),
            "seeds": ";".join(str(r["seed"]) for r in rows)}
-    for m in METRICS:
+    for m in METRICS + DIAGNOSTICS:
         out[f"{m}_mean"], out[f"{m}_std"] = mean_std([r.get(m) for r in rows])  # cells older than a metric lack it
     return out

@@ -23,6 +23,9 @@ METRICS = ("mi", "strategy_mi", "kl", "strategy_nmi", "control_accuracy", "recon
 strategy_nmi, control_accuracy (decode-per-latent), recon_uniform (token-mean NLL under E_q, comparable
 across weightings), recon (the cell's own weighted reconstruction), active_units (continuous only).
 All on the test split; nats."""
+DIAGNOSTICS = ("l_t0_spread_init", "l_t0_spread_end")
+"""Per-cell training diagnostics (training batches, nats): the spread over k of l_t at the example's most
+surprising token at step 0 and at the last logged step (training.metrics.informative_token_spread)."""
 PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # io's paths: not part of a cell's key
 
 
@@ -38,10 +41,24 @@ class CellBudget:
     """CVAE learning rate."""
     decode_examples: int = 128
     """Test examples decoded per latent value for the control accuracy."""
+    beta_warmup_steps: int = 0
+    """> 0: beta rises linearly from 0 to the cell's beta over this many steps; 0: constant beta. The
+    from-scratch recipe needs it: at the full beta from step 0 the E-step's temperature is far above the
+    spread of R across k, and q* stays at the prior (docs/latent-learnability.md, section 6)."""
 
     def __post_init__(self):
         if min(self.steps, self.batch_size) < 1 or self.decode_examples < 1 or not self.lr > 0:
             raise ValueError("need steps, batch_size, decode_examples >= 1 and lr > 0")
+        if self.beta_warmup_steps < 0:
+            raise ValueError("beta_warmup_steps must be >= 0")
+
+    def beta(self, beta: float):
+        """The cell's BetaSchedule: constant, or the linear warm-up to ``beta``."""
+        from training.schedules import BetaSchedule
+
+        if self.beta_warmup_steps:
+            return BetaSchedule(beta, "linear", self.beta_warmup_steps)
+        return BetaSchedule(beta)
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,9 @@ class CellPlan:
     """Steps and evaluation size."""
     recipe: str
     """Name in training.recipes.RECIPES: the remedy fields every cell trains with."""
+    loss: tuple[tuple[str, float], ...] = ()
+    """LossConfig fields every cell sets besides weighting, policy and beta, as (name, value) pairs
+    (the mixing weight lambda, the anchor term): how the decoder is kept whole, not what is compared."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +100,6 @@ def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
     """The cell's axes (latent, K, pathway, weighting, beta, seed) on the budget, then the recipe's
     remedy fields by ``with_recipe``: a recipe says how to train, the cell what is compared."""
     from training.cvae import CVAEConfig
-    from training.schedules import BetaSchedule
     from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     b = plan.budget
@@ -89,7 +108,7 @@ def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
                     num_workers=0),
         cvae=CVAEConfig(latent=cell.latent, k=plan.k, cond=cell.cond,
                         slots=plan.prefix_slots if cell.cond == "prefix" else 1),
-        loss=LossConfig(weighting=cell.weighting, policy="precomputed", beta=BetaSchedule(cell.beta)),
+        loss=LossConfig(weighting=cell.weighting, policy="precomputed", beta=b.beta(cell.beta), **dict(plan.loss)),
         optim=OptimConfig(steps=b.steps, batch_size=b.batch_size, lr=b.lr, seed=cell.seed),
         log=LogConfig(grad_diag_every=b.steps, ckpt_every=b.steps))
     return with_recipe(cfg, plan.recipe)
@@ -102,13 +121,15 @@ def cell_key(tcfg, prep: Prepared, decode_examples: int) -> str:
 
 
 def init_gradients(run_dir: Path) -> dict:
-    """grad_recon / grad_kl of the posterior head at step 0 (training.metrics.posterior_gradient_norms)."""
+    """grad_recon / grad_kl of the posterior head at step 0 (training.metrics.posterior_gradient_norms), and
+    the decoder's response to z at the most surprising token (l_t0_spread) at step 0 and the last logged step."""
     from training.run_dir import read_metrics
 
-    for record in read_metrics(run_dir):
-        if record.get("step") == 0 and "grad_recon" in record:
-            return {"grad_recon_init": record["grad_recon"], "grad_kl_init": record["grad_kl"]}
-    return {"grad_recon_init": None, "grad_kl_init": None}
+    train = [r for r in read_metrics(run_dir) if "loss" in r]
+    first = next((r for r in train if r.get("step") == 0 and "grad_recon" in r), {})
+    return {"grad_recon_init": first.get("grad_recon"), "grad_kl_init": first.get("grad_kl"),
+            "l_t0_spread_init": first.get("l_t0_spread"),
+            "l_t0_spread_end": train[-1].get("l_t0_spread") if train else None}
 
 
 def run_cell(cell: Cell, prep: Prepared, plan: CellPlan, root: Path) -> tuple[dict, bool]:

@@ -6,6 +6,8 @@ import math
 
 KEPT_FRACTION = 0.5
 """z counts as kept when the exact MI is at least this fraction of log S."""
+PREDICTION_TOLERANCE = 1.5
+"""The factor within which a measured beta_c counts as predicted by the store (issue #18's target)."""
 NO_BETA = "none"
 """What a table says when no beta of the grid kept z (beta_c does not exist; it is not 0)."""
 CRITERIA = {"mi": "exact I(z; x,y)", "strategy_mi": "exact I(z; strategy)"}

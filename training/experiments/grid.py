@@ -47,7 +47,9 @@ class ExperimentConfig:
     continuous_weightings: tuple[str, ...] = ("uniform", "surprisal-share")
     """Weightings of the continuous-latent cells (empty: none)."""
     cond_modes: tuple[str, ...] = COND_MODES
-    """z pathways for surprisal-share at the largest setting ("token" is the grid's own)."""
+    """z pathways for surprisal-share at the largest setting (``cond`` is the grid's own)."""
+    cond: str = "token"
+    """z pathway of the discrete grid's cells."""
     prefix_slots: int = 2
     """Latent slots of the prefix pathway."""
     budget: CellBudget = field(default_factory=CellBudget)
@@ -64,7 +66,7 @@ class ExperimentConfig:
         for name in ("weightings", "betas", "seeds", "continuous_weightings", "cond_modes"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         bad = [w for w in self.weightings + self.continuous_weightings if w not in ALL_WEIGHTINGS]
-        bad += [c for c in self.cond_modes if c not in COND_MODES]
+        bad += [c for c in self.cond_modes + (self.cond,) if c not in COND_MODES]
         if bad:
             raise ValueError(f"unknown weightings or z pathways: {bad}")
         if not self.weightings or not self.betas or not self.seeds:
@@ -88,12 +90,12 @@ def quick(cfg: ExperimentConfig) -> ExperimentConfig:
 
 def experiment_cells(cfg: ExperimentConfig) -> list[Cell]:
     names = [s.name for s in cfg.task.settings]
-    cells = [Cell(s, "discrete", "token", w, b, seed) for s in names for w in cfg.weightings
+    cells = [Cell(s, "discrete", cfg.cond, w, b, seed) for s in names for w in cfg.weightings
              for b in cfg.betas for seed in cfg.seeds]
     cells += [Cell(s, "continuous", "token", w, b, seed, "continuous") for s in names
               for w in cfg.continuous_weightings for b in cfg.betas for seed in cfg.seeds]
     cells += [Cell(names[-1], "discrete", c, "surprisal-share", b, seed, "cond") for c in cfg.cond_modes
-              if c != "token" for b in cfg.betas for seed in cfg.seeds]
+              if c != cfg.cond for b in cfg.betas for seed in cfg.seeds]
     return cells
 
 

@@ -13,13 +13,13 @@ from training.experiments.report import header_lines, pm
 if TYPE_CHECKING:
     from training.experiments.grid import ExperimentConfig
 
-EVERY_METRIC = ("MI", "KL", "strategy NMI", "control", "recon")
+EVERY_METRIC = ("MI", "I(z; strategy)", "KL", "strategy NMI", "control", "recon")
 """Headers of ``metric_cells``."""
 
 
 def metric_cells(r: dict) -> list[str]:
-    """mean ± std of MI, KL, strategy NMI, control accuracy and token-mean recon of an aggregated row."""
-    return [pm(r, m) for m in ("mi", "kl", "strategy_nmi", "control_accuracy", "recon_uniform")]
+    """mean ± std of MI, I(z; strategy), KL, strategy NMI, control accuracy and token-mean recon of an aggregated row."""
+    return [pm(r, m) for m in ("mi", "strategy_mi", "kl", "strategy_nmi", "control_accuracy", "recon_uniform")]
 
 
 def settings_table(settings: dict[str, dict]) -> str:
@@ -51,7 +51,7 @@ def mi_sections(cfg: ExperimentConfig, agg: list[dict], ratio: dict[str, float])
     out = []
     for beta in cfg.betas:
         cells = {(r["weighting"], r["setting"]): r for r in grid if r["beta"] == beta}
-        out += [f"## Discrete latent, beta = {beta:g}: MI (nats) by weighting and T/(t0+1)", "",
+        out += [f"## Discrete latent ({cfg.cond} pathway), beta = {beta:g}: MI (nats) by weighting and T/(t0+1)", "",
                 markdown_table(["weighting"] + [f"{n} ({ratio[n]:.1f})" for n in ratio],
                                [[w] + [pm(cells.get((w, n), {}), "mi") for n in ratio] for w in cfg.weightings]), ""]
     long = sorted(grid, key=lambda r: (-r["beta"], ratio[r["setting"]], cfg.weightings.index(r["weighting"])))

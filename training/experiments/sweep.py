@@ -37,8 +37,8 @@ from store.plots import save_figures
 from training.experiments.aggregate import aggregate, mean_std
 from training.experiments.artefacts import Echo, prepare_all
 from training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from training.experiments.collapse import (CRITERIA, KEPT_FRACTION, NO_BETA, beta_c, bracket, midpoint, narrow,
-                                           show, suffix)
+from training.experiments.collapse import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, beta_c, bracket,
+                                           midpoint, narrow, show, suffix)
 from training.experiments.report import write_config, write_csv
 from training.experiments.sweep_report import plot_mi_vs_beta, plot_mi_vs_step, render
 from training.experiments.task import TaskConfig, coerce_nested
@@ -75,6 +75,10 @@ class SweepConfig:
     nats per token (on tokens it barely weights); at 3e-4 it stays near 0.1."""
     recipe: str = "survival"
     """Name in training.recipes.RECIPES applied to every cell; "baseline": none."""
+    cond: str = "token"
+    """z pathway of every cell."""
+    prefix_slots: int = 1
+    """Latent slots of the prefix pathway (the from-scratch recipe needs 2 or more: docs/results/from-scratch)."""
     jobs: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
     """Cells trained at once, each in its own process with one torch thread (no effect on any number)."""
 
@@ -88,8 +92,8 @@ class SweepConfig:
             raise ValueError(f"unknown settings {unknown}; the task has {[t.name for t in self.task.settings]}")
         if len(self.betas) < 2 or any(not b > 0 for b in self.betas) or len(set(self.betas)) != len(self.betas):
             raise ValueError(f"betas must be >= 2 distinct values > 0 (a log grid), got {self.betas}")
-        if not self.weightings or not self.seeds or self.refine < 0 or self.jobs < 1:
-            raise ValueError("weightings and seeds must be non-empty, refine >= 0 and jobs >= 1")
+        if not self.weightings or not self.seeds or self.refine < 0 or self.jobs < 1 or self.prefix_slots < 1:
+            raise ValueError("weightings and seeds must be non-empty, refine >= 0, jobs >= 1 and prefix_slots >= 1")
 
     @property
     def setting_names(self) -> tuple[str, ...]:
@@ -102,7 +106,7 @@ class SweepConfig:
 
     @property
     def plan(self) -> CellPlan:
-        return CellPlan(self.task.k, 1, self.budget, self.recipe)
+        return CellPlan(self.task.k, self.prefix_slots, self.budget, self.recipe)
 
 
 def quick_sweep(cfg: SweepConfig) -> SweepConfig:
@@ -121,7 +125,7 @@ def run_sweep_cells(cfg: SweepConfig, prepared: dict, root: Path, echo: Echo) ->
         return run_cells(cells, prepared, cfg.plan, root, echo, cfg.jobs)
 
     groups = [(s, w, seed) for s in cfg.setting_names for w in cfg.weightings for seed in cfg.seeds]
-    grid = [Cell(s, "discrete", "token", w, b, seed, "sweep") for s, w, seed in groups for b in cfg.betas]
+    grid = [Cell(s, "discrete", cfg.cond, w, b, seed, "sweep") for s, w, seed in groups for b in cfg.betas]
     echo(f"[sweep] {len(cfg.setting_names)} settings x {len(cfg.weightings)} weightings x {len(cfg.seeds)} seeds "
          f"x {len(cfg.betas)} betas = {len(grid)} cells (+ up to {cfg.refine} bisection steps each), "
          f"{cfg.budget.steps} steps per cell, {cfg.jobs} at a time")
@@ -129,7 +133,7 @@ def run_sweep_cells(cfg: SweepConfig, prepared: dict, root: Path, echo: Echo) ->
     spans = grid_spans(rows, groups, cfg)
     for _ in range(cfg.refine if spans else 0):
         mids = {g: midpoint(span) for g, span in spans.items()}
-        measured = run([Cell(s, "discrete", "token", w, mids[s, w, seed], seed, "refine") for s, w, seed in spans])
+        measured = run([Cell(s, "discrete", cfg.cond, w, mids[s, w, seed], seed, "refine") for s, w, seed in spans])
         rows.extend(measured)
         spans = {g: narrow(spans[g], mids[g], r["mi"], cfg.threshold) for g, r in zip(spans, measured)}
     return rows
@@ -154,11 +158,42 @@ def grid_means(rows: list[dict]) -> dict[tuple, dict]:
     return {(r["setting"], r["weighting"], r["beta"]): r for r in aggregate(rows) if r["group"] == "sweep"}
 
 
-def summarize(rows: list[dict], means: dict[tuple, dict], cfg: SweepConfig, settings: dict[str, dict]) -> list[dict]:
+def summarize(rows: list[dict], means: dict[tuple, dict], cfg: SweepConfig, settings: dict[str, dict],
+              predicted: dict[tuple[str, str], float | None]) -> list[dict]:
     """beta_c per (setting, weighting) and criterion: of the seed-mean MI curve over the grid, and per
-    seed (grid + bisection; bisection follows the first criterion, "mi")."""
+    seed (grid + bisection; bisection follows the first criterion, "mi"); beside it the store's prediction."""
     return [summary_row(s, w, [r for r in rows if (r["setting"], r["weighting"]) == (s, w)], means, cfg, settings[s])
+            | prediction_columns(predicted.get((s, w)), [r for r in rows if (r["setting"], r["weighting"]) == (s, w)],
+                                 cfg)
             for s in cfg.setting_names for w in cfg.weightings]
+
+
+def store_predictions(prepared: dict) -> dict[tuple[str, str], float | None]:
+    """(setting, weighting) -> beta_c predicted from the setting's store before any training
+    (store.report.predicted_beta_c: the gain of a z that removes every b, over its KL cost)."""
+    from store.report import predicted_beta_c
+    from store.sql import connect
+
+    out = {}
+    for name, prep in prepared.items():
+        for row in predicted_beta_c(connect(prep.store, [prep.fingerprint])):
+            out[name, row["weighting"]] = row["beta_c_predicted"]
+    return out
+
+
+def prediction_columns(predicted: float | None, cells: list[dict], cfg: SweepConfig) -> dict:
+    """The prediction, the per-seed beta_c (grid + bisection, by exact MI) over it, and whether every seed
+    lies within PREDICTION_TOLERANCE of it."""
+    per_seed = [beta_c({r["beta"]: r.get("mi") for r in cells if r["seed"] == seed}, cfg.threshold)
+                for seed in cfg.seeds]
+    if predicted is None:
+        return {"beta_c_predicted": None, "measured_over_predicted": None, "within_tolerance": None}
+    ratios = [b / predicted if b is not None else None for b in per_seed]
+    within = all(r is not None and 1 / PREDICTION_TOLERANCE <= r <= PREDICTION_TOLERANCE for r in ratios)
+    return {"beta_c_predicted": predicted,
+            "measured_over_predicted": ";".join(f"{seed}:{'none' if r is None else f'{r:.2f}'}"
+                                                for seed, r in zip(cfg.seeds, ratios)),
+            "within_tolerance": "yes" if within else "no"}
 
 
 def summary_row(setting: str, weighting: str, cells: list[dict], means: dict[tuple, dict], cfg: SweepConfig,
@@ -244,7 +279,7 @@ def run(cfg: SweepConfig, echo: Echo = print, command: str | None = None) -> dic
     settings = {name: p.stats for name, p in prepared.items()}
     rows = run_sweep_cells(cfg, prepared, root, echo)
     means = grid_means(rows)
-    summary = summarize(rows, means, cfg, settings)
+    summary = summarize(rows, means, cfg, settings, store_predictions(prepared))
     ratios = ratio_rows(summary, cfg.betas)
     wall = time.perf_counter() - start
     write_csv(root / "beta_cells.csv", rows)

@@ -10,7 +10,7 @@ import numpy as np
 
 from store.plots import figure
 from store.tables import fixed, markdown_table
-from training.experiments.collapse import CRITERIA, KEPT_FRACTION, NO_BETA
+from training.experiments.collapse import CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE
 from training.experiments.report import header_lines, pm
 from training.metrics import entropy
 from training.recipes import recipe_overrides
@@ -23,7 +23,7 @@ def render(cfg: SweepConfig, summary: list[dict], ratios: list[dict], rows: list
            settings: dict[str, dict], command: str | None, wall_s: float) -> str:
     out = header_lines("tokweight experiment --sweep beta: collapse thresholds", cfg.recipe, command, wall_s,
                        cfg.task, len(rows), sum(r["reused"] for r in rows))
-    out += [definition(cfg), ""] + ratio_section(ratios) + beta_c_section(summary)
+    out += [definition(cfg), ""] + ratio_section(ratios) + prediction_section(summary) + beta_c_section(summary)
     for s in cfg.setting_names:
         for metric, what in CRITERIA.items():
             lines = [[w] + [pm(means.get((s, w, b), {}), metric) for b in cfg.betas] for w in cfg.weightings]
@@ -55,6 +55,19 @@ def ratio_section(ratios: list[dict]) -> list[str]:
             ("'inspection' is T/(t0_share+1) from the store; 'if z removes every b' is the ratio of the z-gains "
              "mean(sum b^2 / sum b) / mean(sum b / T) (store/sql/summary.sql): T/(t0+1) assumes z helps at t0 only, "
              "this assumes z removes the base model's surprisal at every token."), ""]
+
+
+def prediction_section(summary: list[dict]) -> list[str]:
+    """Predicted (from the store, before training) against measured beta_c, per (setting, weighting)."""
+    return ["## beta_c predicted from the store against measured", "",
+            markdown_table(["setting", "weighting", "predicted beta_c", "measured beta_c (seed-mean curve)",
+                            "per seed", "measured / predicted per seed", f"within {PREDICTION_TOLERANCE:g}x"],
+                           [[r["setting"], r["weighting"], fixed(r.get("beta_c_predicted")), r["beta_c"],
+                             r["beta_c_seeds"], r.get("measured_over_predicted") or "-",
+                             r.get("within_tolerance") or "-"] for r in summary]), "",
+            ("predicted beta_c = the gain of a z that removes all of the base's surprisal under the weighting "
+             "(uniform: mean sum b / T; sum: mean sum b; surprisal-share: mean sum b^2 / sum b) over its KL cost "
+             "H(strategy), from the store alone (store.report.PREDICTED_BETA_C; `tokweight inspect` reports it)."), ""]
 
 
 def beta_c_section(summary: list[dict]) -> list[str]:

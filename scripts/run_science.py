@@ -1,0 +1,181 @@
+"""Issue #18's runs: the from-scratch recipe's main table, the decoder-keeping comparison, the map of
+pathway x T/(t0+1) x weighting, and the from-scratch beta sweep, on the experiment's task.
+
+    python scripts/run_science.py ROOT PHASE [--steps N]
+
+ROOT holds data/, base/, store/ and runs/ (content-keyed, shared by every phase, so a rerun resumes
+and a cell two phases share is trained once); each phase writes its tables to
+docs/results/from-scratch/PHASE/. Cells run one at a time, one torch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from training.experiments import grid
+from training.experiments.artefacts import prepare_all
+from training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
+from training.experiments.report import write_csv
+from training.experiments.task import DEFAULT_SETTINGS, Setting, TaskConfig
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "results" / "from-scratch"
+LONG = Setting("h0-n32", 0, 32, 32)
+"""The longer setting of the map: T = 33, T/(t0+1) about 33."""
+TASK = TaskConfig(settings=DEFAULT_SETTINGS + (LONG,))
+MAIN_SETTINGS = tuple(s.name for s in DEFAULT_SETTINGS)
+RECIPE = "scratch"
+LR, WARMUP = 3e-4, 100
+
+
+def budget(steps: int) -> CellBudget:
+    """Every phase's cells: lr 3e-4, beta warmed over 100 steps (the issue's probes)."""
+    return CellBudget(steps=steps, lr=LR, beta_warmup_steps=WARMUP)
+
+
+def prepared(root: Path, names: tuple[str, ...] = ()) -> dict:
+    return prepare_all(TASK, root, print, names)
+
+
+def main_table(root: Path, steps: int) -> dict:
+    """Point 1: 3 settings x {uniform, sum, surprisal-share} x beta {0.3, 1} x 3 seeds, prefix pathway, 4 slots."""
+    cfg = grid.ExperimentConfig(out=str(root), weightings=("uniform", "sum", "surprisal-share"), betas=(1.0, 0.3),
+                                seeds=(0, 1, 2), continuous_weightings=(), cond_modes=("prefix",), cond="prefix",
+                                prefix_slots=4, budget=budget(steps), recipe=RECIPE, jobs=1)
+    result = grid.run(cfg, command=f"scripts/run_science.py {root} main --steps {steps}")
+    copy_outputs(root, DOCS / "main", ("results.md", "results.csv", "cells.csv", "mi_vs_ratio.png",
+                                       "settings.csv", "experiment_config.json"))
+    return result
+
+
+def copy_outputs(root: Path, dest: Path, names: tuple[str, ...]) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if (root / name).is_file():
+            shutil.copy(root / name, dest / name)
+
+
+def run_plan(cells: list[Cell], plan: CellPlan, root: Path, variant: str) -> list[dict]:
+    rows = run_cells(cells, prepared(root, tuple(dict.fromkeys(c.setting for c in cells))), plan, root, print)
+    return [{"variant": variant, "slots": plan.prefix_slots if r["cond"] == "prefix" else 1, **r} for r in rows]
+
+
+# ---------------------------------------------------------------- point 3: keeping the decoder whole
+
+DECODER_SETTINGS = ("h3-n5", "h0-n16")
+"""Where surprisal-share at lambda = 1 broke the decoder before (control 0.00-0.47 in h3-n5; 0.80 at h0-n16)."""
+DECODER_VARIANTS = {
+    "lambda=1 (main table)": ({}, LR),
+    "anchor w=1 m=0.05": ({"anchor_weight": 1.0, "anchor_margin": 0.05}, LR),
+    "lambda=0.5": ({"token_weighted_reconstruction_weight": 0.5}, LR),
+    "lr 1e-4": ({}, 1e-4),
+}
+"""name -> (LossConfig fields, lr): the anchor term against the two older repairs, on surprisal-share."""
+
+
+def decoder(root: Path, steps: int) -> None:
+    """Point 3: each variant on surprisal-share, prefix-4, beta 0.3, 3 seeds, the two settings."""
+    cells = [Cell(s, "discrete", "prefix", "surprisal-share", 0.3, seed) for s in DECODER_SETTINGS for seed in (0, 1, 2)]
+    rows = []
+    for name, (loss, lr) in DECODER_VARIANTS.items():
+        plan = CellPlan(TASK.k, 4, replace(budget(steps), lr=lr), RECIPE, tuple(sorted(loss.items())))
+        rows += run_plan(cells, plan, root, name)
+    base = {s: prepared(root, (s,))[s].stats["base_val_nll"] for s in DECODER_SETTINGS}
+    write_table(DECODER_TABLE, rows, DOCS / "decoder", extra={"base_val_nll": lambda r: base[r["setting"]]})
+
+
+# ---------------------------------------------------------------- point 2: the map
+
+MAP_PATHWAYS = (("token", 1), ("prefix", 2), ("prefix", 4), ("prefix", 8), ("layernorm", 1))
+MAP_WEIGHTINGS = ("uniform", "surprisal-share")
+
+
+def pathway(cond: str, slots: int) -> str:
+    return f"prefix-{slots}" if cond == "prefix" else cond
+
+
+def map_grid(root: Path, steps: int) -> None:
+    """Point 2, reduced: pathway x 4 settings x {uniform, surprisal-share}, beta 0.3, seed 0."""
+    rows = []
+    for cond, slots in MAP_PATHWAYS:
+        cells = [Cell(s.name, "discrete", cond, w, 0.3, 0) for s in TASK.settings for w in MAP_WEIGHTINGS]
+        rows += [{**r, "pathway": pathway(cond, slots)}
+                 for r in run_plan(cells, CellPlan(TASK.k, slots, budget(steps), RECIPE), root, "map")]
+    write_table(MAP_TABLE, rows, DOCS / "map")
+    from store.plots import save_figures
+
+    save_figures({"strategy_mi_map.png": plot_map(rows)}, DOCS / "map")
+
+
+def plot_map(rows: list[dict]):
+    """I(z; strategy) as a pathway x T/(t0+1) image, one panel per weighting."""
+    from store.plots import figure
+
+    ratios = sorted({(r["ratio_true"], r["setting"]) for r in rows})
+    names = [pathway(c, k) for c, k in MAP_PATHWAYS]
+    fig, axes = figure(len(MAP_WEIGHTINGS), width=4.8, height=3.8)
+    for ax, w in zip(axes, MAP_WEIGHTINGS):
+        value = {(r["pathway"], r["setting"]): r["strategy_mi"] for r in rows if r["weighting"] == w}
+        image = [[value.get((p, s), float("nan")) for _, s in ratios] for p in names]
+        shown = ax.imshow(image, vmin=0, vmax=0.7, cmap="viridis", aspect="auto")
+        for i, line in enumerate(image):
+            for j, v in enumerate(line):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.35 else "black", fontsize=8)
+        ax.set(xticks=range(len(ratios)), xticklabels=[f"{s}\n{x:.1f}" for x, s in ratios], yticks=range(len(names)),
+               yticklabels=names, xlabel="setting, T/(t0+1)", title=f"I(z; strategy), {w}, beta 0.3, seed 0")
+        fig.colorbar(shown, ax=ax, label="nats")
+    return fig
+
+
+# ---------------------------------------------------------------- tables
+
+COLUMNS = {"setting": "setting", "ratio_true": "T/(t0+1)", "weighting": "weighting", "beta": "beta", "seed": "seed",
+           "mi": "exact MI", "strategy_mi": "I(z; strategy)", "strategy_nmi": "NMI", "control_accuracy": "control",
+           "recon_uniform": "token-mean NLL", "l_t0_spread_init": "l_t0 spread, step 0",
+           "l_t0_spread_end": "l_t0 spread, end", "wall_s": "wall s"}
+DECODER_TABLE = {"variant": "variant", **COLUMNS, "base_val_nll": "base val NLL"}
+MAP_TABLE = {"pathway": "pathway", **COLUMNS}
+
+
+def write_table(columns: dict[str, str], rows: list[dict], dest: Path, extra: dict | None = None) -> None:
+    """rows.csv and table.md (one row per cell, as run) in ``dest``; also printed."""
+    from store.tables import records_table
+
+    rows = [{**r, **{k: f(r) for k, f in (extra or {}).items()}} for r in rows]
+    dest.mkdir(parents=True, exist_ok=True)
+    write_csv(dest / "rows.csv", rows)
+    table = records_table(rows, columns)
+    (dest / "table.md").write_text(table + "\n")
+    print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path)
+    parser.add_argument("phase", choices=sorted(PHASES))
+    parser.add_argument("--steps", type=int, default=600)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    PHASES[args.phase](args.root, args.steps)
+    print(f"[science] {args.phase} done in {(time.perf_counter() - start) / 60:.1f} min")
+
+
+def timing(root: Path, steps: int) -> None:
+    """One cell of the main table, to size the budget."""
+    cell = Cell("h0-n16", "discrete", "prefix", "surprisal-share", 0.3, 0)
+    rows = run_plan([cell], CellPlan(TASK.k, 4, budget(steps), RECIPE), root, "timing")
+    print({k: rows[0].get(k) for k in ("mi", "strategy_mi", "control_accuracy", "recon_uniform", "wall_s",
+                                       "train_wall_s", "l_t0_spread_init", "l_t0_spread_end")})
+
+
+PHASES = {"prep": lambda root, steps: prepared(root), "time": timing, "main": main_table, "decoder": decoder,
+          "map": map_grid}
+
+if __name__ == "__main__":
+    main()
