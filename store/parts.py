@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -100,8 +101,9 @@ class ParquetPart:
                        write_page_checksum=True)
         write_bytes_durable(tmp, sink.getvalue().to_pybytes())
 
-    def read(self, path: Path) -> pa.Table:
-        return pq.read_table(path, page_checksum_verification=True)
+    def read(self, path: Path, schema: pa.Schema) -> pa.Table:
+        columns = None if schema is PART_SCHEMA else schema.names  # None: all, so a stray column shows
+        return pq.read_table(path, columns=columns, page_checksum_verification=True)
 
 
 # ---------------------------------------------------------------- Zarr
@@ -157,12 +159,12 @@ class ZarrPart:
                 out[f"{field.name}_valid"] = column.is_valid().to_numpy(zero_copy_only=False)
         return out
 
-    def read(self, path: Path) -> pa.Table:
+    def read(self, path: Path, schema: pa.Schema) -> pa.Table:
         zarr, _, LocalStore = _zarr_modules()
         group = zarr.open_group(store=LocalStore(path, read_only=True), mode="r")
         offsets = pa.array(group["offsets"][...].astype(np.int32))
         columns = []
-        for field in PART_SCHEMA:
+        for field in schema:
             values = group[field.name][...]
             if field.name in TOKEN_LIST_COLUMNS:
                 array = pa.ListArray.from_arrays(offsets, pa.array(values, type=field.type.value_type))
@@ -171,7 +173,7 @@ class ZarrPart:
                 array = pa.array(values.tolist() if pa.types.is_string(field.type) else values,
                                  type=field.type, mask=mask)
             columns.append(array)
-        return pa.Table.from_arrays(columns, schema=PART_SCHEMA)
+        return pa.Table.from_arrays(columns, schema=schema)
 
 
 PART_IO = {PARQUET: ParquetPart(), ZARR: ZarrPart()}  # the reader and writer of each of PART_FORMATS
@@ -193,13 +195,25 @@ def write_part(table: pa.Table, final: Path, fmt: str) -> dict:
     return {"sha256": sha, "bytes": size}
 
 
-def read_part(path: Path, fmt: str) -> pa.Table:
-    """A part as a PART_SCHEMA table; ValueError naming the part if its columns differ (another schema version)."""
+def part_schema(columns: Sequence[str] | None = None) -> pa.Schema:
+    """PART_SCHEMA, or its fields named in ``columns`` (in schema order); KeyError naming one it lacks."""
+    if columns is None:
+        return PART_SCHEMA
+    unknown = set(columns) - set(PART_SCHEMA.names)
+    if unknown:
+        raise KeyError(f"no column {sorted(unknown)} in store schema version {SCHEMA_VERSION}")
+    return pa.schema([field for field in PART_SCHEMA if field.name in columns])
+
+
+def read_part(path: Path, fmt: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """A part as a PART_SCHEMA table, or only its ``columns`` (a reader that needs few reads no others);
+    ValueError naming the part if its columns differ (another schema version)."""
+    schema = part_schema(columns)
     try:
-        table = part_format(fmt).read(Path(path))
+        table = part_format(fmt).read(Path(path), schema)
     except KeyError as e:  # a Zarr part without one of PART_SCHEMA's arrays
         raise ValueError(f"{path}: no array {e} of store schema version {SCHEMA_VERSION}; re-extract it") from None
-    if not table.schema.equals(PART_SCHEMA, check_metadata=False):
+    if not table.schema.equals(schema, check_metadata=False):
         raise ValueError(f"{path}: its columns are not those of store schema version {SCHEMA_VERSION} "
                          f"(store/schema.py PART_SCHEMA); re-extract it\n{table.schema}")
     return table

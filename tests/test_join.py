@@ -9,11 +9,14 @@ import pytest
 import torch
 
 from pipeline.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.extract import ExtractConfig
+from pipeline.extract import run as extract
 from pipeline.shards import iter_samples, write_shards
+from store.baseline_store import BaselineStore
 from training.baselines import Frozen
 from training.cvae import CVAEConfig, build_cvae, objective
-from training.data import (BadSamples, StoreMismatchError, StoreRef, collate_examples, encode, join_store, split_urls,
-                           stored_shard)
+from training.data import (REMEDY, BadSamples, StoreMismatchError, StoreRef, collate_examples, encode, join_store,
+                           split_urls, stored_shard)
 from training.losses import WeightingParams, reconstruction_weights
 from training.train import run
 from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
@@ -82,17 +85,42 @@ def test_poisoned_b_changes_the_loss(tiny, tiny_store):
     assert abs(loss["clean"] - loss["poisoned"]) > 1e-3
 
 
+def nan_in_b(key, row):
+    """Row edit: one NaN in the b of a key that the first 24 samples do not reach."""
+    if key != "train-0000100":
+        return row
+    b = row["b"].copy()
+    b[0] = np.nan
+    return {**row, "b": b}
+
+
 @pytest.mark.parametrize("edit, match", [
     (lambda k, r: None if k.endswith("3") else r, "has no row"),
     (lambda k, r: {**r, "T": r["T"] + 1}, "stored T="),
     (lambda k, r: {**r, "target_id": r["target_id"][::-1].copy()}, "stored S token ids"),
+    (lambda k, r: {**r, "target_id": r["target_id"][:-1]}, "stored S token ids"),
     (lambda k, r: {**r, "b": r["b"][:-1]}, "stored b has shape"),
+    (nan_in_b, "key 'train-0000100' .* holds NaN or inf"),
 ])
-def test_each_row_mismatch_raises_naming_key_shard_and_fingerprints(tiny, tiny_store, edit, match):
+def test_each_row_mismatch_raises_naming_key_shard_fingerprints_and_remedy(tiny, tiny_store, edit, match):
     with pytest.raises(StoreMismatchError, match=match) as info:
         joined_batch(tiny, tiny_store, edit)
     msg = str(info.value)
-    assert "key 'train-" in msg and "shard-000000.tar" in msg and "fingerprint" in msg
+    assert "key 'train-" in msg and "shard-000000.tar" in msg and "fingerprint" in msg and REMEDY in msg
+
+
+def test_the_join_reads_the_same_rows_from_a_zarr_store(tiny, tiny_store, tmp_path):
+    data, ckpt_dir = tiny
+    zarr_store = tmp_path / "zarr"
+    extract(ExtractConfig(checkpoint=str(ckpt_dir), data=str(data / "train"), store=str(zarr_store), format="zarr",
+                          progress=False, reader_process=False))
+    url = split_urls(data, "train")[0]
+    parquet, zarr = (BaselineStore(store).open().rows_for_shard(url) for store in (tiny_store, zarr_store))
+    assert list(parquet) == list(zarr)
+    for key, row in parquet.items():
+        assert row["T"] == zarr[key]["T"] and row["b"].dtype == zarr[key]["b"].dtype == np.float32
+        np.testing.assert_array_equal(row["b"], zarr[key]["b"])
+        np.testing.assert_array_equal(row["target_id"], zarr[key]["target_id"])
 
 
 def test_store_of_another_checkpoint_is_refused(tiny, tiny_store, tmp_path):

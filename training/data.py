@@ -39,7 +39,10 @@ from pipeline.vocab import Vocab
 
 
 class StoreMismatchError(ValueError):
-    """A sample and the baseline store disagree; the message names key, shard and fingerprints."""
+    """A sample and the baseline store disagree; the message names key, shard, fingerprints and ``REMEDY``."""
+
+
+REMEDY = "extract a fresh store for this checkpoint and data (tokweight extract --store NEW_DIR)"
 
 
 # ---------------------------------------------------------------- store side
@@ -99,9 +102,20 @@ def stored_shard(view, url: str, fingerprint: str) -> StoredShard:
         whole = view.skipped_whole(url)
         if whole is not None:
             return StoredShard({}, {}, whole, where)
-        return StoredShard(view.rows_for_shard(url), view.skipped_keys(url), None, where)
+        rows = view.rows_for_shard(url)
+        skipped = view.skipped_keys(url)
     except KeyError as e:
         raise StoreMismatchError(f"shard {url} has no part in {where}: {e}") from None
+    _refuse_nonfinite_b(rows, url, where)
+    return StoredShard(rows, skipped, None, where)
+
+
+def _refuse_nonfinite_b(rows: dict[str, dict], shard: str, where: str) -> None:
+    """StoreMismatchError naming the first key whose stored b holds NaN or inf: one vectorised test of the
+    shard's rows; they are searched one by one only to name the key."""
+    if rows and not np.isfinite(np.concatenate([row["b"] for row in rows.values()])).all():
+        key = next(key for key, row in rows.items() if not np.isfinite(row["b"]).all())
+        raise StoreMismatchError(f"stored b of key {key!r} in shard {shard} holds NaN or inf, in {where}; {REMEDY}")
 
 
 class BadSamples:
@@ -138,7 +152,7 @@ def join_store(items: Iterable[tuple[str, Sample]], stored: StoredShard, bad: Ba
         if row is not None:
             yield url, sample, row
         elif not bad.skipped_at_extraction(sample.key):
-            raise StoreMismatchError(f"key {sample.key!r} of shard {bad.shard} has no row in {stored.where}")
+            raise StoreMismatchError(f"key {sample.key!r} of shard {bad.shard} has no row in {stored.where}; {REMEDY}")
 
 
 # ---------------------------------------------------------------- examples
@@ -184,16 +198,25 @@ def encode(items: Iterable[tuple], vocab: Vocab, slots: int, block_size: int,
 
 
 def _checked_b(row: dict, targets: list[int], key: str, shard: str, fingerprints) -> np.ndarray:
-    where = f"key {key!r} in shard {shard} (store fingerprint {fingerprints[0]}, baseline {fingerprints[1]})"
-    if int(row["T"]) != len(targets):
-        raise StoreMismatchError(f"stored T={int(row['T'])} but the sample has T={len(targets)}: {where}")
-    stored = np.asarray(row["target_id"])
-    if len(stored) != len(targets) or not np.array_equal(stored, targets):
-        raise StoreMismatchError(f"stored S token ids {stored.tolist()} != the sample's {targets}: {where}")
-    b = np.asarray(row["b"], dtype=np.float32)
-    if b.shape != (len(targets),) or not np.isfinite(b).all():
-        raise StoreMismatchError(f"stored b has shape {b.shape} or non-finite values: {where}")
-    return b
+    """The row's b, (T,) float32 nats, once its T, echoed S token ids and length are the sample's."""
+    problem = _misalignment(row, targets)
+    if problem is not None:
+        raise StoreMismatchError(f"{problem}: key {key!r} in shard {shard} (store fingerprint {fingerprints[0]}, "
+                                 f"baseline {fingerprints[1]}); {REMEDY}")
+    return row["b"]
+
+
+def _misalignment(row: dict, targets: list[int]) -> str | None:
+    """What differs between a stored row and the sample's S targets, or None. Compared as Python lists:
+    np.array_equal and np.isfinite on every row cost more than the rest of the join (a shard's b is
+    tested for NaN at once, ``_refuse_nonfinite_b``)."""
+    if row["T"] != len(targets):
+        return f"stored T={int(row['T'])} but the sample has T={len(targets)}"
+    if row["target_id"].tolist() != targets:
+        return f"stored S token ids {row['target_id'].tolist()} != the sample's {targets}"
+    if len(row["b"]) != len(targets):
+        return f"stored b has shape {row['b'].shape}, the sample T={len(targets)}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -232,11 +255,7 @@ def collate_examples(examples: Sequence[Example]) -> TrainBatch:
     layouts = [ex.layout for ex in examples]
     zfree = collate([ex.zfree for ex in examples], [Layout(lay.m, lay.n) for lay in layouts])
     zcond = collate([ex.zcond for ex in examples], layouts)
-    b = None
-    if all(ex.b is not None for ex in examples):
-        b = torch.zeros(zfree.mask.shape, dtype=torch.float32)
-        for i, ex in enumerate(examples):
-            b[i, : len(ex.b)] = torch.tensor(ex.b)
+    b = stored_b(examples, zfree.mask.shape) if all(ex.b is not None for ex in examples) else None
     return TrainBatch(
         zfree=zfree, zcond=zcond,
         z_pos=torch.tensor([lay.z_pos for lay in layouts]),
@@ -245,6 +264,15 @@ def collate_examples(examples: Sequence[Example]) -> TrainBatch:
         b=b, t0=torch.tensor([-1 if ex.t0 is None else ex.t0 for ex in examples]),
         keys=tuple(ex.key for ex in examples), urls=tuple(ex.url for ex in examples),
         strategies=tuple(ex.strategy for ex in examples))
+
+
+def stored_b(examples: Sequence[Example], shape: tuple[int, int]) -> torch.Tensor:
+    """(B, T_max) float32 nats over S, 0 past each row's T: rows copied in numpy, one tensor made at the end
+    (a tensor per row cost ten times more)."""
+    b = np.zeros(shape, dtype=np.float32)
+    for i, ex in enumerate(examples):
+        b[i, : len(ex.b)] = ex.b
+    return torch.from_numpy(b)
 
 
 # ---------------------------------------------------------------- generic stages
