@@ -11,7 +11,9 @@ here only, and only when such a directory is loaded.
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import inspect
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -23,6 +25,7 @@ import torch.nn as nn
 
 from pipeline.dtypes import FORWARD_DTYPES
 from pipeline.errors import SampleError
+from pipeline.model import SharedPrefix, suffix_positions
 from pipeline.templates import TEMPLATE_VERSION
 from pipeline.vocab import SPECIALS, latent_token
 from store.fingerprint import canonical_json
@@ -168,6 +171,20 @@ class BackboneSpec:
         return asdict(self)
 
 
+class HFCache:
+    """A transformers cache behind ``KVCache``'s interface. The model appends a suffix's keys to the
+    cache it is given, in place, so each use gets a copy (its layers' tensors are shared, not copied)."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def repeated(self, n: int) -> HFCache:
+        cache = copy.copy(self.cache)
+        cache.layers = [copy.copy(layer) for layer in self.cache.layers]
+        cache.batch_repeat_interleave(n)  # rebinds each layer's keys and values; the originals stay
+        return HFCache(cache)
+
+
 class HFBackbone(nn.Module):
     """An ``AutoModelForCausalLM`` behind the built-in GPT's interface: ``hidden``, ``head``,
     ``forward`` -> (logits, hidden), ``embed`` and ``wte`` (the input embedding)."""
@@ -175,6 +192,8 @@ class HFBackbone(nn.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
+        forward = inspect.signature(model.base_model.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in forward else "past_key_values"  # renamed in transformers 5.2x
         c = model.config
         self.cfg = BackboneSpec(vocab_size=model.get_input_embeddings().num_embeddings,
                                 block_size=int(getattr(c, "max_position_embeddings", None) or c.n_positions),
@@ -188,23 +207,37 @@ class HFBackbone(nn.Module):
         return self.wte(idx)
 
     def hidden(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
-               ln_cond: torch.Tensor | None = None) -> torch.Tensor:
+               ln_cond: torch.Tensor | None = None, prefix: SharedPrefix | None = None) -> torch.Tensor:
         """(B, L) ids (or their (B, L, d) embeddings ``tok_emb``) -> (B, L, d) final hidden states.
-        Right-padded batches need no attention mask: attention is causal, padding comes last."""
+        Right-padded batches need no attention mask: attention is causal, padding comes last. With a
+        ``prefix`` (``self.prefix``), the L tokens continue it: its cache, a mask of the prefix positions
+        each row sees, and positions from the row's prefix length."""
         if ln_cond is not None:
             raise ValueError(f"the layernorm z pathway is not available on a {self.cfg.model_type!r} Hugging Face "
                              "backbone; use --cond token or --cond prefix")
-        if idx.shape[1] > self.cfg.block_size:
-            raise ValueError(f"sequence length {idx.shape[1]} exceeds the model's context of {self.cfg.block_size}")
+        B, L = idx.shape
+        if L > self.cfg.block_size:
+            raise ValueError(f"sequence length {L} exceeds the model's context of {self.cfg.block_size}")
         inputs = {"inputs_embeds": tok_emb} if tok_emb is not None else {"input_ids": idx}
-        return self.model.base_model(**inputs, use_cache=False).last_hidden_state
+        if prefix is None:
+            return self.model.base_model(**inputs, use_cache=False).last_hidden_state
+        own = torch.ones(B, L, dtype=torch.long, device=idx.device)
+        inputs[self.cache_kwarg] = prefix.cache.repeated(1).cache
+        return self.model.base_model(**inputs, use_cache=True, attention_mask=torch.cat([prefix.valid.long(), own], 1),
+                                     position_ids=suffix_positions(prefix, L, self.cfg.block_size, idx.device),
+                                     ).last_hidden_state
+
+    def prefix(self, idx: torch.Tensor, lengths: torch.Tensor) -> SharedPrefix:
+        """The model's key/value cache of prefixes idx (B, P), row i's own being its first lengths[i] tokens."""
+        cache = self.model.base_model(input_ids=idx, use_cache=True)[1]  # (hidden, cache): its name varies
+        return SharedPrefix.of(HFCache(cache), lengths, idx.shape[1])
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.get_output_embeddings()(hidden)
 
-    def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
-                ln_cond: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond)
+    def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
+                prefix: SharedPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix)
         return self.head(hidden), hidden
 
 

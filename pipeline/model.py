@@ -4,9 +4,11 @@ Learned absolute positions, pre-LayerNorm blocks, GELU MLP (4x), tied input/outp
 embeddings, biases everywhere: the GPT-2 architecture, so that `export_hf` can hand the
 same weights to `transformers.GPT2LMHeadModel` and get the same logits.
 
-The CVAE hooks are two optional arguments of `forward`, both plain tensors:
+The CVAE hooks are optional arguments of `forward`:
 - `tok_emb` replaces the token embeddings (a continuous z written into latent slots);
-- `ln_cond` modulates every LayerNorm's scale and shift (z-conditioned LayerNorm).
+- `ln_cond` modulates every LayerNorm's scale and shift (z-conditioned LayerNorm);
+- `prefix` (from `GPT.prefix`) is a shared prefix's keys and values: the sequences given
+  continue it, so several continuations of one prefix compute it once.
 The model returns logits and the final hidden states, never a loss.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -48,6 +51,48 @@ class ModelConfig:
         return asdict(self)
 
 
+class KVCache:
+    """The built-in GPT's keys and values of a prefix: per layer (keys, values), each (N, n_head, P, d_head)."""
+
+    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.layers = layers
+
+    def repeated(self, n: int) -> KVCache:
+        return KVCache([tuple(t.repeat_interleave(n, 0) for t in kv) for kv in self.layers])
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """A prefix that suffixes continue: its keys and values, and which of its P positions each
+    row may attend to (rows' prefixes differ in length; a shorter one is followed by tokens that
+    are not its own). Row r's suffix starts at position ``start[r]``."""
+
+    cache: Any  # a backbone's cache with ``repeated(n)``: KVCache for the GPT
+    valid: torch.Tensor  # (N, P) bool
+
+    @classmethod
+    def of(cls, cache, lengths: torch.Tensor, width: int) -> SharedPrefix:
+        """``cache`` of prefixes of ``width`` positions, row i's own being its first lengths[i]."""
+        return cls(cache, torch.arange(width, device=lengths.device) < lengths[:, None])
+
+    @property
+    def start(self) -> torch.Tensor:
+        return self.valid.sum(1)  # (N,) long: the valid positions are a row's first ``start``
+
+    def repeated(self, n: int) -> SharedPrefix:
+        """Each row ``n`` times, for as many suffixes: the prefix is still computed once, and the
+        gradients of its copies sum into it."""
+        return SharedPrefix(self.cache.repeated(n), self.valid.repeat_interleave(n, 0))
+
+
+def suffix_positions(prefix: SharedPrefix | None, L: int, block_size: int, device) -> torch.Tensor:
+    """(N, L) or (L,) positions of a suffix's tokens; padding past the context is clamped (it is never read)."""
+    positions = torch.arange(L, device=device)
+    if prefix is None:
+        return positions
+    return (prefix.start[:, None] + positions).clamp(max=block_size - 1)
+
+
 def _modulate(h: torch.Tensor, cond: torch.Tensor | None) -> torch.Tensor:
     """h (B, L, d) after a LayerNorm; cond (B, 2, d) = (delta scale, delta shift)."""
     if cond is None:
@@ -63,14 +108,21 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, past: tuple | None = None, past_valid: torch.Tensor | None = None):
+        """x (B, L, d) -> (B, L, d) and this call's (keys, values), each (B, n_head, L, d_head).
+        ``past``: a prefix's (keys, values) that x continues, ``past_valid`` (B, P) its positions each row sees."""
         B, L, d = x.shape
         q, k, v = self.c_attn(x).split(d, dim=2)
-        # (B, n_head, L, d_head)
         q, k, v = (t.view(B, L, self.n_head, d // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        return self.c_proj(y.transpose(1, 2).reshape(B, L, d))
+        dropout = self.dropout if self.training else 0.0
+        if past is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+        else:
+            causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+            mask = torch.cat([past_valid[:, None, :].expand(B, L, -1), causal.expand(B, L, L)], -1)[:, None]
+            y = F.scaled_dot_product_attention(q, torch.cat([past[0], k], 2), torch.cat([past[1], v], 2),
+                                               attn_mask=mask, dropout_p=dropout)
+        return self.c_proj(y.transpose(1, 2).reshape(B, L, d)), (k, v)
 
 
 class MLP(nn.Module):
@@ -93,9 +145,11 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, cond_1=None, cond_2=None):
-        x = x + self.drop(self.attn(_modulate(self.ln_1(x), cond_1)))
-        return x + self.mlp(_modulate(self.ln_2(x), cond_2))
+    def forward(self, x, cond_1=None, cond_2=None, past=None, past_valid=None):
+        """-> (B, L, d) and the attention's (keys, values)."""
+        a, kv = self.attn(_modulate(self.ln_1(x), cond_1), past, past_valid)
+        x = x + self.drop(a)
+        return x + self.mlp(_modulate(self.ln_2(x), cond_2)), kv
 
 
 class GPT(nn.Module):
@@ -123,29 +177,42 @@ class GPT(nn.Module):
         """(B, L) token ids -> (B, L, d) token embeddings (no positions)."""
         return self.wte(idx)
 
+    def _blocks(self, idx, tok_emb, ln_cond, prefix: SharedPrefix | None) -> tuple[torch.Tensor, list]:
+        """(B, L, d) final hidden states and every layer's (keys, values)."""
+        L = idx.shape[1]
+        if L > self.cfg.block_size:
+            raise ValueError(f"sequence length {L} exceeds block_size {self.cfg.block_size}")
+        x = self.embed(idx) if tok_emb is None else tok_emb
+        x = self.drop(x + self.wpe(suffix_positions(prefix, L, self.cfg.block_size, idx.device)))
+        conds = [None] * self.cfg.n_layernorms if ln_cond is None else ln_cond.unbind(1)
+        past = [None] * self.cfg.n_layer if prefix is None else prefix.cache.layers
+        valid = None if prefix is None else prefix.valid
+        kvs = []
+        for i, block in enumerate(self.h):
+            x, kv = block(x, conds[2 * i], conds[2 * i + 1], past[i], valid)
+            kvs.append(kv)
+        return _modulate(self.ln_f(x), conds[-1]), kvs
+
     def hidden(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
-               ln_cond: torch.Tensor | None = None) -> torch.Tensor:
+               ln_cond: torch.Tensor | None = None, prefix: SharedPrefix | None = None) -> torch.Tensor:
         """idx (B, L) -> final hidden states (B, L, d), after the last LayerNorm.
 
         tok_emb: (B, L, d) replaces `embed(idx)` when given.
         ln_cond: (B, n_layernorms, 2, d) scale/shift deltas, LayerNorms in forward order.
+        prefix:  a ``SharedPrefix`` of B rows that idx continues (positions from ``prefix.start``).
         """
-        B, L = idx.shape
-        if L > self.cfg.block_size:
-            raise ValueError(f"sequence length {L} exceeds block_size {self.cfg.block_size}")
-        x = self.embed(idx) if tok_emb is None else tok_emb
-        x = self.drop(x + self.wpe(torch.arange(L, device=idx.device)))
-        conds = [None] * self.cfg.n_layernorms if ln_cond is None else ln_cond.unbind(1)
-        for i, block in enumerate(self.h):
-            x = block(x, conds[2 * i], conds[2 * i + 1])
-        return _modulate(self.ln_f(x), conds[-1])
+        return self._blocks(idx, tok_emb, ln_cond, prefix)[0]
+
+    def prefix(self, idx: torch.Tensor, lengths: torch.Tensor) -> SharedPrefix:
+        """The keys and values of prefixes idx (B, P), row i's own being its first lengths[i] tokens."""
+        return SharedPrefix.of(KVCache(self._blocks(idx, None, None, None)[1]), lengths, idx.shape[1])
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., d) hidden states -> (..., V) logits (the output embedding is tied to wte)."""
         return hidden @ self.wte.weight.T
 
-    def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
-                ln_cond: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
+                prefix: SharedPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """idx (B, L) -> logits (B, L, V) and final hidden states (B, L, d); see ``hidden``."""
-        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond)
+        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix)
         return self.head(hidden), hidden

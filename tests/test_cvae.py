@@ -124,7 +124,10 @@ def test_copies_are_one_forward_and_match_separate_forwards():
     hook = model.backbone.register_forward_hook(lambda m, a, o: calls.append(a[0].shape))
     out = model(batch)
     hook.remove()
-    assert calls == [batch.zfree.input_ids.shape, (4 * len(SAMPLES), batch.zcond.input_ids.shape[1])]
+    # the z-free pass and the copies continue the shared <bos> <x> x </x> (computed by GPT.prefix):
+    # <y> y </y> <eos>, and <z> <z_k> </z> before it
+    suffix = max(len(s.y) for s in SAMPLES) + 3
+    assert calls == [(len(SAMPLES), suffix), (4 * len(SAMPLES), suffix + 3)]
     for k in range(4):  # copy k of the batched pass == a pass with <z_k> written in by hand
         ids = batch.zcond.input_ids.scatter(1, batch.slot_pos, VOCAB.latent_id(k))
         logits, _ = model.backbone(ids)

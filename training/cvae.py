@@ -1,12 +1,16 @@
 """The CVAE: the entangled backbone + a z pathway (conditioning) + a latent, composed.
 
-One backbone serves three reads per step:
+One backbone serves three reads per step, all beginning with the same ``<bos> <x> x </x>``:
 - the z-free pass: its pooled hidden state feeds the posterior head, and its S logits
   are the current model's z-free surprisal (the ``dynamic`` baseline, no extra pass);
 - the z-conditioned pass: every example's latent copies (K for a discrete latent, one
   sample for a continuous one) as ONE batched forward of B * copies rows;
 - the prior: the decoder's own output at ``<z>`` (taken from copy 0, which has seen x only,
   or from an unconditioned prefix pass when the z pathway reaches the prefix).
+
+That common prefix runs once (``SharedPrefix``: its keys and values), and the z-free pass and
+the copies continue it: the same per-token NLLs and gradients as full passes, without K + 1
+copies of the prefix's work. Not with the layernorm pathway, whose z modulates the prefix too.
 
 Posterior input: the z-free hidden state at the last position (``<eos>``), which has
 attended to all of x and y, or the mean of the states that predict S (``posterior_pool``).
@@ -21,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from pipeline.model import GPT
+from pipeline.model import GPT, SharedPrefix
 from pipeline.templates import gather_s, token_surprisal
 from pipeline.vocab import Vocab
 from training.conditioning import MODES, Conditioning
@@ -89,13 +93,51 @@ class CVAEOutput:
     pooled: torch.Tensor | None = None  # (B, d_post) the posterior head's input
 
 
+@dataclass(frozen=True)
+class Frame:
+    """Where each row's backbone input starts: at 0 (whole sequences), or past a shared prefix of
+    ``start`` tokens (the prefix's keys and values in ``prefix``), so positions shift by ``start``."""
+
+    prefix: SharedPrefix | None = None
+    start: torch.Tensor | None = None  # (B,)
+
+    @classmethod
+    def shared(cls, backbone, batch: TrainBatch) -> Frame:
+        """The prefix both templates share: <bos> <x> x </x>, the tokens before <z>."""
+        start = batch.z_pos
+        return cls(backbone.prefix(batch.zcond.input_ids[:, : int(start.max())], start), start)
+
+    def ids(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """(B, L) sequences of ``lengths`` tokens -> their tokens from ``start`` on (B, W), W the longest;
+        past a row's end, any tokens (attention is causal: a row's own tokens never see them)."""
+        if self.prefix is None:
+            return ids
+        cols = self.start[:, None] + torch.arange(int((lengths - self.start).max()), device=ids.device)
+        return ids.gather(1, cols.clamp(max=ids.shape[1] - 1))
+
+    def pos(self, pos: torch.Tensor) -> torch.Tensor:
+        """(B, ...) sequence positions -> positions in this frame (masked entries, 0, stay in range)."""
+        if self.prefix is None:
+            return pos
+        return (pos - self.start.view(-1, *[1] * (pos.dim() - 1))).clamp(min=0)
+
+    def rows(self, copies: int) -> SharedPrefix | None:
+        """The prefix for ``copies`` rows per example (none for whole sequences)."""
+        return None if self.prefix is None else self.prefix.repeated(copies)
+
+
 class CVAE(nn.Module):
     def __init__(self, backbone: GPT, latent: nn.Module, conditioning: Conditioning, encoder: GPT | None = None,
-                 pool: str = "last"):
+                 pool: str = "last", share_prefix: bool = True):
         super().__init__()
         self.backbone, self.latent, self.conditioning = backbone, latent, conditioning
         self.encoder = encoder  # None: the posterior reads the backbone's z-free pass
         self.pool = pool  # CVAEConfig.posterior_pool
+        self.share_prefix = share_prefix  # exact either way (tests/test_shared_prefix.py); off: for the bench
+
+    @property
+    def shares_prefix(self) -> bool:
+        return self.share_prefix and not self.conditioning.modulates_prefix
 
     @property
     def posterior_parameters(self) -> list[nn.Parameter]:
@@ -104,18 +146,19 @@ class CVAE(nn.Module):
         own = list(self.latent.head.parameters())
         return own + (list(self.encoder.parameters()) if self.encoder is not None else [])
 
-    def posterior_input(self, batch: TrainBatch, hidden_free: torch.Tensor | None = None) -> torch.Tensor:
+    def posterior_input(self, batch: TrainBatch, hidden_free: torch.Tensor | None = None,
+                        frame: Frame = Frame()) -> torch.Tensor:
         """(B, d_post) what the posterior head reads from the z-free sequence: the encoder's states
-        or the backbone's (``hidden_free`` (B, L, d), which the caller has already computed), at
-        <eos> ("last") or averaged over the positions that predict S ("mean")."""
+        or the backbone's (``hidden_free`` (B, L, d) in ``frame``, which the caller has already computed),
+        at <eos> ("last") or averaged over the positions that predict S ("mean")."""
         if self.encoder is not None:
-            hidden_free = self.encoder(batch.zfree.input_ids)[1]
+            hidden_free, frame = self.encoder(batch.zfree.input_ids)[1], Frame()
         if self.pool == "mean":
-            states = gather_s(hidden_free, batch.zfree.logit_pos)  # (B, T_max, d)
+            states = gather_s(hidden_free, frame.pos(batch.zfree.logit_pos))  # (B, T_max, d)
             mask = batch.zfree.mask[..., None].to(states.dtype)
             return (states * mask).sum(1) / mask.sum(1).clamp(min=1)
         rows = torch.arange(len(batch), device=batch.last_pos.device)
-        return hidden_free[rows, batch.last_pos]
+        return hidden_free[rows, frame.pos(batch.last_pos)]
 
     def forward(self, batch: TrainBatch, generator: torch.Generator | None = None,
                 global_batch: GlobalBatch = LOCAL) -> CVAEOutput:
@@ -123,29 +166,32 @@ class CVAE(nn.Module):
         example's noise does not depend on how many ranks share the step."""
         free, cond = batch.zfree, batch.zcond
         B = len(batch)
-        logits_free, hidden_free = self.backbone(free.input_ids)  # (B, L, V), (B, L, d)
-        pooled = self.posterior_input(batch, hidden_free)
+        frame = Frame.shared(self.backbone, batch) if self.shares_prefix else Frame()
+        free_len = batch.last_pos + 1
+        logits_free, hidden_free = self.backbone(frame.ids(free.input_ids, free_len), prefix=frame.rows(1))
+        pooled = self.posterior_input(batch, hidden_free, frame)
         post = self.latent.posterior(pooled)
         with torch.no_grad():
-            zfree_nll = token_surprisal(gather_s(logits_free, free.logit_pos), free.targets, free.mask)
+            zfree_nll = token_surprisal(gather_s(logits_free, frame.pos(free.logit_pos)), free.targets, free.mask)
 
         C = self.latent.copies  # example i's copies are rows i*C .. i*C + C-1
         z, slot_ids = self.latent.decoder_inputs(post, generator, global_batch)
         rep = lambda t: t.repeat_interleave(C, 0)
-        ids, kwargs = self.conditioning.decoder_inputs(self.backbone, rep(cond.input_ids), rep(batch.slot_pos),
+        cond_ids = frame.ids(cond.input_ids, free_len + batch.slot_pos.shape[1] + 2)  # + <z> slots </z>
+        ids, kwargs = self.conditioning.decoder_inputs(self.backbone, rep(cond_ids), rep(frame.pos(batch.slot_pos)),
                                                        z, slot_ids)
-        logits, hidden = self.backbone(ids, **kwargs)  # (B*C, L', V): all copies in one forward
-        nll = token_surprisal(gather_s(logits, rep(cond.logit_pos)), rep(cond.targets), rep(cond.mask))
-        prior = self.latent.prior(*self._at_z(batch, logits[::C], hidden[::C]))
+        logits, hidden = self.backbone(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', V): all copies at once
+        nll = token_surprisal(gather_s(logits, rep(frame.pos(cond.logit_pos))), rep(cond.targets), rep(cond.mask))
+        prior = self.latent.prior(*self._at_z(batch, logits[::C], hidden[::C], frame))
         return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll, pooled)
 
-    def _at_z(self, batch: TrainBatch, logits: torch.Tensor, hidden: torch.Tensor):
+    def _at_z(self, batch: TrainBatch, logits: torch.Tensor, hidden: torch.Tensor, frame: Frame):
         """(B, V) logits and (B, d) hidden state at <z>, from a pass that has not seen z."""
         if self.conditioning.modulates_prefix:
             prefix = batch.zcond.input_ids[:, : int(batch.z_pos.max()) + 1]
             logits, hidden = self.backbone(prefix)
-        rows = torch.arange(len(batch), device=logits.device)
-        return logits[rows, batch.z_pos], hidden[rows, batch.z_pos]
+        rows, at = torch.arange(len(batch), device=logits.device), frame.pos(batch.z_pos)
+        return logits[rows, at], hidden[rows, at]
 
 
 def check_backbone(backbone, cfg: CVAEConfig) -> None:
