@@ -1,4 +1,5 @@
-"""`tokweight experiment`: the end-to-end grid, or with --sweep beta the collapse-threshold sweep."""
+"""`tokweight experiment`: the end-to-end grid, or with --sweep beta the collapse-threshold sweep; with
+--checkpoint and --data, the same comparison on the user's own task (training.experiments.own_task)."""
 
 from __future__ import annotations
 
@@ -32,25 +33,55 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
 @click.option("--refine", type=int, default=0, help="Sweep: bisection steps per seed around beta_c.")
 @click.option("--jobs", type=int, default=None,
               help="Cells trained at once, one process and torch thread each (default: 1; sweep: min(2, CPUs)).")
-def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs):
-    """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results."""
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Your own task: the entangled checkpoint (tokweight or Hugging Face); needs --data.")
+@click.option("--data", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Your own task: the dataset, with train/val/test splits (tokweight convert).")
+@click.option("--store", type=click.Path(file_okay=False), default=None,
+              help="Your own task: the store to extract into and read (default: OUT/store).")
+@click.option("--k", type=int, default=None, help="Your own task: latent values (default: the data's labels).")
+@click.option("--cond", default=None, help="Your own task: z pathway (default: own_task.DEFAULT_COND).")
+@click.option("--slots", type=int, default=None, help="Your own task: prefix slots (default: own_task.DEFAULT_SLOTS).")
+def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs, **own):
+    """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results.
+    With --checkpoint and --data: the weightings compared on your own task and checkpoint."""
     import torch
 
     from training.experiments.task import TaskConfig, base_model
 
     torch.set_num_threads(1)
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    chosen = {} if recipe is None else {"recipe": recipe}
     try:
-        task = TaskConfig() if base_steps is None else TaskConfig(base=base_model(base_steps))
-        cfg, run = job(out, quick, sweep, settings, refine, task, {} if recipe is None else {"recipe": recipe})
+        if own["checkpoint"] is not None or own["data"] is not None:
+            if (settings, base_steps, refine) != (None, None, 0):
+                raise ValueError("--settings, --base-steps and --refine are for the synthetic settings, not for "
+                                 "--checkpoint/--data")
+            cfg, run = own_job(out, quick, sweep, own, chosen)
+        else:
+            task = TaskConfig() if base_steps is None else TaskConfig(base=base_model(base_steps))
+            cfg, run = job(out, quick, sweep, settings, refine, task, chosen)
         run(with_flags(cfg, seeds, betas, jobs, cvae_steps), echo=click.echo, command=command)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
 
 
+def own_job(out, quick, sweep, own: dict, chosen: dict):
+    """(config, its run) of the user-task comparison, before the flags every job takes."""
+    from training.experiments import own_task
+
+    if own["checkpoint"] is None or own["data"] is None:
+        raise ValueError("your own task needs both --checkpoint CKPT and --data DATA")
+    given = {k: v for k, v in own.items() if v is not None}
+    cfg = own_task.OwnTaskConfig(out=out, **given, **chosen)
+    cfg = own_task.sweep_betas(cfg) if sweep == "beta" else cfg
+    return (own_task.quick(cfg) if quick else cfg), own_task.run
+
+
 def job(out, quick, sweep, settings, refine, task, chosen: dict):
     """(config, its run) of the sweep or of the grid, before the flags both take."""
-    from training.experiments import grid, sweep as sw
+    from training.experiments import grid
+    from training.experiments import sweep as sw
 
     if sweep == "beta":
         cfg = sw.SweepConfig(out=out, task=task, refine=refine, **chosen)

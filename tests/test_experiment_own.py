@@ -1,0 +1,128 @@
+"""`tokweight experiment --checkpoint --data`: the user-task comparison on a converted dataset, with the
+tiny built-in checkpoint (library call) and a tiny Hugging Face one (the command), and its bad inputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.convert import convert_jsonl
+from pipeline.samples import sample_to_json
+from pipeline.synth import PRESETS, generate
+from tests.fixtures_experiment import TINY_BUDGET
+from tests.test_cli_errors import fails_in_one_line
+from training.experiments import own_task
+
+ARMS = ("uniform", "sum", "surprisal-share", "surprisal-share λ=0.5", "surprisal-share anchor 1/0.05")
+FINITE = ("mi", "strategy_mi", "kl", "usage_perplexity", "recon_uniform", "exact_match", "chance_exact_match",
+          "first_token_match", "chance_first_token_match")
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def own_data(tmp_path_factory) -> Path:
+    """The tiny preset's 512 train examples as JSON lines (another seed than the tiny base's data),
+    converted with its 0.8 / 0.1 / 0.1 key-hash split: the user path, labels and all."""
+    root = tmp_path_factory.mktemp("own")
+    lines = [json.dumps({"key": s.key, **sample_to_json(s)}) for s in generate(replace(PRESETS["tiny"], seed=5), "train")]
+    (root / "task.jsonl").write_text("\n".join(lines) + "\n")
+    convert_jsonl(root / "task.jsonl", root / "data", shard_size=128)
+    return root / "data"
+
+
+@pytest.fixture(scope="module")
+def native_run(own_data, tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("own-native") / "exp"
+    cfg = own_task.OwnTaskConfig(checkpoint=str(tiny[1]), data=str(own_data), out=str(out), seeds=(0,),
+                                 budget=TINY_BUDGET)
+    lines: list[str] = []
+    return out, own_task.run(cfg, echo=lines.append, command="test"), lines
+
+
+def check_results(out: Path, k: int, betas: tuple[str, ...] = ("0.3", "1.0")) -> None:
+    """Every file, one row per arm and beta with finite numbers, and a verdict that quotes the table."""
+    for name in ("results.md", "results.csv", "cells.csv", "store_predictions.csv", "profile.csv",
+                 "own_task_config.json"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "mi_and_control.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "own_task_config.json").read_text())["config"]["k"] == k
+    results = read_csv(out / "results.csv")
+    assert sorted((r["arm"], r["beta"]) for r in results) == sorted((a, b) for a in ARMS for b in betas)
+    for r in results:
+        for m in FINITE:
+            assert math.isfinite(float(r[f"{m}_mean"])) and math.isfinite(float(r[f"{m}_std"])), (r["arm"], m)
+        assert 0 <= float(r["mi_mean"]) <= math.log(k) + 1e-6
+    assert len(read_csv(out / "cells.csv")) == len(results)  # one seed
+    predicted = read_csv(out / "store_predictions.csv")[0]
+    assert all(math.isfinite(float(predicted[c])) for c in ("mean_dilution", "base_nll_test", "mean_amplification"))
+    check_verdict((out / "results.md").read_text(), results)
+
+
+def check_verdict(md: str, results: list[dict]) -> None:
+    verdict, tables = md.split("## Verdict", 1)[1].split("- command:", 1)
+    bullets = [line for line in verdict.splitlines() if line.startswith("- ")]
+    assert [b.split(" keeps z")[0][2:] for b in bullets] == list(ARMS)
+    for figure in re.findall(r"[+-]?\d+\.\d{3}", verdict):
+        assert figure in tables, figure  # every figure of the verdict is a figure of the tables
+    rows = {(r["arm"], float(r["beta"])): r for r in results}
+    for arm, bullet in zip(ARMS, bullets):
+        beta, nll = re.search(r"at β = ([\d.]+) its decoder's token-mean NLL is ([\d.]+)", bullet).groups()
+        assert nll == f"{float(rows[arm, float(beta)]['recon_uniform_mean']):.3f}"
+
+
+def test_native_checkpoint_on_converted_data(native_run, own_data):
+    out, result, lines = native_run
+    assert result["k"] == 4  # the tiny preset's strategies, read off the converted labels
+    check_results(out, 4)
+    assert sum(line.startswith("[cell ") for line in lines) == 10 and "ETA" in "\n".join(lines)
+    assert any("extracted" in line for line in lines if line.startswith("[store]"))
+
+
+def test_rerun_reuses_the_store_and_every_cell(native_run, own_data, tiny):
+    out, first, _ = native_run
+    lines: list[str] = []
+    again = own_task.run(own_task.OwnTaskConfig(checkpoint=str(tiny[1]), data=str(own_data), out=str(out),
+                                                seeds=(0,), budget=TINY_BUDGET), echo=lines.append)
+    assert all(r["reused"] for r in again["cells"]) and any("complete already" in line for line in lines)
+    assert [r["mi_mean"] for r in again["results"]] == [r["mi_mean"] for r in first["results"]]
+
+
+def test_hf_checkpoint_through_the_command(hf_checkpoints, own_data, tmp_path):
+    out = tmp_path / "exp"
+    result = CliRunner().invoke(main, ["experiment", "--checkpoint", str(hf_checkpoints["gpt2"]), "--data",
+                                       str(own_data), "--out", str(out), "--seeds", "0", "--betas", "1",
+                                       "--cvae-steps", "3"])
+    assert result.exit_code == 0, result.output
+    check_results(out, 4, betas=("1.0",))
+    assert "huggingface" in (out / "results.md").read_text()
+
+
+def test_bad_inputs_fail_in_one_line_before_any_work(own_data, tiny, tiny_store, hf_checkpoints, tmp_path):
+    def experiment(data, *extra, checkpoint=tiny[1]):
+        return ["experiment", "--checkpoint", str(checkpoint), "--data", str(data), "--out", str(tmp_path / "o"),
+                *extra]
+
+    fails_in_one_line(experiment(own_data, "--k", "99"), "K = 99", "--k-max 99", str(tiny[1]))
+    unlabelled = tmp_path / "unlabelled"
+    shutil.copytree(own_data, unlabelled)
+    meta = json.loads((unlabelled / "dataset.json").read_text())
+    (unlabelled / "dataset.json").write_text(json.dumps({**meta, "strategies": []}))
+    fails_in_one_line(experiment(unlabelled), "dataset.json", "--k")
+    shutil.rmtree(unlabelled / "test")
+    fails_in_one_line(experiment(unlabelled, "--k", "2"), "'test'", "--test-fraction")
+    fails_in_one_line(experiment(own_data, "--store", str(tiny_store), checkpoint=hf_checkpoints["gpt2"]),
+                      str(tiny_store), "--store")
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,173 @@
+"""A researcher's own task: the checks on checkpoint, data and store, the store extracted once, and what
+the store predicts before any CVAE is trained.
+
+Each check fails with one line naming the file or key and what to do (the CLI prints it as
+``Error: ...``). The dataset's key hashes every shard's split, name, size and sha256, so an
+edited shard gives new cells; the store is extract's own (a complete store for the checkpoint's
+fingerprint over the same shards does nothing, a stale or missing one is written).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from store.parts import sha256_path
+from store.tables import fixed
+from training.experiments.artefacts import Echo, Prepared, key_of
+
+SPLITS = ("train", "val", "test")
+"""The CVAE trains on train, validates on val and is reported on test."""
+SETTING = "own"
+"""The name a user task's cells and runs go by (the synthetic grid names its settings)."""
+PROFILE_POSITIONS = 12
+"""Positions of S shown in the report's surprisal profile."""
+
+
+def split_shards(data: Path) -> dict[str, list[Path]]:
+    """split -> its shards (``data/<split>/**/*.tar``); a split that is missing or empty is refused."""
+    out = {}
+    for split in SPLITS:
+        shards = sorted((data / split).rglob("*.tar")) if (data / split).is_dir() else []
+        if not shards:
+            raise ValueError(f"{data} has no {split!r} split with shards ({data / split}): the experiment trains on "
+                             f"train, validates on val and reports on test; convert with --val-fraction and "
+                             f"--test-fraction above 0, or with a --split-field naming all of {', '.join(SPLITS)}")
+        out[split] = shards
+    return out
+
+
+def data_key(data: Path, shards: dict[str, list[Path]]) -> str:
+    """A hash of every shard's split, path below ``data``, size and sha256: the dataset's content."""
+    listing = {split: [[p.relative_to(data).as_posix(), *reversed(sha256_path(p))] for p in paths]
+               for split, paths in shards.items()}
+    return key_of(listing)
+
+
+def latent_k(data: Path, k: int | None, k_max: int, checkpoint: str) -> int:
+    """K: ``k`` if given, else the number of the data's strategy labels; refused above the checkpoint's
+    latent tokens."""
+    from pipeline.labels import load_labels
+
+    labels = load_labels(data).strategies
+    if k is None and len(labels) < 2:
+        raise ValueError(f"{data / 'dataset.json'} lists {len(labels)} strategy label(s), so K is unknown: pass "
+                         "--k K (the latent's number of values), or give the JSON lines a 'strategy' field")
+    k = len(labels) if k is None else k
+    if k > k_max:
+        raise ValueError(f"K = {k} exceeds the {k_max} latent tokens <z_0>..<z_{k_max - 1}> of checkpoint "
+                         f"{checkpoint}: retrain it with `tokweight train-base --k-max {k}` (a Hugging Face "
+                         f"checkpoint: add <z_{k_max}>..<z_{k - 1}> to its tokenizer), or pass --k {k_max} or less")
+    return k
+
+
+def check_store(store: Path, fingerprint: str, checkpoint: str) -> None:
+    """A store given by the user must be new or already hold this checkpoint's fingerprint: one of another
+    checkpoint means the wrong --store or the wrong --checkpoint."""
+    held = sorted(p.name.removeprefix("fingerprint=") for p in store.glob("fingerprint=*")) if store.is_dir() else []
+    if held and fingerprint not in held:
+        raise ValueError(f"store {store} holds fingerprint(s) {', '.join(held)}, not {fingerprint} of checkpoint "
+                         f"{checkpoint}: pass the store extracted with this checkpoint, or leave out --store to "
+                         "extract into OUT/store")
+
+
+def extract_store(checkpoint: str, data: Path, store: Path) -> bool:
+    """Write (or finish) the checkpoint's store over every split; True if it was complete already."""
+    from pipeline.extract import ExtractConfig
+    from pipeline.extract import run as extract
+
+    done = extract(ExtractConfig(checkpoint=checkpoint, data=str(data), store=str(store), progress=False))
+    return done["nothing_to_do"]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the experiment reads off the user's checkpoint."""
+
+    path: str
+    fingerprint: str
+    kind: str
+    """"tokweight" or "huggingface"."""
+    parameters: int
+    k_max: int
+    """Latent tokens <z_0>.. in its vocabulary."""
+
+
+def read_checkpoint(path: str) -> Checkpoint:
+    from pipeline.backbone import load_backbone
+
+    ckpt = load_backbone(path)
+    return Checkpoint(path, ckpt.fingerprint, ckpt.meta.get("kind", "tokweight"),  # hf: "huggingface"
+                      sum(p.numel() for p in ckpt.model.parameters()), ckpt.vocab.k_max)
+
+
+# ---------------------------------------------------------------- what the store predicts
+
+
+def data_connection(store: Path, fingerprint: str, shards: list[Path]):
+    """A DuckDB connection over the store (store.sql) whose views hold only these shards' rows: a store may
+    also hold what the checkpoint scored of other data."""
+    import pyarrow as pa
+
+    from store.baseline_store import BaselineStore
+    from store.sql import connect
+
+    view = BaselineStore(store).open(fingerprint)
+    con = connect(store, [fingerprint])
+    con.register("data_shards", pa.table({"name": [view.input_for_shard(p)["name"] for p in shards]}))
+    con.execute("ALTER VIEW store_rows RENAME TO all_store_rows")  # the other views read store_rows by name
+    con.execute("CREATE VIEW store_rows AS SELECT * FROM all_store_rows WHERE shard IN (SELECT name FROM data_shards)")
+    return con
+
+
+def predictions(con) -> dict:
+    """The store's headline numbers over this data (store/sql/summary.sql): dilution, T/(t0+1), effective
+    tokens, the gain ratio if z removed every b."""
+    from store.sql import read_sql
+
+    row = con.sql(read_sql("summary")).to_arrow_table().to_pylist()[0]
+    keep = ("examples", "tokens", "mean_T", "mean_b", "mean_example_mean_b", "mean_dilution", "mean_amplification",
+            "mean_amplification_true", "with_true_t0", "t0_share_exact", "mean_effective_tokens",
+            "gain_ratio_if_z_removes_b")
+    return {k: row[k] for k in keep}
+
+
+def profile(con) -> list[dict]:
+    """Mean b and mean share pi per position of S, the first PROFILE_POSITIONS (store/sql/profile_by_position.sql)."""
+    from store.sql import read_sql
+
+    rows = con.sql(read_sql("profile_by_position")).to_arrow_table().to_pylist()
+    return [{k: r[k] for k in ("pos", "n", "mean_b", "mean_pi")} for r in rows[:PROFILE_POSITIONS]]
+
+
+def predicted_beta_c(con) -> dict[str, float | None]:
+    """weighting -> beta_c predicted from the store (store.report.PREDICTED_BETA_C: the z-gain over its KL
+    cost H(label)); None where no example carries a label."""
+    from store.report import predicted_beta_c as predicted
+
+    return {r["weighting"]: r["beta_c_predicted"] for r in predicted(con)}
+
+
+def base_nll(store: Path, fingerprint: str, test: list[Path]) -> float:
+    """The base model's token-mean NLL on the test split: mean over examples of mean_t b_t, the quantity a
+    cell's recon_uniform measures for its decoder."""
+    from store.baseline_store import BaselineStore
+
+    return BaselineStore(store).open(fingerprint).mean_example_mean_b(test)
+
+
+def prepare(checkpoint: Checkpoint, data: Path, store: Path, echo: Echo) -> Prepared:
+    """Store extracted (or found complete), the dataset keyed, the store's predictions over it: the
+    ``Prepared`` every cell reads (no generator setting: a user task has none)."""
+    start = time.perf_counter()
+    shards = split_shards(data)
+    reused = extract_store(checkpoint.path, data, store)
+    con = data_connection(store, checkpoint.fingerprint, [p for paths in shards.values() for p in paths])
+    stats = {**predictions(con), "profile": profile(con), "beta_c_predicted": predicted_beta_c(con),
+             "base_nll_test": base_nll(store, checkpoint.fingerprint, shards["test"])}
+    stats |= {"ratio_true": stats["mean_amplification_true"], "ratio_inspect": stats["mean_amplification"]}
+    echo(f"[store] {checkpoint.fingerprint[:12]}: {'complete already' if reused else 'extracted'}; "
+         f"{stats['examples']} examples, dilution (t0+1)/T {fixed(stats['mean_dilution'])}, base token-mean "
+         f"NLL on test {fixed(stats['base_nll_test'])} nats ({time.perf_counter() - start:.0f} s)")
+    return Prepared(None, data, data_key(data, shards), Path(checkpoint.path), checkpoint.fingerprint, store, stats)

@@ -1,0 +1,204 @@
+"""A user task's results.md: the verdict in words, generated from the table's own numbers; what the store
+predicted beside what was measured; every metric per arm and beta; the MI and control figure.
+
+Every number of the verdict is formatted by the function that formats it in a table below
+(``num``, ``delta``, ``show_beta``), so the verdict quotes the tables, never a figure of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from store.plots import figure
+from store.tables import MISSING, fixed, markdown_table
+from training.experiments.collapse import KEPT_FRACTION, beta_c, show
+from training.experiments.report import machine, pm
+
+if TYPE_CHECKING:
+    from training.experiments.artefacts import Prepared
+    from training.experiments.own_inputs import Checkpoint
+    from training.experiments.own_task import OwnTaskConfig
+
+NOT_PREDICTED = "n/a"
+"""A predicted beta_c the store cannot give (no example carries a label: the KL cost is unknown)."""
+
+
+def num(v) -> str:
+    return fixed(v)
+
+
+def delta(v) -> str:
+    return MISSING if v is None else f"{v:+.3f}"
+
+
+def show_beta(beta: float) -> str:
+    return f"{beta:g}"
+
+
+def threshold(k: int) -> float:
+    """KEPT_FRACTION * log K nats: the exact MI at which z counts as kept (the sweep's definition)."""
+    return KEPT_FRACTION * math.log(k)
+
+
+def by_arm(agg: list[dict]) -> dict[str, dict[float, dict]]:
+    """arm -> beta -> its aggregated row, arms in first-seen order."""
+    out: dict[str, dict[float, dict]] = {}
+    for r in agg:
+        out.setdefault(r["arm"], {})[r["beta"]] = r
+    return out
+
+
+# ---------------------------------------------------------------- the verdict
+
+
+def predicted(row: dict, by_weighting: dict[str, float | None]) -> float | None:
+    """The store's beta_c for an arm (store.report.PREDICTED_BETA_C): its weighting's, and for lambda < 1 the
+    lambda-mix of uniform's and the weighting's (gain and objective mix alike; the cost is the same). The
+    anchor term is 0 for the z that removes b and for the collapsed one, so it leaves the prediction alone."""
+    own, uniform, lam = by_weighting.get(row["weighting"]), by_weighting.get("uniform"), row["lambda"]
+    if own is None or (lam < 1 and uniform is None):
+        return None
+    return own if lam == 1 else (1 - lam) * uniform + lam * own
+
+
+def show_predicted(beta: float | None) -> str:
+    return NOT_PREDICTED if beta is None else show(beta)
+
+
+def arm_verdict(arm: str, rows: dict[float, dict], kept_at: float, stats: dict) -> str:
+    """Where ``arm`` keeps z and where it collapses (with the store's prediction), and its decoder's NLL at the
+    largest beta that kept z (the smallest beta if none did)."""
+    betas = sorted(rows)
+    kept = beta_c({b: rows[b]["mi_mean"] for b in betas}, kept_at)
+    above = [b for b in betas if kept is None or b > kept]
+    mi = lambda b: f"MI {num(rows[b]['mi_mean'])}"
+    if kept is None:
+        where = f"{arm} keeps z at no β of the grid: it collapses already at β = {show_beta(betas[0])} ({mi(betas[0])})"
+    elif not above:
+        where = f"{arm} keeps z at every β up to {show_beta(kept)} ({mi(kept)})"
+    else:
+        where = (f"{arm} keeps z up to β = {show_beta(kept)} ({mi(kept)}) and collapses at β = "
+                 f"{show_beta(above[0])} ({mi(above[0])})")
+    forecast = predicted(rows[betas[0]], stats["beta_c_predicted"])
+    where += "" if forecast is None else f"; the store predicted β_c = {show_predicted(forecast)}"
+    at, base = rows[betas[0] if kept is None else kept], stats["base_nll_test"]
+    nll = at["recon_uniform_mean"]
+    return (f"{where}; at β = {show_beta(at['beta'])} its decoder's token-mean NLL is {num(nll)} nats against "
+            f"the base model's {num(base)} ({delta(None if nll is None else nll - base)})")
+
+
+def verdict(agg: list[dict], k: int, stats: dict, seeds: tuple[int, ...]) -> list[str]:
+    kept_at = threshold(k)
+    head = (f"On this task (test split, mean over seeds {', '.join(map(str, seeds))}; z counts as kept where the "
+            f"exact MI is at least {KEPT_FRACTION:g} log K = {num(kept_at)} nats):")
+    return [head, ""] + [f"- {arm_verdict(arm, rows, kept_at, stats)}." for arm, rows in by_arm(agg).items()]
+
+
+# ---------------------------------------------------------------- the tables
+
+
+def prediction_table(stats: dict) -> str:
+    headers = ["examples", "mean T", "dilution (t0+1)/T", "T/(t0+1), store's t0", "T/(t0+1), labels' t0",
+               "t0 exact (store vs labels)", "effective tokens", "gain ratio if z removed every b",
+               "base token-mean NLL, test"]
+    row = [str(stats["examples"]), fixed(stats["mean_T"], 2), num(stats["mean_dilution"]),
+           fixed(stats["mean_amplification"], 2), fixed(stats["mean_amplification_true"], 2),
+           num(stats["t0_share_exact"]), fixed(stats["mean_effective_tokens"], 2),
+           fixed(stats["gain_ratio_if_z_removes_b"], 2), num(stats["base_nll_test"])]
+    return markdown_table(headers, [row])
+
+
+def beta_c_table(agg: list[dict], k: int, by_weighting: dict[str, float | None]) -> str:
+    """Per arm: the beta_c the store predicted beside the measured one, the largest beta of the grid whose
+    seed-mean exact MI kept z."""
+    rows = [[arm, show_predicted(predicted(next(iter(rs.values())), by_weighting)),
+             show(beta_c({b: r["mi_mean"] for b, r in rs.items()}, threshold(k)))] for arm, rs in by_arm(agg).items()]
+    return markdown_table(["arm", "predicted β_c (store)", "measured β_c (grid)"], rows)
+
+
+PREDICTION_NOTE = ("Predicted β_c (store.report.PREDICTED_BETA_C, before any training): the reconstruction a z that "
+                   "removes all of the base model's surprisal saves under the arm's objective, over its KL cost "
+                   f"H(label); {NOT_PREDICTED} where no example carries a label. Measured β_c: the largest β of the "
+                   "grid whose seed-mean exact MI kept z ('none': no β did).")
+
+
+def profile_table(profile: list[dict]) -> str:
+    return markdown_table(["position in S", "examples", "mean b (nats)", "mean share π"],
+                          [[str(p["pos"]), str(p["n"]), num(p["mean_b"]), num(p["mean_pi"])] for p in profile])
+
+
+def with_chance(r: dict, metric: str) -> str:
+    return f"{pm(r, metric)} ({num(r[f'chance_{metric}_mean'])})"
+
+
+def results_table(agg: list[dict], base: float) -> str:
+    headers = ["arm", "β", "exact MI", "I(z; label)", "KL", "usage perplexity", "exact match (chance)",
+               "first token (chance)", "z used (seeds)", "token-mean NLL", "NLL − base"]
+    rows = [[r["arm"], show_beta(r["beta"]), pm(r, "mi"), pm(r, "strategy_mi"), pm(r, "kl"),
+             pm(r, "usage_perplexity"), with_chance(r, "exact_match"), with_chance(r, "first_token_match"),
+             f"{r['seeds_z_used']}/{r['n_seeds']}", pm(r, "recon_uniform"),
+             delta(None if r["recon_uniform_mean"] is None else r["recon_uniform_mean"] - base)]
+            for r in sorted(agg, key=lambda r: r["beta"])]
+    return markdown_table(headers, rows)
+
+
+def measured_note(k: int) -> str:
+    return (f"Test split, mean ± population std over seeds; nats. z is kept where the exact MI is at least "
+            f"{KEPT_FRACTION:g} log K = {num(threshold(k))}. Control: decoding each test example under the latent "
+            "value its label is matched to (Hungarian), the share that reproduces its reference y exactly and in "
+            "its first token; chance: the same examples under the other values. z used: seeds where `tokweight "
+            "eval`'s verdict says so. Token-mean NLL: the decoder's, under q, against the base model's.")
+
+
+def header(cfg: OwnTaskConfig, ckpt: Checkpoint, prep: Prepared, command: str | None, wall_s: float,
+           cells: int, reused: int) -> list[str]:
+    b = cfg.budget
+    return [f"- command: `{command or '(library call)'}`", f"- machine: {machine()}",
+            f"- wall time: {wall_s / 60:.1f} min; {cells} cells, {reused} reused from earlier runs",
+            f"- checkpoint: `{ckpt.path}` ({ckpt.kind}, {ckpt.parameters:,} parameters, {ckpt.fingerprint[:12]})",
+            f"- data: `{cfg.data}` (key {prep.data_key}); K = {cfg.k} (log K = {math.log(cfg.k):.3f} nats)",
+            f"- recipe `{cfg.recipe}`, z pathway `{cfg.cond}`" + (f", {cfg.slots} slots" if cfg.cond == "prefix" else ""),
+            f"- per cell: {b.steps} steps, batch {b.batch_size}, lr {b.lr:g}, {b.decode_examples} decoded examples",
+            f"- seeds: {', '.join(map(str, cfg.seeds))}", ""]
+
+
+def render(cfg: OwnTaskConfig, ckpt: Checkpoint, prep: Prepared, agg: list[dict], command: str | None,
+           wall_s: float, cells: int, reused: int) -> str:
+    stats, base = prep.stats, prep.stats["base_nll_test"]
+    out = ["# tokweight experiment: your own task", "", "## Verdict", ""]
+    out += verdict(agg, cfg.k, stats, cfg.seeds) + [""] + header(cfg, ckpt, prep, command, wall_s, cells, reused)
+    out += ["## What the store predicted, before any CVAE", "", prediction_table(stats), "",
+            beta_c_table(agg, cfg.k, stats["beta_c_predicted"]), "", PREDICTION_NOTE, "",
+            "### Surprisal profile (the base model's b by position)", "", profile_table(stats["profile"]), "",
+            "## Measured: every arm and β", "", measured_note(cfg.k), "", results_table(agg, base), "",
+            "![MI and control against beta](mi_and_control.png)", ""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- the figure
+
+
+PANELS = (("mi", "exact MI (nats)"), ("exact_match", "exact match − chance"),
+          ("first_token_match", "first token − chance"))
+"""The figure's panels: (metric, axis label); a control rate is drawn as its gain over chance."""
+
+
+def plot_arms(agg: list[dict], k: int):
+    """Exact MI and the control's gains over chance against beta, one line per arm (seed means)."""
+    fig, axes = figure(len(PANELS))
+    for ax, (metric, label) in zip(axes, PANELS):
+        for arm, rows in by_arm(agg).items():
+            betas = sorted(rows)
+            ax.plot(betas, [gain(rows[b], metric) for b in betas], marker="o", label=arm)
+        ax.set(xscale="log", xlabel="β", ylabel=label)
+    axes[0].axhline(threshold(k), color="grey", ls=":", lw=1, label=f"{KEPT_FRACTION:g} log K (z kept above)")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    return fig
+
+
+def gain(row: dict, metric: str) -> float:
+    """The seed mean of ``metric``, less its chance where it has one (NaN where not measured: no point)."""
+    mean, chance = row[f"{metric}_mean"], row.get(f"chance_{metric}_mean", 0.0)
+    return math.nan if mean is None or chance is None else mean - chance

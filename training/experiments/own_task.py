@@ -1,0 +1,196 @@
+"""`tokweight experiment --checkpoint CKPT --data DATA --out DIR`: does surprisal-share help on my task?
+
+The user's entangled checkpoint (tokweight or Hugging Face) and dataset (train/val/test splits, e.g.
+from `tokweight convert`): the store is extracted once (training.experiments.own_inputs), then a grid
+of discrete CVAEs with K = the data's number of labels (or ``k``) over the arms (each weighting, and
+surprisal-share with each repair that keeps the decoder whole: lambda < 1, the anchor term) x beta x
+seed, under one recipe and z pathway, each cell reused by its content key
+(training.experiments.own_cells). Outputs in DIR: results.md (the verdict first), results.csv (mean
+± std over seeds), cells.csv, store_predictions.csv, profile.csv, mi_and_control.png,
+own_task_config.json (the resolved config).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from store.manifest import write_json_atomic
+from store.plots import save_figures
+from training.conditioning import MODES as COND_MODES
+from training.experiments.artefacts import Echo
+from training.experiments.cells import CellBudget, CellPlan
+from training.experiments.own_cells import (
+    LAMBDA,
+    Loss,
+    OwnCell,
+    aggregate_arms,
+    own_cell,
+    run_own_cells,
+)
+from training.experiments.own_inputs import (
+    check_store,
+    latent_k,
+    prepare,
+    read_checkpoint,
+    split_shards,
+)
+from training.experiments.own_report import plot_arms, render
+from training.experiments.report import write_csv
+from training.experiments.sweep import log_grid
+from training.experiments.task import coerce_nested
+from training.losses import WEIGHTINGS
+from training.recipes import recipe_overrides
+
+DEFAULT_RECIPE = "scratch"
+"""The recipe every cell trains with (training.recipes): the exact E-step of J at the step's beta (so beta keeps
+its meaning), latent rows centred on the checkpoint's mean row (the decoder starts intact), the posterior read
+from the mean S state; it needs no true strategy to start from."""
+DEFAULT_COND = "prefix"
+"""z pathway of every cell: the scratch recipe found z with a prefix of 2 or 4 slots, not with one."""
+DEFAULT_SLOTS = 4
+"""Latent slots of the prefix pathway."""
+DEFAULT_BUDGET = CellBudget(steps=300, lr=3e-4, beta_warmup_steps=100)
+"""Per cell, as the scratch recipe's runs (scripts/run_science.py): beta warmed up over 100 steps (at the
+full beta from step 0 the E-step's temperature drowns the spread of R across k) and lr 3e-4 (at 1e-3 the
+first Adam steps under surprisal-share took a decoder from 0.07 to 1.3 nats per token)."""
+DEFAULT_MIX_LAMBDAS = (0.5,)
+"""lambda < 1 of the surprisal-share repair arms: (1 - lambda) uniform weight keeps the z-free tokens trained."""
+DEFAULT_ANCHORS = ((1.0, 0.05),)
+"""(weight, margin nats) of the surprisal-share anchor arms: E_q mean_t relu(l_t(z) - b_t - margin), no token
+worse than the base model's (losses.anchor_penalty; the weight and margin of scripts/run_science.py)."""
+SWEEP_BETAS = log_grid(0.01, 10.0, 8)
+"""--sweep beta: the synthetic sweep's grid (training.experiments.sweep.SweepConfig.betas)."""
+
+
+@dataclass(frozen=True)
+class OwnTaskConfig:
+    """The user-task comparison (``quick`` shrinks it)."""
+
+    checkpoint: str
+    """The entangled checkpoint: a tokweight checkpoint or a Hugging Face causal LM directory."""
+    data: str
+    """Dataset directory with train/, val/ and test/ shards (`tokweight convert` writes them)."""
+    out: str
+    """Results directory; runs/ (and store/ when ``store`` is None) below it are reused across runs."""
+    store: str | None = None
+    """A store to extract into and read (new, or holding this checkpoint's fingerprint); None: OUT/store."""
+    k: int | None = None
+    """Values of the discrete latent; None: the data's number of strategy labels (resolved by ``run``)."""
+    weightings: tuple[str, ...] = ("uniform", "sum", "surprisal-share")
+    """Weightings compared at lambda = 1."""
+    mix_lambdas: tuple[float, ...] = DEFAULT_MIX_LAMBDAS
+    """lambda < 1 of the extra surprisal-share arms, which keep the decoder's z-free tokens in the objective (at
+    lambda = 1 they have almost none; README, Training)."""
+    anchors: tuple[tuple[float, float], ...] = DEFAULT_ANCHORS
+    """(weight, margin) of the extra surprisal-share arms with the anchor term."""
+    betas: tuple[float, ...] = (0.3, 1.0)
+    """KL weights (sorted on use)."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """Seeds of every cell."""
+    recipe: str = DEFAULT_RECIPE
+    """Name in training.recipes.RECIPES whose remedy fields every cell trains with."""
+    cond: str = DEFAULT_COND
+    """z pathway, one of training.conditioning.MODES."""
+    slots: int = DEFAULT_SLOTS
+    """Latent slots of the prefix pathway (the others have one)."""
+    budget: CellBudget = DEFAULT_BUDGET
+    """Steps, batch, learning rate and decoded examples per cell."""
+    jobs: int = 1
+    """Cells trained at once, each in its own process with one torch thread (no effect on any number)."""
+
+    def __post_init__(self):
+        coerce_nested(self, budget=CellBudget)
+        for name in ("weightings", "mix_lambdas", "seeds"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "anchors", tuple(tuple(a) for a in self.anchors))  # read back from JSON: lists
+        object.__setattr__(self, "betas", tuple(sorted(float(b) for b in self.betas)))
+        if [w for w in self.weightings if w not in WEIGHTINGS] or self.cond not in COND_MODES:
+            raise ValueError(f"weightings must be in {sorted(WEIGHTINGS)} and cond in {COND_MODES}, got "
+                             f"{self.weightings} and {self.cond!r}")
+        if not self.weightings or not self.betas or not self.seeds or any(b < 0 for b in self.betas):
+            raise ValueError("weightings, betas and seeds must be non-empty and betas >= 0")
+        if any(not 0 < lam < 1 for lam in self.mix_lambdas):
+            raise ValueError(f"mix_lambdas must lie in (0, 1) (lambda = 1 is the surprisal-share arm), got "
+                             f"{self.mix_lambdas}")
+        if any(len(a) != 2 or not a[0] > 0 or a[1] < 0 for a in self.anchors):
+            raise ValueError(f"anchors must be (weight > 0, margin >= 0) pairs, got {self.anchors}")
+        if min(self.slots, self.jobs) < 1 or (self.k is not None and self.k < 2):
+            raise ValueError("slots and jobs must be >= 1 and k >= 2")
+
+    @property
+    def store_dir(self) -> Path:
+        return Path(self.store) if self.store is not None else Path(self.out) / "store"
+
+    @property
+    def plan(self) -> CellPlan:
+        return CellPlan(self.k, self.slots, self.budget, self.recipe)
+
+
+def quick(cfg: OwnTaskConfig) -> OwnTaskConfig:
+    """--quick: one seed, half the steps and half the warm-up; every arm and beta."""
+    b = cfg.budget
+    return replace(cfg, seeds=cfg.seeds[:1],
+                   budget=replace(b, steps=max(1, b.steps // 2), beta_warmup_steps=b.beta_warmup_steps // 2))
+
+
+def sweep_betas(cfg: OwnTaskConfig) -> OwnTaskConfig:
+    """--sweep beta: the sweep's log grid of betas, so that the measured beta_c has a grid to fall in."""
+    return replace(cfg, betas=SWEEP_BETAS)
+
+
+def arms(cfg: OwnTaskConfig) -> list[tuple[str, str, Loss]]:
+    """(name, weighting, LossConfig fields) of every compared objective: each weighting as it is, then
+    surprisal-share with each repair."""
+    mixed = [(f"surprisal-share λ={lam:g}", ((LAMBDA, lam),)) for lam in cfg.mix_lambdas]
+    anchored = [(f"surprisal-share anchor {w:g}/{m:g}", (("anchor_weight", w), ("anchor_margin", m)))
+                for w, m in cfg.anchors]
+    return [(w, w, ()) for w in cfg.weightings] + [(name, "surprisal-share", loss) for name, loss in mixed + anchored]
+
+
+def own_cells(cfg: OwnTaskConfig) -> list[OwnCell]:
+    return [own_cell(cfg.cond, w, beta, seed, name, loss) for beta in cfg.betas for name, w, loss in arms(cfg)
+            for seed in cfg.seeds]
+
+
+def resolve(cfg: OwnTaskConfig):
+    """(cfg with K resolved, the checkpoint): every check that needs no work done, before DIR is made."""
+    ckpt = read_checkpoint(cfg.checkpoint)
+    split_shards(Path(cfg.data))
+    if cfg.store is not None:
+        check_store(Path(cfg.store), ckpt.fingerprint, cfg.checkpoint)
+    recipe_overrides(cfg.recipe)  # an unknown recipe: no work
+    return replace(cfg, k=latent_k(Path(cfg.data), cfg.k, ckpt.k_max, cfg.checkpoint)), ckpt
+
+
+def run(cfg: OwnTaskConfig, echo: Echo = print, command: str | None = None) -> dict:
+    """Check the inputs, extract the store if needed, run every cell, write the results; returns the tables."""
+    start = time.perf_counter()
+    cfg, ckpt = resolve(cfg)
+    root = Path(cfg.out)
+    root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(root / "own_task_config.json", {"config": asdict(cfg), "checkpoint": asdict(ckpt),
+                                                      "recipe_overrides": recipe_overrides(cfg.recipe)})
+    cells = own_cells(cfg)
+    echo(f"[experiment] own task: K = {cfg.k}, {len(cells)} cells of {cfg.budget.steps} steps, recipe {cfg.recipe}, "
+         f"z pathway {cfg.cond}, {cfg.jobs} at a time")
+    prep = prepare(ckpt, Path(cfg.data), cfg.store_dir, echo)
+    rows = run_own_cells(cells, prep, cfg.plan, root, echo, cfg.jobs)
+    agg = aggregate_arms(rows)
+    wall = time.perf_counter() - start
+    write_outputs(root, cfg, prep, rows, agg)
+    (root / "results.md").write_text(render(cfg, ckpt, prep, agg, command, wall, len(rows),
+                                            sum(r["reused"] for r in rows)))
+    echo(f"[experiment] done in {wall / 60:.1f} min: {root / 'results.md'}")
+    return {"results": agg, "cells": rows, "stats": prep.stats, "k": cfg.k, "wall_s": wall}
+
+
+def write_outputs(root: Path, cfg: OwnTaskConfig, prep, rows: list[dict], agg: list[dict]) -> None:
+    stats = {k: v for k, v in prep.stats.items() if not isinstance(v, (list, dict))}
+    stats |= {f"beta_c_predicted_{w}": b for w, b in prep.stats["beta_c_predicted"].items()}
+    write_csv(root / "cells.csv", rows)
+    write_csv(root / "results.csv", agg)
+    write_csv(root / "store_predictions.csv", [{"fingerprint": prep.fingerprint, "data_key": prep.data_key, **stats}])
+    write_csv(root / "profile.csv", prep.stats["profile"])
+    save_figures({"mi_and_control.png": plot_arms(agg, cfg.k)}, root)
