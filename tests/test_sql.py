@@ -235,3 +235,38 @@ def test_bad_parameters_are_refused():
 def test_empty_store_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="no fingerprint"):
         connect(tmp_path)
+
+
+# ---------------------------------------------------------------- the views against today's plain definitions
+
+# The `tokens` view as first written: every list unnested, symbols joined from `vocab`.
+# The view now picks lists by position and looks symbols up in a map; it must give these rows.
+REFERENCE_TOKENS = """
+SELECT t.fingerprint, t.shard, t.key, t.T, t.strategy, t.t0, t.pos, t.b,
+       t.token_id, v.token AS symbol, t.entropy, t.top1, t.cumsum_b,
+       CASE WHEN is_degenerate(t.b_sum, getvariable('eps')) THEN NULL ELSE t.b / t.b_sum END AS pi
+FROM (SELECT fingerprint, shard, key, T, strategy, t0, b_sum,
+             unnest(range(T)) AS pos, unnest(b) AS b, unnest(target_id) AS token_id,
+             unnest(entropy) AS entropy, unnest(top1) AS top1, unnest(cumsum_b) AS cumsum_b
+      FROM store_rows) AS t
+LEFT JOIN vocab AS v ON v.fingerprint = t.fingerprint AND v.id = t.token_id"""
+
+
+def test_tokens_view_equals_the_unnest_and_join_definition(tmp_path):
+    write_store(tmp_path, FP, example_rows(6, 80, shards=2))
+    write_store(tmp_path, "0" * 32, example_rows(7, 30, shards=1), fmt="zarr")
+    con = connect(tmp_path)
+    order = " ORDER BY fingerprint, key, pos"
+    assert con.sql("SELECT * FROM tokens" + order).fetchall() == con.sql(REFERENCE_TOKENS + order).fetchall()
+
+
+def _plan(con, query: str) -> str:
+    return "\n".join(row[1] for row in con.sql("EXPLAIN " + query).fetchall())
+
+
+def test_a_query_over_b_reads_only_b(random_store):
+    """No other list is read or unnested, and no join with vocab runs, for a query that names b only."""
+    plan = _plan(connect(random_store[0]), "SELECT pos, avg(b) FROM tokens GROUP BY pos")
+    for column in ("target_id", "entropy", "top1", "cumsum_b"):
+        assert column not in plan, plan
+    assert "JOIN" not in plan.upper(), plan

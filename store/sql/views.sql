@@ -21,15 +21,25 @@ FROM (SELECT *,
              max_share(b_max, b_sum, getvariable('eps')) AS max_share
       FROM store_rows);
 
+-- symbols: fingerprint -> its vocabulary as a list (token id i at index i + 1), so that
+-- `symbol` is a list look-up that DuckDB drops when a query does not ask for it (a join
+-- with `vocab` would run on every token of every query over `tokens`).
+SET VARIABLE symbols = (SELECT map_from_entries(list((fingerprint, tokens)))
+                        FROM (SELECT fingerprint, list(token ORDER BY id) AS tokens FROM vocab GROUP BY fingerprint));
+
+-- The vocabulary's name for token_id in fingerprint's vocabulary; NULL for an id outside it.
+CREATE OR REPLACE MACRO symbol_of(fingerprint, token_id) AS
+    CASE WHEN token_id >= 0 THEN getvariable('symbols')[fingerprint][token_id + 1] END;
+
 -- tokens: one row per supervised token. `pos` is the 0-based position in S, `token_id`
 -- and `symbol` the target token, `entropy` the base model's predictive entropy (nats),
 -- `top1` whether the target was its argmax, `pi` = b / sum b (NULL when degenerate).
+-- Only b is unnested; the other per-token columns are picked out of their lists by
+-- position, so a query reads and expands only the lists it names (DuckDB keeps every
+-- unnest of a SELECT, used or not, but drops unused projections).
 CREATE OR REPLACE VIEW tokens AS
-SELECT t.fingerprint, t.shard, t.key, t.T, t.strategy, t.t0, t.pos, t.b,
-       t.token_id, v.token AS symbol, t.entropy, t.top1, t.cumsum_b,
-       CASE WHEN is_degenerate(t.b_sum, getvariable('eps')) THEN NULL ELSE t.b / t.b_sum END AS pi
-FROM (SELECT fingerprint, shard, key, T, strategy, t0, b_sum,
-             unnest(range(T)) AS pos, unnest(b) AS b, unnest(target_id) AS token_id,
-             unnest(entropy) AS entropy, unnest(top1) AS top1, unnest(cumsum_b) AS cumsum_b
-      FROM store_rows) AS t
-LEFT JOIN vocab AS v ON v.fingerprint = t.fingerprint AND v.id = t.token_id;
+SELECT fingerprint, shard, key, T, strategy, t0, pos, b,
+       target_id[pos + 1] AS token_id, symbol_of(fingerprint, target_id[pos + 1]) AS symbol,
+       entropy[pos + 1] AS entropy, top1[pos + 1] AS top1, cumsum_b[pos + 1] AS cumsum_b,
+       CASE WHEN is_degenerate(b_sum, getvariable('eps')) THEN NULL ELSE b / b_sum END AS pi
+FROM (SELECT * EXCLUDE (b), unnest(range(T)) AS pos, unnest(b) AS b FROM store_rows);
