@@ -79,7 +79,7 @@ def check_verdict(md: str, results: list[dict]) -> None:
         assert figure in tables, figure  # every figure of the verdict is a figure of the tables
     rows = {(r["arm"], float(r["beta"])): r for r in results}
     for arm, bullet in zip(ARMS, bullets):
-        beta, nll = re.search(r"at β = ([\d.]+) its decoder's token-mean NLL is ([\d.]+)", bullet).groups()
+        beta, nll = re.search(r"at β = ([\d.]+) z is used .* token-mean NLL is ([\d.]+)", bullet).groups()
         assert nll == f"{float(rows[arm, float(beta)]['recon_uniform_mean']):.3f}"
 
 
@@ -126,3 +126,39 @@ def test_bad_inputs_fail_in_one_line_before_any_work(own_data, tiny, tiny_store,
     fails_in_one_line(experiment(own_data, "--store", str(tiny_store), checkpoint=hf_checkpoints["gpt2"]),
                       str(tiny_store), "--store")
     assert not (tmp_path / "o").exists()
+
+
+def test_quick_and_sweep_shape_the_config_not_what_is_compared():
+    from training.experiment_cli import own_job
+
+    own = {"checkpoint": "ckpt", "data": "data", "store": None, "k": None, "cond": None, "slots": None}
+    cfg, run = own_job("out", True, "beta", own, {})
+    assert run is own_task.run and cfg.betas == own_task.SWEEP_BETAS and cfg.seeds == (0,)
+    full = own_task.DEFAULT_BUDGET
+    assert (cfg.budget.steps, cfg.budget.beta_warmup_steps) == (full.steps // 2, full.beta_warmup_steps // 2)
+    assert (cfg.recipe, cfg.cond, cfg.slots) == (own_task.DEFAULT_RECIPE, own_task.DEFAULT_COND,
+                                                 own_task.DEFAULT_SLOTS)
+    names = [name for name, _, _ in own_task.arms(cfg)]
+    assert names == list(ARMS)
+    with pytest.raises(ValueError, match="mix_lambdas"):
+        own_task.OwnTaskConfig(checkpoint="c", data="d", out="o", mix_lambdas=(1.0,))
+
+
+def test_verdict_says_where_each_arm_keeps_z():
+    from training.experiments.own_report import verdict
+
+    def row(arm, weighting, beta, mi, lam=1.0):
+        return {"arm": arm, "weighting": weighting, "lambda": lam, "beta": beta, "mi_mean": mi, "strategy_mi_mean": mi,
+                "recon_uniform_mean": 0.5, "seeds_z_used": 1, "n_seeds": 1}
+
+    agg = [row("uniform", "uniform", 0.1, 0.9), row("uniform", "uniform", 1.0, 0.1),
+           row("surprisal-share", "surprisal-share", 0.1, 0.9), row("surprisal-share", "surprisal-share", 1.0, 0.8),
+           row("surprisal-share λ=0.5", "surprisal-share", 0.1, 0.2, 0.5),
+           row("surprisal-share λ=0.5", "surprisal-share", 1.0, 0.1, 0.5)]
+    stats = {"base_nll_test": 0.4, "beta_c_predicted": {"uniform": 0.5, "sum": 2.0, "surprisal-share": 1.5}}
+    lines = verdict(agg, 2, stats, (0,))[2:]
+    assert lines[0].startswith("- uniform keeps z up to β = 0.1 (MI 0.900") and "loses it above (MI 0.100" in lines[0]
+    assert "the store predicted β_c = 0.5;" in lines[0] and "(+0.100)" in lines[0]
+    assert lines[1].startswith("- surprisal-share keeps z at every β up to 1 (MI 0.800")
+    assert lines[2].startswith("- surprisal-share λ=0.5 keeps z at no β of the grid (MI 0.200")
+    assert "the store predicted β_c = 1;" in lines[2]  # (1 - 0.5) * 0.5 + 0.5 * 1.5

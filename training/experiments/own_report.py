@@ -66,26 +66,35 @@ def show_predicted(beta: float | None) -> str:
     return NOT_PREDICTED if beta is None else show(beta)
 
 
-def arm_verdict(arm: str, rows: dict[float, dict], kept_at: float, stats: dict) -> str:
-    """Where ``arm`` keeps z and where it collapses (with the store's prediction), and its decoder's NLL at the
-    largest beta that kept z (the smallest beta if none did)."""
+def mi_text(row: dict) -> str:
+    """The exact MI and I(z; label) of an aggregated row, as the results table shows their means."""
+    return f"MI {num(row['mi_mean'])}, I(z; label) {num(row['strategy_mi_mean'])} at β = {show_beta(row['beta'])}"
+
+
+def where_kept(arm: str, rows: dict[float, dict], kept: float | None) -> str:
     betas = sorted(rows)
-    kept = beta_c({b: rows[b]["mi_mean"] for b in betas}, kept_at)
-    above = [b for b in betas if kept is None or b > kept]
-    mi = lambda b: f"MI {num(rows[b]['mi_mean'])}"
     if kept is None:
-        where = f"{arm} keeps z at no β of the grid: it collapses already at β = {show_beta(betas[0])} ({mi(betas[0])})"
-    elif not above:
-        where = f"{arm} keeps z at every β up to {show_beta(kept)} ({mi(kept)})"
-    else:
-        where = (f"{arm} keeps z up to β = {show_beta(kept)} ({mi(kept)}) and collapses at β = "
-                 f"{show_beta(above[0])} ({mi(above[0])})")
-    forecast = predicted(rows[betas[0]], stats["beta_c_predicted"])
-    where += "" if forecast is None else f"; the store predicted β_c = {show_predicted(forecast)}"
-    at, base = rows[betas[0] if kept is None else kept], stats["base_nll_test"]
+        return f"{arm} keeps z at no β of the grid ({mi_text(rows[betas[0]])})"
+    above = [b for b in betas if b > kept]
+    if not above:
+        return f"{arm} keeps z at every β up to {show_beta(kept)} ({mi_text(rows[kept])})"
+    return (f"{arm} keeps z up to β = {show_beta(kept)} ({mi_text(rows[kept])}) and loses it above "
+            f"({mi_text(rows[above[0]])})")
+
+
+def arm_verdict(arm: str, rows: dict[float, dict], kept_at: float, stats: dict) -> str:
+    """Where ``arm`` keeps z and loses it, the store's prediction, and at the largest beta that kept z (the
+    smallest beta if none did) eval's verdict on z and the decoder's token-mean NLL against the base model's."""
+    kept = beta_c({b: r["mi_mean"] for b, r in rows.items()}, kept_at)
+    at, base = rows[min(rows) if kept is None else kept], stats["base_nll_test"]
+    forecast = predicted(at, stats["beta_c_predicted"])
     nll = at["recon_uniform_mean"]
-    return (f"{where}; at β = {show_beta(at['beta'])} its decoder's token-mean NLL is {num(nll)} nats against "
-            f"the base model's {num(base)} ({delta(None if nll is None else nll - base)})")
+    parts = [where_kept(arm, rows, kept)]
+    parts += [] if forecast is None else [f"the store predicted β_c = {show_predicted(forecast)}"]
+    decoder = (f"at β = {show_beta(at['beta'])} z is used (eval's verdict) in {at['seeds_z_used']}/{at['n_seeds']} "
+               f"seeds and the decoder's token-mean NLL is {num(nll)} nats against the base model's {num(base)} "
+               f"({delta(None if nll is None else nll - base)})")
+    return "; ".join(parts + [decoder])
 
 
 def verdict(agg: list[dict], k: int, stats: dict, seeds: tuple[int, ...]) -> list[str]:
