@@ -36,14 +36,18 @@ def estimator_options(f):
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result here (parquet needs it).")
 @click.option("--max-rows", type=int, default=40, help="Rows shown by --format table.")
-def sql_cmd(store, query, fingerprints, q, tau, eps, fmt, out, max_rows):
+@click.option("--exact-quantiles", is_flag=True,
+              help="Every example in tokens.in_quantile_sample, so profile_by_position's quantiles "
+                   "are exact whatever the store's size (slower above 2^20 tokens).")
+def sql_cmd(store, query, fingerprints, q, tau, eps, fmt, out, max_rows, exact_quantiles):
     """Run QUERY over STORE's views (examples, tokens, vocab, manifests); no QUERY: show them."""
     import duckdb
 
-    from store.sql import EstimatorParams, connect, describe
+    from store.sql import QUANTILE_TOKENS, EstimatorParams, connect, describe
 
     try:
-        con = connect(store, fingerprints, EstimatorParams(q=q, tau=tau, eps=eps))
+        con = connect(store, fingerprints, EstimatorParams(q=q, tau=tau, eps=eps),
+                      quantile_tokens=None if exact_quantiles else QUANTILE_TOKENS)
         if query is None:
             click.echo(describe(con))
             return

@@ -5,7 +5,8 @@ Views (``describe(con)`` prints their columns):
 - ``store_rows``: one row per stored example, the columns of ``store.schema.PART_SCHEMA``
   plus ``fingerprint`` (text), read from the parts that the manifests list and nothing else;
 - ``examples``: every stored column plus the per-example estimators (``store/sql/*.sql``);
-- ``tokens``: one row per supervised token (position in S, b, token id and symbol, ...);
+- ``tokens``: one row per supervised token (position in S, b, token id and symbol, ...); a
+  query reads only the per-token lists it names;
 - ``vocab``: (fingerprint, id, token);
 - ``manifests``: one row per fingerprint with the manifest's counts and the full JSON.
 
@@ -31,13 +32,15 @@ from store.formats import PARQUET
 from store.schema import PART_SCHEMA
 
 EXAMPLE_QUERIES = (
-    "SELECT fingerprint, count(*) AS examples, avg((t0_share = t0)::INT) AS t0_exact, avg(amplification) AS amp\n"
-    "FROM examples GROUP BY fingerprint",
+    ("SELECT fingerprint, count(*) AS examples, avg((t0_share = t0)::INT) AS t0_exact, avg(amplification) AS amp\n"
+    "FROM examples GROUP BY fingerprint"),
     "SELECT pos, avg(b) AS mean_b, quantile_cont(b, 0.9) AS q90_b FROM tokens GROUP BY pos ORDER BY pos",
-    "SELECT strategy, avg(effective_tokens / T) AS eff_frac, count(*) FILTER (degenerate) AS degenerate\n"
-    "FROM examples GROUP BY strategy ORDER BY strategy",
+    ("SELECT strategy, avg(effective_tokens / T) AS eff_frac, count(*) FILTER (degenerate) AS degenerate\n"
+    "FROM examples GROUP BY strategy ORDER BY strategy"),
 )
 VIEWS = ("examples", "tokens", "vocab", "manifests", "store_rows")
+QUANTILE_TOKENS = 2**20
+"""Above this many tokens the profiles' quantiles come from a sample of examples (views.sql)."""
 _ROWS_SCHEMA = pa.schema([pa.field("fingerprint", pa.string(), nullable=False), *PART_SCHEMA])
 
 
@@ -68,11 +71,13 @@ def read_sql(name: str) -> str:
 
 def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None = None,
             params: EstimatorParams = EstimatorParams(), ground_truth: pa.Table | None = None,
-            ) -> duckdb.DuckDBPyConnection:
+            quantile_tokens: int | None = QUANTILE_TOKENS) -> duckdb.DuckDBPyConnection:
     """A new in-memory DuckDB connection with the views over ``fingerprints`` (all if None).
 
     ground_truth: optional (fingerprint, shard, key, strategy, t0) rows that fill in the
     passed-through `strategy` and `t0` where a stored row has none (see store.report).
+    quantile_tokens: the profiles' quantiles are exact up to this many tokens and taken
+    over a hash sample of about this many examples' tokens above it; None: always exact.
     """
     base = BaselineStore(store)
     fingerprints = list(fingerprints) if fingerprints else base.fingerprints()
@@ -82,6 +87,7 @@ def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None 
     con = duckdb.connect()
     for name, value in (("q", params.q), ("tau", params.tau), ("eps", params.eps)):
         con.execute(f"SET VARIABLE {name} = {float(value)!r}::DOUBLE")
+    con.execute(f"SET VARIABLE quantile_tokens = {'NULL' if quantile_tokens is None else int(quantile_tokens)}::DOUBLE")
     sources = [_rows_source(con, view, i) for i, view in enumerate(views)]
     rows = "\nUNION ALL BY NAME\n".join(sources)
     if ground_truth is not None:
@@ -174,10 +180,13 @@ def describe(con: duckdb.DuckDBPyConnection) -> str:
         lines.append(f"{view}:")
         for name, dtype, *_ in con.execute(f"DESCRIBE {view}").fetchall():
             lines.append(f"  {name:<22} {dtype}")
-    variables = con.execute("SELECT getvariable('q'), getvariable('tau'), getvariable('eps')").fetchall()[0]
-    lines.append("variables: q={}, tau={}, eps={}  (SET VARIABLE q = 0.8; to change one)".format(*variables))
+    variables = con.execute("SELECT getvariable('q'), getvariable('tau'), getvariable('eps'), "
+                            "getvariable('quantile_share')").fetchall()[0]
+    lines.append("variables: q={}, tau={}, eps={}  (SET VARIABLE q = 0.8; to change one)".format(*variables[:3]))
+    lines.append(f"profile_by_position's quantiles read a share {variables[3]:.3g} of the examples "
+                 "(tokens.in_quantile_sample; 1: exact, --exact-quantiles)")
     lines.append("estimator macros (store/sql/estimators.sql): is_degenerate, t0_share, t0_threshold, dilution, "
-                 "amplification, share_entropy, effective_tokens, max_share")
+                 "amplification, share_entropy, effective_tokens, max_share; symbol_of(fingerprint, token_id) (views.sql)")
     lines.append("example queries:")
     lines += [f"  {q.replace(chr(10), chr(10) + '  ')};" for q in EXAMPLE_QUERIES]
     return "\n".join(lines)

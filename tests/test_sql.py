@@ -257,7 +257,8 @@ def test_tokens_view_equals_the_unnest_and_join_definition(tmp_path):
     write_store(tmp_path, "0" * 32, example_rows(7, 30, shards=1), fmt="zarr")
     con = connect(tmp_path)
     order = " ORDER BY fingerprint, key, pos"
-    assert con.sql("SELECT * FROM tokens" + order).fetchall() == con.sql(REFERENCE_TOKENS + order).fetchall()
+    got = con.sql("SELECT * EXCLUDE (in_quantile_sample) FROM tokens" + order).fetchall()
+    assert got == con.sql(REFERENCE_TOKENS + order).fetchall()
 
 
 def _plan(con, query: str) -> str:
@@ -270,3 +271,73 @@ def test_a_query_over_b_reads_only_b(random_store):
     for column in ("target_id", "entropy", "top1", "cumsum_b"):
         assert column not in plan, plan
     assert "JOIN" not in plan.upper(), plan
+
+
+# The per-position profile as first written: three exact quantile aggregates over every token.
+REFERENCE_PROFILE = """
+SELECT fingerprint, pos, count(*) AS n, avg(b) AS mean_b,
+       quantile_cont(b, 0.1) AS q10_b, quantile_cont(b, 0.5) AS median_b, quantile_cont(b, 0.9) AS q90_b,
+       avg(pi) AS mean_pi
+FROM tokens GROUP BY fingerprint, pos ORDER BY fingerprint, pos"""
+QUANTILES = {"q10_b": 0.1, "median_b": 0.5, "q90_b": 0.9}
+
+
+def _records(con, query: str) -> list[dict]:
+    return con.sql(query).to_arrow_table().to_pylist()
+
+
+def _assert_same_profile(got: list[dict], want: list[dict], quantiles_too: bool):
+    """Counts and quantiles equal; means equal up to the order of DuckDB's parallel sums."""
+    assert [(g["fingerprint"], g["pos"], g["n"]) for g in got] == [(w["fingerprint"], w["pos"], w["n"]) for w in want]
+    for g, w in zip(got, want):
+        for column in ("mean_b", "mean_pi"):
+            assert math.isclose(g[column], w[column], rel_tol=1e-12), (g, w)
+        if quantiles_too:
+            assert [g[c] for c in QUANTILES] == [w[c] for c in QUANTILES], (g, w)
+            assert g["n_quantile"] == g["n"]
+
+
+@pytest.fixture(scope="module")
+def continuous_store(tmp_path_factory):
+    """About 16k tokens of nearly continuous surprisals (few ties), for the quantile sample."""
+    root = tmp_path_factory.mktemp("continuous_store")
+    values = np.random.default_rng(9).exponential(1.0, 5000).astype(np.float32)
+    write_store(root, FP, example_rows(8, 3000, max_T=10, shards=3, values=values))
+    return root
+
+
+@pytest.mark.parametrize("quantile_tokens", [None, 10**6])
+def test_exact_profile_equals_the_reference(continuous_store, quantile_tokens):
+    """No limit, or a store below the limit: the profile is today's exact query, value for value."""
+    con = connect(continuous_store, quantile_tokens=quantile_tokens)
+    assert con.sql("SELECT getvariable('quantile_share')").fetchall() == [(1.0,)]
+    _assert_same_profile(_records(con, read_sql("profile_by_position")), _records(con, REFERENCE_PROFILE), True)
+
+
+def test_sampled_profile_quantiles_are_those_of_the_sample_within_the_documented_error(continuous_store):
+    con = connect(continuous_store, quantile_tokens=4000)
+    got, want = _records(con, read_sql("profile_by_position")), _records(con, REFERENCE_PROFILE)
+    _assert_same_profile(got, want, quantiles_too=False)  # counts and means still read every token
+    tokens = con.sql("SELECT pos, b, in_quantile_sample FROM tokens").fetchnumpy()
+    sampled = tokens["in_quantile_sample"]
+    assert 3000 < sampled.sum() < 5000  # about quantile_tokens tokens
+    for row in got:
+        at = tokens["pos"] == row["pos"]
+        mine, every = tokens["b"][at & sampled].astype(np.float64), np.sort(tokens["b"][at].astype(np.float64))
+        assert row["n_quantile"] == len(mine)
+        for column, p in QUANTILES.items():
+            # the exact quantile of the sampled examples' values ...
+            assert math.isclose(row[column], np.quantile(mine, p), rel_tol=1e-6), (row, column)
+            # ... whose rank among all values (an interval: every tenth row is all zero) is within
+            # the documented 2 sigma of p (4 here: 30 checks)
+            ranks = np.searchsorted(every, row[column], side="left"), np.searchsorted(every, row[column], side="right")
+            low, high = (r / len(every) for r in ranks)
+            off = max(low - p, p - high, 0.0)
+            assert off <= 4 * math.sqrt(p * (1 - p) / len(mine)), (row, column, low, high)
+
+
+def test_quantile_sample_is_whole_examples_and_deterministic(continuous_store):
+    query = "SELECT key, bool_and(in_quantile_sample), bool_or(in_quantile_sample) FROM tokens GROUP BY key"
+    first = sorted(connect(continuous_store, quantile_tokens=4000).sql(query).fetchall())
+    assert all(every == some for _, every, some in first)
+    assert first == sorted(connect(continuous_store, quantile_tokens=4000).sql(query).fetchall())

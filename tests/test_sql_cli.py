@@ -69,3 +69,13 @@ def test_bad_query_gets_duckdbs_message(store, query, message):
 def test_unknown_fingerprint_is_a_clean_error(store):
     result = _sql(store, "SELECT 1", "--fingerprint", "d" * 32)
     assert result.exit_code == 1 and "d" * 32 in result.output and "Traceback" not in result.output
+
+
+def test_exact_quantiles_flag_puts_every_example_in_the_quantile_sample(store, monkeypatch):
+    monkeypatch.setattr("store.sql.QUANTILE_TOKENS", 10)  # this small store then samples its quantiles
+    query = [("SELECT getvariable('quantile_share') AS share, count(*) FILTER (in_quantile_sample) AS kept, "
+             "count(*) AS n FROM tokens"), "--format", "json"]
+    (sampled,) = json.loads(_sql(store, *query).output)
+    (exact,) = json.loads(_sql(store, *query, "--exact-quantiles").output)
+    assert sampled["share"] < 1 and sampled["kept"] < sampled["n"]
+    assert exact["share"] == 1 and exact["kept"] == exact["n"]
