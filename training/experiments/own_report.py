@@ -2,7 +2,8 @@
 predicted beside what was measured; every metric per arm and beta; the MI and control figure.
 
 Every number of the verdict is formatted by the function that formats it in a table below
-(``num``, ``delta``, ``show_beta``), so the verdict quotes the tables, never a figure of its own.
+(``num``, ``delta``, ``show_beta``, ``show_predicted``), so the verdict quotes the tables, never a figure of
+its own.
 """
 
 from __future__ import annotations
