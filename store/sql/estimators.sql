@@ -23,10 +23,9 @@ CREATE OR REPLACE MACRO t0_share(cumsum_b, b_sum, q, eps) AS
 
 -- t0 by threshold: the last position whose surprisal exceeds tau nats,
 -- t0_threshold = max { t : b[t] > tau }, found as the first hit from the end. NULL when
--- no position exceeds tau (an all-below example; the report counts them). b is reversed
--- before the comparison, not the comparison's result: measured about 10% faster.
+-- no position exceeds tau (an all-below example; the report counts them).
 CREATE OR REPLACE MACRO t0_threshold(b, tau) AS
-    len(b) - list_position(list_transform(list_reverse(b), lambda x: x > tau), true);
+    len(b) - list_position(list_reverse(list_transform(b, lambda x: x > tau)), true);
 
 -- Dilution: the share of S that carries the strategy. Positions 0..t0 are informative,
 -- so that is t0 + 1 tokens out of T:  dilution = (t0 + 1) / T.
