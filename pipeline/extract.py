@@ -11,9 +11,9 @@ Per input shard, a stream of stages:
     extract_part   table -> one part (temp name, fsync, rename) + its journal record (store.writer)
 
 The first three (``prepare_shard``) run in a DataLoader worker process (``ShardReader``)
-one or two shards ahead, so that the Python of reading does not compete with the
-forward pass for the GIL; parts are written by a background thread while the next shard
-is scored. The main process does little besides the model.
+one or two shards ahead where a spare CPU makes that pay (``reader_pays``), so that the
+Python of reading does not compete with the forward pass for the GIL, else in this
+process; parts are written by a background thread while the next shard is scored.
 
 and around it the store protocol (SPEC §4), written through ``store.writer.StoreWriter``:
 rank 0 takes the store lock and plans (``pipeline.extract_plan``: which parts are already
@@ -88,9 +88,10 @@ class ExtractConfig:
     """Seconds to wait for another extract holding this store's lock; 0 fails at once."""
     progress: bool = True
     """Show a tqdm bar with tokens/s (S tokens)."""
-    reader_process: bool = True
-    """Read, parse, encode and batch shards in a separate (spawned) process, ahead of the model, so that
-    it runs on another core; False does it all in this process (no ~2 s worker start: tiny inputs, tests)."""
+    reader_process: bool | None = None
+    """True: read, parse, encode and batch shards in a separate (spawned) process, ahead of the model, on
+    another core; False: all in this process (no ~2 s worker start: tiny inputs, tests); None (default):
+    a reader process where it pays, by ``reader_pays`` (CPUs, torch threads, device). Same parts either way."""
 
     def __post_init__(self):
         check_format(self.format)
@@ -397,16 +398,48 @@ def _exit_with_parent(parent: int, worker_id: int) -> None:
     threading.Thread(target=watch, name="extract-reader-watchdog", daemon=True).start()
 
 
+def reader_pays(device_type: str, cpus: int, torch_threads: int) -> bool:
+    """The default reading mode's rule: a reader process only where it takes no CPU from the forward.
+
+    On CPU the forward keeps torch's intra-op threads busy, and reading in-process costs it
+    little (about 9% of the main thread's CPU, 0.975 of the bare forward on 2 CPUs with one
+    torch thread), while a reader process spends more CPU than it saves (about 2 s to start
+    and import torch) and slows the forward on whatever CPU it shares (0.848 there): it needs
+    a CPU of its own and one more for the part writer, the OS and neighbours, ``cpus >=
+    torch_threads + 2``. On an accelerator the forward runs on the device, which reading in
+    the main thread would leave idle: ``cpus >= 2``.
+    """
+    if device_type == "cpu":
+        return cpus >= torch_threads + 2
+    return cpus >= 2
+
+
+def cpus_per_process() -> int:
+    """The CPUs this process may run on (its affinity), divided between the node's torchrun ranks."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def uses_reader_process(cfg: ExtractConfig, tasks: int) -> bool:
+    """Whether ``tasks`` shards are read by a reader process: never for one (it is read here while the process
+    would start); else ``cfg.reader_process``, or where it is None (the default) whether a reader pays here."""
+    if tasks < 2:
+        return False
+    if cfg.reader_process is not None:
+        return cfg.reader_process
+    return reader_pays(torch.device(cfg.device).type, cpus_per_process(), torch.get_num_threads())
+
+
 def prepared_shards(tasks: list[Task], vocab: Vocab, block_size: int, cfg: ExtractConfig) -> Iterator[PreparedShard]:
     """Stage: the rank's tasks, prepared, in order.
 
-    With ``cfg.reader_process`` the first shard is prepared here while a DataLoader
-    worker process starts (it imports torch, about 2 s) and prepares the others one or
-    two shards ahead of the model.
+    With a reader process (``uses_reader_process``) the first shard is prepared here
+    while a DataLoader worker process starts (it imports torch, about 2 s) and prepares
+    the others one or two shards ahead of the model.
     """
     prepare = partial(prepare_shard, vocab=vocab, block_size=block_size, policy=cfg.on_bad_sample,
                       batch_tokens=cfg.batch_tokens)
-    if not cfg.reader_process or len(tasks) < 2:
+    if not uses_reader_process(cfg, len(tasks)):
         yield from map(prepare, tasks)
         return
     reader = ShardReader(tasks[1:], prepare)
@@ -470,11 +503,15 @@ def _plan_on_rank0(cfg: ExtractConfig, directory: Path, ranks: Ranks, lock: Stor
     return ranks.broadcast(result)
 
 
+def rank_tasks(plan: Plan, ranks: Ranks) -> list[Task]:
+    return [t for t in plan.tasks if t.rank == ranks.rank]
+
+
 def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, writer: StoreWriter, ranks: Ranks) -> list[Record]:
     """Score this rank's shards; each part is written by a background thread while the next shard is scored."""
     device = ranks.device(cfg.device)
     ckpt.model.to(device).eval()
-    mine = [t for t in plan.tasks if t.rank == ranks.rank]
+    mine = rank_tasks(plan, ranks)
     bar = tqdm(desc=f"extract[{ranks.rank}]" if ranks.world > 1 else "extract", unit="tok", unit_scale=True,
                disable=not cfg.progress, position=ranks.rank, mininterval=0.5)
     records: list[Record] = []
@@ -537,7 +574,8 @@ def run(cfg: ExtractConfig) -> dict:
         tokens = sum(r.part.tokens for r in written if r.part)
         summary = {"fingerprint": ckpt.fingerprint, "store": str(directory), "rank": ranks.rank, "nothing_to_do": False,
                    "parts_written": parts_in(written), "parts_reused": parts_in(plan.done), "wall_s": round(wall, 3),
-                   "tokens_written": tokens, "tokens_per_s": round(tokens / wall, 1) if wall > 0 else None}
+                   "tokens_written": tokens, "tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
+                   "reader_process": uses_reader_process(cfg, len(rank_tasks(plan, ranks)))}
         if manifest is not None:
             summary |= {"parts": len(manifest.parts), "stats": manifest.stats(), "skipped": manifest.skipped(),
                         "skipped_shards": manifest.skipped_by_input()}

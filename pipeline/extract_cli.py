@@ -27,8 +27,10 @@ from store.formats import PARQUET, PART_FORMATS
               help="Stop at a bad sample or truncated shard, or skip it and count it in the manifest.")
 @click.option("--wait-lock", type=float, default=0.0, help="Seconds to wait for another extract on this store.")
 @click.option("--progress/--no-progress", default=True)
-@click.option("--reader-process/--no-reader-process", default=True,
-              help="Read and batch shards in a separate process ahead of the model (default), or in this one.")
+@click.option("--reader-process/--no-reader-process", default=None,
+              help="Read and batch shards in a separate process ahead of the model, or in this one. Default: a "
+                   "reader process only with CPUs to spare, at least torch's threads + 2 on CPU (so not on 2 "
+                   "cores), 2 on CUDA, and 2+ shards; the summary's reader_process says which ran. Same parts either way.")
 def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, on_bad_sample, wait_lock, progress,
             reader_process):
     """Compute per-token baselines b_t of CHECKPOINT once and store them under STORE/fingerprint=<fp>/."""

@@ -11,7 +11,8 @@ load average before and after:
 - forward + scoring tokens/s: the same plus float32 surprisal, entropy and top-1 over S;
 - full extraction tokens/s: `pipeline.extract.run` end to end (read tars, parse, encode,
   bucket, score, write Parquet, fsync, manifest) into a fresh store, with the reader
-  process (the default) and without it, and their ratios to the bare forward;
+  process and without it, and their ratios to the bare forward; the one that the default
+  (`reader_process=None`: `pipeline.extract.reader_pays`) chooses here is named with its ratio;
 - the read + parse + encode + batch stage alone (once);
 - the padded fraction of computed tokens, and bytes per S token of `b` on disk;
 - with --hf-export: the same checkpoint exported with `export-hf` and run through the
@@ -40,7 +41,8 @@ import torch
 
 from pipeline.bucketing import padded_fraction, plan_batches
 from pipeline.backbone import load_backbone
-from pipeline.extract import ExtractConfig, ShardBatches, encode, prepare_shard, read_samples, run, score_batch
+from pipeline.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
+                              score_batch, uses_reader_process)
 from pipeline.extract_plan import InputShard, Task
 from pipeline.shards import resolve_shards, shard_name
 from pipeline.synth import PRESETS, write_dataset
@@ -131,6 +133,12 @@ def b_bytes_per_token(store: Path) -> tuple[float, float]:
     return b_bytes / tokens, sum(p["bytes"] for p in view.parts()) / tokens
 
 
+def default_mode(data: Path, device: str) -> str:
+    """The reading mode that extraction's default (reader_process=None) chooses here for ``data``'s shards."""
+    default = ExtractConfig(checkpoint="", data=str(data), store="", device=device)
+    return "reader process" if uses_reader_process(default, len(resolve_shards(data)[1])) else "in-process"
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -150,13 +158,16 @@ def arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def interleaved(rounds: dict, repeats: int) -> dict[str, list[float]]:
-    """Seconds of each round, ``repeats`` times, one of each in turn (the machine's noise hits all alike)."""
+def interleaved(rounds: dict, repeats: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Seconds of each round, ``repeats`` times, one of each in turn (the machine's noise hits all alike),
+    and the 1-minute load average after each run."""
     times: dict[str, list[float]] = {name: [] for name in rounds}
+    loads: dict[str, list[float]] = {name: [] for name in rounds}
     for _ in range(repeats):
         for name, fn in rounds.items():
             times[name].append(timed(fn))
-    return times
+            loads[name].append(os.getloadavg()[0])
+    return times, loads
 
 
 def print_hf_ratios(median: dict[str, float]) -> None:
@@ -194,7 +205,7 @@ def main() -> None:
         hf = load_backbone(hf_dir, device=args.device)
         rounds |= {"HF: forward + scoring": lambda: scoring(hf.model, batches),
                    "HF: extract, in-process": lambda: extraction(False, hf_dir, "store-hf")}
-    times = interleaved(rounds, args.repeats)
+    times, loads = interleaved(rounds, args.repeats)
     t_read = timed(lambda: read_all(data, ckpt, args.batch_tokens))
     b_bpt, part_bpt = b_bytes_per_token(workdir / "store")
     median = {name: statistics.median(ts) for name, ts in times.items()}
@@ -206,10 +217,13 @@ def main() -> None:
     print(f"load average (1, 5, 15 min): before {load_before}, after {load()}; {os.cpu_count()} CPUs; "
           f"medians of {args.repeats} interleaved rounds")
     for name, t in median.items():
-        runs = ", ".join(f"{x:.2f}" for x in times[name])
+        runs = ", ".join(f"{x:.2f} s at load {at:.2f}" for x, at in zip(times[name], loads[name]))
         print(f"{name:<24}{s_tokens / t:10.0f} S tok/s  {t:7.3f} s  ratio to bare {t_bare / t:.3f}  (runs: {runs})")
     print(f"{'read+encode+batch alone':<24}{s_tokens / t_read:10.0f} S tok/s  {t_read:7.3f} s  (one run)")
-    print("target: extract / bare >= 0.9")
+    default = default_mode(data, args.device)
+    print(f"default mode here: {default} ({cpus_per_process()} CPUs, {torch.get_num_threads()} torch threads, "
+          f"device {args.device}: pipeline.extract.reader_pays), extract / bare "
+          f"{t_bare / median[f'extract, {default}']:.3f}  (target >= 0.95)")
     if args.hf_export:
         print_hf_ratios(median)
     print(f"padded fraction of computed tokens: {pad:.4f}  (target <= 0.05)")

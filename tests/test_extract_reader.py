@@ -1,8 +1,11 @@
 """The reader process (a spawned DataLoader worker) gives the same store as reading in-process,
-and its errors reach the caller as the same exceptions, naming shard and key."""
+its errors reach the caller as the same exceptions, naming shard and key, and the default mode
+takes it only with CPUs to spare (``reader_pays``)."""
 
 import pytest
+import torch
 
+from pipeline import extract, extract_cli
 from pipeline.errors import SampleError
 from pipeline.extract import ReaderFailure, run
 from store.baseline_store import BaselineStore
@@ -12,11 +15,41 @@ from tests.fixtures_extract import fp_dir, part_bytes, sample_member, write_raw_
 GOOD = {"x": ["a", "b"], "y": ["c", "d", "e"], "strategy": "copy", "t0": 1}
 
 
-def test_reader_process_store_is_byte_identical(world, tmp_path):
-    """Shard 0 is prepared in-process and shards 1-5 by the worker: every part equals the in-process store's."""
-    summary = run(world.config(tmp_path / "s", reader_process=True))
-    assert summary["parts_written"] == 6
+def test_reader_process_store_is_byte_identical(world, tmp_path, monkeypatch):
+    """The default mode with CPUs to spare takes the reader process: shard 0 is prepared in-process and
+    shards 1-5 by the worker, and every part equals the in-process store's."""
+    monkeypatch.setattr(extract, "cpus_per_process", lambda: 64)
+    summary = run(world.config(tmp_path / "s", reader_process=None))
+    assert summary["parts_written"] == 6 and summary["reader_process"] is True
     assert part_bytes(tmp_path / "s") == part_bytes(world.store)
+
+
+def test_the_default_reads_in_process_without_cpus_to_spare(world, tmp_path, monkeypatch):
+    monkeypatch.setattr(extract, "cpus_per_process", lambda: torch.get_num_threads() + 1)
+    summary = run(world.config(tmp_path / "s", reader_process=None))
+    assert summary["reader_process"] is False
+    assert part_bytes(tmp_path / "s") == part_bytes(world.store)
+    [option] = [p for p in extract_cli.extract.params if p.name == "reader_process"]
+    assert option.default is None  # the CLI's default is this rule too
+
+
+@pytest.mark.parametrize("device, cpus, threads, pays", [
+    ("cpu", 2, 1, False),  # the 2-core VM: one spare CPU is not enough
+    ("cpu", 2, 2, False),  # torch's default there: both CPUs in the forward
+    ("cpu", 3, 1, True),
+    ("cpu", 16, 15, False),
+    ("cpu", 16, 8, True),
+    ("cuda", 2, 2, True),  # the forward runs on the device: one CPU beside the main thread is enough
+    ("cuda", 1, 1, False),
+])
+def test_reader_pays_with_cpus_to_spare_beside_the_forward(device, cpus, threads, pays):
+    assert extract.reader_pays(device, cpus, threads) is pays
+
+
+def test_one_shard_or_an_explicit_choice_overrides_the_rule(world, tmp_path):
+    assert not extract.uses_reader_process(world.config(tmp_path, reader_process=True), 1)
+    assert not extract.uses_reader_process(world.config(tmp_path, reader_process=False), 6)
+    assert extract.uses_reader_process(world.config(tmp_path, reader_process=True), 2)
 
 
 def _data(tmp_path, bad_record):
