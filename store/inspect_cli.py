@@ -18,6 +18,12 @@ fingerprint_option = click.option("--fingerprint", "fingerprints", multiple=True
                                 help="Fingerprint to open (repeatable); default: every one in the store.")
 
 
+exact_quantiles_option = click.option(
+    "--exact-quantiles", is_flag=True,
+    help="Every example in tokens.in_quantile_sample, so profile_by_position's quantiles are exact "
+         "whatever the store's size (slower above 2^20 tokens).")
+
+
 def estimator_options(f):
     for opt in reversed([
         click.option("--q", type=float, default=0.9, help="Cumulative share for t0_share."),
@@ -36,9 +42,7 @@ def estimator_options(f):
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result here (parquet needs it).")
 @click.option("--max-rows", type=int, default=40, help="Rows shown by --format table.")
-@click.option("--exact-quantiles", is_flag=True,
-              help="Every example in tokens.in_quantile_sample, so profile_by_position's quantiles "
-                   "are exact whatever the store's size (slower above 2^20 tokens).")
+@exact_quantiles_option
 def sql_cmd(store, query, fingerprints, q, tau, eps, fmt, out, max_rows, exact_quantiles):
     """Run QUERY over STORE's views (examples, tokens, vocab, manifests); no QUERY: show them."""
     import duckdb
