@@ -17,7 +17,6 @@ store_argument = click.argument("store", type=click.Path(exists=True, file_okay=
 fingerprint_option = click.option("--fingerprint", "fingerprints", multiple=True,
                                 help="Fingerprint to open (repeatable); default: every one in the store.")
 
-
 exact_quantiles_option = click.option(
     "--exact-quantiles", is_flag=True,
     help="Every example in tokens.in_quantile_sample, so profile_by_position's quantiles are exact "

@@ -40,7 +40,9 @@ EXAMPLE_QUERIES = (
 )
 VIEWS = ("examples", "tokens", "vocab", "manifests", "store_rows")
 QUANTILE_TOKENS = 2**20
-"""Above this many tokens the profiles' quantiles come from a sample of examples (views.sql)."""
+"""Above this many tokens profile_by_position's quantiles come from a sample of examples
+(views.sql). Exact quantiles cost about 4x a scan of b per token, so a sample of 2^20 tokens
+adds about half a scan to a 10M-token store (scripts/bench_sql.py)."""
 _ROWS_SCHEMA = pa.schema([pa.field("fingerprint", pa.string(), nullable=False), *PART_SCHEMA])
 
 

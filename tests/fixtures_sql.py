@@ -79,9 +79,11 @@ def tiny_pipeline(tmp_path_factory):
     """synth -> train-base (30 steps) -> extract on the `tiny` preset, built once per session."""
     from dataclasses import replace
 
-    from pipeline.extract import ExtractConfig, run as extract_run
+    from pipeline.extract import ExtractConfig
+    from pipeline.extract import run as extract_run
     from pipeline.synth import PRESETS, write_dataset
-    from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_run
+    from training.train_base import BASE_PRESETS, BaseTrainConfig
+    from training.train_base import run as train_run
 
     root = tmp_path_factory.mktemp("tiny_pipeline")
     data, ckpt, store = root / "data", root / "base", root / "store"

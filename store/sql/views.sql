@@ -50,8 +50,8 @@ SET VARIABLE quantile_share = (SELECT coalesce(least(1.0, getvariable('quantile_
 -- tokens), so above `quantile_tokens` tokens (a variable that store/sql.py sets; NULL:
 -- no limit) they are taken over the examples whose key hashes into the first
 -- `quantile_share` of the hash space, about quantile_tokens tokens in all. The sample is
--- deterministic (the same store gives the same rows) and, in a smaller store, every
--- example: the quantiles are then exact. Counts and means always read every token. A
+-- deterministic (the same store and DuckDB version give the same rows) and, in a smaller
+-- store, every example: the quantiles are then exact. Counts and means always read every token. A
 -- quantile p over the m = n_quantile sampled values of a group is the exact quantile of a
 -- simple random sample of its examples: its rank among all n values of the group is
 -- within about +-2 sqrt(p (1 - p) / m) of p (95%).
