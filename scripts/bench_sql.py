@@ -18,7 +18,7 @@ twice (the default connection, and one with exact quantiles), and times in one r
 The machine is shared and noisy, so every round runs each query once, in turn, and each
 ratio is the median over rounds of (query / scan of the same round). Beside each ratio:
 the 1-minute load average over that query's runs (min-max). Targets: diagnostics <= 2x,
-per-position profile <= 4x.
+per-position profile <= 4x. Then how far the sampled quantiles are from the exact ones.
 
     python scripts/bench_sql.py --tokens 10_000_000 --out /tmp/bench_sql_store
 """
@@ -125,6 +125,38 @@ def print_ratios(runs: dict[str, list[tuple[float, float]]]) -> None:
               f"{min(loads):5.2f}-{max(loads):<5.2f}  {target}")
 
 
+def print_quantile_error(connections: dict) -> None:
+    """How far the default (sampled) per-position quantiles are from the exact ones on this store: as
+    values, and as ranks among all of a position's values against the documented 2-sigma bound."""
+    profile = read_sql("profile_by_position")
+    sampled, exact = (connections[c].sql(profile).to_arrow_table().to_pylist() for c in ("default", "exact"))
+    by_position = sorted_by_position(connections["default"])
+    for column, p in (("q10_b", 0.1), ("median_b", 0.5), ("q90_b", 0.9)):
+        errors = [abs(s[column] - e[column]) / e[column] for s, e in zip(sampled, exact) if e[column]]
+        sigmas = [rank_offset(by_position[r["pos"]], r[column], p) / math.sqrt(p * (1 - p) / r["n_quantile"])
+                  for r in sampled]
+        print(f"{column}: sampled / exact - 1: median {statistics.median(errors):.4f}, max {max(errors):.4f}; "
+              f"rank offset from {p}: median {statistics.median(sigmas):.2f}, max {max(sigmas):.2f} sigma, "
+              f"{sum(x <= 2 for x in sigmas)}/{len(sigmas)} positions within 2 sigma")
+    print(f"sampled values per position (n_quantile): {min(r['n_quantile'] for r in sampled)}"
+          f"-{max(r['n_quantile'] for r in sampled)}")
+
+
+def sorted_by_position(con) -> dict[int, np.ndarray]:
+    """Every b of each position, sorted (float64)."""
+    tokens = con.sql("SELECT pos, b FROM tokens").fetchnumpy()
+    order = np.lexsort((tokens["b"], tokens["pos"]))
+    pos, b = tokens["pos"][order], tokens["b"][order].astype(np.float64)
+    bounds = np.flatnonzero(np.diff(pos)) + 1
+    return {int(chunk_pos[0]): chunk for chunk_pos, chunk in zip(np.split(pos, bounds), np.split(b, bounds))}
+
+
+def rank_offset(values: np.ndarray, estimate: float, p: float) -> float:
+    """How far p lies outside the rank interval that ``estimate`` occupies among the sorted ``values``."""
+    low, high = (np.searchsorted(values, estimate, side=side) / len(values) for side in ("left", "right"))
+    return max(low - p, p - high, 0.0)
+
+
 def open_store(out: Path, threads: int) -> dict:
     """The default connection and one whose quantiles are exact, each with ``threads`` DuckDB threads."""
     connections = {"default": connect(out), "exact": connect(out, quantile_tokens=None)}
@@ -164,6 +196,7 @@ def main():
           f"DuckDB threads={args.threads}, {os.cpu_count()} CPUs, medians of {args.repeat} interleaved rounds; "
           f"default quantile sample: {share:.3f} of the examples")
     print_ratios(interleaved(connections, args.repeat))
+    print_quantile_error(connections)
 
 
 if __name__ == "__main__":
