@@ -23,6 +23,7 @@ from training.experiments.artefacts import prepare_all
 from training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from training.experiments.report import write_csv
 from training.experiments.task import DEFAULT_SETTINGS, Setting, TaskConfig
+from training.recipes import RECIPES
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "results" / "from-scratch"
 LONG = Setting("h0-n32", 0, 32, 32)
@@ -69,21 +70,27 @@ def run_plan(cells: list[Cell], plan: CellPlan, root: Path, variant: str) -> lis
 
 DECODER_SETTINGS = ("h3-n5", "h0-n16")
 """Where surprisal-share at lambda = 1 broke the decoder before (control 0.00-0.47 in h3-n5; 0.80 at h0-n16)."""
+HALF_NORM = "scratch, rows at norm 0.5"
+RECIPES[HALF_NORM] = {**RECIPES[RECIPE], "latent_embedding_norm": 0.5}
+"""A variant of this script only: at step 0 on h0-n16, 4 slots of centred rows at norm 1 put the token-mean
+NLL at 4.6 nats (0.05 with the checkpoint's rows), at norm 0.5 at 0.07; is the break what surprisal-share
+never repairs?"""
 DECODER_VARIANTS = {
-    "lambda=1 (main table)": ({}, LR),
-    "anchor w=1 m=0.05": ({"anchor_weight": 1.0, "anchor_margin": 0.05}, LR),
-    "lambda=0.5": ({"token_weighted_reconstruction_weight": 0.5}, LR),
-    "lr 1e-4": ({}, 1e-4),
+    "lambda=1 (main table)": ({}, LR, RECIPE),
+    "anchor w=1 m=0.05": ({"anchor_weight": 1.0, "anchor_margin": 0.05}, LR, RECIPE),
+    "lambda=0.5": ({"token_weighted_reconstruction_weight": 0.5}, LR, RECIPE),
+    "lr 1e-4": ({}, 1e-4, RECIPE),
+    "rows at norm 0.5": ({}, LR, HALF_NORM),
 }
-"""name -> (LossConfig fields, lr): the anchor term against the two older repairs, on surprisal-share."""
+"""name -> (LossConfig fields, lr, recipe): the anchor term against the older repairs, on surprisal-share."""
 
 
 def decoder(root: Path, steps: int) -> None:
     """Point 3: each variant on surprisal-share, prefix-4, beta 0.3, 3 seeds, the two settings."""
     cells = [Cell(s, "discrete", "prefix", "surprisal-share", 0.3, seed) for s in DECODER_SETTINGS for seed in (0, 1, 2)]
     rows = []
-    for name, (loss, lr) in DECODER_VARIANTS.items():
-        plan = CellPlan(TASK.k, 4, replace(budget(steps), lr=lr), RECIPE, tuple(sorted(loss.items())))
+    for name, (loss, lr, recipe) in DECODER_VARIANTS.items():
+        plan = CellPlan(TASK.k, 4, replace(budget(steps), lr=lr), recipe, tuple(sorted(loss.items())))
         rows += run_plan(cells, plan, root, name)
     base = {s: prepared(root, (s,))[s].stats["base_val_nll"] for s in DECODER_SETTINGS}
     write_table(DECODER_TABLE, rows, DOCS / "decoder", extra={"base_val_nll": lambda r: base[r["setting"]]})
@@ -93,17 +100,20 @@ def decoder(root: Path, steps: int) -> None:
 
 MAP_PATHWAYS = (("token", 1), ("prefix", 2), ("prefix", 4), ("prefix", 8), ("layernorm", 1))
 MAP_WEIGHTINGS = ("uniform", "surprisal-share")
+MAP_SEEDS = (0, 1, 2)
+"""Seeds of the map; --seeds runs the first few (the budget ran seed 0 first)."""
 
 
 def pathway(cond: str, slots: int) -> str:
     return f"prefix-{slots}" if cond == "prefix" else cond
 
 
-def map_grid(root: Path, steps: int) -> None:
-    """Point 2, reduced: pathway x 4 settings x {uniform, surprisal-share}, beta 0.3, seed 0."""
+def map_grid(root: Path, steps: int, seeds: int = 1) -> None:
+    """Point 2, reduced: pathway x 4 settings x {uniform, surprisal-share}, beta 0.3, the first ``seeds`` seeds."""
     rows = []
     for cond, slots in MAP_PATHWAYS:
-        cells = [Cell(s.name, "discrete", cond, w, 0.3, 0) for s in TASK.settings for w in MAP_WEIGHTINGS]
+        cells = [Cell(s.name, "discrete", cond, w, 0.3, seed) for seed in MAP_SEEDS[:seeds] for s in TASK.settings
+                 for w in MAP_WEIGHTINGS]
         rows += [{**r, "pathway": pathway(cond, slots)}
                  for r in run_plan(cells, CellPlan(TASK.k, slots, budget(steps), RECIPE), root, "map")]
     write_table(MAP_TABLE, rows, DOCS / "map")
@@ -113,23 +123,42 @@ def map_grid(root: Path, steps: int) -> None:
 
 
 def plot_map(rows: list[dict]):
-    """I(z; strategy) as a pathway x T/(t0+1) image, one panel per weighting."""
+    """I(z; strategy) as a pathway x T/(t0+1) image (mean over the seeds run), one panel per weighting."""
     from store.plots import figure
+    from training.experiments.aggregate import mean_std
 
     ratios = sorted({(r["ratio_true"], r["setting"]) for r in rows})
     names = [pathway(c, k) for c, k in MAP_PATHWAYS]
     fig, axes = figure(len(MAP_WEIGHTINGS), width=4.8, height=3.8)
     for ax, w in zip(axes, MAP_WEIGHTINGS):
-        value = {(r["pathway"], r["setting"]): r["strategy_mi"] for r in rows if r["weighting"] == w}
-        image = [[value.get((p, s), float("nan")) for _, s in ratios] for p in names]
+        value = {(p, s): mean_std([r["strategy_mi"] for r in rows if (r["weighting"], r["pathway"], r["setting"])
+                                   == (w, p, s)])[0] for p in names for _, s in ratios}
+        image = [[float("nan") if value[p, s] is None else value[p, s] for _, s in ratios] for p in names]
         shown = ax.imshow(image, vmin=0, vmax=0.7, cmap="viridis", aspect="auto")
         for i, line in enumerate(image):
             for j, v in enumerate(line):
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.35 else "black", fontsize=8)
         ax.set(xticks=range(len(ratios)), xticklabels=[f"{s}\n{x:.1f}" for x, s in ratios], yticks=range(len(names)),
-               yticklabels=names, xlabel="setting, T/(t0+1)", title=f"I(z; strategy), {w}, beta 0.3, seed 0")
+               yticklabels=names, xlabel="setting, T/(t0+1)", title=f"I(z; strategy), {w}, beta 0.3")
         fig.colorbar(shown, ax=ax, label="nats")
     return fig
+
+
+# ---------------------------------------------------------------- point 4: beta_c from scratch
+
+SWEEP_BETAS = (0.1, 0.3, 1.0, 3.0)
+"""The main table's two betas and one on each side: seed 0 only (the budget), so beta_c is known to a factor 3."""
+
+
+def beta_sweep(root: Path, steps: int) -> None:
+    """Point 4: the beta sweep under the from-scratch recipe (prefix-4), seed 0, with the store's prediction."""
+    from training.experiments import sweep as sw
+
+    cfg = sw.SweepConfig(out=str(root), settings=MAIN_SETTINGS, betas=SWEEP_BETAS, seeds=(0,), budget=budget(steps),
+                         recipe=RECIPE, cond="prefix", prefix_slots=4, jobs=1)
+    sw.run(cfg, command=f"scripts/run_science.py {root} sweep --steps {steps}")
+    copy_outputs(root, DOCS / "sweep", ("beta_threshold.md", "beta_threshold.csv", "beta_cells.csv", "beta_ratio.csv",
+                                        "mi_vs_beta.png", "mi_vs_step.png", "sweep_config.json"))
 
 
 # ---------------------------------------------------------------- tables
@@ -159,10 +188,12 @@ def main() -> None:
     parser.add_argument("root", type=Path)
     parser.add_argument("phase", choices=sorted(PHASES))
     parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--seeds", type=int, default=1, help="map: how many of its seeds to run")
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
-    PHASES[args.phase](args.root, args.steps)
+    run = PHASES[args.phase]
+    run(args.root, args.steps, args.seeds) if args.phase == "map" else run(args.root, args.steps)
     print(f"[science] {args.phase} done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
@@ -175,7 +206,7 @@ def timing(root: Path, steps: int) -> None:
 
 
 PHASES = {"prep": lambda root, steps: prepared(root), "time": timing, "main": main_table, "decoder": decoder,
-          "map": map_grid}
+          "map": map_grid, "sweep": beta_sweep}
 
 if __name__ == "__main__":
     main()
