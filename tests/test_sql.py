@@ -314,6 +314,15 @@ def test_exact_profile_equals_the_reference(continuous_store, quantile_tokens):
     _assert_same_profile(_records(con, read_sql("profile_by_position")), _records(con, REFERENCE_PROFILE), True)
 
 
+def test_exact_profile_of_fingerprints_side_by_side(tmp_path):
+    write_store(tmp_path, FP, example_rows(10, 200, max_T=7))
+    write_store(tmp_path, "0" * 32, example_rows(11, 150, max_T=9), fmt="zarr")
+    con = connect(tmp_path)
+    got = _records(con, read_sql("profile_by_position"))
+    assert {g["fingerprint"] for g in got} == {FP, "0" * 32}
+    _assert_same_profile(got, _records(con, REFERENCE_PROFILE), True)
+
+
 def test_sampled_profile_quantiles_are_those_of_the_sample_within_the_documented_error(continuous_store):
     con = connect(continuous_store, quantile_tokens=4000)
     got, want = _records(con, read_sql("profile_by_position")), _records(con, REFERENCE_PROFILE)

@@ -31,19 +31,18 @@ SET VARIABLE symbols = (SELECT map_from_entries(list((fingerprint, tokens)))
 CREATE OR REPLACE MACRO symbol_of(fingerprint, token_id) AS
     CASE WHEN token_id >= 0 THEN getvariable('symbols')[fingerprint][token_id + 1] END;
 
--- The share of examples whose tokens enter the profiles' quantiles (see `tokens`).
-SET VARIABLE quantile_share = (SELECT coalesce(least(1.0, getvariable('quantile_tokens') / sum(tokens)), 1.0)
-                               FROM manifests);
+-- The connected fingerprints, sorted: fingerprint_index(fingerprint) is a fingerprint's
+-- 1-based place in this list, a small integer to group by where grouping every token by
+-- the fingerprint's text would cost (profile_by_position.sql).
+SET VARIABLE fingerprints = (SELECT list(fingerprint ORDER BY fingerprint) FROM manifests);
 
--- tokens: one row per supervised token. `pos` is the 0-based position in S, `token_id`
--- and `symbol` the target token, `entropy` the base model's predictive entropy (nats),
--- `top1` whether the target was its argmax, `pi` = b / sum b (NULL when degenerate).
--- Only b is unnested; the other per-token columns are picked out of their lists by
--- position, so a query reads and expands only the lists it names (DuckDB keeps every
--- unnest of a SELECT, used or not, but drops unused projections). What depends on the
--- example alone is computed once per example, before the unnest.
---
--- `in_quantile_sample`: whether the example's tokens enter the quantiles of the
+CREATE OR REPLACE MACRO fingerprint_index(fingerprint) AS list_position(getvariable('fingerprints'), fingerprint);
+
+-- The denominator of pi = b / sum b: sum b, or NULL for a degenerate example (pi NULL).
+CREATE OR REPLACE MACRO share_denominator(b_sum) AS
+    CASE WHEN is_degenerate(b_sum, getvariable('eps')) THEN NULL ELSE b_sum END;
+
+-- The quantile sample: whether an example's tokens enter the quantiles of the
 -- per-position profile (profile_by_position.sql). Exact quantiles over every token cost
 -- about 4x a plain scan of b, nearly all of it in DuckDB's quantile aggregate
 -- (approx_quantile's t-digest and reservoir_quantile measured slower still on 10M
@@ -51,18 +50,29 @@ SET VARIABLE quantile_share = (SELECT coalesce(least(1.0, getvariable('quantile_
 -- no limit) they are taken over the examples whose key hashes into the first
 -- `quantile_share` of the hash space, about quantile_tokens tokens in all. The sample is
 -- deterministic (the same store and DuckDB version give the same rows) and, in a smaller
--- store, every example: the quantiles are then exact. Counts and means always read every token. A
--- quantile p over the m = n_quantile sampled values of a group is the exact quantile of a
--- simple random sample of its examples: its rank among all n values of the group is
--- within about +-2 sqrt(p (1 - p) / m) of p (95%).
+-- store, every example: the quantiles are then exact. Counts and means always read every
+-- token. A quantile p over the m = n_quantile sampled values of a group is the exact
+-- quantile of a simple random sample of its examples: its rank among all n values of the
+-- group is within about +-2 sqrt(p (1 - p) / m) of p (95%).
+SET VARIABLE quantile_share = (SELECT coalesce(least(1.0, getvariable('quantile_tokens') / sum(tokens)), 1.0)
+                               FROM manifests);
+
+CREATE OR REPLACE MACRO in_quantile_sample(key) AS
+    getvariable('quantile_share') >= 1.0 OR hash(key) % 1048576 < getvariable('quantile_share') * 1048576;
+
+-- tokens: one row per supervised token. `pos` is the 0-based position in S, `token_id`
+-- and `symbol` the target token, `entropy` the base model's predictive entropy (nats),
+-- `top1` whether the target was its argmax, `pi` = b / sum b (NULL when degenerate),
+-- `in_quantile_sample` whether the example is in the quantile sample (above).
+-- Only b is unnested; the other per-token columns are picked out of their lists by
+-- position, so a query reads and expands only the lists it names (DuckDB keeps every
+-- unnest of a SELECT, used or not, but drops unused projections). What depends on the
+-- example alone is computed once per example, before the unnest.
 CREATE OR REPLACE VIEW tokens AS
 SELECT fingerprint, shard, key, T, strategy, t0, pos, b,
        target_id[pos + 1] AS token_id, symbol_of(fingerprint, target_id[pos + 1]) AS symbol,
        entropy[pos + 1] AS entropy, top1[pos + 1] AS top1, cumsum_b[pos + 1] AS cumsum_b,
-       b / share_total AS pi, in_quantile_sample
+       b / denominator AS pi, in_quantile_sample
 FROM (SELECT * EXCLUDE (b), unnest(range(T)) AS pos, unnest(b) AS b
-      FROM (SELECT *,
-                   CASE WHEN is_degenerate(b_sum, getvariable('eps')) THEN NULL ELSE b_sum END AS share_total,
-                   getvariable('quantile_share') >= 1.0
-                       OR hash(key) % 1048576 < getvariable('quantile_share') * 1048576 AS in_quantile_sample
+      FROM (SELECT *, share_denominator(b_sum) AS denominator, in_quantile_sample(key) AS in_quantile_sample
             FROM store_rows));
