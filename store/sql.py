@@ -41,8 +41,8 @@ EXAMPLE_QUERIES = (
 VIEWS = ("examples", "tokens", "vocab", "manifests", "store_rows")
 QUANTILE_TOKENS = 2**20
 """Above this many tokens profile_by_position's quantiles come from a sample of examples
-(views.sql). Exact quantiles cost about 4x a scan of b per token, so a sample of 2^20 tokens
-adds about half a scan to a 10M-token store (scripts/bench_sql.py)."""
+(views.sql). On bench_sql's 10M-token store their exact quantiles cost about 4 scans of b,
+a sample of 2^20 tokens about 0.8 (2^18: 0.3, 2^21: 1.0)."""
 _ROWS_SCHEMA = pa.schema([pa.field("fingerprint", pa.string(), nullable=False), *PART_SCHEMA])
 
 
@@ -78,8 +78,9 @@ def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None 
 
     ground_truth: optional (fingerprint, shard, key, strategy, t0) rows that fill in the
     passed-through `strategy` and `t0` where a stored row has none (see store.report).
-    quantile_tokens: the profiles' quantiles are exact up to this many tokens and taken
-    over a hash sample of about this many examples' tokens above it; None: always exact.
+    quantile_tokens: profile_by_position's quantiles are exact up to this many tokens in
+    the store, and above it taken over a hash sample of examples holding about this many
+    tokens (views.sql: the sample and its error); None: always exact.
     """
     base = BaselineStore(store)
     fingerprints = list(fingerprints) if fingerprints else base.fingerprints()
