@@ -85,15 +85,17 @@ DECODER_VARIANTS = {
 """name -> (LossConfig fields, lr, recipe): the anchor term against the older repairs, on surprisal-share."""
 
 
-def decoder(root: Path, steps: int) -> None:
-    """Point 3: each variant on surprisal-share, prefix-4, beta 0.3, 3 seeds, the two settings."""
-    cells = [Cell(s, "discrete", "prefix", "surprisal-share", 0.3, seed) for s in DECODER_SETTINGS for seed in (0, 1, 2)]
+def decoder(root: Path, steps: int, beta: float = 0.3, variants: tuple[str, ...] = tuple(DECODER_VARIANTS)) -> None:
+    """Point 3: each variant on surprisal-share, prefix-4, at ``beta``, 3 seeds, the two settings."""
+    cells = [Cell(s, "discrete", "prefix", "surprisal-share", beta, seed) for s in DECODER_SETTINGS for seed in (0, 1, 2)]
     rows = []
-    for name, (loss, lr, recipe) in DECODER_VARIANTS.items():
+    for name in variants:
+        loss, lr, recipe = DECODER_VARIANTS[name]
         plan = CellPlan(TASK.k, 4, replace(budget(steps), lr=lr), recipe, tuple(sorted(loss.items())))
         rows += run_plan(cells, plan, root, name)
     base = {s: prepared(root, (s,))[s].stats["base_val_nll"] for s in DECODER_SETTINGS}
-    write_table(DECODER_TABLE, rows, DOCS / "decoder", extra={"base_val_nll": lambda r: base[r["setting"]]})
+    dest = DOCS / ("decoder" if beta == 0.3 else f"decoder-beta-{beta:g}")
+    write_table(DECODER_TABLE, rows, dest, extra={"base_val_nll": lambda r: base[r["setting"]]})
 
 
 # ---------------------------------------------------------------- point 2: the map
@@ -206,7 +208,9 @@ def timing(root: Path, steps: int) -> None:
 
 
 PHASES = {"prep": lambda root, steps: prepared(root), "time": timing, "main": main_table, "decoder": decoder,
-          "map": map_grid, "sweep": beta_sweep}
+          "map": map_grid, "sweep": beta_sweep,
+          "decoder-beta-1": lambda root, steps: decoder(root, steps, 1.0, ("lambda=1 (main table)", "anchor w=1 m=0.05",
+                                                                           "lambda=0.5"))}
 
 if __name__ == "__main__":
     main()
