@@ -96,6 +96,27 @@ def decoder(root: Path, steps: int, beta: float = 0.3, variants: tuple[str, ...]
     base = {s: prepared(root, (s,))[s].stats["base_val_nll"] for s in DECODER_SETTINGS}
     dest = DOCS / ("decoder" if beta == 0.3 else f"decoder-beta-{beta:g}")
     write_table(DECODER_TABLE, rows, dest, extra={"base_val_nll": lambda r: base[r["setting"]]})
+    (dest / "summary.md").write_text(decoder_summary(rows, base) + "\n")
+    print(decoder_summary(rows, base))
+
+
+def decoder_summary(rows: list[dict], base: dict[str, float]) -> str:
+    """Per (variant, setting): the seeds' I(z; strategy), control and NLL, and whether point 3's target held."""
+    from store.tables import markdown_table
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["variant"], r["setting"]), []).append(r)
+
+    def seeds(rs: list[dict], key: str) -> str:
+        return " / ".join(f"{r[key]:.3f}" for r in rs)
+
+    lines = [[v, s, seeds(rs, "strategy_mi"), seeds(rs, "control_accuracy"), seeds(rs, "recon_uniform"),
+              f"{base[s]:.3f}", "yes" if all(r["control_accuracy"] >= 0.9 and r["recon_uniform"] <= base[s] + 0.05
+                                             for r in rs) else "no"] for (v, s), rs in groups.items()]
+    return markdown_table(["variant", "setting", "I(z; strategy) per seed", "control per seed",
+                           "token-mean NLL per seed", "base val NLL", "control >= 0.9 and NLL <= base + 0.05, every seed"],
+                          lines)
 
 
 # ---------------------------------------------------------------- point 2: the map

@@ -53,8 +53,9 @@ def test_gain_estimate_reads_the_grid_ends():
 
 def test_prediction_columns_compare_every_seed_with_the_store():
     cfg = sw.SweepConfig(out="x", task=TINY_TASK, betas=(0.1, 1.0, 10.0), seeds=(0, 1))
-    cells = [{"beta": b, "seed": s, "mi": mi} for s, curve in ((0, (0.69, 0.69, 0.0)), (1, (0.69, 0.0, 0.0)))
-             for b, mi in zip(cfg.betas, curve)]  # beta_c: 1.0 (seed 0), 0.1 (seed 1)
+    cells = [{"beta": b, "seed": s, "strategy_mi": mi, "mi": 0.69} for s, curve in ((0, (0.69, 0.69, 0.0)),
+                                                                                 (1, (0.69, 0.0, 0.0)))
+             for b, mi in zip(cfg.betas, curve)]  # by I(z; strategy), beta_c: 1.0 (seed 0), 0.1 (seed 1)
     got = sw.prediction_columns(0.8, cells, cfg)
     assert got["beta_c_predicted"] == 0.8 and got["measured_over_predicted"] == "0:1.25;1:0.12"
     assert got["within_tolerance"] == "no"  # seed 1 is 8x below

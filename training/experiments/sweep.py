@@ -182,9 +182,10 @@ def store_predictions(prepared: dict) -> dict[tuple[str, str], float | None]:
 
 
 def prediction_columns(predicted: float | None, cells: list[dict], cfg: SweepConfig) -> dict:
-    """The prediction, the per-seed beta_c (grid + bisection, by exact MI) over it, and whether every seed
-    lies within PREDICTION_TOLERANCE of it."""
-    per_seed = [beta_c({r["beta"]: r.get("mi") for r in cells if r["seed"] == seed}, cfg.threshold)
+    """The prediction, the per-seed beta_c (grid + bisection, by I(z; strategy): the prediction is about a z
+    that names the strategy, and a code of x has exact MI without it) over it, and whether every seed lies
+    within PREDICTION_TOLERANCE of it."""
+    per_seed = [beta_c({r["beta"]: r.get("strategy_mi") for r in cells if r["seed"] == seed}, cfg.threshold)
                 for seed in cfg.seeds]
     if predicted is None:
         return {"beta_c_predicted": None, "measured_over_predicted": None, "within_tolerance": None}

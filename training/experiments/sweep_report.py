@@ -60,10 +60,9 @@ def ratio_section(ratios: list[dict]) -> list[str]:
 def prediction_section(summary: list[dict]) -> list[str]:
     """Predicted (from the store, before training) against measured beta_c, per (setting, weighting)."""
     return ["## beta_c predicted from the store against measured", "",
-            markdown_table(["setting", "weighting", "predicted beta_c", "measured beta_c (seed-mean curve)",
-                            "per seed", "measured / predicted per seed", f"within {PREDICTION_TOLERANCE:g}x"],
-                           [[r["setting"], r["weighting"], fixed(r.get("beta_c_predicted")), r["beta_c"],
-                             r["beta_c_seeds"], r.get("measured_over_predicted") or "-",
+            markdown_table(["setting", "weighting", "predicted beta_c", "measured beta_c by I(z; strategy)", "per seed", "measured / predicted per seed", f"within {PREDICTION_TOLERANCE:g}x"],
+                           [[r["setting"], r["weighting"], fixed(r.get("beta_c_predicted")), r["beta_c_strategy_mi"],
+                             r["beta_c_strategy_mi_seeds"], r.get("measured_over_predicted") or "-",
                              r.get("within_tolerance") or "-"] for r in summary]), "",
             ("predicted beta_c = the gain of a z that removes all of the base's surprisal under the weighting "
              "(uniform: mean sum b / T; sum: mean sum b; surprisal-share: mean sum b^2 / sum b) over its KL cost "
