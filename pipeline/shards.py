@@ -131,6 +131,9 @@ def scan_shard(path: str | Path, name: str | None = None) -> list[tarfile.TarInf
     """
     shard = str(path) if name is None else name
     try:
+        plain = _plain_members(path)
+        if plain is not None:
+            return plain
         with tarfile.open(path, "r:*") as tar:
             members = [m for m in tar if m.isreg()]  # walks every header
             tar.fileobj.seek(tar.offset)  # just past the last member's padded data
@@ -143,6 +146,50 @@ def scan_shard(path: str | Path, name: str | None = None) -> list[tarfile.TarInf
         raise SampleError("truncated-shard", "tar ends without an end-of-archive block (truncated?)",
                           shard=shard)
     return members
+
+
+_END_BLOCK = tarfile.NUL * tarfile.BLOCKSIZE
+_PLAIN_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE)
+
+
+def _plain_members(path: str | Path) -> list[tarfile.TarInfo] | None:
+    """``scan_shard``'s members read off the headers directly, where every header is a plain file or
+    directory and an end-of-archive block follows the last member; None for anything else (a pax,
+    long-name, link or sparse header, a ustar prefix, a bad checksum, a short read, a compressed
+    tar), which tarfile then scans and names. tarfile's own header parsing was half of reading a
+    shard (52 ms of ~110 for 2000 samples), and extraction scans each shard twice."""
+    members, offset = [], 0
+    with open(path, "rb") as f:
+        while (header := f.read(tarfile.BLOCKSIZE)) != _END_BLOCK:
+            member = _plain_member(header, offset)
+            if member is None:
+                return None
+            if member.type != tarfile.DIRTYPE:
+                members.append(member)
+            offset = member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+            f.seek(offset)
+    return members if offset else None  # an empty archive: tarfile's error
+
+
+def _plain_member(header: bytes, offset: int) -> tarfile.TarInfo | None:
+    """The member whose 512-byte header starts at ``offset``, as tarfile would parse it; None unless plain."""
+    if len(header) != tarfile.BLOCKSIZE or header[156:157] not in _PLAIN_TYPES or header[345] or header[124] & 0x80:
+        return None
+    try:
+        size, checksum = _octal(header[124:136]), _octal(header[148:156])
+    except ValueError:
+        return None
+    name = header[:100].split(tarfile.NUL, 1)[0].decode(tarfile.ENCODING, "surrogateescape")
+    if checksum != 256 + sum(header[:148]) + sum(header[156:]) or name.endswith("/"):
+        return None  # a bad (or signed) checksum; a directory written as a file
+    member = tarfile.TarInfo(name)
+    member.type, member.size, member.offset, member.offset_data = header[156:157], size, offset, offset + tarfile.BLOCKSIZE
+    return member
+
+
+def _octal(field: bytes) -> int:
+    """A numeric header field as tarfile reads it (octal digits up to the first NUL, spaces stripped)."""
+    return int(field.split(tarfile.NUL, 1)[0].strip() or b"0", 8)
 
 
 def _member_key(name: str) -> tuple[str | None, str | None]:
