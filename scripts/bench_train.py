@@ -7,7 +7,10 @@
    no use here: about 0.5 GB of runtime hides a model of under 1 MiB;
 3. join overhead per step: reading the train stream with the store join minus without,
    per batch (medians of alternating rounds, load average beside), as a share of a precomputed step;
-4. one batched forward over K copies vs K forwards of B rows (forward + backward).
+4. one batched forward over K copies vs K forwards of B rows (forward + backward);
+5. the shared x prefix vs K + 1 full passes (``CVAE.share_prefix``), K = 2, 4, 8: step time
+   (alternating steps, medians) and peak memory of one step of each. Target at K = 4:
+   shared <= 0.75x full, the gain growing with K.
 
     python scripts/bench_train.py [--work DIR] [--steps N]
 """
@@ -45,7 +48,7 @@ def prepare(work: Path) -> tuple[Path, Path, Path]:
     return data, ckpt, store
 
 
-def make_state(data, ckpt, store, work, policy, batch_size):
+def make_state(data, ckpt, store, work, policy, batch_size, k=K):
     """(the run's state, its config) after setup."""
     from pipeline.ranks import Ranks
     from training.cvae import CVAEConfig
@@ -54,7 +57,7 @@ def make_state(data, ckpt, store, work, policy, batch_size):
 
     cfg = TrainConfig(io=IOConfig(checkpoint=str(ckpt), data=str(data), store=str(store),
                                   out=str(work / f"run-{policy}"), num_workers=0),
-                      cvae=CVAEConfig(k=K), loss=LossConfig(policy=policy),
+                      cvae=CVAEConfig(k=k), loss=LossConfig(policy=policy),
                       optim=OptimConfig(batch_size=batch_size, steps=10**6), log=LogConfig(grad_diag_every=0))
     return setup(cfg, Ranks()), cfg
 
@@ -175,6 +178,41 @@ def bench_copies(state, batch, reps=20) -> dict:
     return out
 
 
+SHARED_PREFIX_KS = (2, 4, 8)
+
+
+def bench_shared_prefix(data, ckpt, store, work, steps, batch_size) -> dict:
+    """{K: step seconds and one step's peak MiB, shared prefix and full passes}: one model per K, the
+    same batches, each step taken both ways in turn (the model moves on by both steps alike)."""
+    out = {}
+    for k in SHARED_PREFIX_KS:
+        run = make_state(data, ckpt, store, work, "precomputed", batch_size, k)
+        fed = batches(run[0], steps + 1)
+        times, peaks = {True: [], False: []}, {}
+        for i, batch in enumerate(fed):  # step 0 warms up
+            for share in times:
+                run[0].model.share_prefix = share
+                took = step_time(run, batch)
+                if i:
+                    times[share].append(took)
+        for share in times:
+            run[0].model.share_prefix = share
+            peaks[share] = step_peak_mib(run, fed[0])
+        med = {share: statistics.median(ts) for share, ts in times.items()}
+        out[k] = {"shared_s": med[True], "full_s": med[False], "ratio": med[True] / med[False],
+                  "shared_peak_mib": peaks[True], "full_peak_mib": peaks[False]}
+    return out
+
+
+def print_shared_prefix(result: dict, steps: int, batch_size: int, load_before: str) -> None:
+    for k, r in result.items():
+        print(f"shared x prefix, K={k} (median of {steps} alternating steps, batch {batch_size}): "
+              f"{r['shared_s'] * 1e3:.1f} ms vs full passes {r['full_s'] * 1e3:.1f} ms = {r['ratio']:.3f}; "
+              f"step peak {r['shared_peak_mib']:.1f} vs {r['full_peak_mib']:.1f} MiB")
+    print(f"  (target at K=4: <= 0.75, the gain growing with K; load average {load_before} before, "
+          f"{load_average()} after)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", default=None)
@@ -202,7 +240,11 @@ def main():
     copies = bench_copies(state, batches(state, 1)[0])
     print(f"K={K} copies, forward+backward: one batched {copies['one_batched_forward_s'] * 1e3:.1f} ms, "
           f"K separate {copies['k_forwards_s'] * 1e3:.1f} ms, ratio {copies['k_forwards_over_batched']:.2f}x")
-    print(json.dumps({"steps": steps, "memory": mem, "join": join, "copies": copies}, default=float))
+    load_before = load_average()
+    shared = bench_shared_prefix(data, ckpt, store, work, args.steps, args.batch_size)
+    print_shared_prefix(shared, args.steps, args.batch_size, load_before)
+    print(json.dumps({"steps": steps, "memory": mem, "join": join, "copies": copies, "shared_prefix": shared},
+                     default=float))
 
 
 if __name__ == "__main__":
