@@ -10,7 +10,7 @@ import pytest
 from pipeline import shards
 from pipeline.errors import SampleError
 from pipeline.samples import Sample
-from pipeline.shards import scan_shard, write_shards
+from pipeline.shards import iter_shard, scan_shard, write_shards
 
 from tests.fixtures_extract import sample_member, write_raw_tar
 
@@ -68,3 +68,10 @@ def test_headers_it_does_not_read_are_left_to_tarfile(tmp_path, monkeypatch):
     for path in (long_name, pax, compressed):
         assert shards._plain_members(path) is None
         assert scanned(path) == tarfile_scan(path, monkeypatch) and len(scanned(path)) == 1
+
+
+def test_a_compressed_shard_reads_the_same_samples(shard, tmp_path):
+    """Members are read from the archive's decompressed stream, not from the file's bytes."""
+    compressed = tmp_path / "shard.tar.gz"
+    compressed.write_bytes(gzip.compress(shard.read_bytes()))
+    assert [s for _, s in iter_shard(compressed)] == [s for _, s in iter_shard(shard)]
