@@ -90,6 +90,8 @@ never repairs?"""
 DECODER_VARIANTS = {
     "lambda=1 (main table)": ({}, LR, RECIPE),
     "anchor w=1 m=0.05": ({"anchor_weight": 1.0, "anchor_margin": 0.05}, LR, RECIPE),
+    "anchor w=1 m=0.05 from step 100": ({"anchor_weight": 1.0, "anchor_margin": 0.05, "anchor_start_step": 100}, LR,
+                                        RECIPE),
     "lambda=0.5": ({"token_weighted_reconstruction_weight": 0.5}, LR, RECIPE),
     "lr 1e-4": ({}, 1e-4, RECIPE),
     "rows at norm 0.5": ({}, LR, HALF_NORM),
@@ -244,10 +246,35 @@ def timing(root: Path, steps: int) -> None:
                                        "train_wall_s", "l_t0_spread_init", "l_t0_spread_end")})
 
 
+def anchor_late(root: Path, steps: int) -> None:
+    """The anchor from step 100 (after the warm-up, once z is found) at beta 0.3 and 1. Only its cells run: the
+    field it adds moved every cell key, so the earlier variants' rows are read from their rows.csv."""
+    import csv
+
+    name = "anchor w=1 m=0.05 from step 100"
+    loss, lr, recipe = DECODER_VARIANTS[name]
+    base = {s: prepared(root, (s,))[s].stats["base_val_nll"] for s in DECODER_SETTINGS}
+    for beta, earlier in ((0.3, DOCS / "decoder"), (1.0, DOCS / "decoder-beta-1")):
+        cells = [Cell(s, "discrete", "prefix", "surprisal-share", beta, seed) for s in DECODER_SETTINGS
+                 for seed in (0, 1, 2)]
+        rows = run_plan(cells, CellPlan(TASK.k, 4, replace(budget(steps), lr=lr), recipe, tuple(sorted(loss.items()))),
+                        root, name)
+        with (earlier / "rows.csv").open() as f:
+            before = [{k: float(v) if k in NUMBERS else v for k, v in r.items()} for r in csv.DictReader(f)]
+        dest = DOCS / f"decoder-anchor-late-beta-{beta:g}"
+        write_table(DECODER_TABLE, rows, dest, extra={"base_val_nll": lambda r: base[r["setting"]]})
+        (dest / "summary.md").write_text(decoder_summary(before + rows, base) + "\n")
+        print(decoder_summary(before + rows, base))
+
+
+NUMBERS = ("strategy_mi", "control_accuracy", "recon_uniform")
+
+
 PHASES = {"prep": lambda root, steps: prepared(root), "time": timing, "main": main_table, "decoder": decoder,
           "map": map_grid, "sweep": beta_sweep, "grid": full_grid,
           "decoder-beta-1": lambda root, steps: decoder(root, steps, 1.0, ("lambda=1 (main table)", "anchor w=1 m=0.05",
-                                                                           "lambda=0.5"))}
+                                                                           "lambda=0.5")),
+          "anchor-late": anchor_late}
 
 if __name__ == "__main__":
     main()

@@ -133,7 +133,7 @@ def test_cell_key_follows_the_config_not_the_paths(tmp_path):
 def test_cell_keys_do_not_move_unless_the_config_does():
     """A cell key hashes TrainConfig's flat form (config.json's shape before the grouping), so grouping the
     fields moved no key (the keys of commit 9a96994 stayed); a new field does move them, since a key covers
-    every field with its default: these are the keys since loss.anchor_weight and loss.anchor_margin."""
+    every field with its default: these are the keys since loss.anchor_weight, anchor_margin and anchor_start_step."""
     prep = artefacts.Prepared(TaskConfig().settings[0], Path("/d"), "datakey", Path("/b"), "fp123", Path("/s"), {})
     budget = cells.CellBudget()
 
@@ -142,10 +142,10 @@ def test_cell_keys_do_not_move_unless_the_config_does():
         tcfg = cells.train_config(cell, prep, cells.CellPlan(4, 3, budget, recipe), Path("/r"))
         return cells.cell_key(tcfg, prep, budget.decode_examples)
 
-    assert key("discrete", "token", "uniform", 1.0, 0, "baseline") == "996d65421855"
-    assert key("discrete", "prefix", "surprisal-share", 0.3, 4, "em-balanced") == "a97a0806aad5"
-    assert key("discrete", "prefix", "surprisal-share", 0.3, 4, "survival") == "8a04bde2c687"
-    assert key("continuous", "layernorm", "sum", 0.1, 1, "baseline") == "e0fd2af99f7b"
+    assert key("discrete", "token", "uniform", 1.0, 0, "baseline") == "89994a7b4593"
+    assert key("discrete", "prefix", "surprisal-share", 0.3, 4, "em-balanced") == "c07b3108111b"
+    assert key("discrete", "prefix", "surprisal-share", 0.3, 4, "survival") == "9435136788b2"
+    assert key("continuous", "layernorm", "sum", 0.1, 1, "baseline") == "f46b74bb1612"
 
 
 def test_default_task_keys_are_those_of_earlier_runs():

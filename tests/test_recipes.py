@@ -160,13 +160,15 @@ def test_cli_posterior_pool_and_the_anchor_term(tiny, tmp_path):
     args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--policy", "frozen", "--steps", "2",
             "--batch-size", "4", "--num-workers", "0", "--beta", "0.3", "--recipe", "scratch", "--cond", "prefix",
             "--slots", "2", "--posterior-pool", "last", "--anchor-weight", "1", "--anchor-margin", "0.05",
-            "--log-every", "1"]
+            "--anchor-start-step", "1", "--log-every", "1"]
     result = CliRunner().invoke(train, args)
     assert result.exit_code == 0, result.output
     saved = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
     assert saved.cvae.posterior_pool == "last" and saved.remedies.estep.follow_beta
-    assert (saved.loss.anchor_weight, saved.loss.anchor_margin) == (1.0, 0.05)
+    assert (saved.loss.anchor_weight, saved.loss.anchor_margin, saved.loss.anchor_start_step) == (1.0, 0.05, 1)
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     assert all(r["anchor"] >= 0 and math.isfinite(r["anchor"]) and r["l_t0_spread"] >= 0 for r in recs)
     with pytest.raises(ValueError, match="anchor"):
         LossConfig(anchor_weight=-1.0)
+    late = LossConfig(anchor_weight=2.0, anchor_start_step=3)
+    assert [late.anchor_weight_at(s) for s in (0, 2, 3, 9)] == [0.0, 0.0, 2.0, 2.0]

@@ -46,6 +46,7 @@ def echo_skips(result: dict) -> None:
 @click.option("--anchor-weight", type=float, default=0.0,
               help="Weight of the anchor term E_q mean_t relu(l_t(z) - b_t - margin): no token worse than the base.")
 @click.option("--anchor-margin", type=float, default=0.0, help="Nats a token may rise above b_t before the anchor acts.")
+@click.option("--anchor-start-step", type=int, default=0, help="Steps before the anchor term acts (after z is found).")
 @click.option("--recipe", default="baseline", show_default=True,
               help="Named remedy preset (training/recipes.py); the flags below override its fields.")
 @click.option("--estep", type=click.Choice(["off", "soft", "hard", "label"]), default=None,
@@ -78,7 +79,7 @@ def echo_skips(result: dict) -> None:
 @click.option("--device", default="cpu")
 def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, weighting, lam, policy,
           baseline_checkpoint, beta, beta_schedule, warmup_steps, cycles, ramp_ratio, free_bits, anchor_weight,
-          anchor_margin, recipe, estep, estep_temperature, estep_prior, estep_balance_iters, estep_until,
+          anchor_margin, anchor_start_step, recipe, estep, estep_temperature, estep_prior, estep_balance_iters, estep_until,
           latent_embedding_norm, latent_embedding_center, aggressive_steps, aggressive_until, posterior_encoder,
           posterior_pool, steps, batch_size, lr,
           num_workers, lanes, on_bad_sample, log_every, grad_diag_every, ckpt_every, seed, device):
@@ -102,7 +103,8 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
             cvae=CVAEConfig(latent=latent, k=k, z_dim=z_dim, prior=prior, cond=cond, slots=slots),
             loss=LossConfig(weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,
                             beta=BetaSchedule(beta, beta_schedule, warmup_steps, cycles, ramp_ratio),
-                            free_bits=free_bits, anchor_weight=anchor_weight, anchor_margin=anchor_margin),
+                            free_bits=free_bits, anchor_weight=anchor_weight, anchor_margin=anchor_margin,
+                            anchor_start_step=anchor_start_step),
             optim=OptimConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed),
             log=LogConfig(log_every=log_every, grad_diag_every=grad_diag_every, ckpt_every=ckpt_every)), recipe)
         remedies = cfg.remedies  # the recipe's, then the remedy flags given over it

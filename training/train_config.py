@@ -86,10 +86,14 @@ class LossConfig:
     q detached: keeps the tokens a weighting does not see from rising above the base model; 0: off."""
     anchor_margin: float = 0.0
     """Nats a token may rise above the base model's b_t before the anchor term acts."""
+    anchor_start_step: int = 0
+    """Steps before the anchor term acts (0: from the first). From scratch, start it once z is found: from
+    step 0 its pull back to the base also removes the asymmetry at t0 that the E-step amplifies (h0-n16,
+    beta 1: 2 of 3 seeds lost z, docs/results/from-scratch)."""
 
     def __post_init__(self):
-        if min(self.anchor_weight, self.anchor_margin) < 0:
-            raise ValueError("anchor_weight and anchor_margin must be >= 0")
+        if min(self.anchor_weight, self.anchor_margin, self.anchor_start_step) < 0:
+            raise ValueError("anchor_weight, anchor_margin and anchor_start_step must be >= 0")
         if isinstance(self.beta, dict):
             object.__setattr__(self, "beta", BetaSchedule(**self.beta))
         if self.weighting not in WEIGHTINGS:
@@ -103,6 +107,10 @@ class LossConfig:
     @property
     def needs_store(self) -> bool:
         return self.policy == "precomputed" or self.weighting == "distribution-rescale"
+
+    def anchor_weight_at(self, step: int) -> float:
+        """The anchor term's weight at ``step`` (0-based): 0 before anchor_start_step."""
+        return self.anchor_weight if step >= self.anchor_start_step else 0.0
 
 
 @dataclass(frozen=True)
