@@ -302,11 +302,11 @@ def render_report(cfg: InspectConfig, summary: dict, profiles: dict, confusion: 
                                      "degenerate": "degenerate (excluded)"}),
                  _plot_md("concentration.png", plots),
                  "## Collapse threshold beta_c predicted from the store",
-                 "The beta below which a z that removes all of the base model's surprisal pays for itself under "
-                 "each weighting: gain = the reconstruction it saves (uniform: mean sum b / T; sum: mean sum b; "
-                 "surprisal-share: mean sum b^2 / sum b), cost = I(z; y | x) = H(strategy) nats for a z that "
-                 "names the strategy; beta_c = gain / cost. Before any training; the beta sweep "
-                 "(`tokweight experiment --sweep beta`) measures it.",
+                 ("The beta below which a z that removes all of the base model's surprisal pays for itself under "
+                  "each weighting: gain = the reconstruction it saves (uniform: mean sum b / T; sum: mean sum b; "
+                  "surprisal-share: mean sum b^2 / sum b), cost = I(z; y | x) = H(strategy) nats for a z that "
+                  "names the strategy; beta_c = gain / cost. Before any training; the beta sweep "
+                  "(`tokweight experiment --sweep beta`) measures it."),
                  records_table(summary["predicted_beta_c"],
                                {"fingerprint": "fingerprint", "weighting": "weighting", "gain_nats": "gain (nats)",
                                 "kl_cost_nats": "KL cost H(strategy) (nats)",

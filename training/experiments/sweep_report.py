@@ -10,7 +10,12 @@ import numpy as np
 
 from store.plots import figure
 from store.tables import fixed, markdown_table
-from training.experiments.collapse import CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE
+from training.experiments.collapse import (
+    CRITERIA,
+    KEPT_FRACTION,
+    NO_BETA,
+    PREDICTION_TOLERANCE,
+)
 from training.experiments.report import header_lines, pm
 from training.metrics import entropy
 from training.recipes import recipe_overrides
