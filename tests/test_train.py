@@ -73,7 +73,8 @@ def test_a_run_directory_with_the_flat_config_of_earlier_versions_loads_and_resu
     out = tmp_path / "run"
     flat = {**json.loads(FLAT_CONFIG.read_text()), "checkpoint": str(ckpt), "data": str(data), "out": str(out)}
     cfg = TrainConfig.from_json(flat)
-    assert cfg.flat_json() == {**flat, "on_bad_sample": "error"}  # a field added since takes its default
+    added_since = {"on_bad_sample": "error", "anchor_weight": 0.0, "anchor_margin": 0.0, "anchor_start_step": 0}
+    assert cfg.flat_json() == {**flat, **added_since}  # a field added since takes its default
     assert (cfg.remedies.estep.balance_iters, cfg.remedies.latent_embedding_norm, cfg.loss.beta.beta) == (3, 3.0, 0.3)
     run(cfg)
     (out / "config.json").write_text(json.dumps(flat))  # the run directory as an earlier version left it
