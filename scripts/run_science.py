@@ -11,6 +11,7 @@ docs/results/from-scratch/PHASE/. Cells run one at a time, one torch thread.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import time
 from dataclasses import replace
@@ -156,9 +157,33 @@ def map_grid(root: Path, steps: int, seeds: int = 1) -> None:
         rows += [{**r, "pathway": pathway(cond, slots)}
                  for r in run_plan(cells, CellPlan(TASK.k, slots, budget(steps), RECIPE), root, "map")]
     write_table(MAP_TABLE, rows, DOCS / "map")
+    (DOCS / "map" / "summary.md").write_text(map_summary(rows) + "\n")
+    print(map_summary(rows))
     from store.plots import save_figures
 
     save_figures({"strategy_mi_map.png": plot_map(rows)}, DOCS / "map")
+
+
+def map_summary(rows: list[dict]) -> str:
+    """Per pathway and weighting, per setting: the seeds that kept z (I(z; strategy) >= ½ log S) and the
+    mean I(z; strategy); then the mean l_t0 spread at step 0 and at the end."""
+    from store.tables import markdown_table
+    from training.experiments.aggregate import mean_std
+
+    settings = [s.name for s in TASK.settings]
+    kept = 0.5 * math.log(TASK.k)
+    lines = []
+    for cond, slots in MAP_PATHWAYS:
+        for w in MAP_WEIGHTINGS:
+            cells = {s: [r for r in rows if (r["pathway"], r["weighting"], r["setting"]) == (pathway(cond, slots), w, s)]
+                     for s in settings}
+            mi = [f"{sum(r['strategy_mi'] >= kept for r in cs)}/{len(cs)}, {mean_std([r['strategy_mi'] for r in cs])[0]:.3f}"
+                  for cs in cells.values()]
+            spread = [f"{mean_std([r['l_t0_spread_init'] for r in cs])[0]:.3f} -> "
+                      f"{mean_std([r['l_t0_spread_end'] for r in cs])[0]:.2f}" for cs in cells.values()]
+            lines.append([pathway(cond, slots), w, *mi, " / ".join(spread)])
+    return markdown_table(["pathway", "weighting", *[f"{s}: seeds kept, mean I(z; strategy)" for s in settings],
+                           "mean l_t0 spread, step 0 -> end (same order)"], lines)
 
 
 def plot_map(rows: list[dict]):
