@@ -10,6 +10,7 @@ and the evaluation; an interrupted cell's run resumes (training.train).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -207,23 +208,30 @@ class Progress:
         return f"{took}; ETA {self.fresh_s / self.fresh_n * (self.total - i) / self.parallel / 60:.1f} min"
 
 
-def run_cells(cells: list[Cell], prepared: dict[str, Prepared], plan: CellPlan, root: Path, echo: Echo,
-              jobs: int = 1) -> list[dict]:
-    """Every cell, ``jobs`` at a time (each in its own process, one torch thread; 1: in this process),
-    rows and progress lines in cell order; one row per cell. Cells are independent and seeded, so a
-    cell's record does not depend on ``jobs``."""
-    work = [(cell, prepared[cell.setting], plan, root) for cell in cells]
-    parallel = max(1, min(jobs, len(cells)))
-    pool, progress, rows = cell_pool(parallel), Progress(len(cells), parallel), []
+def each_cell(run_one, work: list[tuple], jobs: int = 1) -> Iterator[tuple[int, tuple, dict, bool, str]]:
+    """(i, args, record, reused, took) per cell, in ``work``'s order: ``run_one(args)`` -> (record, reused)
+    for each, ``jobs`` at a time (each in its own process, one torch thread; 1: in this process); ``took``
+    is "reused" or the cell's seconds, and the ETA of the rest (Progress)."""
+    parallel = max(1, min(jobs, len(work)))
+    pool, progress = cell_pool(parallel), Progress(len(work), parallel)
     try:
-        results = pool.map(_run_cell_args, work) if pool else map(_run_cell_args, work)
-        for i, (cell, (record, reused)) in enumerate(zip(cells, results), 1):
-            echo(f"[cell {i}/{len(cells)}] {cell.label}: MI {fixed(record['mi'])} KL {fixed(record['kl'])} "
-                 f"NMI {fixed(record['strategy_nmi'])} control {fixed(record['control_accuracy'])} "
-                 f"recon {fixed(record['recon_uniform'])} ({progress.took(i, record, reused)})")
-            rows.append({**asdict(cell), "recipe": plan.recipe, **prepared[cell.setting].stats_brief, **record,
-                         "reused": reused})
+        results = pool.map(run_one, work) if pool else map(run_one, work)
+        for i, (args, (record, reused)) in enumerate(zip(work, results), 1):
+            yield i, args, record, reused, progress.took(i, record, reused)
     finally:
         if pool:
             pool.shutdown(cancel_futures=True)
+
+
+def run_cells(cells: list[Cell], prepared: dict[str, Prepared], plan: CellPlan, root: Path, echo: Echo,
+              jobs: int = 1) -> list[dict]:
+    """Every cell (``each_cell``), rows and progress lines in cell order; one row per cell. Cells are
+    independent and seeded, so a cell's record does not depend on ``jobs``."""
+    work = [(cell, prepared[cell.setting], plan, root) for cell in cells]
+    rows = []
+    for i, (cell, prep, _, _), record, reused, took in each_cell(_run_cell_args, work, jobs):
+        echo(f"[cell {i}/{len(cells)}] {cell.label}: MI {fixed(record['mi'])} KL {fixed(record['kl'])} "
+             f"NMI {fixed(record['strategy_nmi'])} control {fixed(record['control_accuracy'])} "
+             f"recon {fixed(record['recon_uniform'])} ({took})")
+        rows.append({**asdict(cell), "recipe": plan.recipe, **prep.stats_brief, **record, "reused": reused})
     return rows

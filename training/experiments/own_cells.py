@@ -16,7 +16,7 @@ from pathlib import Path
 from store.tables import fixed
 from training.experiments.aggregate import GROUP_KEYS, mean_std, seed_stats
 from training.experiments.artefacts import Echo, Prepared, read_json
-from training.experiments.cells import Cell, CellPlan, Progress, cell_pool, run_cell
+from training.experiments.cells import Cell, CellPlan, each_cell, run_cell
 from training.experiments.own_inputs import SETTING
 
 CONTROL = ("exact_match", "chance_exact_match", "first_token_match", "chance_first_token_match")
@@ -78,20 +78,14 @@ def cell_line(own: OwnCell, record: dict) -> str:
 
 def run_own_cells(cells: list[OwnCell], prep: Prepared, plan: CellPlan, root: Path, echo: Echo,
                   jobs: int = 1) -> list[dict]:
-    """Every cell, ``jobs`` at a time in cells.cell_pool, a progress line with the ETA per cell in cell
-    order (cells.Progress); one row per cell (cells are seeded: no row depends on ``jobs``)."""
+    """Every cell (cells.each_cell: ``jobs`` at a time, a progress line with the ETA per cell in cell
+    order); one row per cell (cells are seeded: no row depends on ``jobs``)."""
     work = [(own, prep, plan, root) for own in cells]
-    parallel = max(1, min(jobs, len(cells)))
-    pool, progress, rows = cell_pool(parallel), Progress(len(cells), parallel), []
-    try:
-        results = pool.map(_run_own_cell_args, work) if pool else map(_run_own_cell_args, work)
-        for i, (own, (record, reused)) in enumerate(zip(cells, results), 1):
-            echo(f"[cell {i}/{len(cells)}] {cell_line(own, record)} ({progress.took(i, record, reused)})")
-            rows.append({"arm": own.arm, **asdict(own.cell), **dict(own.loss), "recipe": plan.recipe,
-                         **prep.stats_brief, **record, "reused": reused})
-    finally:
-        if pool:
-            pool.shutdown(cancel_futures=True)
+    rows = []
+    for i, (own, *_), record, reused, took in each_cell(_run_own_cell_args, work, jobs):
+        echo(f"[cell {i}/{len(cells)}] {cell_line(own, record)} ({took})")
+        rows.append({"arm": own.arm, **asdict(own.cell), **dict(own.loss), "recipe": plan.recipe,
+                     **prep.stats_brief, **record, "reused": reused})
     return rows
 
 
