@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from store.inspect_cli import estimator_options, fingerprint_option, store_argument
+from store.inspect_cli import estimator_options, exact_quantiles_option, fingerprint_option, store_argument
 
 
 @click.command("inspect")
@@ -14,7 +14,8 @@ from store.inspect_cli import estimator_options, fingerprint_option, store_argum
               help="The dataset the store was extracted from: fills in ground truth (strategy, t0) the store lacks.")
 @fingerprint_option
 @estimator_options
-def inspect_cmd(store, out, data, fingerprints, q, tau, eps):
+@exact_quantiles_option
+def inspect_cmd(store, out, data, fingerprints, q, tau, eps, exact_quantiles):
     """Write OUT/report.md, PNG plots and OUT/summary.json: t0 estimates and weight diagnostics."""
     import duckdb
 
@@ -22,7 +23,8 @@ def inspect_cmd(store, out, data, fingerprints, q, tau, eps):
     from store.report import InspectConfig
 
     try:
-        cfg = InspectConfig(store=store, out=out, data=data, fingerprints=tuple(fingerprints), q=q, tau=tau, eps=eps)
+        cfg = InspectConfig(store=store, out=out, data=data, fingerprints=tuple(fingerprints), q=q, tau=tau, eps=eps,
+                            exact_quantiles=exact_quantiles)
         run(cfg)
     except (duckdb.Error, ValueError, KeyError, FileNotFoundError) as e:
         raise click.ClickException(str(e).strip("'\"")) from None

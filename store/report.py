@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from store.manifest import write_json_atomic
 from store.plots import figure, save_figures
-from store.sql import EstimatorParams, connect, read_sql
+from store.sql import QUANTILE_TOKENS, EstimatorParams, connect, read_sql
 from store.tables import records_table
 
 PREDICTED_BETA_C = """
@@ -66,6 +66,9 @@ class InspectConfig:
     """Threshold in nats for t0_threshold."""
     eps: float = 1e-6
     """Degenerate-example threshold on sum b."""
+    exact_quantiles: bool = False
+    """The per-position profile's quantiles over every example (default: a key-hash sample of examples
+    above store.sql.QUANTILE_TOKENS tokens; the profile's n_quantile column says how many were read)."""
 
     def __post_init__(self):
         EstimatorParams(self.q, self.tau, self.eps)  # validates
@@ -85,7 +88,8 @@ def run(cfg: InspectConfig, ground_truth: pa.Table | None = None) -> dict:
         raise ValueError(f"the labels of {cfg.data} must be read by the caller: use pipeline.inspect.run")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    con = connect(cfg.store, cfg.fingerprints, cfg.params, ground_truth=ground_truth)
+    con = connect(cfg.store, cfg.fingerprints, cfg.params, ground_truth=ground_truth,
+                  quantile_tokens=None if cfg.exact_quantiles else QUANTILE_TOKENS)
     summary_rows = _records(con.sql(read_sql("summary")))
     manifests = _records(con.sql("SELECT * EXCLUDE (manifest) FROM manifests ORDER BY fingerprint"))
     # each query runs once, into Arrow: the CSV file and the report's rows both read that result

@@ -107,3 +107,22 @@ def test_predicted_beta_c_without_labels_has_no_cost(tmp_path):
     summary = run(InspectConfig(store=str(tmp_path / "store"), out=str(tmp_path / "report")))
     assert all(r["kl_cost_nats"] is None and r["beta_c_predicted"] is None for r in summary["predicted_beta_c"])
     assert math.isclose(summary["predicted_beta_c"][1]["gain_nats"], 1.5, rel_tol=1e-6)
+
+
+def test_exact_quantiles_reach_the_profile(tmp_path, monkeypatch):
+    """Above the sample size the profile reads a sample of examples (n_quantile < n); --exact-quantiles reads all."""
+    import csv
+
+    import store.report
+
+    write_store(tmp_path / "store", FP, example_rows(3, 200, max_T=9))
+    monkeypatch.setattr(store.report, "QUANTILE_TOKENS", 200)  # the store holds ~1000 tokens
+    counts = {}
+    for exact in (False, True):
+        out = tmp_path / f"report-{exact}"
+        args = ["inspect", str(tmp_path / "store"), "--out", str(out)] + (["--exact-quantiles"] if exact else [])
+        assert CliRunner().invoke(main, args).exit_code == 0
+        rows = list(csv.DictReader((out / "profile_by_position.csv").open()))
+        counts[exact] = [(int(r["n"]), int(r["n_quantile"])) for r in rows]
+    assert all(q == n for n, q in counts[True])
+    assert sum(q for _, q in counts[False]) < sum(n for n, _ in counts[False])

@@ -59,7 +59,8 @@ DEFAULT_MIX_LAMBDAS = (0.5,)
 """lambda < 1 of the surprisal-share repair arms: (1 - lambda) uniform weight keeps the z-free tokens trained."""
 DEFAULT_ANCHORS = ((1.0, 0.05),)
 """(weight, margin nats) of the surprisal-share anchor arms: E_q mean_t relu(l_t(z) - b_t - margin), no token
-worse than the base model's (losses.anchor_penalty; the weight and margin of scripts/run_science.py)."""
+worse than the base model's (losses.anchor_penalty; the weight and margin of scripts/run_science.py), from the
+end of the beta warm-up on."""
 SWEEP_BETAS = log_grid(0.01, 10.0, 8)
 """--sweep beta: the synthetic sweep's grid (training.experiments.sweep.SweepConfig.betas)."""
 
@@ -144,8 +145,11 @@ def arms(cfg: OwnTaskConfig) -> list[tuple[str, str, Loss]]:
     """(name, weighting, LossConfig fields) of every compared objective: each weighting as it is, then
     surprisal-share with each repair."""
     mixed = [(f"surprisal-share λ={lam:g}", ((LAMBDA, lam),)) for lam in cfg.mix_lambdas]
-    anchored = [(f"surprisal-share anchor {w:g}/{m:g}", (("anchor_weight", w), ("anchor_margin", m)))
-                for w, m in cfg.anchors]
+    # The anchor acts once beta is warm: from step 0 it pulled h0-n16's decoder back to the base before the
+    # E-step could use t0's asymmetry, and z was lost at beta 1 (docs/results/from-scratch/README.md).
+    start = cfg.budget.beta_warmup_steps
+    anchored = [(f"surprisal-share anchor {w:g}/{m:g}", (("anchor_weight", w), ("anchor_margin", m),
+                                                        ("anchor_start_step", start))) for w, m in cfg.anchors]
     return [(w, w, ()) for w in cfg.weightings] + [(name, "surprisal-share", loss) for name, loss in mixed + anchored]
 
 
