@@ -10,7 +10,7 @@ Per input shard, a stream of stages:
                    order, + the derived columns (store.derived) -> one PART_SCHEMA table
     extract_part   table -> one part (temp name, fsync, rename) + its journal record (store.writer)
 
-The first three (``prepare_shard``) run in a DataLoader worker process (``ShardReader``)
+The first three (``prepare_shard``) run in a reader process (``pipeline.extract_reader``)
 one or two shards ahead where a spare CPU makes that pay (``reader_pays``), so that the
 Python of reading does not compete with the forward pass for the GIL, else in this
 process; parts are written by a background thread while the next shard is scored.
@@ -24,12 +24,8 @@ commits the manifest last. An exception commits nothing; re-running resumes from
 
 from __future__ import annotations
 
-import os
-import pickle
 import tarfile
-import threading
 import time
-import traceback
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
@@ -40,7 +36,6 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 import torch
-from torch.utils.data import DataLoader, IterableDataset
 from tqdm import tqdm
 
 from pipeline.backbone import load_backbone
@@ -48,6 +43,7 @@ from pipeline.bucketing import bucket
 from pipeline.checkpoint import Checkpoint
 from pipeline.dtypes import FORWARD_DTYPES
 from pipeline.errors import SampleError
+from pipeline.extract_reader import cpus_per_process, read_ahead, reader_pays
 from pipeline.extract_plan import (Plan, Task, cross_shard_duplicates, make_plan, remove_temporaries,
                                    skip_duplicates)
 from pipeline.ranks import RankFailed, Ranks
@@ -340,86 +336,6 @@ def prepare_shard(task: Task, vocab: Vocab, block_size: int, policy: str, batch_
     return PreparedShard(task, rows, skips.counts, skips.keys, in_tar)
 
 
-@dataclass(frozen=True)
-class ReaderFailure:
-    """An exception of the reader process, with that process's trace as a note; one that cannot be
-    pickled travels as a RuntimeError naming its type (the queue would drop it and end the stream)."""
-
-    error: BaseException
-
-    @classmethod
-    def of(cls, error: BaseException) -> "ReaderFailure":
-        note = f"raised in the extraction reader process:\n{''.join(traceback.format_exception(error))}"
-        try:
-            pickle.dumps(error)
-        except Exception:
-            error = RuntimeError(f"{type(error).__name__}: {error}")
-        error.add_note(note)
-        return cls(error)
-
-    def exception(self) -> BaseException:
-        return self.error
-
-
-class ShardReader(IterableDataset):
-    """The reading stage as a DataLoader dataset: one PreparedShard per task, in order, in a worker process.
-
-    Reading tars, JSON and encoding is Python that holds the GIL, so in a thread it
-    slows the forward pass of the main thread; in a process it runs on another core. An
-    exception is handed over as a ``ReaderFailure`` and ends the stream.
-    """
-
-    def __init__(self, tasks: list[Task], prepare: Callable[[Task], PreparedShard]):
-        self.tasks, self.prepare = tasks, prepare  # prepare: picklable (a partial of prepare_shard)
-
-    def __iter__(self) -> Iterator[PreparedShard | ReaderFailure]:
-        for task in self.tasks:
-            try:
-                yield self.prepare(task)
-            except Exception as error:
-                yield ReaderFailure.of(error)
-                return
-
-
-def _exit_with_parent(parent: int, worker_id: int) -> None:
-    """DataLoader ``worker_init_fn`` (with the extracting process's pid bound): end the reader process as
-    soon as that process is gone.
-
-    DataLoader's own watchdog takes the parent to be whatever it is when the worker has
-    started, which is init if the parent was killed during the start-up; and when it does
-    notice, the worker waits forever at exit to flush a large item into a pipe that it
-    holds open itself.
-    """
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="extract-reader-watchdog", daemon=True).start()
-
-
-def reader_pays(device_type: str, cpus: int, torch_threads: int) -> bool:
-    """The default reading mode's rule: a reader process only where it takes no CPU from the forward.
-
-    On CPU the forward keeps torch's intra-op threads busy, and reading in-process costs it
-    little (about 9% of the main thread's CPU, 0.975 of the bare forward on 2 CPUs with one
-    torch thread), while a reader process spends more CPU than it saves (about 2 s to start
-    and import torch) and slows the forward on whatever CPU it shares (0.848 there): it needs
-    a CPU of its own and one more for the part writer, the OS and neighbours, ``cpus >=
-    torch_threads + 2``. On an accelerator the forward runs on the device, which reading in
-    the main thread would leave idle: ``cpus >= 2``.
-    """
-    if device_type == "cpu":
-        return cpus >= torch_threads + 2
-    return cpus >= 2
-
-
-def cpus_per_process() -> int:
-    """The CPUs this process may run on (its affinity), divided between the node's torchrun ranks."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-
-
 def uses_reader_process(cfg: ExtractConfig, tasks: int) -> bool:
     """Whether ``tasks`` shards are read by a reader process: never for one (it is read here while the process
     would start); else ``cfg.reader_process``, or where it is None (the default) whether a reader pays here."""
@@ -431,31 +347,11 @@ def uses_reader_process(cfg: ExtractConfig, tasks: int) -> bool:
 
 
 def prepared_shards(tasks: list[Task], vocab: Vocab, block_size: int, cfg: ExtractConfig) -> Iterator[PreparedShard]:
-    """Stage: the rank's tasks, prepared, in order.
-
-    With a reader process (``uses_reader_process``) the first shard is prepared here
-    while a DataLoader worker process starts (it imports torch, about 2 s) and prepares
-    the others one or two shards ahead of the model.
-    """
+    """Stage: the rank's tasks, prepared, in order: here, or read ahead by a reader process
+    (``uses_reader_process``, pipeline.extract_reader)."""
     prepare = partial(prepare_shard, vocab=vocab, block_size=block_size, policy=cfg.on_bad_sample,
                       batch_tokens=cfg.batch_tokens)
-    if not uses_reader_process(cfg, len(tasks)):
-        yield from map(prepare, tasks)
-        return
-    reader = ShardReader(tasks[1:], prepare)
-    # spawn: like forkserver, a fresh interpreter (forking a process that runs threads can deadlock, STACK-NOTES),
-    # and the worker is this process's child, so DataLoader's watchdog ends it if this process is killed; a
-    # forkserver child outlives a SIGKILLed parent (it holds the server's liveness pipe open).
-    loader = iter(DataLoader(reader, batch_size=None, num_workers=1, multiprocessing_context="spawn",
-                             prefetch_factor=2, worker_init_fn=partial(_exit_with_parent, os.getpid())))
-    try:
-        yield prepare(tasks[0])
-        for item in loader:
-            if isinstance(item, ReaderFailure):
-                raise item.exception()
-            yield item
-    finally:
-        del loader  # the last reference: the iterator shuts its worker down now, also after an early stop
+    yield from (read_ahead(tasks, prepare) if uses_reader_process(cfg, len(tasks)) else map(prepare, tasks))
 
 
 def extract_part(prepared: PreparedShard, table: pa.Table | None, writer: StoreWriter) -> Record:

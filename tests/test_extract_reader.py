@@ -7,7 +7,8 @@ import torch
 
 from pipeline import extract, extract_cli
 from pipeline.errors import SampleError
-from pipeline.extract import ReaderFailure, run
+from pipeline.extract import run
+from pipeline.extract_reader import ReaderFailure
 from store.baseline_store import BaselineStore
 
 from tests.fixtures_extract import fp_dir, part_bytes, sample_member, write_raw_tar
