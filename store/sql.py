@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -73,7 +74,8 @@ def read_sql(name: str) -> str:
 
 def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None = None,
             params: EstimatorParams = EstimatorParams(), ground_truth: pa.Table | None = None,
-            quantile_tokens: int | None = QUANTILE_TOKENS) -> duckdb.DuckDBPyConnection:
+            quantile_tokens: int | None = QUANTILE_TOKENS,
+            shards: Collection[str] | None = None) -> duckdb.DuckDBPyConnection:
     """A new in-memory DuckDB connection with the views over ``fingerprints`` (all if None).
 
     ground_truth: optional (fingerprint, shard, key, strategy, t0) rows that fill in the
@@ -81,6 +83,8 @@ def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None 
     quantile_tokens: profile_by_position's quantiles are exact up to this many tokens in
     the store, and above it taken over a hash sample of examples holding about this many
     tokens (views.sql: the sample and its error); None: always exact.
+    shards: input shard names whose parts the views read (all if None): a store may also hold what
+    a checkpoint scored of other data.
     """
     base = BaselineStore(store)
     fingerprints = list(fingerprints) if fingerprints else base.fingerprints()
@@ -91,7 +95,7 @@ def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None 
     for name, value in (("q", params.q), ("tau", params.tau), ("eps", params.eps)):
         con.execute(f"SET VARIABLE {name} = {float(value)!r}::DOUBLE")
     con.execute(f"SET VARIABLE quantile_tokens = {'NULL' if quantile_tokens is None else int(quantile_tokens)}::DOUBLE")
-    sources = [_rows_source(con, view, i) for i, view in enumerate(views)]
+    sources = [_rows_source(con, view, i, shards) for i, view in enumerate(views)]
     rows = "\nUNION ALL BY NAME\n".join(sources)
     if ground_truth is not None:
         con.register("ground_truth", ground_truth)
@@ -106,10 +110,11 @@ def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None 
     return con
 
 
-def _rows_source(con: duckdb.DuckDBPyConnection, view: StoreView, i: int) -> str:
-    """A SELECT over one fingerprint's manifest-listed parts, with the fingerprint as text."""
+def _rows_source(con: duckdb.DuckDBPyConnection, view: StoreView, i: int, shards: Collection[str] | None) -> str:
+    """A SELECT over one fingerprint's manifest-listed parts (of ``shards`` only, if given), with the
+    fingerprint as text."""
     fp = _sql_string(view.fingerprint)
-    parts = view.parts()
+    parts = [part for part in view.parts() if shards is None or part["input"] in shards]
     if view.manifest.get("format") == PARQUET and parts:
         files = [str(_checked_part_path(view, part)) for part in parts]
         file_list = ", ".join(_sql_string(f) for f in files)

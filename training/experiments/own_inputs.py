@@ -106,19 +106,13 @@ def read_checkpoint(path: str) -> Checkpoint:
 
 
 def data_connection(store: Path, fingerprint: str, shards: list[Path]):
-    """A DuckDB connection over the store (store.sql) whose views hold only these shards' rows: a store may
+    """A DuckDB connection over the store (store.sql) whose views read only these shards' parts: a store may
     also hold what the checkpoint scored of other data."""
-    import pyarrow as pa
-
     from store.baseline_store import BaselineStore
     from store.sql import connect
 
     view = BaselineStore(store).open(fingerprint)
-    con = connect(store, [fingerprint])
-    con.register("data_shards", pa.table({"name": [view.input_for_shard(p)["name"] for p in shards]}))
-    con.execute("ALTER VIEW store_rows RENAME TO all_store_rows")  # the other views read store_rows by name
-    con.execute("CREATE VIEW store_rows AS SELECT * FROM all_store_rows WHERE shard IN (SELECT name FROM data_shards)")
-    return con
+    return connect(store, [fingerprint], shards={view.input_for_shard(p)["name"] for p in shards})
 
 
 def predictions(con) -> dict:
