@@ -181,7 +181,8 @@ class HFCache:
     def repeated(self, n: int) -> HFCache:
         cache = copy.copy(self.cache)
         cache.layers = [copy.copy(layer) for layer in self.cache.layers]
-        cache.batch_repeat_interleave(n)  # rebinds each layer's keys and values; the originals stay
+        if n > 1:
+            cache.batch_repeat_interleave(n)  # rebinds each layer's keys and values; the originals stay
         return HFCache(cache)
 
 

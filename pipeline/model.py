@@ -82,6 +82,8 @@ class SharedPrefix:
     def repeated(self, n: int) -> SharedPrefix:
         """Each row ``n`` times, for as many suffixes: the prefix is still computed once, and the
         gradients of its copies sum into it."""
+        if n == 1:
+            return self
         return SharedPrefix(self.cache.repeated(n), self.valid.repeat_interleave(n, 0))
 
 
