@@ -206,7 +206,8 @@ def forward_backward(state: State, batch: TrainBatch, loss: LossConfig, remedies
     if grad_diag_every and step % grad_diag_every == 0:
         record |= posterior_gradient_norms(obj.recon, beta * obj.kl_term, model.posterior_parameters)
     state.opt.zero_grad(set_to_none=True)
-    (obj.loss + loss.anchor_weight_at(step) * anchor).backward()
+    anchor_weight = loss.anchor_weight_at(step)  # 0: logged only, no backward through it
+    (obj.loss + anchor_weight * anchor if anchor_weight else obj.loss).backward()
     return record
 
 
