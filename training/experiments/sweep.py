@@ -162,10 +162,12 @@ def summarize(rows: list[dict], means: dict[tuple, dict], cfg: SweepConfig, sett
               predicted: dict[tuple[str, str], float | None]) -> list[dict]:
     """beta_c per (setting, weighting) and criterion: of the seed-mean MI curve over the grid, and per
     seed (grid + bisection; bisection follows the first criterion, "mi"); beside it the store's prediction."""
-    return [summary_row(s, w, [r for r in rows if (r["setting"], r["weighting"]) == (s, w)], means, cfg, settings[s])
-            | prediction_columns(predicted.get((s, w)), [r for r in rows if (r["setting"], r["weighting"]) == (s, w)],
-                                 cfg)
-            for s in cfg.setting_names for w in cfg.weightings]
+    def row(setting: str, weighting: str) -> dict:
+        cells = [r for r in rows if (r["setting"], r["weighting"]) == (setting, weighting)]
+        return (summary_row(setting, weighting, cells, means, cfg, settings[setting])
+                | prediction_columns(predicted.get((setting, weighting)), cells, cfg))
+
+    return [row(s, w) for s in cfg.setting_names for w in cfg.weightings]
 
 
 def store_predictions(prepared: dict) -> dict[tuple[str, str], float | None]:
