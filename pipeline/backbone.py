@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline.checkpoint import Checkpoint, load_checkpoint
-from pipeline.hf import DTYPES, is_hf_checkpoint, load_hf
-from pipeline.templates import Batch, gather_s, token_surprisal
+from tokweight.pipeline.checkpoint import Checkpoint, load_checkpoint
+from tokweight.pipeline.hf import DTYPES, is_hf_checkpoint, load_hf
+from tokweight.pipeline.templates import Batch, gather_s, token_surprisal
 
 NATIVE_FILES = ("model.safetensors", "config.json", "vocab.json", "fingerprint.json")
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.model import GPT, ModelConfig
-from pipeline.templates import TEMPLATE_VERSION
-from pipeline.vocab import Vocab
-from store.fingerprint import fingerprint
+from tokweight.pipeline.model import GPT, ModelConfig
+from tokweight.pipeline.templates import TEMPLATE_VERSION
+from tokweight.pipeline.vocab import Vocab
+from tokweight.store.fingerprint import fingerprint
 
 
 def model_fingerprint(model: GPT, vocab: Vocab) -> str:

@@ -31,11 +31,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.errors import SampleError
-from pipeline.samples import Sample, sample_from_record
-from pipeline.shards import prepare_output_dir, shard_name, write_shards
-from store.manifest import write_json_atomic
-from store.parts import sha256_path
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.samples import Sample, sample_from_record
+from tokweight.pipeline.shards import prepare_output_dir, shard_name, write_shards
+from tokweight.store.manifest import write_json_atomic
+from tokweight.store.parts import sha256_path
 
 _UNSAFE = re.compile(r"[.\s/]")
 _SPLIT_NAME = re.compile(r"[a-z0-9_-]+")

@@ -38,25 +38,25 @@ import pyarrow as pa
 import torch
 from tqdm import tqdm
 
-from pipeline.backbone import load_backbone
-from pipeline.bucketing import bucket
-from pipeline.checkpoint import Checkpoint
-from pipeline.dtypes import FORWARD_DTYPES
-from pipeline.errors import SampleError
-from pipeline.extract_reader import cpus_per_process, read_ahead, reader_pays
-from pipeline.extract_plan import (Plan, Task, cross_shard_duplicates, make_plan, remove_temporaries,
+from tokweight.pipeline.backbone import load_backbone
+from tokweight.pipeline.bucketing import bucket
+from tokweight.pipeline.checkpoint import Checkpoint
+from tokweight.pipeline.dtypes import FORWARD_DTYPES
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.extract_reader import cpus_per_process, read_ahead, reader_pays
+from tokweight.pipeline.extract_plan import (Plan, Task, cross_shard_duplicates, make_plan, remove_temporaries,
                                    skip_duplicates)
-from pipeline.ranks import RankFailed, Ranks
-from pipeline.samples import Sample
-from pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name, tar_keys
-from pipeline.templates import TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, template_ids
-from pipeline.vocab import Vocab
-from store.derived import DERIVED_SCALARS, derived_columns
-from store.formats import PARQUET, check_format
-from store.lock import StoreLock
-from store.manifest import Manifest, Provenance, Record
-from store.schema import PART_SCHEMA
-from store.writer import StoreWriter, hash_inputs
+from tokweight.pipeline.ranks import RankFailed, Ranks
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name, tar_keys
+from tokweight.pipeline.templates import TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, template_ids
+from tokweight.pipeline.vocab import Vocab
+from tokweight.store.derived import DERIVED_SCALARS, derived_columns
+from tokweight.store.formats import PARQUET, check_format
+from tokweight.store.lock import StoreLock
+from tokweight.store.manifest import Manifest, Provenance, Record
+from tokweight.store.schema import PART_SCHEMA
+from tokweight.store.writer import StoreWriter, hash_inputs
 
 POLICIES = ("error", "skip")
 

@@ -1,6 +1,6 @@
 """`tokweight extract`: build an ExtractConfig from the options and call pipeline.extract.run.
 
-Also runs under a launcher: `torchrun --nproc-per-node N -m pipeline.cli extract ...`.
+Also runs under a launcher: `torchrun --nproc-per-node N -m tokweight.cli extract ...`.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 
 import click
 
-from pipeline.dtypes import FORWARD_DTYPES
-from store.formats import PARQUET, PART_FORMATS
+from tokweight.pipeline.dtypes import FORWARD_DTYPES
+from tokweight.store.formats import PARQUET, PART_FORMATS
 
 
 @click.command("extract")
@@ -34,10 +34,10 @@ from store.formats import PARQUET, PART_FORMATS
 def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, on_bad_sample, wait_lock, progress,
             reader_process):
     """Compute per-token baselines b_t of CHECKPOINT once and store them under STORE/fingerprint=<fp>/."""
-    from pipeline.errors import SampleError, Skips
-    from pipeline.extract import ExtractConfig, run
-    from pipeline.ranks import RankFailed
-    from store.lock import StoreLockedError
+    from tokweight.pipeline.errors import SampleError, Skips
+    from tokweight.pipeline.extract import ExtractConfig, run
+    from tokweight.pipeline.ranks import RankFailed
+    from tokweight.store.lock import StoreLockedError
 
     cfg = ExtractConfig(checkpoint=checkpoint, data=data, store=store, format=fmt, batch_tokens=batch_tokens,
                         device=device, dtype=dtype, on_bad_sample=on_bad_sample, lock_wait_s=wait_lock, progress=progress,

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pipeline.errors import SampleError
-from pipeline.shards import sample_keys, scan_shard
-from store.manifest import Manifest, Record, load_manifest, part_index, part_name, read_records
-from store.parts import TMP_SUFFIX, remove_path, sha256_path
-from store.writer import InputShard
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.shards import sample_keys, scan_shard
+from tokweight.store.manifest import Manifest, Record, load_manifest, part_index, part_name, read_records
+from tokweight.store.parts import TMP_SUFFIX, remove_path, sha256_path
+from tokweight.store.writer import InputShard
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,12 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
-from pipeline.dtypes import FORWARD_DTYPES
-from pipeline.errors import SampleError
-from pipeline.model import SharedPrefix, suffix_positions
-from pipeline.templates import TEMPLATE_VERSION
-from pipeline.vocab import SPECIALS, latent_token
-from store.fingerprint import canonical_json
+from tokweight.pipeline.dtypes import FORWARD_DTYPES
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.model import SharedPrefix, suffix_positions
+from tokweight.pipeline.templates import TEMPLATE_VERSION
+from tokweight.pipeline.vocab import SPECIALS, latent_token
+from tokweight.store.fingerprint import canonical_json
 
 TEMPLATE_FILE = "tokweight_template.json"
 TEMPLATE_TOKENS = tuple(t for t in SPECIALS if t != "<pad>")  # <pad> only fills, it is never read

@@ -6,9 +6,9 @@ data layer's (``labels.ground_truth_from_data``). This module is where the two m
 
 from __future__ import annotations
 
-from pipeline.labels import ground_truth_from_data
-from store.report import InspectConfig
-from store.report import run as write_report
+from tokweight.pipeline.labels import ground_truth_from_data
+from tokweight.store.report import InspectConfig
+from tokweight.store.report import run as write_report
 
 
 def run(cfg: InspectConfig) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from store.inspect_cli import estimator_options, exact_quantiles_option, fingerprint_option, store_argument
+from tokweight.store.inspect_cli import estimator_options, exact_quantiles_option, fingerprint_option, store_argument
 
 
 @click.command("inspect")
@@ -19,8 +19,8 @@ def inspect_cmd(store, out, data, fingerprints, q, tau, eps, exact_quantiles):
     """Write OUT/report.md, PNG plots and OUT/summary.json: t0 estimates and weight diagnostics."""
     import duckdb
 
-    from pipeline.inspect import run
-    from store.report import InspectConfig
+    from tokweight.pipeline.inspect import run
+    from tokweight.store.report import InspectConfig
 
     try:
         cfg = InspectConfig(store=store, out=out, data=data, fingerprints=tuple(fingerprints), q=q, tau=tau, eps=eps,

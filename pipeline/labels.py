@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.samples import Sample
-from pipeline.shards import iter_samples, resolve_shards
-from pipeline.synth import SynthConfig, candidate_sequences, consistent_at_t0, symbol_name
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import iter_samples, resolve_shards
+from tokweight.pipeline.synth import SynthConfig, candidate_sequences, consistent_at_t0, symbol_name
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def ground_truth_from_data(store: str | Path, fingerprints: list[str], data: str
     A data shard is matched to a manifest input by size and sha256 (so a moved dataset
     still matches), and ``shard`` is that input's name, as in the stored rows.
     """
-    from store.baseline_store import BaselineStore
+    from tokweight.store.baseline_store import BaselineStore
 
     base = BaselineStore(store)
     views = [base.open(fp) for fp in fingerprints or base.fingerprints()]

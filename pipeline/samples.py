@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.errors import SampleError
+from tokweight.pipeline.errors import SampleError
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from typing import Callable, Iterable, Iterator
 import webdataset as wds
 from webdataset.tariterators import base_plus_ext, group_by_keys
 
-from pipeline.errors import SampleError
-from pipeline.samples import Sample, check_key, parse_sample, sample_to_json
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.samples import Sample, check_key, parse_sample, sample_to_json
 
 ErrorHandler = Callable[[SampleError], None]
 _META = re.compile(r"__[^/]*__($|/)")  # members WebDataset skips (tariterators.tar_file_iterator)

@@ -19,8 +19,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from pipeline.errors import SampleError
-from pipeline.vocab import Vocab
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.vocab import Vocab
 
 # Bump when the templates or the definition of S change: it is part of every fingerprint.
 TEMPLATE_VERSION = "tokweight-templates-v1:S=y+</y>"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.errors import SampleError
+from tokweight.pipeline.errors import SampleError
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<x>", "</x>", "<y>", "</y>", "<z>", "</z>")
 

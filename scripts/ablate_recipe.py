@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from training.experiments.ablation import WEIGHTINGS, measure, plot, strategy_count, table
+from tokweight.training.experiments.ablation import WEIGHTINGS, measure, plot, strategy_count, table
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,9 +40,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def base_config(args: argparse.Namespace, out: Path):
-    from training.cvae import CVAEConfig
-    from training.schedules import BetaSchedule
-    from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.schedules import BetaSchedule
+    from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     return TrainConfig(io=IOConfig(checkpoint=args.checkpoint, data=args.data, out=str(out), store=args.store,
                                    num_workers=0),

@@ -39,16 +39,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.bucketing import padded_fraction, plan_batches
-from pipeline.backbone import load_backbone
-from pipeline.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
+from tokweight.pipeline.bucketing import padded_fraction, plan_batches
+from tokweight.pipeline.backbone import load_backbone
+from tokweight.pipeline.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
                               score_batch, uses_reader_process)
-from pipeline.extract_plan import InputShard, Task
-from pipeline.shards import resolve_shards, shard_name
-from pipeline.synth import PRESETS, write_dataset
-from store.baseline_store import BaselineStore
-from training.train_base import BASE_PRESETS, BaseTrainConfig
-from training.train_base import run as train_base
+from tokweight.pipeline.extract_plan import InputShard, Task
+from tokweight.pipeline.shards import resolve_shards, shard_name
+from tokweight.pipeline.synth import PRESETS, write_dataset
+from tokweight.store.baseline_store import BaselineStore
+from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig
+from tokweight.training.train_base import run as train_base
 
 
 def prepare(workdir: Path, data: str | None, checkpoint: str | None, train_steps: int) -> tuple[Path, Path]:
@@ -199,7 +199,7 @@ def main() -> None:
               "extract, reader process": lambda: extraction(True),
               "extract, in-process": lambda: extraction(False)}
     if args.hf_export:
-        from training.export_hf import export_hf
+        from tokweight.training.export_hf import export_hf
 
         hf_dir = export_hf(ckpt_dir, workdir / "hf-export")
         hf = load_backbone(hf_dir, device=args.device)

@@ -36,12 +36,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from store.derived import DERIVED_SCALARS, derived_columns
-from store.formats import PARQUET
-from store.manifest import InputEntry, Provenance
-from store.schema import PART_SCHEMA
-from store.sql import connect, read_sql
-from store.writer import StoreWriter
+from tokweight.store.derived import DERIVED_SCALARS, derived_columns
+from tokweight.store.formats import PARQUET
+from tokweight.store.manifest import InputEntry, Provenance
+from tokweight.store.schema import PART_SCHEMA
+from tokweight.store.sql import connect, read_sql
+from tokweight.store.writer import StoreWriter
 
 FP = "b" * 32
 VOCAB_SIZE = 64

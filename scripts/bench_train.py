@@ -33,11 +33,11 @@ K = 4
 
 
 def prepare(work: Path) -> tuple[Path, Path, Path]:
-    from pipeline.extract import ExtractConfig
-    from pipeline.extract import run as extract
-    from pipeline.synth import PRESETS, write_dataset
-    from training.train_base import BaseTrainConfig
-    from training.train_base import run as train_base
+    from tokweight.pipeline.extract import ExtractConfig
+    from tokweight.pipeline.extract import run as extract
+    from tokweight.pipeline.synth import PRESETS, write_dataset
+    from tokweight.training.train_base import BaseTrainConfig
+    from tokweight.training.train_base import run as train_base
 
     data, ckpt, store = work / "data", work / "base", work / "store"
     if not (data / "dataset.json").exists():
@@ -50,10 +50,10 @@ def prepare(work: Path) -> tuple[Path, Path, Path]:
 
 def make_state(data, ckpt, store, work, policy, batch_size, k=K):
     """(the run's state, its config) after setup."""
-    from pipeline.ranks import Ranks
-    from training.cvae import CVAEConfig
-    from training.train import setup
-    from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+    from tokweight.pipeline.ranks import Ranks
+    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.train import setup
+    from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     cfg = TrainConfig(io=IOConfig(checkpoint=str(ckpt), data=str(data), store=str(store),
                                   out=str(work / f"run-{policy}"), num_workers=0),
@@ -63,14 +63,14 @@ def make_state(data, ckpt, store, work, policy, batch_size, k=K):
 
 
 def batches(state, n):
-    from training.stream import TrainStream
+    from tokweight.training.stream import TrainStream
 
     return list(islice(TrainStream(state.spec, 0, 1).batches(0), n))
 
 
 def step_time(run, batch) -> float:
     """Seconds of one training step of ``run`` (state, config) on ``batch``."""
-    from training.train import forward_backward, optimizer_step
+    from tokweight.training.train import forward_backward, optimizer_step
 
     state, cfg = run
     t = time.perf_counter()
@@ -124,7 +124,7 @@ shuffle buffer's read-ahead (256 examples and a shard) is a small part of what i
 
 def read_s_per_batch(spec, n) -> float:
     """Seconds per batch of a fresh train stream (its store view opened, parts read and parsed anew)."""
-    from training.stream import TrainStream
+    from tokweight.training.stream import TrainStream
 
     t = time.perf_counter()
     for _ in islice(TrainStream(spec, 0, 1).batches(0), n):

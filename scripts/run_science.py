@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from training.experiments import grid
-from training.experiments.artefacts import prepare_all
-from training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from training.experiments.report import write_csv
-from training.experiments.task import DEFAULT_SETTINGS, Setting, TaskConfig
-from training.recipes import RECIPES
+from tokweight.training.experiments import grid
+from tokweight.training.experiments.artefacts import prepare_all
+from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
+from tokweight.training.experiments.report import write_csv
+from tokweight.training.experiments.task import DEFAULT_SETTINGS, Setting, TaskConfig
+from tokweight.training.recipes import RECIPES
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "results" / "from-scratch"
 LONG = Setting("h0-n32", 0, 32, 32)
@@ -117,7 +117,7 @@ def decoder(root: Path, steps: int, beta: float = 0.3, variants: tuple[str, ...]
 
 def decoder_summary(rows: list[dict], base: dict[str, float]) -> str:
     """Per (variant, setting): the seeds' I(z; strategy), control and NLL, and whether point 3's target held."""
-    from store.tables import markdown_table
+    from tokweight.store.tables import markdown_table
 
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -159,7 +159,7 @@ def map_grid(root: Path, steps: int, seeds: int = 1) -> None:
     write_table(MAP_TABLE, rows, DOCS / "map")
     (DOCS / "map" / "summary.md").write_text(map_summary(rows) + "\n")
     print(map_summary(rows))
-    from store.plots import save_figures
+    from tokweight.store.plots import save_figures
 
     save_figures({"strategy_mi_map.png": plot_map(rows)}, DOCS / "map")
 
@@ -167,8 +167,8 @@ def map_grid(root: Path, steps: int, seeds: int = 1) -> None:
 def map_summary(rows: list[dict]) -> str:
     """Per pathway and weighting, per setting: the seeds that kept z (I(z; strategy) >= ½ log S) and the
     mean I(z; strategy); then the mean l_t0 spread at step 0 and at the end."""
-    from store.tables import markdown_table
-    from training.experiments.aggregate import mean_std
+    from tokweight.store.tables import markdown_table
+    from tokweight.training.experiments.aggregate import mean_std
 
     settings = [s.name for s in TASK.settings]
     kept = 0.5 * math.log(TASK.k)
@@ -188,8 +188,8 @@ def map_summary(rows: list[dict]) -> str:
 
 def plot_map(rows: list[dict]):
     """I(z; strategy) as a pathway x T/(t0+1) image (mean over the seeds run), one panel per weighting."""
-    from store.plots import figure
-    from training.experiments.aggregate import mean_std
+    from tokweight.store.plots import figure
+    from tokweight.training.experiments.aggregate import mean_std
 
     ratios = sorted({(r["ratio_true"], r["setting"]) for r in rows})
     names = [pathway(c, k) for c, k in MAP_PATHWAYS]
@@ -218,7 +218,7 @@ SWEEP_REFINE = 2
 
 def beta_sweep(root: Path, steps: int) -> None:
     """Point 4: the beta sweep under the from-scratch recipe (prefix-4), seed 0, with the store's prediction."""
-    from training.experiments import sweep as sw
+    from tokweight.training.experiments import sweep as sw
 
     cfg = sw.SweepConfig(out=str(root), settings=MAIN_SETTINGS, betas=SWEEP_BETAS, seeds=(0,), budget=budget(steps),
                          recipe=RECIPE, cond="prefix", prefix_slots=4, refine=SWEEP_REFINE, jobs=1)
@@ -239,7 +239,7 @@ MAP_TABLE = {"pathway": "pathway", **COLUMNS}
 
 def write_table(columns: dict[str, str], rows: list[dict], dest: Path, extra: dict | None = None) -> None:
     """rows.csv and table.md (one row per cell, as run) in ``dest``; also printed."""
-    from store.tables import records_table
+    from tokweight.store.tables import records_table
 
     rows = [{**r, **{k: f(r) for k, f in (extra or {}).items()}} for r in rows]
     dest.mkdir(parents=True, exist_ok=True)

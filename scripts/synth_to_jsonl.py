@@ -13,8 +13,8 @@ import argparse
 import json
 from dataclasses import replace
 
-from pipeline.samples import sample_to_json
-from pipeline.synth import PRESETS, generate
+from tokweight.pipeline.samples import sample_to_json
+from tokweight.pipeline.synth import PRESETS, generate
 
 
 def main() -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from store.manifest import (FINGERPRINT_PREFIX, MANIFEST_NAME, check_schema_version, list_fingerprint_dirs,
+from tokweight.store.manifest import (FINGERPRINT_PREFIX, MANIFEST_NAME, check_schema_version, list_fingerprint_dirs,
                             read_manifest)
-from store.parts import read_part, sha256_path
+from tokweight.store.parts import read_part, sha256_path
 
 
 JOIN_COLUMNS = ("key", "T", "b", "target_id")

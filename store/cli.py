@@ -17,7 +17,7 @@ def store():
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per fingerprint.")
 def ls(root, as_json):
     """Fingerprints in ROOT with completeness, parts, rows, tokens and skipped samples."""
-    from store.manifest import list_fingerprint_dirs, read_manifest, read_records
+    from tokweight.store.manifest import list_fingerprint_dirs, read_manifest, read_records
 
     for directory in list_fingerprint_dirs(root):
         manifest = read_manifest(directory)
@@ -41,8 +41,8 @@ def ls(root, as_json):
 @click.option("--fingerprint", default=None, help="Check only this fingerprint (default: every one).")
 def verify(root, fingerprint):
     """Check every part's checksum, rows and tokens against the manifest; exit 1 naming damaged parts."""
-    from store.manifest import fingerprint_dir, list_fingerprint_dirs
-    from store.verify import verify_dir
+    from tokweight.store.manifest import fingerprint_dir, list_fingerprint_dirs
+    from tokweight.store.verify import verify_dir
 
     dirs = [fingerprint_dir(root, fingerprint)] if fingerprint else list_fingerprint_dirs(root)
     if not dirs or not all(d.is_dir() for d in dirs):

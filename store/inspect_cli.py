@@ -46,7 +46,7 @@ def sql_cmd(store, query, fingerprints, q, tau, eps, fmt, out, max_rows, exact_q
     """Run QUERY over STORE's views (examples, tokens, vocab, manifests); no QUERY: show them."""
     import duckdb
 
-    from store.sql import QUANTILE_TOKENS, EstimatorParams, connect, describe
+    from tokweight.store.sql import QUANTILE_TOKENS, EstimatorParams, connect, describe
 
     try:
         con = connect(store, fingerprints, EstimatorParams(q=q, tau=tau, eps=eps),

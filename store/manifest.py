@@ -29,9 +29,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Iterable
 
-from store.formats import PART_FORMATS, part_suffix
-from store.parts import TMP_SUFFIX, fsync_dir, write_bytes_durable
-from store.schema import SCHEMA_VERSION
+from tokweight.store.formats import PART_FORMATS, part_suffix
+from tokweight.store.parts import TMP_SUFFIX, fsync_dir, write_bytes_durable
+from tokweight.store.schema import SCHEMA_VERSION
 
 TOOL = "tokweight"
 MANIFEST_NAME = "manifest.json"

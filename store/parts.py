@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from store.formats import PARQUET, ZARR, check_format
-from store.schema import PART_SCHEMA, SCHEMA_VERSION, TOKEN_LIST_COLUMNS
+from tokweight.store.formats import PARQUET, ZARR, check_format
+from tokweight.store.schema import PART_SCHEMA, SCHEMA_VERSION, TOKEN_LIST_COLUMNS
 
 TMP_SUFFIX = ".tmp"
 _FLOAT_LISTS = [f.name for f in PART_SCHEMA if pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)]

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from store.manifest import write_json_atomic
-from store.plots import figure, save_figures
-from store.sql import QUANTILE_TOKENS, EstimatorParams, connect, read_sql
-from store.tables import records_table
+from tokweight.store.manifest import write_json_atomic
+from tokweight.store.plots import figure, save_figures
+from tokweight.store.sql import QUANTILE_TOKENS, EstimatorParams, connect, read_sql
+from tokweight.store.tables import records_table
 
 PREDICTED_BETA_C = """
 -- The beta below which a z that removes all of the base model's surprisal pays for itself, per

@@ -28,9 +28,9 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from store.baseline_store import BaselineStore, StoreView
-from store.formats import PARQUET
-from store.schema import PART_SCHEMA
+from tokweight.store.baseline_store import BaselineStore, StoreView
+from tokweight.store.formats import PARQUET
+from tokweight.store.schema import PART_SCHEMA
 
 EXAMPLE_QUERIES = (
     ("SELECT fingerprint, count(*) AS examples, avg((t0_share = t0)::INT) AS t0_exact, avg(amplification) AS amp\n"

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-from store.manifest import MANIFEST_NAME, PartEntry, read_manifest, stats, stray_parts
-from store.parts import read_part, sha256_path
-from store.schema import TOKEN_LIST_COLUMNS
+from tokweight.store.manifest import MANIFEST_NAME, PartEntry, read_manifest, stats, stray_parts
+from tokweight.store.parts import read_part, sha256_path
+from tokweight.store.schema import TOKEN_LIST_COLUMNS
 
 
 @dataclass(frozen=True)

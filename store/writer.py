@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from store.formats import check_format
-from store.manifest import (MANIFEST_NAME, InputEntry, Manifest, PartEntry, Provenance, Record, fingerprint_dir,
+from tokweight.store.formats import check_format
+from tokweight.store.manifest import (MANIFEST_NAME, InputEntry, Manifest, PartEntry, Provenance, Record, fingerprint_dir,
                             part_name, record_path, write_json_atomic)
-from store.parts import sha256_path, write_part
+from tokweight.store.parts import sha256_path, write_part
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from training.train import run
-from training.train_config import TrainConfig
+from tokweight.training.train import run
+from tokweight.training.train_config import TrainConfig
 
 
 def main(path: str) -> None:

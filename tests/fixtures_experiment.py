@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.synth import SynthConfig
-from training.experiments.cells import CellBudget
-from training.experiments.task import Setting, TaskConfig, base_model
+from tokweight.pipeline.synth import SynthConfig
+from tokweight.training.experiments.cells import CellBudget
+from tokweight.training.experiments.task import Setting, TaskConfig, base_model
 
 TINY_TASK = TaskConfig(settings=(Setting("h0", 0, 3, 5), Setting("h2", 2, 3, 5)),
                        synth=SynthConfig(alphabet_size=6, strategies=("copy", "rotate-left"), n_train=256, n_val=64,

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.extract import ExtractConfig, run
-from pipeline.synth import PRESETS, write_dataset
-from training.train_base import BASE_PRESETS, BaseTrainConfig
-from training.train_base import run as train_base
+from tokweight.pipeline.checkpoint import load_checkpoint, save_checkpoint
+from tokweight.pipeline.extract import ExtractConfig, run
+from tokweight.pipeline.synth import PRESETS, write_dataset
+from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig
+from tokweight.training.train_base import run as train_base
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.checkpoint import load_checkpoint
+from tokweight.pipeline.checkpoint import load_checkpoint
 
 ARCHITECTURES = ("gpt2", "llama")
 

@@ -13,11 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from store.derived import DERIVED_SCALARS, derived_columns
-from store.formats import PARQUET
-from store.manifest import InputEntry, Provenance
-from store.schema import PART_SCHEMA
-from store.writer import StoreWriter, hash_inputs
+from tokweight.store.derived import DERIVED_SCALARS, derived_columns
+from tokweight.store.formats import PARQUET
+from tokweight.store.manifest import InputEntry, Provenance
+from tokweight.store.schema import PART_SCHEMA
+from tokweight.store.writer import StoreWriter, hash_inputs
 
 VOCAB = ["<pad>", "<bos>", "<eos>", "a", "b", "c", "d", "</y>"]
 TIE_VALUES = np.array([0.0, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0], dtype=np.float32)
@@ -79,11 +79,11 @@ def tiny_pipeline(tmp_path_factory):
     """synth -> train-base (30 steps) -> extract on the `tiny` preset, built once per session."""
     from dataclasses import replace
 
-    from pipeline.extract import ExtractConfig
-    from pipeline.extract import run as extract_run
-    from pipeline.synth import PRESETS, write_dataset
-    from training.train_base import BASE_PRESETS, BaseTrainConfig
-    from training.train_base import run as train_run
+    from tokweight.pipeline.extract import ExtractConfig
+    from tokweight.pipeline.extract import run as extract_run
+    from tokweight.pipeline.synth import PRESETS, write_dataset
+    from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig
+    from tokweight.training.train_base import run as train_run
 
     root = tmp_path_factory.mktemp("tiny_pipeline")
     data, ckpt, store = root / "data", root / "base", root / "store"

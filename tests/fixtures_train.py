@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.samples import Sample
-from pipeline.shards import write_shards
-from pipeline.synth import PRESETS, write_dataset
-from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import write_shards
+from tokweight.pipeline.synth import PRESETS, write_dataset
+from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
 
 AMP_T, AMP_T0 = 13, 1  # two strategy tokens, then ten filler tokens and </y>
 
@@ -74,7 +74,7 @@ def two_regime(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_store(tiny, tmp_path_factory):
     """The tiny base model's baseline store over every split of the tiny data."""
-    from pipeline.extract import ExtractConfig, run as extract
+    from tokweight.pipeline.extract import ExtractConfig, run as extract
 
     def build():
         data, ckpt = tiny

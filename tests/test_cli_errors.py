@@ -7,9 +7,9 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.samples import Sample
-from pipeline.shards import write_shards
+from tokweight.cli import main
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import write_shards
 from tests.fixtures_extract import sample_member, write_raw_tar
 
 

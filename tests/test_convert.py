@@ -7,9 +7,9 @@ import warnings
 
 import pytest
 
-from pipeline.convert import convert_jsonl
-from pipeline.samples import Sample
-from pipeline.shards import count_samples, iter_samples, resolve_shards
+from tokweight.pipeline.convert import convert_jsonl
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import count_samples, iter_samples, resolve_shards
 
 GOOD = {"x": ["a", "b"], "y": ["b", "a"]}
 LINES = [

@@ -7,12 +7,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import pipeline.convert
-from pipeline.cli import main
-from pipeline.convert import convert_jsonl, key_unit
-from pipeline.samples import Sample
-from pipeline.shards import iter_samples, resolve_shards, write_shards
-from training.data import split_urls
+import tokweight.pipeline.convert
+from tokweight.cli import main
+from tokweight.pipeline.convert import convert_jsonl, key_unit
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import iter_samples, resolve_shards, write_shards
+from tokweight.training.data import split_urls
 
 
 def write_lines(path, records):
@@ -166,7 +166,7 @@ def test_a_write_that_fails_midway_leaves_no_shard_and_no_folder(tmp_path, monke
         write_shards(samples, out_dir, **kw)  # one split written, then the disk fills
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(pipeline.convert, "write_shards", failing_write)
+    monkeypatch.setattr(tokweight.pipeline.convert, "write_shards", failing_write)
     path = write_lines(tmp_path / "in.jsonl", [line(f"k{i}") for i in range(10)])
     result = invoke("--jsonl", path, "--out", tmp_path / "new" / "out")
     assert_one_line_error(result, "[Errno 28] No space left on device")

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from pipeline.model import GPT, ModelConfig
-from pipeline.samples import Sample
-from pipeline.vocab import Vocab
-from training.cvae import CVAEConfig, build_cvae, objective
-from training.data import collate_examples, encode
-from training.losses import WeightingParams, reconstruction_weights
+from tokweight.pipeline.model import GPT, ModelConfig
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.vocab import Vocab
+from tokweight.training.cvae import CVAEConfig, build_cvae, objective
+from tokweight.training.data import collate_examples, encode
+from tokweight.training.losses import WeightingParams, reconstruction_weights
 
 VOCAB = Vocab(("a", "b", "c", "d"), k_max=4)
 SAMPLES = [Sample("k0", ("a", "b"), ("b", "a", "c")), Sample("k1", ("c",), ("d",)),
@@ -131,7 +131,7 @@ def test_copies_are_one_forward_and_match_separate_forwards():
     for k in range(4):  # copy k of the batched pass == a pass with <z_k> written in by hand
         ids = batch.zcond.input_ids.scatter(1, batch.slot_pos, VOCAB.latent_id(k))
         logits, _ = model.backbone(ids)
-        from pipeline.templates import gather_s, token_surprisal
+        from tokweight.pipeline.templates import gather_s, token_surprisal
         nll = token_surprisal(gather_s(logits, batch.zcond.logit_pos), batch.zcond.targets, batch.zcond.mask)
         torch.testing.assert_close(out.nll[:, k], nll)
 
@@ -163,7 +163,7 @@ def test_mean_pool_posterior_reads_the_mean_state_over_s():
 
 
 def test_centred_latent_rows_keep_the_mean_and_offset_it_orthogonally():
-    from training.cvae import spread_latent_embeddings
+    from tokweight.training.cvae import spread_latent_embeddings
 
     model, _ = make(CVAEConfig(latent="discrete", k=3))
     ids = model.latent.latent_ids.tolist()

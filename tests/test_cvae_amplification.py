@@ -4,12 +4,12 @@ import math
 
 import torch
 
-from pipeline.checkpoint import load_checkpoint
+from tokweight.pipeline.checkpoint import load_checkpoint
 from tests.fixtures_train import AMP_T, AMP_T0, two_regime_samples
-from training.cvae import CVAEConfig, build_cvae, objective
-from training.data import collate_examples, encode
-from training.losses import WeightingParams, reconstruction_weights
-from training.metrics import posterior_gradient_norms
+from tokweight.training.cvae import CVAEConfig, build_cvae, objective
+from tokweight.training.data import collate_examples, encode
+from tokweight.training.losses import WeightingParams, reconstruction_weights
+from tokweight.training.metrics import posterior_gradient_norms
 
 
 def test_posterior_gradient_amplification(two_regime):

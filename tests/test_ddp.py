@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from training.cvae import CVAEConfig
-from training.recipes import with_recipe
-from training.train import run
-from training.train_config import IOConfig, LogConfig, OptimConfig, RemedyConfig, TrainConfig
+from tokweight.training.cvae import CVAEConfig
+from tokweight.training.recipes import with_recipe
+from tokweight.training.train import run
+from tokweight.training.train_config import IOConfig, LogConfig, OptimConfig, RemedyConfig, TrainConfig
 
 TIMEOUT_S = 240
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,10 +63,10 @@ def common(tiny, tiny_store, out: Path, batch_size: int, lanes: int | None = Non
 
 
 def test_two_ranks_equal_one_process_with_the_global_batch(tiny, tiny_store, tmp_path):
-    """The README's command line: ``torchrun ... -m pipeline.cli train``, lanes defaulting to one per rank."""
+    """The README's command line: ``torchrun ... -m tokweight.cli train``, lanes defaulting to one per rank."""
     data, ckpt = tiny
     run(common(tiny, tiny_store, tmp_path / "one", batch_size=8, lanes=2))
-    torchrun(["-m", "pipeline.cli", "train", "--checkpoint", str(ckpt), "--data", str(data), "--store",
+    torchrun(["-m", "tokweight.cli", "train", "--checkpoint", str(ckpt), "--data", str(data), "--store",
               str(tiny_store), "--out", str(tmp_path / "two"), "--steps", "4", "--batch-size", "4", "--log-every",
               "1", "--grad-diag-every", "2", "--ckpt-every", "4", "--num-workers", "0", "--seed", "3"])
     assert relative_difference(tmp_path / "one", tmp_path / "two", Path(ckpt)) < MAX_RELATIVE_DIFFERENCE

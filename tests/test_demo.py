@@ -3,7 +3,7 @@
 import json
 import math
 
-from training.demo import DemoConfig, run
+from tokweight.training.demo import DemoConfig, run
 
 
 def test_demo_runs_every_stage(tmp_path):

@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipeline", "store", "training")
+PACKAGES = ("pipeline", "store", "training", "tokweight")  # folders of the installed package
 # Imports an extra may satisfy: only inside a function, so that the commands that do
 # not need them import without them.
 OPTIONAL = {"transformers": "hf", "tokenizers": "hf"}
@@ -43,7 +43,7 @@ def imports(path: Path) -> list[tuple[str, bool]]:
 
 def third_party_imports() -> dict[str, list[tuple[str, bool]]]:
     """module name -> [(file, at module level)] over every installed package's files."""
-    local = set(PACKAGES)
+    local = {"tokweight"}
     out: dict[str, list] = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):

@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from training.cvae import CVAEOutput
-from training.estep import (EStepConfig, assigned_reconstruction, assignment, assignment_kl, distillation,
+from tokweight.training.cvae import CVAEOutput
+from tokweight.training.estep import (EStepConfig, assigned_reconstruction, assignment, assignment_kl, distillation,
                             em_objective, exact_posterior, sinkhorn)
-from training.latent import CategoricalLatent
+from tokweight.training.latent import CategoricalLatent
 
 
 def brute_force_minimiser(R, log_p, beta, grid=60):
@@ -114,7 +114,7 @@ def test_em_objective_fits_the_prior_to_the_assignment_and_leaves_q_out_of_the_k
 
 
 def test_label_mode_assigns_the_true_strategy_whatever_r_says():
-    from training.estep import strategy_indices
+    from tokweight.training.estep import strategy_indices
 
     labels = strategy_indices(("rotate-left", "copy", "copy"), ("copy", "rotate-left"), ("a", "b", "c"))
     assert labels.tolist() == [1, 0, 0]
@@ -126,7 +126,7 @@ def test_label_mode_assigns_the_true_strategy_whatever_r_says():
 
 
 def test_an_example_without_a_known_strategy_is_refused_by_key():
-    from training.estep import strategy_indices
+    from tokweight.training.estep import strategy_indices
 
     with pytest.raises(ValueError, match=r"example 'k7': strategy None .*\(2 such examples"):
         strategy_indices(("copy", None, "reverse"), ("copy", "rotate-left"), ("k1", "k7", "k9"))

@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 
-from pipeline.extract import ExtractConfig, run as extract
-from training.evaluate import EvalConfig, run_eval
-from training.train import run as train
-from training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig
+from tokweight.pipeline.extract import ExtractConfig, run as extract
+from tokweight.training.evaluate import EvalConfig, run_eval
+from tokweight.training.train import run as train
+from tokweight.training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig
 
 
 def partial_store(tiny, root, splits=("train", "val")):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from training.experiments import artefacts, cells, grid as exp
-from training.experiments.grid_report import plot_amplification
-from training.experiments.task import Setting, TaskConfig, synth_config
-from training.recipes import RECIPES, recipe_overrides, with_recipe
+from tokweight.training.experiments import artefacts, cells, grid as exp
+from tokweight.training.experiments.grid_report import plot_amplification
+from tokweight.training.experiments.task import Setting, TaskConfig, synth_config
+from tokweight.training.recipes import RECIPES, recipe_overrides, with_recipe
 from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK
 
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.convert import convert_jsonl
-from pipeline.samples import sample_to_json
-from pipeline.synth import PRESETS, generate
+from tokweight.cli import main
+from tokweight.pipeline.convert import convert_jsonl
+from tokweight.pipeline.samples import sample_to_json
+from tokweight.pipeline.synth import PRESETS, generate
 from tests.fixtures_experiment import TINY_BUDGET
 from tests.test_cli_errors import fails_in_one_line
-from training.experiments import own_task
+from tokweight.training.experiments import own_task
 
 ARMS = ("uniform", "sum", "surprisal-share", "surprisal-share λ=0.5", "surprisal-share anchor 1/0.05")
 FINITE = ("mi", "strategy_mi", "kl", "usage_perplexity", "recon_uniform", "exact_match", "chance_exact_match",
@@ -129,7 +129,7 @@ def test_bad_inputs_fail_in_one_line_before_any_work(own_data, tiny, tiny_store,
 
 
 def test_quick_and_sweep_shape_the_config_not_what_is_compared():
-    from training.experiment_cli import own_job
+    from tokweight.training.experiment_cli import own_job
 
     own = {"checkpoint": "ckpt", "data": "data", "store": None, "k": None, "cond": None, "slots": None}
     cfg, run = own_job("out", True, "beta", own, {})
@@ -145,7 +145,7 @@ def test_quick_and_sweep_shape_the_config_not_what_is_compared():
 
 
 def test_verdict_says_where_each_arm_keeps_z():
-    from training.experiments.own_report import verdict
+    from tokweight.training.experiments.own_report import verdict
 
     def row(arm, weighting, beta, mi, lam=1.0):
         return {"arm": arm, "weighting": weighting, "lambda": lam, "beta": beta, "mi_mean": mi, "strategy_mi_mean": mi,

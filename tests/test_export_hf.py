@@ -17,11 +17,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.templates import zcond_ids, zfree_ids
-from pipeline.vocab import SPECIALS, Vocab, latent_token
-from training.export_hf import build_tokenizer, export_hf
-from training.train_base import load_split
+from tokweight.pipeline.checkpoint import load_checkpoint
+from tokweight.pipeline.templates import zcond_ids, zfree_ids
+from tokweight.pipeline.vocab import SPECIALS, Vocab, latent_token
+from tokweight.training.export_hf import build_tokenizer, export_hf
+from tokweight.training.train_base import load_split
 
 pytest.importorskip("tokenizers")
 
@@ -140,7 +140,7 @@ def test_a_symbol_holding_a_special_token_is_refused():
 
 
 def test_missing_tokenizers_names_the_extra(exported, tmp_path, monkeypatch):
-    from pipeline.cli import main
+    from tokweight.cli import main
 
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # `import tokenizers` raises ImportError
     with pytest.raises(ImportError, match=re.escape("pip install 'tokweight[hf]'")) as err:

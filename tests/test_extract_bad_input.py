@@ -8,14 +8,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pipeline.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.cli import main
-from pipeline.errors import SampleError
-from pipeline.extract import run
-from pipeline.extract_plan import cross_shard_duplicates, make_plan, skip_duplicates
-from pipeline.shards import tar_keys
-from store.baseline_store import BaselineStore
-from store.writer import hash_inputs
+from tokweight.pipeline.checkpoint import load_checkpoint, save_checkpoint
+from tokweight.cli import main
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.extract import run
+from tokweight.pipeline.extract_plan import cross_shard_duplicates, make_plan, skip_duplicates
+from tokweight.pipeline.shards import tar_keys
+from tokweight.store.baseline_store import BaselineStore
+from tokweight.store.writer import hash_inputs
 from tests.fixtures_extract import fp_dir, sample_member, write_raw_tar
 
 GOOD = {"x": ["a", "b"], "y": ["c", "d", "e"], "strategy": "copy", "t0": 1}

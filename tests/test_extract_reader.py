@@ -5,11 +5,11 @@ takes it only with CPUs to spare (``reader_pays``)."""
 import pytest
 import torch
 
-from pipeline import extract, extract_cli
-from pipeline.errors import SampleError
-from pipeline.extract import run
-from pipeline.extract_reader import ReaderFailure
-from store.baseline_store import BaselineStore
+from tokweight.pipeline import extract, extract_cli
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.extract import run
+from tokweight.pipeline.extract_reader import ReaderFailure
+from tokweight.store.baseline_store import BaselineStore
 
 from tests.fixtures_extract import fp_dir, part_bytes, sample_member, write_raw_tar
 

@@ -10,12 +10,12 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-import store.writer as writer_module
-from pipeline.extract import run
-from store.baseline_store import BaselineStore
-from store.manifest import read_records
-from store.parts import sha256_path
-from store.verify import verify_dir
+import tokweight.store.writer as writer_module
+from tokweight.pipeline.extract import run
+from tokweight.store.baseline_store import BaselineStore
+from tokweight.store.manifest import read_records
+from tokweight.store.parts import sha256_path
+from tokweight.store.verify import verify_dir
 
 from tests.fixtures_extract import fp_dir, part_bytes
 
@@ -45,7 +45,7 @@ def _assert_nothing_torn_is_visible(directory):
 def test_sigkill_mid_extraction_then_resume(world, tmp_path):
     store = tmp_path / "s"
     directory = store / fp_dir(world.store).name
-    cmd = [sys.executable, "-m", "pipeline.cli", "extract", "--checkpoint", str(world.ckpt), "--data",
+    cmd = [sys.executable, "-m", "tokweight.cli", "extract", "--checkpoint", str(world.ckpt), "--data",
            str(world.data), "--store", str(store), "--batch-tokens", "1", "--no-progress"]  # one example per forward
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -7,10 +7,10 @@ import tarfile
 
 import pytest
 
-from pipeline import shards
-from pipeline.errors import SampleError
-from pipeline.samples import Sample
-from pipeline.shards import iter_shard, scan_shard, write_shards
+from tokweight.pipeline import shards
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import iter_shard, scan_shard, write_shards
 
 from tests.fixtures_extract import sample_member, write_raw_tar
 

@@ -9,13 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.bucketing import bucket, padded_fraction, plan_batches
-from pipeline.checkpoint import load_checkpoint
-from pipeline.extract import ShardBatches, encode, read_samples, score_batch, score_shard
-from pipeline.shards import resolve_shards, shard_name
-from pipeline.templates import Layout, collate, zfree_ids
-from store.baseline_store import BaselineStore
-from training.export_hf import export_hf
+from tokweight.pipeline.bucketing import bucket, padded_fraction, plan_batches
+from tokweight.pipeline.checkpoint import load_checkpoint
+from tokweight.pipeline.extract import ShardBatches, encode, read_samples, score_batch, score_shard
+from tokweight.pipeline.shards import resolve_shards, shard_name
+from tokweight.pipeline.templates import Layout, collate, zfree_ids
+from tokweight.store.baseline_store import BaselineStore
+from tokweight.training.export_hf import export_hf
 
 TOL = 1e-5
 

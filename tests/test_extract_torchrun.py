@@ -32,7 +32,7 @@ def _run_with_hard_timeout(cmd, env):
 def test_two_process_torchrun_equals_one_process(world, tmp_path):
     store = tmp_path / "s"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "pipeline.cli", "extract", "--checkpoint", str(world.ckpt), "--data", str(world.data),
+           "-m", "tokweight.cli", "extract", "--checkpoint", str(world.ckpt), "--data", str(world.data),
            "--store", str(store), "--no-progress"]
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
     code, out = _run_with_hard_timeout(cmd, env)

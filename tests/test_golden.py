@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from training.run_dir import read_metrics
-from training.train import run
-from training.train_config import TrainConfig
+from tokweight.training.run_dir import read_metrics
+from tokweight.training.train import run
+from tokweight.training.train_config import TrainConfig
 
 GOLDEN = Path(__file__).parent / "golden" / "train_losses.json"
 WRITE_ENV = "TOKWEIGHT_GOLDEN_WRITE"

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.backbone import load_backbone
-from pipeline.extract import ExtractConfig, run as extract
-from pipeline.samples import Sample
-from pipeline.shards import iter_samples, write_shards
-from pipeline.templates import template_ids
-from store.baseline_store import BaselineStore
+from tokweight.pipeline.backbone import load_backbone
+from tokweight.pipeline.extract import ExtractConfig, run as extract
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import iter_samples, write_shards
+from tokweight.pipeline.templates import template_ids
+from tokweight.store.baseline_store import BaselineStore
 from tests.fixtures_hf import ARCHITECTURES, save_hf_checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -55,7 +55,7 @@ def test_stored_b_equals_a_direct_transformers_forward(arch, tiny, hf_checkpoint
 
 def test_export_hf_round_trip_gives_the_native_stores_b(tiny, tiny_store, tmp_path):
     """The built-in base model, exported and extracted through the HF path: the same b for every key."""
-    from training.export_hf import export_hf
+    from tokweight.training.export_hf import export_hf
 
     data, ckpt = tiny
     exported = export_hf(ckpt, tmp_path / "exported")
@@ -108,7 +108,7 @@ def test_text_samples_are_encoded_by_the_tokenizer(hf_checkpoints, tmp_path):
 def test_bf16_forward_is_recorded_and_close(tiny, hf_checkpoints, tmp_path):
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from tokweight.cli import main
 
     extract_into(hf_checkpoints["llama"], tiny[0] / "val", tmp_path / "f32")
     args = ["extract", "--checkpoint", str(hf_checkpoints["llama"]), "--data", str(tiny[0] / "val"), "--store",
@@ -183,8 +183,8 @@ def test_the_native_path_never_imports_transformers(tiny, tiny_store, tmp_path):
 
 
 def test_inspect_reports_on_an_hf_store(tiny, hf_checkpoints, tmp_path):
-    from pipeline.inspect import run as inspect
-    from store.report import InspectConfig
+    from tokweight.pipeline.inspect import run as inspect
+    from tokweight.store.report import InspectConfig
 
     extract_into(hf_checkpoints["gpt2"], tiny[0] / "val", tmp_path / "store")
     summary = inspect(InspectConfig(store=str(tmp_path / "store"), out=str(tmp_path / "report"), data=str(tiny[0])))

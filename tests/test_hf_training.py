@@ -5,12 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.extract import ExtractConfig, run as extract
-from training.cvae import CVAEConfig
-from training.evaluate import EvalConfig, run_eval
-from training.run_dir import load_run, read_metrics
-from training.train import run
-from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+from tokweight.pipeline.extract import ExtractConfig, run as extract
+from tokweight.training.cvae import CVAEConfig
+from tokweight.training.evaluate import EvalConfig, run_eval
+from tokweight.training.run_dir import load_run, read_metrics
+from tokweight.training.train import run
+from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 pytest.importorskip("transformers")
 

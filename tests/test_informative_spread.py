@@ -1,6 +1,6 @@
 import torch
 
-from training.metrics import informative_token_spread
+from tokweight.training.metrics import informative_token_spread
 
 
 def test_spread_over_copies_at_the_most_surprising_unmasked_token():

@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.extract import ExtractConfig
-from pipeline.extract import run as extract
-from pipeline.shards import iter_samples, write_shards
-from store.baseline_store import BaselineStore
-from training.baselines import Frozen
-from training.cvae import CVAEConfig, build_cvae, objective
-from training.data import (REMEDY, BadSamples, StoreMismatchError, StoreRef, collate_examples, encode, join_store,
+from tokweight.pipeline.checkpoint import load_checkpoint, save_checkpoint
+from tokweight.pipeline.extract import ExtractConfig
+from tokweight.pipeline.extract import run as extract
+from tokweight.pipeline.shards import iter_samples, write_shards
+from tokweight.store.baseline_store import BaselineStore
+from tokweight.training.baselines import Frozen
+from tokweight.training.cvae import CVAEConfig, build_cvae, objective
+from tokweight.training.data import (REMEDY, BadSamples, StoreMismatchError, StoreRef, collate_examples, encode, join_store,
                            split_urls, stored_shard)
-from training.losses import WeightingParams, reconstruction_weights
-from training.train import run
-from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+from tokweight.training.losses import WeightingParams, reconstruction_weights
+from tokweight.training.train import run
+from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 
 class EditedView:

@@ -2,11 +2,11 @@
 
 import json
 
-from pipeline.convert import convert_jsonl
-from pipeline.labels import load_labels, shard_labels
-from pipeline.samples import Sample
-from pipeline.shards import write_shards
-from pipeline.synth import load_synth_config
+from tokweight.pipeline.convert import convert_jsonl
+from tokweight.pipeline.labels import load_labels, shard_labels
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import write_shards
+from tokweight.pipeline.synth import load_synth_config
 
 
 def test_synthetic_data_says_what_each_strategy_outputs(tiny):

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from training.losses import (WeightingParams, anchor_penalty, categorical_kl, check_free_bits, free_bits_kl, gaussian_kl,
+from tokweight.training.losses import (WeightingParams, anchor_penalty, categorical_kl, check_free_bits, free_bits_kl, gaussian_kl,
                              reconstruction_weights, surprisal_share_weights, weighted_reconstruction)
 
 # two examples, T = 3 and 2 (T_max = 3); the second is padded

@@ -3,12 +3,12 @@ import importlib.util
 import pytest
 import torch
 
-from pipeline.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
-from pipeline.model import GPT, ModelConfig
-from pipeline.templates import TEMPLATE_VERSION
-from pipeline.vocab import Vocab
-from store.fingerprint import fingerprint
-from training.export_hf import export_hf
+from tokweight.pipeline.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
+from tokweight.pipeline.model import GPT, ModelConfig
+from tokweight.pipeline.templates import TEMPLATE_VERSION
+from tokweight.pipeline.vocab import Vocab
+from tokweight.store.fingerprint import fingerprint
+from tokweight.training.export_hf import export_hf
 
 VOCAB = Vocab(("a", "b", "c"), k_max=2)
 

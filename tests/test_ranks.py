@@ -2,10 +2,10 @@
 
 import torch
 
-from pipeline.extract import ExtractConfig, run as extract
-from pipeline.ranks import Ranks, rank_device
-from training.train import run as train
-from training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig
+from tokweight.pipeline.extract import ExtractConfig, run as extract
+from tokweight.pipeline.ranks import Ranks, rank_device
+from tokweight.training.train import run as train
+from tokweight.training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig
 
 
 def test_cuda_means_the_nodes_gpu_numbered_by_local_rank():

@@ -5,13 +5,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pipeline.checkpoint import load_checkpoint
-from training.cvae import CVAEConfig, build_cvae, spread_latent_embeddings
-from training.estep import EStepConfig
-from training.recipes import RECIPES, check_recipe, with_recipe
-from training.run_dir import load_run
-from training.train import run
-from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
+from tokweight.pipeline.checkpoint import load_checkpoint
+from tokweight.training.cvae import CVAEConfig, build_cvae, spread_latent_embeddings
+from tokweight.training.estep import EStepConfig
+from tokweight.training.recipes import RECIPES, check_recipe, with_recipe
+from tokweight.training.run_dir import load_run
+from tokweight.training.train import run
+from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
 
 
 def config(tiny, out, beta=1.0, weighting="surprisal-share", **groups):
@@ -63,8 +63,8 @@ def test_spread_latent_embeddings_are_orthogonal_with_the_given_norm(tiny):
 
 
 def test_separate_encoder_owns_the_posterior_and_leaves_the_backbone_out():
-    from pipeline.model import GPT, ModelConfig
-    from pipeline.vocab import Vocab
+    from tokweight.pipeline.model import GPT, ModelConfig
+    from tokweight.pipeline.vocab import Vocab
 
     vocab = Vocab(symbols=("a", "b"), k_max=4)
     backbone = GPT(ModelConfig(vocab_size=len(vocab), d_model=32, n_head=4))
@@ -90,10 +90,10 @@ def test_recipes_set_only_remedy_fields(tiny, tmp_path):
 
 
 def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re_initialised(tiny, tmp_path):
-    from pipeline.ranks import Ranks
-    from training.baselines import Frozen
-    from training.stream import EvalStream, loader
-    from training.train import setup
+    from tokweight.pipeline.ranks import Ranks
+    from tokweight.training.baselines import Frozen
+    from tokweight.training.stream import EvalStream, loader
+    from tokweight.training.train import setup
 
     state = setup(config(tiny, tmp_path, remedies=RemedyConfig(latent_embedding_norm=3.0)), Ranks())
     batch = next(iter(loader(EvalStream(state.spec), 0)))
@@ -106,7 +106,7 @@ def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re
 def test_cli_recipe_and_flags_override_it(tiny, tmp_path):
     from click.testing import CliRunner
 
-    from training.train_cli import train
+    from tokweight.training.train_cli import train
 
     data, ckpt = tiny
     args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(tmp_path / "cli"), "--policy", "frozen",
@@ -122,9 +122,9 @@ def test_cli_recipe_and_flags_override_it(tiny, tmp_path):
 
 
 def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
-    from pipeline.ranks import Ranks
-    from pipeline.synth import load_synth_config
-    from training.train import label_names, setup
+    from tokweight.pipeline.ranks import Ranks
+    from tokweight.pipeline.synth import load_synth_config
+    from tokweight.training.train import label_names, setup
 
     cfg = with_recipe(config(tiny, tmp_path, weighting="uniform", beta=0.3), "survival")
     assert cfg.remedies.estep.mode == "label" and cfg.remedies.latent_embedding_center
@@ -153,7 +153,7 @@ def test_cli_posterior_pool_and_the_anchor_term(tiny, tmp_path):
     """--posterior-pool overrides the recipe's read; --anchor-weight trains with the logged anchor term."""
     from click.testing import CliRunner
 
-    from training.train_cli import train
+    from tokweight.training.train_cli import train
 
     data, ckpt = tiny
     out = tmp_path / "cli"

@@ -9,9 +9,9 @@ import warnings
 
 import pytest
 
-from pipeline.errors import SampleError
-from pipeline.samples import Sample, parse_sample, sample_to_json
-from pipeline.shards import (count_samples, iter_samples, resolve_shards, shard_name, write_shards)
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.samples import Sample, parse_sample, sample_to_json
+from tokweight.pipeline.shards import (count_samples, iter_samples, resolve_shards, shard_name, write_shards)
 
 
 def _samples(n: int, prefix: str = "k") -> list[Sample]:

@@ -10,14 +10,14 @@ relative test would fail on entries that are sums of large terms cancelling to ~
 import pytest
 import torch
 
-from pipeline.hf import HFBackbone
-from pipeline.model import GPT, ModelConfig
-from pipeline.samples import Sample
-from pipeline.vocab import Vocab
+from tokweight.pipeline.hf import HFBackbone
+from tokweight.pipeline.model import GPT, ModelConfig
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.vocab import Vocab
 from tests.fixtures_hf import tiny_hf_model
-from training.cvae import CVAEConfig, build_cvae, objective
-from training.data import collate_examples, encode
-from training.losses import WeightingParams, reconstruction_weights
+from tokweight.training.cvae import CVAEConfig, build_cvae, objective
+from tokweight.training.data import collate_examples, encode
+from tokweight.training.losses import WeightingParams, reconstruction_weights
 
 VOCAB = Vocab(("a", "b", "c", "d"), k_max=4)
 SAMPLES = [Sample("k0", ("a", "b"), ("b", "a", "c")), Sample("k1", ("c",), ("d",)),

@@ -8,15 +8,15 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.cli import main
-from pipeline.errors import Skips
-from pipeline.extract import ExtractConfig
-from pipeline.extract import run as extract
-from store.baseline_store import BaselineStore
+from tokweight.pipeline.checkpoint import load_checkpoint
+from tokweight.cli import main
+from tokweight.pipeline.errors import Skips
+from tokweight.pipeline.extract import ExtractConfig
+from tokweight.pipeline.extract import run as extract
+from tokweight.store.baseline_store import BaselineStore
 from tests.fixtures_extract import sample_member, write_raw_tar
-from training.data import StoreRef, StreamSpec, kept_samples, split_urls
-from training.stream import EvalStream, TrainStream, shard_decoder
+from tokweight.training.data import StoreRef, StreamSpec, kept_samples, split_urls
+from tokweight.training.stream import EvalStream, TrainStream, shard_decoder
 
 GOOD = {"x": ["a", "b"], "y": ["c", "d", "e"], "strategy": "copy", "t0": 1}
 

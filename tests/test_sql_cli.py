@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main
+from tokweight.cli import main
 from tests.fixtures_sql import example_rows, write_store
 
 FP = "c" * 32
@@ -72,7 +72,7 @@ def test_unknown_fingerprint_is_a_clean_error(store):
 
 
 def test_exact_quantiles_flag_puts_every_example_in_the_quantile_sample(store, monkeypatch):
-    monkeypatch.setattr("store.sql.QUANTILE_TOKENS", 10)  # this small store then samples its quantiles
+    monkeypatch.setattr("tokweight.store.sql.QUANTILE_TOKENS", 10)  # this small store then samples its quantiles
     query = [("SELECT getvariable('quantile_share') AS share, count(*) FILTER (in_quantile_sample) AS kept, "
              "count(*) AS n FROM tokens"), "--format", "json"]
     (sampled,) = json.loads(_sql(store, *query).output)

@@ -8,15 +8,15 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.extract import run
-from pipeline.shards import resolve_shards
-from store.baseline_store import BaselineStore
-from store.derived import DERIVED_SCALARS
-from store.lock import StoreLock, StoreLockedError
-from store.parts import read_part
-from store.schema import SCHEMA_VERSION
-from store.verify import verify_dir
+from tokweight.cli import main
+from tokweight.pipeline.extract import run
+from tokweight.pipeline.shards import resolve_shards
+from tokweight.store.baseline_store import BaselineStore
+from tokweight.store.derived import DERIVED_SCALARS
+from tokweight.store.lock import StoreLock, StoreLockedError
+from tokweight.store.parts import read_part
+from tokweight.store.schema import SCHEMA_VERSION
+from tokweight.store.verify import verify_dir
 
 from tests.fixtures_extract import copy_store, fp_dir, part_bytes
 

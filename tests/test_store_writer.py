@@ -6,14 +6,14 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from store.baseline_store import BaselineStore
-from store.formats import PART_FORMATS
-from store.manifest import (MANIFEST_NAME, InputEntry, Manifest, PartEntry, Provenance, Record, part_index,
+from tokweight.cli import main
+from tokweight.store.baseline_store import BaselineStore
+from tokweight.store.formats import PART_FORMATS
+from tokweight.store.manifest import (MANIFEST_NAME, InputEntry, Manifest, PartEntry, Provenance, Record, part_index,
                             read_records, tool_version, write_json_atomic)
-from store.parts import PART_IO
-from store.schema import SCHEMA_VERSION
-from store.writer import StoreWriter, hash_inputs
+from tokweight.store.parts import PART_IO
+from tokweight.store.schema import SCHEMA_VERSION
+from tokweight.store.writer import StoreWriter, hash_inputs
 
 from tests.fixtures_extract import fp_dir
 from tests.fixtures_sql import example_rows, rows_table

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.samples import Sample
-from pipeline.shards import write_shards
-from pipeline.vocab import Vocab
-from training.data import StoreRef, StreamSpec, split_urls
-from training.stream import ShardDecoder, TrainStream
+from tokweight.pipeline.checkpoint import load_checkpoint
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import write_shards
+from tokweight.pipeline.vocab import Vocab
+from tokweight.training.data import StoreRef, StreamSpec, split_urls
+from tokweight.training.stream import ShardDecoder, TrainStream
 
 STEPS = 12
 
@@ -78,8 +78,8 @@ def test_one_lane_is_the_resampled_shuffled_stream_of_one_process(tmp_path):
 
     import webdataset as wds
 
-    from training.data import shuffle
-    from training.stream import same_seed_everywhere
+    from tokweight.training.data import shuffle
+    from tokweight.training.stream import same_seed_everywhere
 
     vocab = Vocab(("a", "b"), k_max=2)
     samples = [Sample(key=f"k{i:03d}", x=("a",), y=("b",) * (1 + i % 3)) for i in range(40)]

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.shards import iter_samples, resolve_shards, shard_name
-from pipeline.synth import (END_OF_Y, HEADER_SYMBOL, PRESETS, STRATEGIES, SynthConfig, candidate_sequences,
+from tokweight.pipeline.shards import iter_samples, resolve_shards, shard_name
+from tokweight.pipeline.synth import (END_OF_Y, HEADER_SYMBOL, PRESETS, STRATEGIES, SynthConfig, candidate_sequences,
                             compute_t0, consistent_at, generate, write_dataset)
 
 REFERENCE = {  # written independently of pipeline.synth

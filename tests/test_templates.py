@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from pipeline.errors import SampleError
-from pipeline.templates import (Layout, check_length, collate, gather_s, s_targets, token_surprisal, zcond_ids,
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.templates import (Layout, check_length, collate, gather_s, s_targets, token_surprisal, zcond_ids,
                                 zfree_ids)
-from pipeline.vocab import SPECIALS, Vocab
+from tokweight.pipeline.vocab import SPECIALS, Vocab
 
 VOCAB = Vocab(("a", "b", "c", "d"), k_max=4)
 

@@ -7,15 +7,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.checkpoint import load_checkpoint
-from training.baselines import Frozen, dynamic
-from training.cvae import CVAEConfig, build_cvae
-from training.data import StreamSpec, split_urls
-from training.run_dir import load_run
-from training.schedules import BetaSchedule
-from training.stream import EvalStream, loader
-from training.train import run
-from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+from tokweight.pipeline.checkpoint import load_checkpoint
+from tokweight.training.baselines import Frozen, dynamic
+from tokweight.training.cvae import CVAEConfig, build_cvae
+from tokweight.training.data import StreamSpec, split_urls
+from tokweight.training.run_dir import load_run
+from tokweight.training.schedules import BetaSchedule
+from tokweight.training.stream import EvalStream, loader
+from tokweight.training.train import run
+from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 FLAT_CONFIG = Path(__file__).parent / "golden" / "run_config_flat.json"  # as runs wrote config.json before the groups
 

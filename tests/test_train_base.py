@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.synth import PRESETS, consistent_at_t0, write_dataset
-from training.train_base import BASE_PRESETS, BaseTrainConfig, run
+from tokweight.pipeline.checkpoint import load_checkpoint
+from tokweight.pipeline.synth import PRESETS, consistent_at_t0, write_dataset
+from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig, run
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_same_seed_same_fingerprint(tiny_data, tmp_path):
 
 
 def test_consistent_at_t0_matches_enumeration():
-    from pipeline.synth import generate
+    from tokweight.pipeline.synth import generate
 
     cfg = PRESETS["tiny"]
     for s in list(generate(cfg, "val"))[:50]:
@@ -53,7 +53,7 @@ def test_consistent_at_t0_matches_enumeration():
 def test_k_max_flag_reaches_the_vocabulary_checkpoint_and_fingerprint(tiny_data, tmp_path):
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from tokweight.cli import main
 
     args = ["train-base", "--data", str(tiny_data / "data"), "--preset", "tiny", "--steps", "3"]
     for name, extra in (("k8", []), ("k10", ["--k-max", "10"])):
@@ -71,10 +71,10 @@ def test_k_max_flag_reaches_the_vocabulary_checkpoint_and_fingerprint(tiny_data,
 def test_train_with_more_latent_values_than_tokens_names_the_flag_and_leaves_no_run_dir(tiny, tmp_path):
     from click.testing import CliRunner
 
-    from training.cvae import CVAEConfig
-    from training.train import run as train
-    from training.train_cli import train as train_cmd
-    from training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
+    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.train import run as train
+    from tokweight.training.train_cli import train as train_cmd
+    from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
 
     data, ckpt = tiny  # built with the default k_max = 8
     out = tmp_path / "run"
@@ -91,9 +91,9 @@ def test_train_with_more_latent_values_than_tokens_names_the_flag_and_leaves_no_
 
 
 def test_a_k_max_checkpoint_trains_that_many_latent_values(tiny_data, tmp_path):
-    from training.cvae import CVAEConfig
-    from training.train import run as train
-    from training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
+    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.train import run as train
+    from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
 
     run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / "base"),
                         **{**BASE_PRESETS["tiny"], "steps": 3, "k_max": 10}))

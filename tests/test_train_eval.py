@@ -4,14 +4,14 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.labels import load_labels
+from tokweight.pipeline.checkpoint import load_checkpoint
+from tokweight.pipeline.labels import load_labels
 from tests.fixtures_train import two_regime_samples
-from training.cvae import CVAEConfig, build_cvae
-from training.evaluate import EvalConfig, greedy_decode, latent_values, run_eval
-from training.metrics import contingency, exact_mi, hungarian_accuracy, nmi
-from training.train import run
-from training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
+from tokweight.training.cvae import CVAEConfig, build_cvae
+from tokweight.training.evaluate import EvalConfig, greedy_decode, latent_values, run_eval
+from tokweight.training.metrics import contingency, exact_mi, hungarian_accuracy, nmi
+from tokweight.training.train import run
+from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
 
 
 @pytest.mark.parametrize("cond", ["token", "prefix", "layernorm"])
@@ -61,7 +61,7 @@ def test_information_metrics_by_hand():
 
 
 def test_strategy_mi_counts_only_information_about_the_strategy():
-    from training.metrics import strategy_mi
+    from tokweight.training.metrics import strategy_mi
 
     code = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
     assert strategy_mi(code, ["copy", "rot", "copy", "rot"]) == pytest.approx(math.log(2))

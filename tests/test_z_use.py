@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.samples import Sample
-from pipeline.shards import write_shards
-from training.control import reference_control, z_use
-from training.cvae import CVAEConfig
-from training.evaluate import EvalConfig, markdown, run_eval
-from training.metrics import EvalRecords, gaussian_mi
-from training.recipes import with_recipe
-from training.schedules import BetaSchedule
-from training.train import run as train
-from training.train_base import BaseTrainConfig
-from training.train_base import run as train_base
-from training.train_config import (
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import write_shards
+from tokweight.training.control import reference_control, z_use
+from tokweight.training.cvae import CVAEConfig
+from tokweight.training.evaluate import EvalConfig, markdown, run_eval
+from tokweight.training.metrics import EvalRecords, gaussian_mi
+from tokweight.training.recipes import with_recipe
+from tokweight.training.schedules import BetaSchedule
+from tokweight.training.train import run as train
+from tokweight.training.train_base import BaseTrainConfig
+from tokweight.training.train_base import run as train_base
+from tokweight.training.train_config import (
     IOConfig,
     LogConfig,
     LossConfig,

@@ -13,10 +13,10 @@ from typing import Callable
 
 import torch
 
-from pipeline.backbone import s_nll
-from pipeline.model import GPT
-from training.cvae import CVAEOutput
-from training.data import TrainBatch
+from tokweight.pipeline.backbone import s_nll
+from tokweight.pipeline.model import GPT
+from tokweight.training.cvae import CVAEOutput
+from tokweight.training.data import TrainBatch
 
 POLICIES = ("precomputed", "frozen", "dynamic")
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.labels import DatasetLabels
-from pipeline.samples import Sample
-from store.tables import fixed, markdown_table
-from training.metrics import POSTERIOR_RULES, hungarian_accuracy
+from tokweight.pipeline.labels import DatasetLabels
+from tokweight.pipeline.samples import Sample
+from tokweight.store.tables import fixed, markdown_table
+from tokweight.training.metrics import POSTERIOR_RULES, hungarian_accuracy
 
 CONTROL_FLOOR = 0.01
 """The least gain over chance (a share of the examples) that counts as control, besides 2 SE."""

@@ -25,14 +25,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from pipeline.model import GPT, SharedPrefix
-from pipeline.templates import gather_s, token_surprisal
-from pipeline.vocab import Vocab
-from training.conditioning import MODES, Conditioning
-from training.data import TrainBatch
-from training.global_batch import LOCAL, GlobalBatch
-from training.latent import CategoricalLatent, GaussianLatent
-from training.losses import free_bits_kl, weighted_reconstruction
+from tokweight.pipeline.model import GPT, SharedPrefix
+from tokweight.pipeline.templates import gather_s, token_surprisal
+from tokweight.pipeline.vocab import Vocab
+from tokweight.training.conditioning import MODES, Conditioning
+from tokweight.training.data import TrainBatch
+from tokweight.training.global_batch import LOCAL, GlobalBatch
+from tokweight.training.latent import CategoricalLatent, GaussianLatent
+from tokweight.training.losses import free_bits_kl, weighted_reconstruction
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,11 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from pipeline.errors import SampleError
-from pipeline.samples import Sample
-from pipeline.shards import iter_shard, resolve_shards, shard_name
-from pipeline.templates import Batch, Layout, check_length, collate, s_targets, template_ids
-from pipeline.vocab import Vocab
+from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import iter_shard, resolve_shards, shard_name
+from tokweight.pipeline.templates import Batch, Layout, check_length, collate, s_targets, template_ids
+from tokweight.pipeline.vocab import Vocab
 
 
 class StoreMismatchError(ValueError):
@@ -58,7 +58,7 @@ class StoreRef:
     """The baseline checkpoint's fingerprint; the store must hold exactly this one."""
 
     def open(self, vocab: Vocab | None = None):
-        from store.baseline_store import BaselineStore
+        from tokweight.store.baseline_store import BaselineStore
 
         store = BaselineStore(self.root)
         found = store.fingerprints()

@@ -38,17 +38,17 @@ class DemoConfig:
 
 
 def run(cfg: DemoConfig, echo=click.echo) -> dict:
-    from pipeline.extract import ExtractConfig, run as extract
-    from pipeline.inspect import run as inspect
-    from pipeline.synth import PRESETS, write_dataset
-    from store.report import InspectConfig
-    from training.cvae import CVAEConfig
-    from training.evaluate import EvalConfig, run_eval
-    from training.recipes import with_recipe
-    from training.schedules import BetaSchedule
-    from training.train import run as train
-    from training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
-    from training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
+    from tokweight.pipeline.extract import ExtractConfig, run as extract
+    from tokweight.pipeline.inspect import run as inspect
+    from tokweight.pipeline.synth import PRESETS, write_dataset
+    from tokweight.store.report import InspectConfig
+    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.evaluate import EvalConfig, run_eval
+    from tokweight.training.recipes import with_recipe
+    from tokweight.training.schedules import BetaSchedule
+    from tokweight.training.train import run as train
+    from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
+    from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
 
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)

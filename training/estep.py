@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from training.cvae import Objective
-from training.global_batch import LOCAL, GlobalBatch
-from training.losses import free_bits_kl, weighted_reconstruction
+from tokweight.training.cvae import Objective
+from tokweight.training.global_batch import LOCAL, GlobalBatch
+from tokweight.training.losses import free_bits_kl, weighted_reconstruction
 
 MODES = ("off", "soft", "hard", "label")
 PRIORS = ("uniform", "learned")

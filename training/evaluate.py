@@ -25,21 +25,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.backbone import load_backbone
-from pipeline.labels import DatasetLabels, load_labels
-from pipeline.samples import Sample
-from pipeline.templates import Layout, template_ids
-from store.tables import general, markdown_table
-from training.baselines import make_baseline
-from training.control import CONTROL_RULE, reference_control, reference_markdown, strategy_execution, z_use
-from training.cvae import CVAE
-from training.data import StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows, split_urls
-from training.losses import WeightingParams
-from training.metrics import contingency, kmeans, matched_labels
-from training.run_dir import load_run
-from training.stream import EvalStream, loader
-from training.train_config import IOConfig
-from training.validation import Scoring, evaluate_pass
+from tokweight.pipeline.backbone import load_backbone
+from tokweight.pipeline.labels import DatasetLabels, load_labels
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.templates import Layout, template_ids
+from tokweight.store.tables import general, markdown_table
+from tokweight.training.baselines import make_baseline
+from tokweight.training.control import CONTROL_RULE, reference_control, reference_markdown, strategy_execution, z_use
+from tokweight.training.cvae import CVAE
+from tokweight.training.data import StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows, split_urls
+from tokweight.training.losses import WeightingParams
+from tokweight.training.metrics import contingency, kmeans, matched_labels
+from tokweight.training.run_dir import load_run
+from tokweight.training.stream import EvalStream, loader
+from tokweight.training.train_config import IOConfig
+from tokweight.training.validation import Scoring, evaluate_pass
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, ba
     With --checkpoint and --data: the weightings compared on your own task and checkpoint."""
     import torch
 
-    from training.experiments.task import TaskConfig, base_model
+    from tokweight.training.experiments.task import TaskConfig, base_model
 
     torch.set_num_threads(1)
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
@@ -68,7 +68,7 @@ def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, ba
 
 def own_job(out, quick, sweep, own: dict, chosen: dict):
     """(config, its run) of the user-task comparison, before the flags every job takes."""
-    from training.experiments import own_task
+    from tokweight.training.experiments import own_task
 
     if own["checkpoint"] is None or own["data"] is None:
         raise ValueError("your own task needs both --checkpoint CKPT and --data DATA")
@@ -80,8 +80,8 @@ def own_job(out, quick, sweep, own: dict, chosen: dict):
 
 def job(out, quick, sweep, settings, refine, task, chosen: dict):
     """(config, its run) of the sweep or of the grid, before the flags both take."""
-    from training.experiments import grid
-    from training.experiments import sweep as sw
+    from tokweight.training.experiments import grid
+    from tokweight.training.experiments import sweep as sw
 
     if sweep == "beta":
         cfg = sw.SweepConfig(out=out, task=task, refine=refine, **chosen)

@@ -23,9 +23,9 @@ from pathlib import Path
 import click
 from safetensors.torch import save_file
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.model import GPT
-from pipeline.vocab import SPECIALS, Vocab
+from tokweight.pipeline.checkpoint import load_checkpoint
+from tokweight.pipeline.model import GPT
+from tokweight.pipeline.vocab import SPECIALS, Vocab
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_EXTRA = "pip install 'tokweight[hf]'"

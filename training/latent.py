@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from training.global_batch import LOCAL, GlobalBatch
-from training.losses import categorical_kl, gaussian_kl
+from tokweight.training.global_batch import LOCAL, GlobalBatch
+from tokweight.training.losses import categorical_kl, gaussian_kl
 
 
 class CategoricalLatent(nn.Module):

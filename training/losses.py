@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from training.global_batch import LOCAL, GlobalBatch
+from tokweight.training.global_batch import LOCAL, GlobalBatch
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from training.train_config import RemedyConfig
+from tokweight.training.train_config import RemedyConfig
 
 REMEDY_FIELDS = frozenset({f.name for f in fields(RemedyConfig)} | {"cvae"})  # "cvae": its CVAE_REMEDY_FIELDS
 CVAE_REMEDY_FIELDS = frozenset({"posterior_pool", "posterior_encoder", "encoder_layers", "encoder_d_model"})

@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.backbone import load_backbone
-from pipeline.model import GPT, ModelConfig
-from pipeline.vocab import Vocab
-from training.cvae import CVAE, CVAEConfig, build_cvae
-from training.train_config import TrainConfig
+from tokweight.pipeline.backbone import load_backbone
+from tokweight.pipeline.model import GPT, ModelConfig
+from tokweight.pipeline.vocab import Vocab
+from tokweight.training.cvae import CVAE, CVAEConfig, build_cvae
+from tokweight.training.train_config import TrainConfig
 
 
 def write_config(cfg: TrainConfig) -> None:

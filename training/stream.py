@@ -23,8 +23,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 import webdataset as wds
 
-from pipeline.errors import SampleError, Skips
-from training.data import (Example, StoreMismatchError, StreamSpec, TrainBatch, batched, collate_examples, open_store,
+from tokweight.pipeline.errors import SampleError, Skips
+from tokweight.training.data import (Example, StoreMismatchError, StreamSpec, TrainBatch, batched, collate_examples, open_store,
                            shard_examples, shard_label, shuffle)
 
 

@@ -26,23 +26,23 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from pipeline.backbone import load_backbone
-from pipeline.errors import Skips
-from pipeline.labels import load_labels
-from pipeline.ranks import Ranks
-from pipeline.vocab import Vocab
-from training.baselines import Baseline, make_baseline
-from training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent_embeddings
-from training.data import StoreRef, StreamSpec, TrainBatch, extract_command, shards_without_rows, split_urls
-from training.estep import EStepConfig, em_objective, strategy_indices
-from training.global_batch import GlobalBatch
-from training.losses import (WeightingParams, anchor_penalty, example_kl, reconstruction_weights,
+from tokweight.pipeline.backbone import load_backbone
+from tokweight.pipeline.errors import Skips
+from tokweight.pipeline.labels import load_labels
+from tokweight.pipeline.ranks import Ranks
+from tokweight.pipeline.vocab import Vocab
+from tokweight.training.baselines import Baseline, make_baseline
+from tokweight.training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent_embeddings
+from tokweight.training.data import StoreRef, StreamSpec, TrainBatch, extract_command, shards_without_rows, split_urls
+from tokweight.training.estep import EStepConfig, em_objective, strategy_indices
+from tokweight.training.global_batch import GlobalBatch
+from tokweight.training.losses import (WeightingParams, anchor_penalty, example_kl, reconstruction_weights,
                              weighted_reconstruction)
-from training.metrics import entropy, informative_token_spread, posterior_gradient_norms
-from training.run_dir import append_metrics, resume, save_checkpoint, write_config
-from training.stream import TrainStream
-from training.train_config import IOConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
-from training.validation import Scoring, validate
+from tokweight.training.metrics import entropy, informative_token_spread, posterior_gradient_norms
+from tokweight.training.run_dir import append_metrics, resume, save_checkpoint, write_config
+from tokweight.training.stream import TrainStream
+from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
+from tokweight.training.validation import Scoring, validate
 
 # ---------------------------------------------------------------- setup
 

@@ -17,14 +17,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from pipeline.backbone import s_nll
-from pipeline.checkpoint import save_checkpoint
-from pipeline.labels import DatasetLabels, load_labels
-from pipeline.model import GPT, ModelConfig
-from pipeline.samples import Sample
-from pipeline.shards import iter_samples, resolve_shards
-from pipeline.templates import collate, template_ids
-from pipeline.vocab import Vocab
+from tokweight.pipeline.backbone import s_nll
+from tokweight.pipeline.checkpoint import save_checkpoint
+from tokweight.pipeline.labels import DatasetLabels, load_labels
+from tokweight.pipeline.model import GPT, ModelConfig
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.shards import iter_samples, resolve_shards
+from tokweight.pipeline.templates import collate, template_ids
+from tokweight.pipeline.vocab import Vocab
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import click
 
 def echo_skips(result: dict) -> None:
     """The one stderr line saying which samples the run left out, if it left any out."""
-    from pipeline.errors import Skips
+    from tokweight.pipeline.errors import Skips
 
     if line := Skips(result.get("skipped_shards")).summary_line():
         click.echo(line, err=True)
@@ -88,11 +88,11 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
 
     from dataclasses import replace
 
-    from training.cvae import CVAEConfig
-    from training.recipes import with_recipe
-    from training.schedules import BetaSchedule
-    from training.train import run
-    from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.recipes import with_recipe
+    from tokweight.training.schedules import BetaSchedule
+    from tokweight.training.train import run
+    from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     torch.set_num_threads(1)
     given = lambda **kw: {k: v for k, v in kw.items() if v is not None}
@@ -132,7 +132,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, prior, cond, slots, we
 @click.option("--device", default="cpu")
 def evaluate(run_dir, data, split, decode_examples, device):
     """All metrics on a split plus decode-per-latent -> RUN/eval.json and RUN/eval.md."""
-    from training.evaluate import EvalConfig, run_eval
+    from tokweight.training.evaluate import EvalConfig, run_eval
 
     try:
         result = run_eval(EvalConfig(run=run_dir, data=data, split=split, decode_examples=decode_examples,

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from training.baselines import POLICIES
-from training.cvae import CVAEConfig
-from training.estep import EStepConfig
-from training.losses import WEIGHTINGS, WeightingParams, check_free_bits
-from training.schedules import BetaSchedule
+from tokweight.training.baselines import POLICIES
+from tokweight.training.cvae import CVAEConfig
+from tokweight.training.estep import EStepConfig
+from tokweight.training.losses import WEIGHTINGS, WeightingParams, check_free_bits
+from tokweight.training.schedules import BetaSchedule
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.errors import Skips
-from training.baselines import Baseline
-from training.cvae import CVAE, CVAEConfig
-from training.data import StreamSpec, TrainBatch
-from training.losses import WeightingParams, example_kl, reconstruction_weights, weighted_reconstruction
-from training.metrics import EvalRecords
-from training.run_dir import append_metrics
-from training.stream import EvalStream, loader
-from training.train_config import LossConfig
+from tokweight.pipeline.errors import Skips
+from tokweight.training.baselines import Baseline
+from tokweight.training.cvae import CVAE, CVAEConfig
+from tokweight.training.data import StreamSpec, TrainBatch
+from tokweight.training.losses import WeightingParams, example_kl, reconstruction_weights, weighted_reconstruction
+from tokweight.training.metrics import EvalRecords
+from tokweight.training.run_dir import append_metrics
+from tokweight.training.stream import EvalStream, loader
+from tokweight.training.train_config import LossConfig
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from pipeline.synth import load_synth_config
-from store.manifest import write_json_atomic
-from store.plots import figure
-from store.tables import markdown_table
-from training.recipes import with_recipe
+from tokweight.pipeline.synth import load_synth_config
+from tokweight.store.manifest import write_json_atomic
+from tokweight.store.plots import figure
+from tokweight.store.tables import markdown_table
+from tokweight.training.recipes import with_recipe
 
 WEIGHTINGS = ("uniform", "sum", "surprisal-share")
 
@@ -28,7 +28,7 @@ def strategy_count(data: str, k: int) -> int:
 
 def curve(run_dir: Path) -> list[tuple[int, float, float]]:
     """(step, MI, NMI) of every validation line of a run, periodic and final."""
-    from training.run_dir import read_metrics
+    from tokweight.training.run_dir import read_metrics
 
     return [(r["step"], r["mi"], r.get("strategy_nmi", float("nan"))) for r in read_metrics(run_dir)
             if r.get("split") == "val"]
@@ -40,7 +40,7 @@ def first_step_at(points: list[tuple[int, float, float]], threshold: float) -> i
 
 def run_cell(base, recipe: str, weighting: str, run_dir: Path) -> dict:
     """The train result of ``base`` (a TrainConfig) under ``recipe`` and ``weighting`` in ``run_dir``."""
-    from training.train import run
+    from tokweight.training.train import run
 
     done = run_dir / "result.json"
     if done.is_file():

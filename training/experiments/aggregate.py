@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.experiments.cells import DIAGNOSTICS, METRICS
+from tokweight.training.experiments.cells import DIAGNOSTICS, METRICS
 
 GROUP_KEYS = ("group", "setting", "latent", "cond", "weighting", "beta")
 

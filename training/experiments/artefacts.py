@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from store.fingerprint import canonical_json
-from store.manifest import write_json_atomic
-from store.tables import fixed
-from training.experiments.task import Setting, TaskConfig, base_config, synth_config
+from tokweight.store.fingerprint import canonical_json
+from tokweight.store.manifest import write_json_atomic
+from tokweight.store.tables import fixed
+from tokweight.training.experiments.task import Setting, TaskConfig, base_config, synth_config
 
 Echo = Callable[[str], None]
 
@@ -54,7 +54,7 @@ class Prepared:
 
 def prepare_data(task: TaskConfig, setting: Setting, root: Path) -> tuple[Path, str, dict, bool]:
     """(directory, key, dataset.json, reused)."""
-    from pipeline.synth import write_dataset
+    from tokweight.pipeline.synth import write_dataset
 
     cfg = synth_config(task, setting)
     spec = json.loads(json.dumps(asdict(cfg)))
@@ -74,7 +74,7 @@ def base_key(task: TaskConfig, data_key: str) -> str:
 
 def prepare_base(task: TaskConfig, setting: Setting, data: Path, data_key: str, root: Path) -> tuple[Path, dict, bool]:
     """(checkpoint directory, train-base result with fingerprint, reused)."""
-    from training.train_base import run as train_base
+    from tokweight.training.train_base import run as train_base
 
     key = base_key(task, data_key)
     path = root / "base" / f"{setting.name}-{key}"
@@ -89,7 +89,7 @@ def prepare_base(task: TaskConfig, setting: Setting, data: Path, data_key: str, 
 
 def loads_as(checkpoint: Path, fingerprint: str) -> bool:
     """Whether the checkpoint loads (its files match its own fingerprint) and is the one recorded."""
-    from pipeline.checkpoint import load_checkpoint
+    from tokweight.pipeline.checkpoint import load_checkpoint
 
     try:
         return load_checkpoint(checkpoint).fingerprint == fingerprint
@@ -99,7 +99,7 @@ def loads_as(checkpoint: Path, fingerprint: str) -> bool:
 
 def inspection_estimate(store: Path, fingerprint: str) -> dict:
     """The inspection's headline numbers for one fingerprint (store/sql/summary.sql)."""
-    from store.sql import connect, read_sql
+    from tokweight.store.sql import connect, read_sql
 
     con = connect(store, [fingerprint])
     row = con.sql(read_sql("summary")).to_arrow_table().to_pylist()[0]
@@ -121,8 +121,8 @@ def setting_stats(setting: Setting, info: dict, store: Path, base_result: dict) 
 
 
 def prepare_setting(task: TaskConfig, setting: Setting, root: Path, echo: Echo) -> Prepared:
-    from pipeline.extract import ExtractConfig
-    from pipeline.extract import run as extract
+    from tokweight.pipeline.extract import ExtractConfig
+    from tokweight.pipeline.extract import run as extract
 
     start = time.perf_counter()
     data, data_key, info, data_reused = prepare_data(task, setting, root)

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from store.manifest import write_json_atomic
-from store.tables import fixed
-from training.experiments.artefacts import Echo, Prepared, key_of, read_json
-from training.recipes import with_recipe
+from tokweight.store.manifest import write_json_atomic
+from tokweight.store.tables import fixed
+from tokweight.training.experiments.artefacts import Echo, Prepared, key_of, read_json
+from tokweight.training.recipes import with_recipe
 
 METRICS = ("mi", "strategy_mi", "kl", "strategy_nmi", "control_accuracy", "recon_uniform", "recon", "active_units")
 """Per-cell numbers: mi (exact, discrete only), strategy_mi (exact I(z; strategy), discrete only), kl,
@@ -55,7 +55,7 @@ class CellBudget:
 
     def beta(self, beta: float):
         """The cell's BetaSchedule: constant, or the linear warm-up to ``beta``."""
-        from training.schedules import BetaSchedule
+        from tokweight.training.schedules import BetaSchedule
 
         if self.beta_warmup_steps:
             return BetaSchedule(beta, "linear", self.beta_warmup_steps)
@@ -100,8 +100,8 @@ class Cell:
 def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
     """The cell's axes (latent, K, pathway, weighting, beta, seed) on the budget, then the recipe's
     remedy fields by ``with_recipe``: a recipe says how to train, the cell what is compared."""
-    from training.cvae import CVAEConfig
-    from training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     b = plan.budget
     cfg = TrainConfig(
@@ -124,7 +124,7 @@ def cell_key(tcfg, prep: Prepared, decode_examples: int) -> str:
 def init_gradients(run_dir: Path) -> dict:
     """grad_recon / grad_kl of the posterior head at step 0 (training.metrics.posterior_gradient_norms), and
     the decoder's response to z at the most surprising token (l_t0_spread) at step 0 and the last logged step."""
-    from training.run_dir import read_metrics
+    from tokweight.training.run_dir import read_metrics
 
     train = [r for r in read_metrics(run_dir) if "loss" in r]
     first = next((r for r in train if r.get("step") == 0 and "grad_recon" in r), {})
@@ -150,8 +150,8 @@ def run_cell(cell: Cell, prep: Prepared, plan: CellPlan, root: Path) -> tuple[di
 
 def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
     """Train the run, evaluate it on the test split: the record's numbers."""
-    from training.evaluate import EvalConfig, run_eval
-    from training.train import run as train
+    from tokweight.training.evaluate import EvalConfig, run_eval
+    from tokweight.training.train import run as train
 
     start = time.perf_counter()
     trained = train(tcfg)  # refuses a run directory trained from another checkpoint

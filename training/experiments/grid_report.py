@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from store.plots import figure
-from store.tables import MISSING, fixed, markdown_table
-from training.conditioning import MODES as COND_MODES
-from training.experiments.report import header_lines, pm
+from tokweight.store.plots import figure
+from tokweight.store.tables import MISSING, fixed, markdown_table
+from tokweight.training.conditioning import MODES as COND_MODES
+from tokweight.training.experiments.report import header_lines, pm
 
 if TYPE_CHECKING:
-    from training.experiments.grid import ExperimentConfig
+    from tokweight.training.experiments.grid import ExperimentConfig
 
 EVERY_METRIC = ("MI", "I(z; strategy)", "KL", "strategy NMI", "control", "recon")
 """Headers of ``metric_cells``."""

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from store.tables import fixed
-from training.experiments.aggregate import GROUP_KEYS, mean_std, seed_stats
-from training.experiments.artefacts import Echo, Prepared, read_json
-from training.experiments.cells import Cell, CellPlan, each_cell, run_cell
-from training.experiments.own_inputs import SETTING
+from tokweight.store.tables import fixed
+from tokweight.training.experiments.aggregate import GROUP_KEYS, mean_std, seed_stats
+from tokweight.training.experiments.artefacts import Echo, Prepared, read_json
+from tokweight.training.experiments.cells import Cell, CellPlan, each_cell, run_cell
+from tokweight.training.experiments.own_inputs import SETTING
 
 CONTROL = ("exact_match", "chance_exact_match", "first_token_match", "chance_first_token_match")
 """Decode-per-latent against the references: the rate under each example's matched latent value, and chance

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.parts import sha256_path
-from store.tables import fixed
-from training.experiments.artefacts import Echo, Prepared, key_of
+from tokweight.store.parts import sha256_path
+from tokweight.store.tables import fixed
+from tokweight.training.experiments.artefacts import Echo, Prepared, key_of
 
 SPLITS = ("train", "val", "test")
 """The CVAE trains on train, validates on val and is reported on test."""
@@ -48,7 +48,7 @@ def data_key(data: Path, shards: dict[str, list[Path]]) -> str:
 def latent_k(data: Path, k: int | None, k_max: int, checkpoint: str) -> int:
     """K: ``k`` if given, else the number of the data's strategy labels; refused above the checkpoint's
     latent tokens."""
-    from pipeline.labels import load_labels
+    from tokweight.pipeline.labels import load_labels
 
     labels = load_labels(data).strategies
     if k is None and len(labels) < 2:
@@ -74,8 +74,8 @@ def check_store(store: Path, fingerprint: str, checkpoint: str) -> None:
 
 def extract_store(checkpoint: str, data: Path, store: Path) -> bool:
     """Write (or finish) the checkpoint's store over every split; True if it was complete already."""
-    from pipeline.extract import ExtractConfig
-    from pipeline.extract import run as extract
+    from tokweight.pipeline.extract import ExtractConfig
+    from tokweight.pipeline.extract import run as extract
 
     done = extract(ExtractConfig(checkpoint=checkpoint, data=str(data), store=str(store), progress=False))
     return done["nothing_to_do"]
@@ -95,7 +95,7 @@ class Checkpoint:
 
 
 def read_checkpoint(path: str) -> Checkpoint:
-    from pipeline.backbone import load_backbone
+    from tokweight.pipeline.backbone import load_backbone
 
     ckpt = load_backbone(path)
     return Checkpoint(path, ckpt.fingerprint, ckpt.meta.get("kind", "tokweight"),  # hf: "huggingface"
@@ -108,8 +108,8 @@ def read_checkpoint(path: str) -> Checkpoint:
 def data_connection(store: Path, fingerprint: str, shards: list[Path]):
     """A DuckDB connection over the store (store.sql) whose views read only these shards' parts: a store may
     also hold what the checkpoint scored of other data."""
-    from store.baseline_store import BaselineStore
-    from store.sql import connect
+    from tokweight.store.baseline_store import BaselineStore
+    from tokweight.store.sql import connect
 
     view = BaselineStore(store).open(fingerprint)
     return connect(store, [fingerprint], shards={view.input_for_shard(p)["name"] for p in shards})
@@ -118,7 +118,7 @@ def data_connection(store: Path, fingerprint: str, shards: list[Path]):
 def predictions(con) -> dict:
     """The store's headline numbers over this data (store/sql/summary.sql): dilution, T/(t0+1), effective
     tokens, the gain ratio if z removed every b."""
-    from store.sql import read_sql
+    from tokweight.store.sql import read_sql
 
     row = con.sql(read_sql("summary")).to_arrow_table().to_pylist()[0]
     keep = ("examples", "tokens", "mean_T", "mean_b", "mean_example_mean_b", "mean_dilution", "mean_amplification",
@@ -129,7 +129,7 @@ def predictions(con) -> dict:
 
 def profile(con) -> list[dict]:
     """Mean b and mean share pi per position of S, the first PROFILE_POSITIONS (store/sql/profile_by_position.sql)."""
-    from store.sql import read_sql
+    from tokweight.store.sql import read_sql
 
     rows = con.sql(read_sql("profile_by_position")).to_arrow_table().to_pylist()
     return [{k: r[k] for k in ("pos", "n", "mean_b", "mean_pi")} for r in rows[:PROFILE_POSITIONS]]
@@ -138,7 +138,7 @@ def profile(con) -> list[dict]:
 def predicted_beta_c(con) -> dict[str, float | None]:
     """weighting -> beta_c predicted from the store (store.report.PREDICTED_BETA_C: the z-gain over its KL
     cost H(label)); None where no example carries a label."""
-    from store.report import predicted_beta_c as predicted
+    from tokweight.store.report import predicted_beta_c as predicted
 
     return {r["weighting"]: r["beta_c_predicted"] for r in predicted(con)}
 
@@ -146,7 +146,7 @@ def predicted_beta_c(con) -> dict[str, float | None]:
 def base_nll(store: Path, fingerprint: str, test: list[Path]) -> float:
     """The base model's token-mean NLL on the test split: mean over examples of mean_t b_t, the quantity a
     cell's recon_uniform measures for its decoder."""
-    from store.baseline_store import BaselineStore
+    from tokweight.store.baseline_store import BaselineStore
 
     return BaselineStore(store).open(fingerprint).mean_example_mean_b(test)
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from store.plots import figure
-from store.tables import MISSING, fixed, markdown_table
-from training.experiments.collapse import KEPT_FRACTION, beta_c, show
-from training.experiments.report import machine, pm
+from tokweight.store.plots import figure
+from tokweight.store.tables import MISSING, fixed, markdown_table
+from tokweight.training.experiments.collapse import KEPT_FRACTION, beta_c, show
+from tokweight.training.experiments.report import machine, pm
 
 if TYPE_CHECKING:
-    from training.experiments.artefacts import Prepared
-    from training.experiments.own_inputs import Checkpoint
-    from training.experiments.own_task import OwnTaskConfig
+    from tokweight.training.experiments.artefacts import Prepared
+    from tokweight.training.experiments.own_inputs import Checkpoint
+    from tokweight.training.experiments.own_task import OwnTaskConfig
 
 NOT_PREDICTED = "n/a"
 """A predicted beta_c the store cannot give (no example carries a label: the KL cost is unknown)."""

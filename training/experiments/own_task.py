@@ -16,12 +16,12 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from store.manifest import write_json_atomic
-from store.plots import save_figures
-from training.conditioning import MODES as COND_MODES
-from training.experiments.artefacts import Echo
-from training.experiments.cells import CellBudget, CellPlan
-from training.experiments.own_cells import (
+from tokweight.store.manifest import write_json_atomic
+from tokweight.store.plots import save_figures
+from tokweight.training.conditioning import MODES as COND_MODES
+from tokweight.training.experiments.artefacts import Echo
+from tokweight.training.experiments.cells import CellBudget, CellPlan
+from tokweight.training.experiments.own_cells import (
     LAMBDA,
     Loss,
     OwnCell,
@@ -29,19 +29,19 @@ from training.experiments.own_cells import (
     own_cell,
     run_own_cells,
 )
-from training.experiments.own_inputs import (
+from tokweight.training.experiments.own_inputs import (
     check_store,
     latent_k,
     prepare,
     read_checkpoint,
     split_shards,
 )
-from training.experiments.own_report import plot_arms, render
-from training.experiments.report import write_csv
-from training.experiments.sweep import log_grid
-from training.experiments.task import coerce_nested
-from training.losses import WEIGHTINGS
-from training.recipes import recipe_overrides
+from tokweight.training.experiments.own_report import plot_arms, render
+from tokweight.training.experiments.report import write_csv
+from tokweight.training.experiments.sweep import log_grid
+from tokweight.training.experiments.task import coerce_nested
+from tokweight.training.losses import WEIGHTINGS
+from tokweight.training.recipes import recipe_overrides
 
 DEFAULT_RECIPE = "scratch"
 """The recipe every cell trains with (training.recipes): the exact E-step of J at the step's beta (so beta keeps

@@ -10,9 +10,9 @@ import platform
 from dataclasses import asdict
 from pathlib import Path
 
-from store.manifest import write_json_atomic
-from store.tables import MISSING
-from training.experiments.task import TaskConfig
+from tokweight.store.manifest import write_json_atomic
+from tokweight.store.tables import MISSING
+from tokweight.training.experiments.task import TaskConfig
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

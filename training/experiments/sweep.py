@@ -33,16 +33,16 @@ from pathlib import Path
 
 import numpy as np
 
-from store.plots import save_figures
-from training.experiments.aggregate import aggregate, mean_std
-from training.experiments.artefacts import Echo, prepare_all
-from training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from training.experiments.collapse import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, beta_c, bracket,
+from tokweight.store.plots import save_figures
+from tokweight.training.experiments.aggregate import aggregate, mean_std
+from tokweight.training.experiments.artefacts import Echo, prepare_all
+from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
+from tokweight.training.experiments.collapse import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, beta_c, bracket,
                                            midpoint, narrow, show, suffix)
-from training.experiments.report import write_config, write_csv
-from training.experiments.sweep_report import plot_mi_vs_beta, plot_mi_vs_step, render
-from training.experiments.task import TaskConfig, coerce_nested
-from training.recipes import recipe_overrides
+from tokweight.training.experiments.report import write_config, write_csv
+from tokweight.training.experiments.sweep_report import plot_mi_vs_beta, plot_mi_vs_step, render
+from tokweight.training.experiments.task import TaskConfig, coerce_nested
+from tokweight.training.recipes import recipe_overrides
 
 def log_grid(lo: float, hi: float, n: int) -> tuple[float, ...]:
     """n log-spaced values from lo to hi, rounded to 4 significant digits (readable keys and labels)."""
@@ -173,8 +173,8 @@ def summarize(rows: list[dict], means: dict[tuple, dict], cfg: SweepConfig, sett
 def store_predictions(prepared: dict) -> dict[tuple[str, str], float | None]:
     """(setting, weighting) -> beta_c predicted from the setting's store before any training
     (store.report.predicted_beta_c: the gain of a z that removes every b, over its KL cost)."""
-    from store.report import predicted_beta_c
-    from store.sql import connect
+    from tokweight.store.report import predicted_beta_c
+    from tokweight.store.sql import connect
 
     out = {}
     for name, prep in prepared.items():

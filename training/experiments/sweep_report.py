@@ -8,20 +8,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from store.plots import figure
-from store.tables import fixed, markdown_table
-from training.experiments.collapse import (
+from tokweight.store.plots import figure
+from tokweight.store.tables import fixed, markdown_table
+from tokweight.training.experiments.collapse import (
     CRITERIA,
     KEPT_FRACTION,
     NO_BETA,
     PREDICTION_TOLERANCE,
 )
-from training.experiments.report import header_lines, pm
-from training.metrics import entropy
-from training.recipes import recipe_overrides
+from tokweight.training.experiments.report import header_lines, pm
+from tokweight.training.metrics import entropy
+from tokweight.training.recipes import recipe_overrides
 
 if TYPE_CHECKING:
-    from training.experiments.sweep import SweepConfig
+    from tokweight.training.experiments.sweep import SweepConfig
 
 
 def render(cfg: SweepConfig, summary: list[dict], ratios: list[dict], rows: list[dict], means: dict[tuple, dict],
@@ -112,7 +112,7 @@ def plot_mi_vs_beta(means: dict[tuple, dict], cfg: SweepConfig, settings: dict[s
 
 def batch_mi(run_dir: Path) -> tuple[list[int], list[float]]:
     """(steps, exact MI of each logged training batch = H(mean_i q_i) - mean_i H(q_i), nats)."""
-    from training.run_dir import read_metrics
+    from tokweight.training.run_dir import read_metrics
 
     logged = [r for r in read_metrics(run_dir) if "usage" in r and "q_entropy" in r]
     return [r["step"] for r in logged], [float(entropy(np.asarray(r["usage"])) - r["q_entropy"]) for r in logged]

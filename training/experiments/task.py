@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pipeline.synth import SynthConfig
-from training.train_base import BaseTrainConfig
+from tokweight.pipeline.synth import SynthConfig
+from tokweight.training.train_base import BaseTrainConfig
 
 
 @dataclass(frozen=True)

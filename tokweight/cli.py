@@ -12,12 +12,12 @@ from pathlib import Path
 
 import click
 
-from pipeline.extract_cli import extract
-from pipeline.inspect_cli import inspect_cmd
-from store.cli import store
-from store.inspect_cli import sql_cmd
-from training.train_cli import evaluate as eval_cmd, train as train_cmd
-from training.experiment_cli import experiment
+from tokweight.pipeline.extract_cli import extract
+from tokweight.pipeline.inspect_cli import inspect_cmd
+from tokweight.store.cli import store
+from tokweight.store.inspect_cli import sql_cmd
+from tokweight.training.train_cli import evaluate as eval_cmd, train as train_cmd
+from tokweight.training.experiment_cli import experiment
 
 
 OUTPUT_OPTIONS = ("--out", "--store")  # what a command creates; a failed one leaves no empty one behind
@@ -80,7 +80,7 @@ def synth(out, preset, seed, header_len, min_len, max_len):
     """Write strategy-ambiguous synthetic WebDataset shards and dataset.json."""
     from dataclasses import replace
 
-    from pipeline.synth import PRESETS, write_dataset
+    from tokweight.pipeline.synth import PRESETS, write_dataset
 
     overrides = {k: v for k, v in dict(header_len=header_len, min_len=min_len, max_len=max_len).items()
                  if v is not None}
@@ -108,7 +108,7 @@ def synth(out, preset, seed, header_len, min_len, max_len):
 @click.option("--overwrite", is_flag=True, help="Replace the dataset OUT already holds.")
 def convert(jsonl, out, shard_size, on_bad, val_fraction, test_fraction, seed, split_field, overwrite):
     """Convert JSON lines ({"x": [...], "y": [...], ...}) into train/val/test WebDataset shards."""
-    from pipeline.convert import ConvertConfig, run
+    from tokweight.pipeline.convert import ConvertConfig, run
 
     try:
         info = run(ConvertConfig(jsonl=jsonl, out=out, shard_size=shard_size, on_bad=on_bad,
@@ -134,7 +134,7 @@ def train_base(data, out, preset, steps, seed, k_max, device):
     """Train the entangled (z-free) base model on S and write a fingerprinted checkpoint."""
     import torch
 
-    from training.train_base import BASE_PRESETS, BaseTrainConfig, run
+    from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig, run
 
     torch.set_num_threads(1)  # small models: one thread is fastest, two oversubscribe a shared core
     overrides = {"steps": steps} if steps else {}
@@ -151,7 +151,7 @@ def train_base(data, out, preset, steps, seed, k_max, device):
 @click.argument("out", type=click.Path(file_okay=False))
 def export_hf_cmd(checkpoint, out):
     """Write CHECKPOINT as a directory that transformers.GPT2LMHeadModel loads."""
-    from training.export_hf import export_hf
+    from tokweight.training.export_hf import export_hf
 
     click.echo(str(export_hf(checkpoint, out)))
 
@@ -168,7 +168,7 @@ def demo(out, preset, cvae_steps, beta, recipe, seed):
     """The whole pipeline on built-in data: synth -> train-base -> extract -> train -> eval -> inspect."""
     import torch
 
-    from training.demo import DemoConfig, run
+    from tokweight.training.demo import DemoConfig, run
 
     torch.set_num_threads(1)  # small models: one thread is fastest (STACK-NOTES)
     result = run(DemoConfig(out=out, preset=preset, cvae_steps=cvae_steps, beta=beta, recipe=recipe, seed=seed))

@@ -1,0 +1,1 @@
+"""tokweight: surprisal-share token weighting for latent-strategy CVAEs."""
