@@ -18,8 +18,19 @@ class RankFailed(RuntimeError):
     """Another rank of the job failed; its message is included."""
 
 
+def resolve_device(requested: str) -> str:
+    """``requested`` with "auto" resolved: "cuda" when torch sees a GPU, else "cpu"."""
+    if requested != "auto":
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def rank_device(requested: str, local_rank: int) -> str:
-    """The device a rank runs on: "cuda" means this node's GPU number LOCAL_RANK."""
+    """The device a rank runs on: "cuda" (or "auto" on a machine with GPUs) means this node's GPU number
+    LOCAL_RANK."""
+    requested = resolve_device(requested)
     return f"cuda:{local_rank}" if requested == "cuda" else requested
 
 

@@ -24,7 +24,7 @@ from tokweight.training.experiments.artefacts import prepare_all
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.training.experiments.report import write_csv
 from tokweight.training.experiments.task import DEFAULT_SETTINGS, Setting, TaskConfig
-from tokweight.training.recipes import RECIPES
+from tokweight.training.experiments.recipes import RECIPES
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "results" / "from-scratch"
 LONG = Setting("h0-n32", 0, 32, 32)

@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from tokweight.training.cvae import CVAEConfig
-from tokweight.training.recipes import with_recipe
+from tokweight.training.experiments.recipes import with_recipe
 from tokweight.training.train import run
-from tokweight.training.train_config import IOConfig, LogConfig, OptimConfig, RemedyConfig, TrainConfig
+from tokweight.training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig
 
 TIMEOUT_S = 240
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def common(tiny, tiny_store, out: Path, batch_size: int, lanes: int | None = Non
     return TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), store=str(tiny_store), out=str(out),
                                 lanes=lanes, num_workers=0),
                        optim=OptimConfig(steps=4, batch_size=batch_size, seed=3),
-                       log=LogConfig(log_every=1, grad_diag_every=2, ckpt_every=4))
+                       log=LogConfig(log_every=1, ckpt_every=4))
 
 
 def test_two_ranks_equal_one_process_with_the_global_batch(tiny, tiny_store, tmp_path):
@@ -68,7 +68,7 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tiny, tiny_store, tmp
     run(common(tiny, tiny_store, tmp_path / "one", batch_size=8, lanes=2))
     torchrun(["-m", "tokweight.cli", "train", "--checkpoint", str(ckpt), "--data", str(data), "--store",
               str(tiny_store), "--out", str(tmp_path / "two"), "--steps", "4", "--batch-size", "4", "--log-every",
-              "1", "--grad-diag-every", "2", "--ckpt-every", "4", "--num-workers", "0", "--seed", "3"])
+              "1", "--ckpt-every", "4", "--num-workers", "0", "--seed", "3"])
     assert relative_difference(tmp_path / "one", tmp_path / "two", Path(ckpt)) < MAX_RELATIVE_DIFFERENCE
     # the exact validation pass saw every val example once across the two ranks
     last = json.loads((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[-1])
@@ -82,8 +82,6 @@ COUPLED = {  # objectives with a term over the whole batch, and what couples it
     "free-bits": lambda cfg: replace(cfg, loss=replace(cfg.loss, free_bits=0.5)),  # floor on the batch-mean KL
     "free-bits-continuous": lambda cfg: replace(cfg, cvae=CVAEConfig(latent="continuous"),
                                                 loss=replace(cfg.loss, free_bits=0.1)),
-    # posterior-only steps
-    "aggressive": lambda cfg: replace(cfg, remedies=RemedyConfig(aggressive_steps=3, aggressive_until=4)),
 }
 
 

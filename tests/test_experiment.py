@@ -14,7 +14,7 @@ import pytest
 from tokweight.training.experiments import artefacts, cells, grid as exp
 from tokweight.training.experiments.grid_report import plot_amplification
 from tokweight.training.experiments.task import Setting, TaskConfig, synth_config
-from tokweight.training.recipes import RECIPES, recipe_overrides, with_recipe
+from tokweight.training.experiments.recipes import RECIPES, recipe_overrides, with_recipe
 from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK
 
 

@@ -33,33 +33,50 @@ REGENERATE = "python -m tests.test_golden --write"
 FIELDS = ("loss", "recon", "kl")
 RTOL, ATOL = 1e-5, 1e-6
 
-# The runs' fields in TrainConfig's flat form (the one config.json had before the grouping, which the golden
-# file records and ``TrainConfig.from_json`` reads). Fields every run sets (besides the fixture paths
+# The runs' fields as TrainConfig.to_json groups them. Fields every run sets (besides the fixture paths
 # checkpoint, data, store and out):
-COMMON = dict(policy="precomputed", steps=8, batch_size=8, log_every=1, num_workers=0, grad_diag_every=0,
-              ckpt_every=8, eval_batch_size=64, seed=0, device="cpu")
-# Each run's own fields, JSON-native (TrainConfig.from_json turns the cvae / estep dicts into their configs).
+COMMON = {"io": {"num_workers": 0, "device": "cpu"}, "loss": {"policy": "precomputed"},
+          "optim": {"steps": 8, "batch_size": 8, "seed": 0},
+          "log": {"log_every": 1, "grad_diag_every": 0, "ckpt_every": 8, "eval_batch_size": 64}}
+# The configuration before the defaults became the from-scratch recipe: one z token, beta 1 from step 0, no
+# remedy, no anchor, lr 1e-3. Spelt out so that the runs recorded under it keep their numbers.
+PLAIN = {"cvae": {"cond": "token", "posterior_pool": "last"}, "loss": {"beta": {"beta": 1.0, "warmup_steps": 0},
+                                                                       "anchor_weight": 0.0, "anchor_margin": 0.0},
+         "remedies": {}, "optim": {"lr": 1e-3}}
+# Each run's own fields, JSON-native (TrainConfig.from_json turns the dicts into their configs).
 RUNS: dict[str, dict] = {
-    "discrete": {"cvae": {"latent": "discrete", "k": 4}},
-    "continuous": {"cvae": {"latent": "continuous"}},
-    # the em-balanced recipe's fields, spelt out so that a recipe edit does not move this run
-    "discrete-estep-hard": {"cvae": {"latent": "discrete", "k": 4}, "latent_embedding_norm": 3.0,
-                            "estep": {"mode": "hard", "balance_iters": 3}},
-    "continuous-example-inverse-free-bits": {"cvae": {"latent": "continuous"}, "weighting": "example-inverse",
-                                             "free_bits": 0.1},
+    "discrete": {**PLAIN, "cvae": {**PLAIN["cvae"], "latent": "discrete", "k": 4}},
+    "continuous": {**PLAIN, "cvae": {**PLAIN["cvae"], "latent": "continuous"}},
+    "discrete-estep-hard": {**PLAIN, "cvae": {**PLAIN["cvae"], "latent": "discrete", "k": 4},
+                            "remedies": {"latent_embedding_norm": 3.0, "estep": {"mode": "hard", "balance_iters": 3}}},
+    "continuous-example-inverse-free-bits": {**PLAIN, "cvae": {**PLAIN["cvae"], "latent": "continuous"},
+                                             "loss": {**PLAIN["loss"], "weighting": "example-inverse",
+                                                      "free_bits": 0.1}},
+    "default": {},  # TrainConfig's defaults: what `tokweight train` runs
 }
 PATH_FIELDS = ("checkpoint", "data", "store", "out")
 
 
+def merged(*groups: dict) -> dict:
+    """The groups' fields merged group by group (a later dict's field wins)."""
+    out: dict = {}
+    for g in groups:
+        for name, fields in g.items():
+            out[name] = {**out.get(name, {}), **fields}
+    return out
+
+
 def config(name: str, tiny, store, out: Path) -> TrainConfig:
     data, ckpt = tiny
-    paths = dict(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(out))
-    return TrainConfig.from_json({**paths, **COMMON, **RUNS[name]})
+    paths = {"io": dict(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(out))}
+    return TrainConfig.from_json(merged(paths, COMMON, RUNS[name]))
 
 
 def resolved(cfg: TrainConfig) -> dict:
-    """Every config field but the (temporary) paths, flat: what the run was, defaults included."""
-    return {k: v for k, v in cfg.flat_json().items() if k not in PATH_FIELDS}
+    """Every config field but the (temporary) paths: what the run was, defaults included."""
+    groups = cfg.to_json()
+    groups["io"] = {k: v for k, v in groups["io"].items() if k not in PATH_FIELDS}
+    return groups
 
 
 def golden_numbers(tiny, store, root: Path) -> dict:

@@ -8,7 +8,7 @@ import torch
 from tokweight.pipeline.checkpoint import load_checkpoint
 from tokweight.training.cvae import CVAEConfig, build_cvae, spread_latent_embeddings
 from tokweight.training.estep import EStepConfig
-from tokweight.training.recipes import RECIPES, check_recipe, with_recipe
+from tokweight.training.experiments.recipes import RECIPES, check_recipe, with_recipe
 from tokweight.training.run_dir import load_run
 from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
@@ -33,10 +33,9 @@ REMEDIES = {
     "estep-soft-learned-prior-warm-start": dict(remedies=RemedyConfig(
         estep=EStepConfig(mode="soft", temperature=0.5, prior="learned", until_step=2))),
     "latent-embedding-norm": dict(remedies=RemedyConfig(latent_embedding_norm=3.0)),
-    "aggressive": dict(remedies=RemedyConfig(aggressive_steps=3, aggressive_until=3)),
-    "separate-encoder-aggressive-em": dict(cvae=CVAEConfig(posterior_encoder="separate", encoder_d_model=16),
-                                           remedies=RemedyConfig(aggressive_steps=2, aggressive_until=2,
-                                                                 estep=EStepConfig(mode="hard", balance_iters=2))),
+    "separate-encoder-em": dict(cvae=CVAEConfig(posterior_encoder="separate", encoder_d_model=16),
+                                remedies=RemedyConfig(estep=EStepConfig(mode="hard", balance_iters=2))),
+    "default": {},
 }
 
 
@@ -77,10 +76,10 @@ def test_separate_encoder_owns_the_posterior_and_leaves_the_backbone_out():
 def test_recipes_set_only_remedy_fields(tiny, tmp_path):
     cfg = config(tiny, tmp_path, weighting="uniform", beta=0.3)
     em = with_recipe(cfg, "em-balanced")
-    assert em.remedies.estep.mode == "hard"
-    assert em.remedies.latent_embedding_norm == RECIPES["em-balanced"]["latent_embedding_norm"]
-    assert remedies(em, estep=cfg.remedies.estep, latent_embedding_norm=cfg.remedies.latent_embedding_norm) == cfg
-    assert with_recipe(cfg, "baseline") == cfg
+    assert em.remedies == RemedyConfig(estep=EStepConfig(mode="hard", balance_iters=3), latent_embedding_norm=3.0)
+    assert replace(em, remedies=cfg.remedies) == cfg  # nothing but the remedies moved
+    assert with_recipe(cfg, "default") == cfg
+    assert with_recipe(cfg, "baseline").remedies == RemedyConfig()  # no remedy: not the default's
     with pytest.raises(ValueError, match="unknown recipe"):
         with_recipe(cfg, "magic")
     with pytest.raises(ValueError, match="beta"):
@@ -103,22 +102,26 @@ def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re
     assert not torch.equal(state.model.backbone.wte.weight[ids], load_checkpoint(tiny[1]).model.wte.weight[ids])
 
 
-def test_cli_recipe_and_flags_override_it(tiny, tmp_path):
+def test_train_with_only_the_required_flags_builds_the_default_config(tiny, tmp_path):
+    """`tokweight train --checkpoint --data --store --out` is TrainConfig's defaults: the recipe that keeps z."""
     from click.testing import CliRunner
 
     from tokweight.training.train_cli import train
 
     data, ckpt = tiny
-    args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(tmp_path / "cli"), "--policy", "frozen",
-            "--steps", "2", "--batch-size", "4", "--num-workers", "0", "--beta", "0", "--recipe", "em-balanced",
-            "--estep-balance-iters", "5"]
-    result = CliRunner().invoke(train, args)
+    out = tmp_path / "cli"
+    args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--policy", "frozen"]
+    result = CliRunner().invoke(train, args + ["--steps", "2", "--batch-size", "4", "--num-workers", "0"])
     assert result.exit_code == 0, result.output
-    saved = TrainConfig.from_json(json.loads((tmp_path / "cli" / "config.json").read_text()))
-    assert saved.remedies.estep == EStepConfig(mode="hard", balance_iters=5)
-    assert saved.remedies.latent_embedding_norm == RECIPES["em-balanced"]["latent_embedding_norm"]
-    bad = CliRunner().invoke(train, args[:-4] + ["--recipe", "magic", "--out", str(tmp_path / "bad")])
-    assert bad.exit_code != 0 and "unknown recipe" in bad.output
+    saved = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
+    assert saved == TrainConfig(io=saved.io, loss=LossConfig(policy="frozen"), optim=OptimConfig(steps=2, batch_size=4))
+    assert (saved.cvae.cond, saved.cvae.slots, saved.cvae.posterior_pool) == ("prefix", 4, "mean")
+    assert saved.remedies.estep == EStepConfig(mode="soft", follow_beta=True, prior="learned", balance_iters=3)
+    assert (saved.loss.beta.beta, saved.loss.beta.warmup_steps, saved.optim.lr) == (0.3, 100, 3e-4)
+    assert saved.loss.anchor_weight_at(99) == 0.0 and saved.loss.anchor_weight_at(100) == 1.0
+    assert saved.io.device == "auto"
+    removed = CliRunner().invoke(train, args + ["--recipe", "em-balanced"])
+    assert removed.exit_code != 0 and "No such option: --recipe" in removed.output
 
 
 def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
@@ -142,15 +145,14 @@ def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
         remedies(cfg, latent_embedding_norm=0.0)
 
 
-def test_scratch_recipe_is_the_exact_estep_on_an_intact_decoder(tiny, tmp_path):
-    cfg = with_recipe(config(tiny, tmp_path, beta=0.3), "scratch")
-    assert cfg.remedies.estep == EStepConfig(mode="soft", follow_beta=True, prior="learned", balance_iters=3)
-    assert cfg.remedies.latent_embedding_norm == 1.0 and cfg.remedies.latent_embedding_center
-    assert cfg.cvae.posterior_pool == "mean" and cfg.cvae.cond == "token"  # the pathway stays the caller's
+def test_the_continuous_latent_has_no_discrete_remedies_by_default(tiny, tmp_path):
+    cfg = config(tiny, tmp_path, cvae=CVAEConfig(latent="continuous"))
+    assert cfg.remedies == RemedyConfig() and cfg.cvae.cond == "prefix"
+    assert config(tiny, tmp_path).remedies.estep.mode == "soft"
 
 
-def test_cli_posterior_pool_and_the_anchor_term(tiny, tmp_path):
-    """--posterior-pool overrides the recipe's read; --anchor-weight trains with the logged anchor term."""
+def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):
+    """--anchor-weight trains with the logged anchor term; it starts at the end of beta's warm-up."""
     from click.testing import CliRunner
 
     from tokweight.training.train_cli import train
@@ -158,14 +160,13 @@ def test_cli_posterior_pool_and_the_anchor_term(tiny, tmp_path):
     data, ckpt = tiny
     out = tmp_path / "cli"
     args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--policy", "frozen", "--steps", "2",
-            "--batch-size", "4", "--num-workers", "0", "--beta", "0.3", "--recipe", "scratch", "--cond", "prefix",
-            "--slots", "2", "--posterior-pool", "last", "--anchor-weight", "1", "--anchor-margin", "0.05",
-            "--anchor-start-step", "1", "--log-every", "1"]
+            "--batch-size", "4", "--num-workers", "0", "--beta", "0.3", "--warmup-steps", "1", "--slots", "2",
+            "--anchor-weight", "2", "--log-every", "1"]
     result = CliRunner().invoke(train, args)
     assert result.exit_code == 0, result.output
     saved = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
-    assert saved.cvae.posterior_pool == "last" and saved.remedies.estep.follow_beta
-    assert (saved.loss.anchor_weight, saved.loss.anchor_margin, saved.loss.anchor_start_step) == (1.0, 0.05, 1)
+    assert saved.cvae.slots == 2 and saved.remedies.estep.follow_beta
+    assert [saved.loss.anchor_weight_at(s) for s in (0, 1)] == [0.0, 2.0]
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     assert all(r["anchor"] >= 0 and math.isfinite(r["anchor"]) and r["l_t0_spread"] >= 0 for r in recs)
     with pytest.raises(ValueError, match="anchor"):

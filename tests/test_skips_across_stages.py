@@ -80,8 +80,7 @@ def test_train_and_eval_skip_and_count_what_extract_skipped(tiny, dotted, tmp_pa
     data, store = dotted
     run_dir = str(tmp_path / "run")
     train = CliRunner().invoke(main, ["train", "--checkpoint", str(tiny[1]), "--data", str(data), "--store", str(store),
-                                      "--out", run_dir, "--steps", "2", "--batch-size", "4", "--num-workers", "1",
-                                      "--grad-diag-every", "0"])
+                                      "--out", run_dir, "--steps", "2", "--batch-size", "4", "--num-workers", "1"])
     assert train.exit_code == 0, train.output
     assert train.stderr.splitlines()[-1] == ("skipped 2 samples: bad-key 2 "
                                              "(shards train/shard-000000.tar, val/shard-000000.tar)")

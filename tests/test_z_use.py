@@ -15,7 +15,7 @@ from tokweight.training.control import reference_control, z_use
 from tokweight.training.cvae import CVAEConfig
 from tokweight.training.evaluate import EvalConfig, markdown, run_eval
 from tokweight.training.metrics import EvalRecords, gaussian_mi
-from tokweight.training.recipes import with_recipe
+from tokweight.training.experiments.recipes import with_recipe
 from tokweight.training.schedules import BetaSchedule
 from tokweight.training.train import run as train
 from tokweight.training.train_base import BaseTrainConfig

@@ -44,7 +44,7 @@ def run(cfg: DemoConfig, echo=click.echo) -> dict:
     from tokweight.store.report import InspectConfig
     from tokweight.training.cvae import CVAEConfig
     from tokweight.training.evaluate import EvalConfig, run_eval
-    from tokweight.training.recipes import with_recipe
+    from tokweight.training.experiments.recipes import with_recipe
     from tokweight.training.schedules import BetaSchedule
     from tokweight.training.train import run as train
     from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig

@@ -27,6 +27,7 @@ import torch
 
 from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.labels import DatasetLabels, load_labels
+from tokweight.pipeline.ranks import resolve_device
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.templates import Layout, template_ids
 from tokweight.store.tables import general, markdown_table
@@ -54,8 +55,8 @@ class EvalConfig:
     """Examples per forward batch."""
     decode_examples: int = 256
     """Examples decoded per latent value (the first ones of the split)."""
-    device: str = "cpu"
-    """torch device."""
+    device: str = "auto"
+    """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
 
     def __post_init__(self):
         if self.batch_size < 1 or self.decode_examples < 0:
@@ -176,17 +177,18 @@ def eval_baseline(policy: str, io: IOConfig, meta: dict, vocab, urls,
 
 
 def run_eval(cfg: EvalConfig) -> dict:
-    tcfg, model, vocab, meta = load_run(cfg.run, cfg.device)
+    device = resolve_device(cfg.device)
+    tcfg, model, vocab, meta = load_run(cfg.run, device)
     urls = split_urls(cfg.data, cfg.split)
     policy, store, b_source = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, cfg)
     baseline_model = None
     if policy == "frozen":
-        baseline_model = load_backbone(tcfg.io.baseline_source, device=cfg.device).model
+        baseline_model = load_backbone(tcfg.io.baseline_source, device=device).model
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
     scoring = Scoring(make_baseline(policy, baseline_model), tcfg.loss, params, tcfg.cvae, tcfg.optim.seed)
     spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
                       batch_size=cfg.batch_size, store=store, root=cfg.data, on_bad_sample=tcfg.io.on_bad_sample)
-    records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, torch.device(cfg.device))
+    records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, torch.device(device))
     model.eval()
     metrics = scoring.metrics(records)
     centres, clusters = split_clusters(np.stack(records.rows["post"]), tcfg.cvae, tcfg.optim.seed)

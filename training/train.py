@@ -29,7 +29,7 @@ from tqdm import tqdm
 from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.errors import Skips
 from tokweight.pipeline.labels import load_labels
-from tokweight.pipeline.ranks import Ranks
+from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.vocab import Vocab
 from tokweight.training.baselines import Baseline, make_baseline
 from tokweight.training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent_embeddings
@@ -60,7 +60,6 @@ class State:
     device: torch.device
     meta: dict  # the checkpoint's state.json besides step and param groups (run_dir.save_checkpoint)
     step: int = 0
-    post_opt: torch.optim.Optimizer | None = None  # aggressive posterior updates only
     strategy_names: tuple[str, ...] = ()  # estep mode "label": latent value k is strategy_names[k]
     skips: Skips = field(default_factory=Skips)  # samples this rank's streams left out (train and val), per shard
 
@@ -79,7 +78,8 @@ def setup(cfg: TrainConfig, ranks: Ranks) -> State:
     model = build_cvae(init.model.train(), init.vocab, cfg.cvae).to(device)
     spread_latents(model, cfg.remedies, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
     store, dataset_mean_b = open_store(cfg, init.vocab, base.fingerprint)
-    opt, post_opt = optimizers(model, cfg.optim, cfg.remedies)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+                            betas=(0.9, 0.95))
     meta = {"cvae": cfg.cvae.to_json(), "init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
             "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b,
             "backbone": init.meta.get("kind", "tokweight")}
@@ -91,7 +91,7 @@ def setup(cfg: TrainConfig, ranks: Ranks) -> State:
                       seed=data_seed(cfg.optim.seed, step), shuffle_buffer=cfg.io.shuffle_buffer,
                       lanes=cfg.io.lanes or ranks.world, root=cfg.io.data, on_bad_sample=cfg.io.on_bad_sample)
     return State(model, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
-                 GlobalBatch(ranks.rank, ranks.world), device, meta, step, post_opt, label_names(cfg))
+                 GlobalBatch(ranks.rank, ranks.world), device, meta, step, label_names(cfg))
 
 
 def load_checkpoints(io: IOConfig):
@@ -117,14 +117,6 @@ def spread_latents(model: CVAE, remedies: RemedyConfig, seed: int) -> None:
     if remedies.latent_embedding_norm > 0:
         spread_latent_embeddings(model.backbone, model.latent.latent_ids.tolist(), remedies.latent_embedding_norm,
                                  torch.Generator().manual_seed(seed), center=remedies.latent_embedding_center)
-
-
-def optimizers(model: CVAE, optim: OptimConfig, remedies: RemedyConfig):
-    """(AdamW over the model, AdamW over the posterior for aggressive updates or None)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, betas=(0.9, 0.95))
-    post_opt = (torch.optim.AdamW(model.posterior_parameters, lr=optim.lr, betas=(0.9, 0.95))
-                if remedies.aggressive_steps else None)
-    return opt, post_opt
 
 
 def open_store(cfg: TrainConfig, vocab: Vocab, fingerprint: str) -> tuple[StoreRef | None, float | None]:
@@ -191,12 +183,10 @@ def forward_backward(state: State, batch: TrainBatch, loss: LossConfig, remedies
     b = state.baseline(batch, out)  # (B, T_max) nats over S, detached
     pi, degenerate = reconstruction_weights(loss.weighting, b, batch.zfree.mask, state.params,
                                             loss.token_weighted_reconstruction_weight, state.global_batch)
-    beta, em = loss.beta.at(step, optim.steps), remedies.estep.active(step)
+    beta, em = loss.beta.at(step), remedies.estep.active(step)
     labels = strategy_indices(batch.strategies, state.strategy_names, batch.keys) if em and state.strategy_names else None
     objective_of = partial(step_objective, pi=pi, beta=beta, free_bits=loss.free_bits,
                            estep=remedies.estep if em else None, labels=labels, batch=state.global_batch)
-    if remedies.aggressive_steps and step < remedies.aggressive_until:
-        out.post = aggressive_posterior_updates(state, batch, out, objective_of, remedies.aggressive_steps)
     obj = objective_of(model.latent, out)
     anchor = anchored(model, out, b, batch.zfree.mask, loss)
     record = {"step": step, "loss": obj.loss.item(), "recon": obj.recon.item(),
@@ -216,38 +206,6 @@ def anchored(model: CVAE, out, b: torch.Tensor, mask: torch.Tensor, loss: LossCo
     move the posterior); measured, and so logged, even when its weight is 0."""
     penalty = anchor_penalty(out.nll, b, mask, loss.anchor_margin)  # (B, copies)
     return model.latent.expectation(penalty, detach(out.post)).mean()
-
-
-def aggressive_posterior_updates(state: State, batch: TrainBatch, out, objective_of, max_steps: int):
-    """He et al. 2019: optimise the posterior alone, decoder outputs fixed, until its objective
-    stops improving (at most ``max_steps`` steps); returns the posterior recomputed with
-    the updated parameters, still attached to the shared backbone's graph for the joint step.
-
-    The posterior's objective is the step's own (``objective_of(latent, out)``: plain or E-step)
-    with R and the prior detached.
-    Under data parallelism the ranks stop together, on the global batch's objective, and
-    average the posterior's gradients, so their posteriors stay equal.
-    """
-    model, batch_of_all = state.model, state.global_batch
-    fixed = replace(out, nll=out.nll.detach(), prior=detach(out.prior))
-    shared_input = out.pooled.detach() if model.encoder is None else None
-
-    def posterior_loss() -> torch.Tensor:
-        pooled = shared_input if shared_input is not None else model.posterior_input(batch)
-        return objective_of(model.latent, replace(fixed, post=model.latent.posterior(pooled))).loss
-
-    best = float("inf")
-    for _ in range(max_steps):
-        loss = posterior_loss()
-        value = batch_of_all.mean(loss.detach()[None]).item()
-        if value > best - 1e-4:
-            break
-        best = value
-        state.post_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        average_gradients(model.posterior_parameters, batch_of_all.world)
-        state.post_opt.step()
-    return model.latent.posterior(out.pooled if model.encoder is None else model.posterior_input(batch))
 
 
 def detach(value):
@@ -354,7 +312,7 @@ def run(cfg: TrainConfig) -> dict:
     """The whole job; the result holds the final validation's metrics, the training wall time,
     ``input_bytes_read``: each rank's bytes of shards and store parts read by its training stream, and,
     if any sample was left out, ``skipped`` and ``skipped_shards``: every rank's train and val streams'."""
-    ranks = Ranks(timeout_s=120.0, backend="nccl" if cfg.io.device.startswith("cuda") else "gloo")
+    ranks = Ranks(timeout_s=120.0, backend="nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo")
     try:
         state = setup(cfg, ranks)  # refuses a bad config, checkpoint or store before the run directory exists
         Path(cfg.io.out).mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from tokweight.pipeline.synth import load_synth_config
 from tokweight.store.manifest import write_json_atomic
 from tokweight.store.plots import figure
 from tokweight.store.tables import markdown_table
-from tokweight.training.recipes import with_recipe
+from tokweight.training.experiments.recipes import with_recipe
 
 WEIGHTINGS = ("uniform", "sum", "surprisal-share")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from tokweight.store.manifest import write_json_atomic
 from tokweight.store.tables import fixed
 from tokweight.training.experiments.artefacts import Echo, Prepared, key_of, read_json
-from tokweight.training.recipes import with_recipe
+from tokweight.training.experiments.recipes import with_recipe
 
 METRICS = ("mi", "strategy_mi", "kl", "strategy_nmi", "control_accuracy", "recon_uniform", "recon", "active_units")
 """Per-cell numbers: mi (exact, discrete only), strategy_mi (exact I(z; strategy), discrete only), kl,
@@ -57,9 +57,7 @@ class CellBudget:
         """The cell's BetaSchedule: constant, or the linear warm-up to ``beta``."""
         from tokweight.training.schedules import BetaSchedule
 
-        if self.beta_warmup_steps:
-            return BetaSchedule(beta, "linear", self.beta_warmup_steps)
-        return BetaSchedule(beta)
+        return BetaSchedule(beta, self.beta_warmup_steps)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from tokweight.training.experiments.grid_report import plot_amplification, plot_
 from tokweight.training.experiments.report import write_config, write_csv
 from tokweight.training.experiments.task import TaskConfig, coerce_nested
 from tokweight.training.losses import WEIGHTINGS
-from tokweight.training.recipes import recipe_overrides
+from tokweight.training.experiments.recipes import recipe_overrides
 
 ALL_WEIGHTINGS = tuple(WEIGHTINGS)
 

@@ -41,7 +41,7 @@ from tokweight.training.experiments.report import write_csv
 from tokweight.training.experiments.sweep import log_grid
 from tokweight.training.experiments.task import coerce_nested
 from tokweight.training.losses import WEIGHTINGS
-from tokweight.training.recipes import recipe_overrides
+from tokweight.training.experiments.recipes import recipe_overrides
 
 DEFAULT_RECIPE = "scratch"
 """The recipe every cell trains with (training.recipes): the exact E-step of J at the step's beta (so beta keeps

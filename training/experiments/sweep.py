@@ -42,7 +42,7 @@ from tokweight.training.experiments.collapse import (CRITERIA, KEPT_FRACTION, NO
 from tokweight.training.experiments.report import write_config, write_csv
 from tokweight.training.experiments.sweep_report import plot_mi_vs_beta, plot_mi_vs_step, render
 from tokweight.training.experiments.task import TaskConfig, coerce_nested
-from tokweight.training.recipes import recipe_overrides
+from tokweight.training.experiments.recipes import recipe_overrides
 
 def log_grid(lo: float, hi: float, n: int) -> tuple[float, ...]:
     """n log-spaced values from lo to hi, rounded to 4 significant digits (readable keys and labels)."""

@@ -18,7 +18,7 @@ from tokweight.training.experiments.collapse import (
 )
 from tokweight.training.experiments.report import header_lines, pm
 from tokweight.training.metrics import entropy
-from tokweight.training.recipes import recipe_overrides
+from tokweight.training.experiments.recipes import recipe_overrides
 
 if TYPE_CHECKING:
     from tokweight.training.experiments.sweep import SweepConfig
