@@ -39,7 +39,8 @@ def test_eval_writes_json_and_markdown(tiny, tmp_path):
     assert saved["decode"]["latent_values"] == 4 and 0.0 <= saved["decode"]["control_accuracy"] <= 1.0
     assert set(saved["decode"]["executes"]["0"]) == {"copy", "reverse", "sort", "sort-desc", "none"}
     md = (tmp_path / "run" / "eval.md").read_text()
-    assert "| strategy_nmi |" in md and md.startswith("## Is z used?\n\nz is ")
+    assert "| strategy_nmi |" in md and md.startswith("## Verdict\n\n**z not used**\n\nz not used: ")
+    assert saved["z_used"]["outcome"] == "z not used"
     metrics = saved["metrics"]  # the continuous MI estimate with its SE, and the rule it is judged by
     assert metrics["mi_estimate"] >= 0 and metrics["mi_estimate_se"] >= 0
     assert "MI estimate" in metrics["posterior_values"]

@@ -11,7 +11,7 @@ import torch
 
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
-from tokweight.training.control import reference_control, z_use
+from tokweight.training.control import label_free_control, reference_control, z_use
 from tokweight.training.cvae import CVAEConfig
 from tokweight.training.evaluate import EvalConfig, markdown, run_eval
 from tokweight.training.metrics import EvalRecords, gaussian_mi
@@ -54,9 +54,9 @@ def lead_run(tmp_path_factory):
                                n_head=2, eval_every=400, warmup_steps=10, lr=3e-3))
     cfg = TrainConfig(IOConfig(checkpoint=str(root / "base"), data=str(root / "data"), out=str(root / "run"),
                                num_workers=0),
-                      cvae=CVAEConfig(k=2),
+                      cvae=CVAEConfig(k=2, cond="token"),
                       loss=LossConfig(policy="frozen", token_weighted_reconstruction_weight=0.5,
-                                      beta=BetaSchedule(0.3)),
+                                      beta=BetaSchedule(0.3, warmup_steps=0), anchor_weight=0.0),
                       optim=OptimConfig(steps=200, batch_size=16, lr=3e-3), log=LogConfig(eval_every=0))
     train(with_recipe(cfg, "survival"))
     return root / "data", root / "run"
@@ -74,9 +74,12 @@ def test_decode_control_on_converted_data_matches_the_references(lead_run):
         mine = row["outputs"][row["assigned_latent"]]
         assert mine["matches_reference"] == (mine["y"] == row["reference"])
     verdict = result["z_used"]
-    assert verdict["used"] and verdict["statement"].startswith("z is used") and verdict["strategy_nmi"] > 0.9
+    assert verdict["used"] and verdict["statement"].startswith(verdict["outcome"]) and verdict["strategy_nmi"] > 0.9
+    free = result["decode"]["label_free"]  # two strategies: the base's one greedy guess can be right for about half
+    assert free["best_of_k_exact_match"] >= 0.9 and free["base_exact_match"] <= 0.7 and free["above_base"]
     md = (run_dir / "eval.md").read_text()
-    assert "z is used" in md and "| 0 | lead-" in md and "Strategy execution" not in md
+    assert md.startswith(f"## Verdict\n\n**{verdict['outcome']}**") and "| 0 | lead-" in md
+    assert "Strategy execution" not in md and "| token-mean NLL (nats) |" in md
 
 
 def test_reference_control_by_hand():
@@ -94,6 +97,59 @@ def test_reference_control_by_hand():
     assert flat["exact_match"] == flat["chance_exact_match"] == 0.5 and not flat["above_chance"]
     unlabelled = reference_control(ignores_z, ref, [-1] * 4, {})
     assert not unlabelled["measured"] and unlabelled["exact_match_by_latent"] == [0.5, 0.5]
+
+
+def test_label_free_control_by_hand():
+    ref = [("a", "e"), ("b", "e")] * 4
+    base = [("a", "e")] * 8  # the base always guesses the first strategy: right for half
+    diverse = [[("a", "e"), ("b", "e")]] * 8
+    free = label_free_control(diverse, ref, base, own_values=[0, 1, 0, 0] * 2)
+    assert (free["best_of_k_exact_match"], free["base_exact_match"], free["own_exact_match"]) == (1.0, 0.5, 0.75)
+    assert free["diverse_share"] == 1.0 and free["above_base"]  # gain 0.5 > 2 SE = 0.38
+    assert not label_free_control(diverse[:4], ref[:4], base[:4], [0] * 4)["above_base"]  # 4 examples: 2 SE = 0.58
+    same = label_free_control([[("a", "e")] * 2] * 8, ref, base, own_values=[0, 1] * 4)
+    assert same["best_of_k_exact_match"] == 0.5 and same["diverse_share"] == 0.0 and not same["above_base"]
+
+
+def constructed(informative=True, nll=0.05, base_nll=0.04, own=0.9, base=0.5, best=1.0, labels_above=None):
+    """(metrics, decode) as eval would measure them, every figure given."""
+    metrics = {"posterior_informative": informative, "posterior_values": "exact MI 0.6 nats",
+               "nll_token_mean": nll, "base_nll_token_mean": base_nll}
+    free = {"own_exact_match": own, "base_exact_match": base, "best_of_k_exact_match": best, "diverse_share": 1.0,
+            "above_base": best - base >= 0.1}
+    reference = {"measured": False, "reason": "no labels"} if labels_above is None else {
+        "measured": True, "above_chance": labels_above, "exact_match": own, "chance_exact_match": 0.1,
+        "first_token_match": own, "chance_first_token_match": 0.1}
+    return metrics, {"reference": reference, "label_free": free}
+
+
+@pytest.mark.parametrize("case, outcome", [
+    (dict(), "z used, decoder whole"),
+    (dict(labels_above=True), "z used, decoder whole"),
+    (dict(labels_above=False), "z used, decoder whole"),  # arbitrary labels: the label-free control decides
+    (dict(nll=0.10), "z used, decoder damaged"),  # 0.06 nats per token worse than the base
+    (dict(own=0.4), "z used, decoder damaged"),  # its own latent value reproduces less than the base's guess
+    (dict(own=0.0, best=0.0, nll=2.4, base_nll=0.05, labels_above=True),  # the demo's decoder of before: first
+     "z used, decoder damaged"),  # tokens follow the strategy (above chance), no reference reproduced
+    (dict(own=0.0, best=0.0, nll=2.4, base_nll=0.05), "z not used"),  # the same without labels: nothing shows z
+    (dict(best=0.5, labels_above=False), "z not used"),  # no decode shows z, labelled or not
+    (dict(informative=False), "z not used"),
+])
+def test_the_verdict_on_constructed_metrics(case, outcome):
+    metrics, decode = constructed(**case)
+    verdict = z_use(metrics, decode, "discrete")
+    assert verdict["outcome"] == outcome and verdict["statement"].startswith(outcome + ":")
+    assert verdict["used"] == (outcome != "z not used")
+    assert (verdict["used"] and verdict["whole"]) == (outcome == "z used, decoder whole")
+
+
+def test_a_damaged_decoder_is_never_whole():
+    for nll in (0.0501 + 0.04, 0.5, 2.41):
+        for own, base in ((1.0, 0.5), (0.49, 0.5), (0.0, 0.0)):
+            verdict = z_use(*constructed(nll=nll, own=own, base=base), "discrete")
+            assert not verdict["whole"] and verdict["outcome"] != "z used, decoder whole"
+    unmeasured = z_use(constructed()[0], {}, "discrete")  # nothing decoded: never called whole
+    assert unmeasured["used"] and not unmeasured["whole"]
 
 
 def records(post, labels, logvar=None) -> EvalRecords:

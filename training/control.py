@@ -1,10 +1,14 @@
-"""Evidence that z is used: decode-per-latent control against the references, and the verdict.
+"""Evidence that z is used and that the decoder survived: decode-per-latent controls, and the verdict.
 
 ``reference_control``: every decoded example under every latent value, scored against its own y
-under the latent value its strategy label is matched to (any labelled data), against chance: the
-other latent values. ``strategy_execution``: synthetic data only, whether a decode executes a
-known strategy. ``z_use``: the verdict in words with its rules (``metrics.POSTERIOR_RULES``,
-``CONTROL_RULE``), the strategy NMI / accuracy marked not informative when the posterior is flat.
+under the latent value its strategy label is matched to (labelled data), against chance: the other
+latent values. ``label_free_control``: no labels needed (users' labels are often missing or name no
+strategy consistently): best-of-K exact match, some latent value reproduces the reference, against
+the base model's own greedy exact match, and the share of examples whose K decodes differ.
+``strategy_execution``: synthetic data only, whether a decode executes a known strategy. ``z_use``:
+one of three outcomes with the rules applied (``OUTCOMES``, ``metrics.POSTERIOR_RULES``,
+``CONTROL_RULE``, ``LABEL_FREE_RULE``, ``WHOLE_RULE``), the strategy NMI / accuracy marked not
+informative when the posterior is flat.
 """
 
 from __future__ import annotations
@@ -24,6 +28,15 @@ CHANCE = "chance: the same examples decoded under each of the other latent value
 MATCHING = ("matching: strategy label -> latent value, one to one, maximising the split's contingency of argmax q "
             "(continuous: k-means cluster of mu) against the labels (Hungarian)")
 RATES = ("exact_match", "chance_exact_match", "first_token_match", "chance_first_token_match")
+LABEL_FREE_RULE = (f"diverse decoding above the base: the share of examples reproduced exactly under some latent value "
+                   f"(best of K) exceeds the base model's greedy exact match by >= {CONTROL_FLOOR} and by > 2 SE "
+                   f"(paired over examples)")
+NLL_TOLERANCE = 0.05
+"""Nats per token the decoder may lose against the base model and still count as whole."""
+WHOLE_RULE = (f"decoder whole: under each example's own latent value (argmax q; continuous: its cluster) the exact "
+              f"match is at least the base model's greedy exact match on the same examples, and the token-mean NLL "
+              f"is within {NLL_TOLERANCE} nats of the base's")
+OUTCOMES = ("z used, decoder whole", "z used, decoder damaged", "z not used")
 
 
 def reference_control(outputs: list, refs: list, assigned: list[int], latent_labels: dict) -> dict:
@@ -106,38 +119,79 @@ def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabe
     return {"executes": executes, "control_accuracy": float(accuracy)}, hits
 
 
+def label_free_control(outputs: list, refs: list, base_outputs: list, own_values: list[int]) -> dict:
+    """Decode controls that need no labels. outputs[i][v]: example i's greedy decode under latent value v;
+    refs[i] its y; base_outputs[i] the base model's greedy decode; own_values[i] the example's own latent value.
+
+    best_of_k_exact_match: share reproduced exactly under some value; base_exact_match: share the base's
+    greedy decode reproduces; own_exact_match: share reproduced under the example's own value; diverse_share:
+    share whose decodes are not all the same; above_base: ``LABEL_FREE_RULE``.
+    """
+    best = np.array([any(y == ref for y in row) for row, ref in zip(outputs, refs)], dtype=float)
+    base = np.array([y == ref for y, ref in zip(base_outputs, refs)], dtype=float)
+    own = np.array([row[v] == ref for row, v, ref in zip(outputs, own_values, refs)], dtype=float)
+    diverse = np.array([len(set(row)) > 1 for row in outputs], dtype=float)
+    return {"examples": len(refs), "best_of_k_exact_match": float(best.mean()),
+            "base_exact_match": float(base.mean()), "own_exact_match": float(own.mean()),
+            "diverse_share": float(diverse.mean()), "best_of_k_gain_se": standard_error(best - base),
+            "above_base": passes(best - base), "rule": LABEL_FREE_RULE}
+
+
 # ---------------------------------------------------------------- the verdict
 
 
 def z_use(metrics: dict, decode: dict, latent: str) -> dict:
-    """Whether z is used, as a bool and in words, with the rules applied: the posterior is informative
-    (``POSTERIOR_RULES``) and decoding under the matched value beats chance (``CONTROL_RULE``; where no
-    control could be measured, the posterior alone decides). Strategy NMI / accuracy as reported: their
+    """One of ``OUTCOMES``, in words with the rules applied. Used: the posterior is informative
+    (``POSTERIOR_RULES``) and decoding shows it: under the label-matched value above chance (``CONTROL_RULE``)
+    or, labels or not, best of K above the base (``LABEL_FREE_RULE``); with no decode measured the posterior
+    alone decides. Whole: ``WHOLE_RULE``, both figures measured. Strategy NMI / accuracy as reported: their
     numbers, or "not informative (...)" when the posterior is flat."""
-    informative, control = bool(metrics.get("posterior_informative")), decode.get("reference", {})
+    informative = bool(metrics.get("posterior_informative"))
+    control, free = decode.get("reference", {}), decode.get("label_free", {})
     above = control["above_chance"] if control.get("measured") else None
-    used = informative and above is not False
-    out = {"used": used, "statement": z_statement(used, metrics, control, latent),
+    evidence = [e for e in (above, free.get("above_base")) if e is not None]
+    used = informative and (any(evidence) if evidence else True)
+    whole, whole_reason = decoder_whole(metrics, free)
+    outcome = OUTCOMES[2] if not used else OUTCOMES[0] if whole else OUTCOMES[1]
+    out = {"outcome": outcome, "used": used, "whole": whole,
+           "statement": z_statement(outcome, metrics, control, free, whole_reason, latent),
            "posterior_rule": POSTERIOR_RULES[latent], "posterior_informative": informative,
            "posterior_values": metrics.get("posterior_values"), "control_rule": CONTROL_RULE,
-           "control_above_chance": above}
+           "label_free_rule": LABEL_FREE_RULE, "whole_rule": WHOLE_RULE, "control_above_chance": above,
+           "above_base": free.get("above_base")}
     flat = f"not informative (posterior flat: {metrics.get('posterior_values')}; rule: {POSTERIOR_RULES[latent]})"
     return out | {m: metrics[m] if informative else flat for m in ("strategy_nmi", "strategy_accuracy") if m in metrics}
 
 
-def z_statement(used: bool, metrics: dict, control: dict, latent: str) -> str:
+def decoder_whole(metrics: dict, free: dict) -> tuple[bool, str]:
+    """(``WHOLE_RULE`` holds, the figures in words); not whole when a figure was not measured."""
+    nll, base_nll = metrics.get("nll_token_mean"), metrics.get("base_nll_token_mean")
+    if nll is None or not free:
+        return False, "the decoder was not checked (no decode or no NLL measured), so it is not called whole"
+    exact, base_exact = free["own_exact_match"], free["base_exact_match"]
+    whole = exact >= base_exact and nll - base_nll <= NLL_TOLERANCE
+    return whole, (f"under its own latent value the decoder reproduces {exact:.3f} of the references against the base "
+                   f"model's greedy {base_exact:.3f}, at {nll:.3f} nats per token against the base's {base_nll:.3f}")
+
+
+def z_statement(outcome: str, metrics: dict, control: dict, free: dict, whole_reason: str, latent: str) -> str:
     state = "carries information" if metrics.get("posterior_informative") else "is flat"
-    posterior = f"the posterior {state} ({metrics.get('posterior_values')}; rule: {POSTERIOR_RULES[latent]})"
+    parts = [f"the posterior {state} ({metrics.get('posterior_values')}; rule: {POSTERIOR_RULES[latent]})"]
     if control.get("measured"):
-        decode = (f"decoding each example under the latent value matched to its strategy "
-                  f"{'beats' if control['above_chance'] else 'does not beat'} chance at reproducing its reference "
-                  f"(exact match {control['exact_match']:.3f} vs {control['chance_exact_match']:.3f}, first token "
-                  f"{control['first_token_match']:.3f} vs {control['chance_first_token_match']:.3f})")
-    else:
-        decode = f"decode control not measured ({control.get('reason', 'no example decoded')})"
-    return f"z is {'used' if used else 'not used'}: {posterior}; {decode}."
-
-
+        parts.append(f"decoding each example under the latent value matched to its strategy "
+                     f"{'beats' if control['above_chance'] else 'does not beat'} chance at reproducing its reference "
+                     f"(exact match {control['exact_match']:.3f} vs {control['chance_exact_match']:.3f}, first "
+                     f"token {control['first_token_match']:.3f} vs {control['chance_first_token_match']:.3f})")
+    if free:
+        parts.append(f"some latent value reproduces {free['best_of_k_exact_match']:.3f} of the references against "
+                     f"the base model's greedy {free['base_exact_match']:.3f} "
+                     f"({'above' if free['above_base'] else 'not above'} it; {free['diverse_share']:.3f} of the "
+                     f"examples decode differently under different values)")
+    if not control.get("measured") and not free:
+        parts.append(f"decode control not measured ({control.get('reason', 'no example decoded')})")
+    if outcome != OUTCOMES[2]:
+        parts.append(whole_reason)
+    return f"{outcome}: " + "; ".join(parts) + "."
 def reference_markdown(control: dict) -> list[str]:
     """eval.md's section on the decode-per-latent control against the references."""
     head = "## Decode per latent: match with each example's reference y"

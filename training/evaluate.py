@@ -12,7 +12,10 @@ its z-conditioned prefix ``... <z> slots </z> <y>`` until ``</y>``.
   executes s when it equals s(x); control accuracy = matched executions / (examples x K) under the
   one-to-one map latent value -> strategy that maximises them (Hungarian).
 
-``z_use`` states whether z is used, with its rules (eval.json ``z_used``, the head of eval.md).
+``z_use`` gives the verdict, one of three outcomes with its rules (eval.json ``z_used``, the head of
+eval.md): z used with the decoder whole, z used with the decoder damaged, z not used; the base model's
+own greedy exact match and token-mean NLL on the same examples are measured here and printed beside
+the CVAE's.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.templates import Layout, template_ids
 from tokweight.store.tables import general, markdown_table
 from tokweight.training.baselines import make_baseline
-from tokweight.training.control import CONTROL_RULE, reference_control, reference_markdown, strategy_execution, z_use
+from tokweight.training.control import (CONTROL_RULE, label_free_control, reference_control, reference_markdown,
+                                        strategy_execution, z_use)
 from tokweight.training.cvae import CVAE
 from tokweight.training.data import StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows, split_urls
 from tokweight.training.losses import WeightingParams
@@ -64,6 +68,24 @@ class EvalConfig:
 
 
 @torch.no_grad()
+def greedy_continue(next_logits, prefix: torch.Tensor, end: int, max_new: int) -> torch.Tensor:
+    """(N, L + n) the rows of ``prefix`` (N, L) continued greedily, n <= max_new tokens, until every row has
+    emitted ``end``; next_logits(ids (N, L')) -> (N, V) the logits of each row's next token."""
+    ids, done = prefix, torch.zeros(len(prefix), dtype=torch.bool, device=prefix.device)
+    for _ in range(max_new):
+        nxt = next_logits(ids).argmax(-1)
+        ids = torch.cat([ids, nxt[:, None]], 1)
+        done |= nxt == end
+        if done.all():
+            break
+    return ids
+
+
+def until_end(row: list[int], end: int) -> list[int]:
+    return row[: row.index(end)] if end in row else row
+
+
+@torch.no_grad()
 def greedy_decode(model: CVAE, vocab, samples: list[Sample], z: torch.Tensor, slot_ids: torch.Tensor | None,
                   max_new: int) -> list[tuple[str, ...]]:
     """Greedy y for every (example, latent value): z (V, F) features, slot_ids (V,) or None.
@@ -72,6 +94,7 @@ def greedy_decode(model: CVAE, vocab, samples: list[Sample], z: torch.Tensor, sl
     """
     V, M = z.shape[0], model.conditioning.slots
     end, outputs = vocab.id("</y>"), {}
+    device = next(model.parameters()).device
     prefixes, by_len = {}, defaultdict(list)  # the z-conditioned template up to <y>, grouped by its length
     for i, s in enumerate(samples):
         ids, lay = template_ids(vocab, s.x, s.y, [vocab.latent_id(0)] * M, key=s.key)
@@ -79,21 +102,37 @@ def greedy_decode(model: CVAE, vocab, samples: list[Sample], z: torch.Tensor, sl
         by_len[lay.m].append(i)
     for m, idx in by_len.items():
         lay = Layout(m, 1, M)
-        prefix = torch.tensor([prefixes[i] for i in idx]).repeat_interleave(V, 0)  # (n*V, s_start)
-        zz, sid = z.repeat(len(idx), 1), None if slot_ids is None else slot_ids.repeat(len(idx))
-        slot_pos = torch.tensor([list(lay.slot_positions)]).expand(len(prefix), M)
-        ids, done = prefix, torch.zeros(len(prefix), dtype=torch.bool)
-        for _ in range(min(max_new, model.backbone.cfg.block_size - prefix.shape[1])):
+        prefix = torch.tensor([prefixes[i] for i in idx], device=device).repeat_interleave(V, 0)  # (n*V, s_start)
+        zz = z.to(device).repeat(len(idx), 1)
+        sid = None if slot_ids is None else slot_ids.to(device).repeat(len(idx))
+        slot_pos = torch.tensor([list(lay.slot_positions)], device=device).expand(len(prefix), M)
+
+        def next_logits(ids):
             inp, kwargs = model.conditioning.decoder_inputs(model.backbone, ids, slot_pos, zz, sid)
-            nxt = model.backbone(inp, **kwargs)[0][:, -1].argmax(-1)
-            ids = torch.cat([ids, nxt[:, None]], 1)
-            done |= nxt == end
-            if done.all():
-                break
-        for row, i_v in enumerate(ids[:, lay.s_start:].tolist()):
-            gen = i_v[: i_v.index(end)] if end in i_v else i_v
-            outputs[(idx[row // V], row % V)] = tuple(vocab.decode(gen))
+            return model.backbone(inp, **kwargs)[0][:, -1]
+
+        room = min(max_new, model.backbone.cfg.block_size - prefix.shape[1])
+        for row, i_v in enumerate(greedy_continue(next_logits, prefix, end, room)[:, lay.s_start:].tolist()):
+            outputs[(idx[row // V], row % V)] = tuple(vocab.decode(until_end(i_v, end)))
     return [outputs[(i, v)] for i in range(len(samples)) for v in range(V)]
+
+
+@torch.no_grad()
+def base_greedy_decode(base, vocab, samples: list[Sample], max_new: int) -> list[tuple[str, ...]]:
+    """The base (z-free) model's greedy y for every sample, from its own template up to <y>: what the
+    entangled model does without a latent, the reference a decoder must not fall below."""
+    end, outputs, by_len = vocab.id("</y>"), {}, defaultdict(list)
+    device = next(base.parameters()).device
+    for i, s in enumerate(samples):
+        ids, lay = template_ids(vocab, s.x, s.y, key=s.key)
+        by_len[lay.s_start].append((i, ids[: lay.s_start]))
+    for start, rows in by_len.items():
+        prefix = torch.tensor([ids for _, ids in rows], device=device)
+        room = min(max_new, base.cfg.block_size - start)
+        decoded = greedy_continue(lambda ids: base(ids)[0][:, -1], prefix, end, room)
+        for (i, _), row in zip(rows, decoded[:, start:].tolist()):
+            outputs[i] = tuple(vocab.decode(until_end(row, end)))
+    return [outputs[i] for i in range(len(samples))]
 
 
 def latent_values(model: CVAE, centres: np.ndarray | None):
@@ -104,18 +143,21 @@ def latent_values(model: CVAE, centres: np.ndarray | None):
     return torch.as_tensor(centres, dtype=torch.float32), None
 
 
-def decode_per_latent(model: CVAE, vocab, samples: list[Sample], centres, labels: DatasetLabels,
-                      matched: dict) -> dict:
-    """Every sample decoded under every latent value; matched: strategy label -> latent value (Hungarian)."""
+def decode_per_latent(model: CVAE, base, vocab, samples: list[Sample], centres, labels: DatasetLabels,
+                      matched: dict, own_values: list[int]) -> dict:
+    """Every sample decoded under every latent value, and by the base model; matched: strategy label -> latent
+    value (Hungarian); own_values[i]: sample i's own latent value (argmax q, or its k-means cluster)."""
     z, slot_ids = latent_values(model, centres)
     V = z.shape[0]
     max_new = max(len(vocab.encode_symbols(s.y, key=s.key)) for s in samples) + 2  # tokens, also for text y
     decoded = greedy_decode(model, vocab, samples, z, slot_ids, max_new)
     outputs = [decoded[i * V:(i + 1) * V] for i in range(len(samples))]  # per example: its V outputs
     refs = [reference_tokens(vocab, s) for s in samples]
+    base_outputs = base_greedy_decode(base, vocab, samples, max_new)
     assigned = [matched.get(s.strategy, -1) for s in samples]  # -1: no label, or one the matching left out
     control = reference_control(outputs, refs, assigned, {v: label for label, v in matched.items()})
-    result = {"latent_values": V, "examples": len(samples), "reference": control}
+    result = {"latent_values": V, "examples": len(samples), "reference": control,
+              "label_free": label_free_control(outputs, refs, base_outputs, own_values)}
     hits = None
     if labels.synth is not None:  # the generator says what each strategy outputs: the execution check too
         executes, hits = strategy_execution(samples, outputs, labels)
@@ -142,11 +184,24 @@ def sample_outputs(samples, outputs, refs, assigned, hits, n: int = 8) -> list[d
 
 
 def markdown(metrics: dict, decode: dict, verdict: dict) -> str:
-    """eval.md: the verdict, the metrics (NMI / accuracy as the verdict reports them), the decode sections."""
+    """eval.md: the verdict, the CVAE beside the base model, the metrics (NMI / accuracy as the verdict reports
+    them), the decode sections."""
     cells = [[k, "not informative (posterior flat: rule above)" if isinstance(verdict.get(k), str) else general(v)]
              for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    parts = ["## Is z used?", verdict["statement"], f"Rules: posterior: {verdict['posterior_rule']}; {CONTROL_RULE}.",
-             "## Metrics", markdown_table(["metric", "value"], cells)]
+    rules = (f"Rules: posterior: {verdict['posterior_rule']}; {CONTROL_RULE}; {verdict['label_free_rule']}; "
+             f"{verdict['whole_rule']}.")
+    parts = ["## Verdict", f"**{verdict['outcome']}**", verdict["statement"], rules]
+    if decode.get("label_free") and "nll_token_mean" in metrics:
+        free = decode["label_free"]
+        parts += ["## Against the base model (the same examples)",
+                  markdown_table(["", "CVAE", "base model"], [
+                      ["exact match (CVAE: each example's own latent value)", f"{free['own_exact_match']:.3f}",
+                       f"{free['base_exact_match']:.3f}"],
+                      ["exact match, best of the K latent values", f"{free['best_of_k_exact_match']:.3f}", ""],
+                      ["examples decoded differently under different values", f"{free['diverse_share']:.3f}", ""],
+                      ["token-mean NLL (nats)", f"{metrics['nll_token_mean']:.4f}",
+                       f"{metrics['base_nll_token_mean']:.4f}"]])]
+    parts += ["## Metrics", markdown_table(["metric", "value"], cells)]
     if decode:
         parts += reference_markdown(decode["reference"])
     if "executes" in decode:
@@ -181,11 +236,10 @@ def run_eval(cfg: EvalConfig) -> dict:
     tcfg, model, vocab, meta = load_run(cfg.run, device)
     urls = split_urls(cfg.data, cfg.split)
     policy, store, b_source = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, cfg)
-    baseline_model = None
-    if policy == "frozen":
-        baseline_model = load_backbone(tcfg.io.baseline_source, device=device).model
+    base = load_backbone(tcfg.io.baseline_source, device=device).model.eval()  # b (frozen) and the base decode
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
-    scoring = Scoring(make_baseline(policy, baseline_model), tcfg.loss, params, tcfg.cvae, tcfg.optim.seed)
+    scoring = Scoring(make_baseline(policy, base if policy == "frozen" else None), tcfg.loss, params, tcfg.cvae,
+                      tcfg.optim.seed)
     spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
                       batch_size=cfg.batch_size, store=store, root=cfg.data, on_bad_sample=tcfg.io.on_bad_sample)
     records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, torch.device(device))
@@ -194,7 +248,9 @@ def run_eval(cfg: EvalConfig) -> dict:
     centres, clusters = split_clusters(np.stack(records.rows["post"]), tcfg.cvae, tcfg.optim.seed)
     matched = strategy_to_latent(records.rows["strategy"], clusters, tcfg.cvae.k)
     samples = kept_samples(spec, cfg.decode_examples)  # the first ones the stream keeps
-    decode = decode_per_latent(model, vocab, samples, centres, load_labels(cfg.data), matched) if samples else {}
+    own_value = dict(zip(records.rows["key"], clusters.tolist()))
+    decode = decode_per_latent(model, base, vocab, samples, centres, load_labels(cfg.data), matched,
+                               [own_value[s.key] for s in samples]) if samples else {}
     verdict = z_use(metrics, decode, tcfg.cvae.latent)
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,
               "metrics": metrics, "z_used": verdict, "decode": decode}

@@ -196,16 +196,21 @@ class EvalRecords:
 
     def __init__(self):
         self.rows: dict[str, list] = {k: [] for k in ("recon", "recon_uniform", "kl", "post", "logvar", "strategy",
-                                                      "degenerate")}
+                                                      "degenerate", "nll_matched", "b_sum", "tokens", "key")}
 
-    def add(self, recon, recon_uniform, kl, post, strategies, degenerate, logvar=None) -> None:
+    def add(self, recon, recon_uniform, kl, post, strategies, degenerate, logvar=None, *, nll_matched=None,
+            b_sum=None, tokens=None, keys=()) -> None:
         """recon, recon_uniform, kl: (B,); post: (B, K) q or (B, D) mu; strategies: labels or None;
-        logvar: (B, D) of a continuous posterior (its MI estimate), or None."""
+        logvar: (B, D) of a continuous posterior (its MI estimate), or None; nll_matched (B,) nats: sum over S
+        of l_t under the example's own latent value (argmax q; continuous: its posterior sample); b_sum (B,)
+        nats: the base model's sum over S; tokens (B,): |S|; keys: the examples' keys."""
         for name, value in (("recon", recon), ("recon_uniform", recon_uniform), ("kl", kl), ("post", post),
-                            ("degenerate", degenerate), ("logvar", logvar)):
+                            ("degenerate", degenerate), ("logvar", logvar), ("nll_matched", nll_matched),
+                            ("b_sum", b_sum), ("tokens", tokens)):
             if value is not None:
                 self.rows[name].extend(value.detach().cpu().double().numpy())
         self.rows["strategy"].extend(strategies)
+        self.rows["key"].extend(keys)
 
     def merge(self, others: list["EvalRecords"]) -> "EvalRecords":
         for other in others:
@@ -224,6 +229,10 @@ class EvalRecords:
             return {"examples": 0}
         out = {"examples": n, **{m: float(np.mean(self.rows[m])) for m in ("recon", "recon_uniform", "kl")},
                "degenerate": int(np.sum(self.rows["degenerate"]))}
+        if len(self.rows["tokens"]) == n:  # token means over every S token of the split (a sum over sums)
+            tokens = float(np.sum(self.rows["tokens"]))
+            out |= {"nll_token_mean": float(np.sum(self.rows["nll_matched"])) / tokens,
+                    "base_nll_token_mean": float(np.sum(self.rows["b_sum"])) / tokens}
         post = np.stack(self.rows["post"])
         out |= self.latent_metrics(post, latent, seed)
         informative, values = posterior_informative(out, latent)
