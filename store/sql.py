@@ -69,7 +69,7 @@ class EstimatorParams:
 
 def read_sql(name: str) -> str:
     """The text of ``store/sql/<name>.sql`` (package data)."""
-    return (resources.files("store") / "sql" / f"{name}.sql").read_text()
+    return (resources.files(__package__) / "sql" / f"{name}.sql").read_text()
 
 
 def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None = None,

@@ -130,34 +130,46 @@ def test_cell_key_follows_the_config_not_the_paths(tmp_path):
                 key(cell, budget=replace(TINY_BUDGET, decode_examples=9))}) == 6
 
 
-def test_cell_keys_do_not_move_unless_the_config_does():
-    """A cell key hashes TrainConfig's flat form (config.json's shape before the grouping), so grouping the
-    fields moved no key (the keys of commit 9a96994 stayed); a new field does move them, since a key covers
-    every field with its default: these are the keys since loss.anchor_weight, anchor_margin and anchor_start_step."""
+def test_a_cell_key_covers_every_train_config_field_but_the_paths():
+    """A key found again means the same cell: it hashes every resolved TrainConfig field with its value (a field
+    added later moves every key, which is what a new default should do), the base fingerprint, the data and the
+    evaluation; the paths are left out, so a moved directory keeps its cells."""
+    from dataclasses import fields
+
+    from tokweight.training.train_config import GROUPS
+
     prep = artefacts.Prepared(TaskConfig().settings[0], Path("/d"), "datakey", Path("/b"), "fp123", Path("/s"), {})
-    budget = cells.CellBudget()
+    cell = cells.Cell("h0", "discrete", "prefix", "surprisal-share", 0.3, 4)
+    plan = cells.CellPlan(4, 3, cells.CellBudget(), "default")
+    tcfg = cells.train_config(cell, prep, plan, Path("/r"))
+    spec = cells.cell_spec(tcfg, prep, 8)
+    assert set(spec) == {"train", "base_fingerprint", "data", "eval"}
+    for name, group in GROUPS.items():
+        expected = {f.name for f in fields(group)} - (set(cells.PATH_FIELDS) if name == "io" else set())
+        assert set(spec["train"][name]) == expected, name
+    key = cells.cell_key(tcfg, prep, 8)
+    moved = replace(tcfg, io=replace(tcfg.io, checkpoint="/x", data="/y", store="/z", out="/w"))
+    assert cells.cell_key(moved, replace(prep, data=Path("/y"), base=Path("/x")), 8) == key
+    changed = [replace(tcfg, loss=replace(tcfg.loss, anchor_weight=0.5)),
+               replace(tcfg, remedies=replace(tcfg.remedies, latent_embedding_norm=2.0)),
+               replace(tcfg, cvae=replace(tcfg.cvae, posterior_pool="last")),
+               replace(tcfg, optim=replace(tcfg.optim, lr=1e-3)), replace(tcfg, io=replace(tcfg.io, lanes=2))]
+    keys = {cells.cell_key(c, prep, 8) for c in changed} | {cells.cell_key(tcfg, replace(prep, fingerprint="x"), 8),
+                                                           cells.cell_key(tcfg, replace(prep, data_key="x"), 8),
+                                                           cells.cell_key(tcfg, prep, 9), key}
+    assert len(keys) == 9
 
-    def key(latent, cond, weighting, beta, seed, recipe):
-        cell = cells.Cell("h0", latent, cond, weighting, beta, seed)
-        tcfg = cells.train_config(cell, prep, cells.CellPlan(4, 3, budget, recipe), Path("/r"))
-        return cells.cell_key(tcfg, prep, budget.decode_examples)
 
-    assert key("discrete", "token", "uniform", 1.0, 0, "baseline") == "89994a7b4593"
-    assert key("discrete", "prefix", "surprisal-share", 0.3, 4, "em-balanced") == "c07b3108111b"
-    assert key("discrete", "prefix", "surprisal-share", 0.3, 4, "survival") == "9435136788b2"
-    assert key("continuous", "layernorm", "sum", 0.1, 1, "baseline") == "f46b74bb1612"
-
-
-def test_default_task_keys_are_those_of_earlier_runs():
-    """TaskConfig holds SynthConfig and BaseTrainConfig; the data and base keys hash the same JSON as when it
-    mirrored their fields, so directories built before are found again."""
+def test_data_and_base_keys_cover_their_configs():
     task = TaskConfig()
-    keys = {}
-    for s in task.settings:
-        data_key = artefacts.key_of(json.loads(json.dumps(asdict(synth_config(task, s)))))
-        keys[s.name] = (data_key, artefacts.base_key(task, data_key))
-    assert keys == {"h3-n5": ("29259cb494dd", "78444867a5bf"), "h1-n8": ("fc9b2a2d3606", "b0958aebac6e"),
-                    "h0-n16": ("ea6f692a63ca", "7eccee835846")}
+    s = task.settings[0]
+    data_key = artefacts.key_of(json.loads(json.dumps(asdict(synth_config(task, s)))))
+    other_data = artefacts.key_of(json.loads(json.dumps(asdict(synth_config(replace(task, synth=replace(
+        task.synth, n_train=7)), s)))))
+    assert data_key != other_data
+    assert artefacts.base_key(task, data_key) != artefacts.base_key(task, other_data)
+    assert artefacts.base_key(task, data_key) != artefacts.base_key(replace(task, base=replace(task.base, steps=7)),
+                                                                     data_key)
     assert TaskConfig(**json.loads(json.dumps(asdict(TINY_TASK)))) == TINY_TASK  # read back from a config file
 
 

@@ -16,7 +16,7 @@ from tokweight.pipeline.extract_cli import extract
 from tokweight.pipeline.inspect_cli import inspect_cmd
 from tokweight.store.cli import store
 from tokweight.store.inspect_cli import sql_cmd
-from tokweight.training.train_cli import evaluate as eval_cmd, train as train_cmd
+from tokweight.training.train_cli import evaluate as eval_cmd, set_threads, threads_option, train as train_cmd
 from tokweight.training.experiment_cli import experiment
 
 
@@ -129,14 +129,13 @@ def convert(jsonl, out, shard_size, on_bad, val_fraction, test_fraction, seed, s
 @click.option("--seed", type=int, default=0)
 @click.option("--k-max", type=int, default=8,
               help="Latent tokens <z_0>..<z_{N-1}> in the vocabulary: the largest --k a discrete CVAE can train.")
-@click.option("--device", default="cpu")
-def train_base(data, out, preset, steps, seed, k_max, device):
+@click.option("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N.")
+@threads_option
+def train_base(data, out, preset, steps, seed, k_max, device, threads):
     """Train the entangled (z-free) base model on S and write a fingerprinted checkpoint."""
-    import torch
-
     from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig, run
 
-    torch.set_num_threads(1)  # small models: one thread is fastest, two oversubscribe a shared core
+    set_threads(threads)
     overrides = {"steps": steps} if steps else {}
     try:
         cfg = BaseTrainConfig(data=data, out=out, seed=seed, k_max=k_max, device=device,
@@ -158,24 +157,18 @@ def export_hf_cmd(checkpoint, out):
 
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False), default="demo", help="Where everything goes.")
-@click.option("--preset", type=click.Choice(["tiny", "small", "default"]), default="small",
-              help="Data and base-model size; small runs in a few minutes on a laptop CPU.")
-@click.option("--cvae-steps", type=int, default=300)
-@click.option("--beta", type=float, default=0.3)
-@click.option("--recipe", default="em-balanced", help="training.recipes entry for the CVAE.")
+@click.option("--preset", type=click.Choice(["default", "tiny"]), default="default",
+              help="default: the claim, in a few minutes on 2 CPU cores; tiny: seconds, an installation check.")
 @click.option("--seed", type=int, default=0)
-def demo(out, preset, cvae_steps, beta, recipe, seed):
-    """The whole pipeline on built-in data: synth -> train-base -> extract -> train -> eval -> inspect."""
-    import torch
-
+@threads_option
+def demo(out, preset, seed, threads):
+    """The method's claim on built-in data: synth -> base model -> store -> uniform and surprisal-share CVAEs
+    from scratch under the defaults -> eval against the base -> a table and what it shows."""
     from tokweight.training.demo import DemoConfig, run
 
-    torch.set_num_threads(1)  # small models: one thread is fastest (STACK-NOTES)
-    result = run(DemoConfig(out=out, preset=preset, cvae_steps=cvae_steps, beta=beta, recipe=recipe, seed=seed))
-    cvae = result["cvae"]
-    click.echo(json.dumps({"timings_s": result["timings"], "base": result["base"],
-                           "cvae": {k: cvae[k] for k in sorted(cvae) if not isinstance(cvae[k], (list, dict))}},
-                          indent=1))
+    set_threads(threads)
+    result = run(DemoConfig(out=out, preset=preset, seed=seed))
+    click.echo((Path(out) / "demo.md").read_text())
     click.echo(f"report: {result['report']}")
 
 

@@ -1,93 +1,160 @@
-"""`tokweight demo`: the whole pipeline on built-in synthetic data, one stage after another.
+"""`tokweight demo`: the method's claim on built-in data, one stage after another.
 
-synth -> train-base -> extract (store) -> train (discrete CVAE, precomputed surprisal-share)
--> eval -> inspect. Every stage is the library's own `run`, with its outputs under one
-directory, so the demo is also the shortest example of using tokweight from Python.
+synth (a task whose strategy is decided by the first token of y, T/(t0+1) about 17) -> train-base
+-> extract (the store) -> two discrete CVAEs from scratch under `tokweight train`'s defaults, one
+with a uniform reconstruction and one with surprisal-share -> eval each against the base model ->
+a table and one sentence saying what it shows -> the store's inspection report. Every stage is
+the library's own ``run``, so the demo is also the shortest example of using tokweight from Python.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import click
+
+from tokweight.pipeline.synth import SynthConfig
+from tokweight.training.experiments.task import Setting, TaskConfig, base_model
+
+WEIGHTINGS = ("uniform", "surprisal-share")
+"""The two reconstructions the demo compares; everything else is the default configuration."""
+
+
+@dataclass(frozen=True)
+class DemoPreset:
+    task: TaskConfig
+    """The data (one setting) and the base model."""
+    cvae_steps: int
+    """CVAE step cap."""
+    decode_examples: int = 256
+    """Test examples eval decodes per latent value."""
+
+
+PRESETS = {
+    # copy vs rotate-left of 16 symbols: y's first token decides the strategy, so 1 of 17 supervised
+    # tokens carries it (docs/results/from-scratch/: surprisal-share kept z there, uniform did not).
+    "default": DemoPreset(TaskConfig(settings=(Setting("h0-n16", 0, 16, 16),), base=base_model(1500)), 300),
+    # seconds, for a smoke test of an installation: too small to show anything
+    "tiny": DemoPreset(TaskConfig(settings=(Setting("tiny", 0, 3, 5),),
+                                  synth=SynthConfig(alphabet_size=6, strategies=("copy", "reverse"), n_train=512,
+                                                    n_val=128, n_test=128, shard_size=256),
+                                  base=base_model(150, d_model=32, n_head=2, batch_size=32)), 10, 32),
+}
 
 
 @dataclass(frozen=True)
 class DemoConfig:
     out: str = "demo"
-    """Directory for data/, base/, store/, cvae/ and report/."""
-    preset: str = "small"
-    """Synthetic data and base-model preset ("tiny", "small", "default")."""
-    cvae_steps: int = 300
-    """CVAE optimizer steps."""
-    beta: float = 0.3
-    """KL weight of the CVAE (RESEARCH-NOTES: weightings separate below beta = 1)."""
-    recipe: str = "em-balanced"
-    """training.recipes entry: the one that made z learnable (docs/latent-learnability.md)."""
+    """Directory for data/, base/, store/, cvae-<weighting>/, report/ and demo.md."""
+    preset: str = "default"
+    """A name in PRESETS."""
     seed: int = 0
+    """Seeds the data, the base model and the CVAEs."""
+    arms: tuple[str, ...] = field(default=WEIGHTINGS)
+    """The weightings compared."""
 
     def __post_init__(self):
-        if self.preset not in ("tiny", "small", "default"):
-            raise ValueError(f"preset must be tiny, small or default, got {self.preset!r}")
-        if self.cvae_steps < 1:
-            raise ValueError("cvae_steps must be >= 1")
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
 
 
 def run(cfg: DemoConfig, echo=click.echo) -> dict:
-    from tokweight.pipeline.extract import ExtractConfig, run as extract
     from tokweight.pipeline.inspect import run as inspect
-    from tokweight.pipeline.synth import PRESETS, write_dataset
     from tokweight.store.report import InspectConfig
-    from tokweight.training.cvae import CVAEConfig
-    from tokweight.training.evaluate import EvalConfig, run_eval
-    from tokweight.training.experiments.recipes import with_recipe
-    from tokweight.training.schedules import BetaSchedule
-    from tokweight.training.train import run as train
-    from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
-    from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
+    from tokweight.training.experiments.artefacts import prepare_setting
 
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
     (root / "demo_config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
-    paths = {name: root / name for name in ("data", "base", "store", "cvae", "report")}
+    preset = PRESETS[cfg.preset]
+    task = preset.task
     timings: dict[str, float] = {}
 
     def stage(name: str, message: str, fn, *args):
         echo(f"[demo] {name}: {message}")
         start = time.perf_counter()
         out = fn(*args)
-        timings[f"{name}_s"] = round(time.perf_counter() - start, 2)
+        timings[f"{name}_s"] = round(time.perf_counter() - start, 1)
         return out
 
-    synth_cfg = replace(PRESETS[cfg.preset], seed=cfg.seed)
-    k = len(synth_cfg.strategies)
-    data = stage("synth", f"{cfg.preset} data -> {paths['data']}",
-                 lambda: write_dataset(synth_cfg, paths["data"], overwrite=True))
-    base = stage("train-base", f"entangled model -> {paths['base']}", train_base,
-                 BaseTrainConfig(data=str(paths["data"]), out=str(paths["base"]), seed=cfg.seed,
-                                 **BASE_PRESETS[cfg.preset]))
-    store = stage("extract", f"per-token baselines -> {paths['store']}", extract,
-                  ExtractConfig(checkpoint=str(paths["base"]), data=str(paths["data"]), store=str(paths["store"])))
-    shutil.rmtree(paths["cvae"], ignore_errors=True)  # a run directory would otherwise be resumed
-    cvae_cfg = TrainConfig(io=IOConfig(checkpoint=str(paths["base"]), data=str(paths["data"]),
-                                       store=str(paths["store"]), out=str(paths["cvae"])),
-                           cvae=CVAEConfig(latent="discrete", k=k),
-                           loss=LossConfig(weighting="surprisal-share", policy="precomputed",
-                                           beta=BetaSchedule(cfg.beta)),
-                           optim=OptimConfig(steps=cfg.cvae_steps, seed=cfg.seed))
-    stage("train", f"discrete CVAE (K={k}), surprisal-share, precomputed b, recipe {cfg.recipe} -> {paths['cvae']}",
-          train, with_recipe(cvae_cfg, cfg.recipe))
-    evaluated = stage("eval", "test split", run_eval,
-                      EvalConfig(run=str(paths["cvae"]), data=str(paths["data"]), split="test"))
-    summary = stage("inspect", f"DuckDB report -> {paths['report']}", inspect,
-                    InspectConfig(store=str(paths["store"]), out=str(paths["report"]), data=str(paths["data"])))
-
-    result = {"data": data["stats"], "base": base, "store": store.get("stats", {}),
-              "cvae": evaluated["metrics"], "inspect": summary["fingerprints"][0], "timings": timings,
-              "report": str(paths["report"] / "report.md")}
+    prep = stage("data, base model, store", f"{task.settings[0].name} (K = {task.k}) -> {root}", prepare_setting,
+                 task, task.settings[0], root, lambda *_: None)
+    arms = {}
+    for weighting in cfg.arms:
+        run_dir = root / f"cvae-{weighting}"
+        arms[weighting] = stage(f"cvae {weighting}", f"train (defaults, {weighting}) and eval -> {run_dir}",
+                                train_and_eval, prep, weighting, run_dir, preset, cfg.seed)
+    stage("inspect", f"DuckDB report -> {root / 'report'}", inspect,
+          InspectConfig(store=str(prep.store), out=str(root / "report"), data=str(prep.data)))
+    rows = [table_row(w, result) for w, result in arms.items()]
+    text = summary(prep.stats["ratio_true"], task.k, rows)
+    (root / "demo.md").write_text(render(rows, text, timings))
+    result = {"rows": rows, "summary": text, "timings": timings, "report": str(root / "report" / "report.md")}
     (root / "demo_summary.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     return result
+
+
+def train_and_eval(prep, weighting: str, run_dir: Path, preset: DemoPreset, seed: int) -> dict:
+    """One CVAE under the default configuration but its weighting, then eval on the test split."""
+    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.evaluate import EvalConfig, run_eval
+    from tokweight.training.train import run as train
+    from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
+
+    shutil.rmtree(run_dir, ignore_errors=True)  # a run directory would otherwise be resumed
+    train(TrainConfig(io=IOConfig(checkpoint=str(prep.base), data=str(prep.data), store=str(prep.store),
+                                  out=str(run_dir), num_workers=0),
+                      cvae=CVAEConfig(k=preset.task.k),
+                      loss=LossConfig(weighting=weighting), optim=OptimConfig(steps=preset.cvae_steps, seed=seed)))
+    return run_eval(EvalConfig(run=str(run_dir), data=str(prep.data), split="test",
+                               decode_examples=preset.decode_examples))
+
+
+def table_row(weighting: str, evaluated: dict) -> dict:
+    """The figures the demo's table shows for one arm, read off its eval result."""
+    metrics, decode, verdict = evaluated["metrics"], evaluated["decode"], evaluated["z_used"]
+    control, free = decode["reference"], decode["label_free"]
+    return {"weighting": weighting, "outcome": verdict["outcome"], "mi": metrics["mi"],
+            "strategy_mi": metrics.get("strategy_mi"), "control": control.get("exact_match"),
+            "chance": control.get("chance_exact_match"), "exact_match": free["own_exact_match"],
+            "base_exact_match": free["base_exact_match"], "nll": metrics["nll_token_mean"],
+            "base_nll": metrics["base_nll_token_mean"], "step": evaluated["step"]}
+
+
+def summary(ratio: float, k: int, rows: list[dict]) -> str:
+    """One sentence saying what the two arms show, from their numbers."""
+    by = {r["weighting"]: r for r in rows}
+    ss, uni = by.get("surprisal-share"), by.get("uniform")
+    log_k = math.log(k)
+
+    def said(r: dict) -> str:
+        return f"{r['weighting']}: {r['outcome']} (exact MI {r['mi']:.2f} of log {k} = {log_k:.2f} nats)"
+
+    if ss is None or uni is None:
+        return "; ".join(said(r) for r in rows) + "."
+    shown = ss["outcome"] == "z used, decoder whole" and uni["outcome"] == "z not used"
+    verdict = ("so reweighting by the base model's surprisal is what let z be learnt here" if shown else
+               "so this run does not show the method's claim")
+    return (f"With the strategy decided by 1 of about {ratio:.0f} supervised tokens (T/(t0+1) = {ratio:.1f}), "
+            f"{said(ss)}, while {said(uni)}: {verdict}.")
+
+
+def render(rows: list[dict], text: str, timings: dict) -> str:
+    from tokweight.store.tables import markdown_table
+
+    def pair(a, b, digits=3):
+        return "n/a" if a is None else f"{a:.{digits}f} vs {b:.{digits}f}"
+
+    table = markdown_table(
+        ["weighting", "verdict", "exact MI", "I(z; strategy)", "control vs chance", "exact match vs base",
+         "NLL vs base (nats/token)", "steps"],
+        [[r["weighting"], r["outcome"], f"{r['mi']:.3f}", "n/a" if r["strategy_mi"] is None else f"{r['strategy_mi']:.3f}",
+          pair(r["control"], r["chance"]), pair(r["exact_match"], r["base_exact_match"]),
+          pair(r["nll"], r["base_nll"], 4), str(r["step"])] for r in rows])
+    wall = sum(timings.values())
+    return f"# tokweight demo\n\n{table}\n\n{text}\n\nWall time: {wall:.0f} s ({json.dumps(timings)}).\n"

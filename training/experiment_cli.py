@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from tokweight.training.train_cli import set_threads, threads_option
+
 
 def _ints(text: str | None) -> tuple[int, ...] | None:
     return None if text is None else tuple(int(v) for v in text.split(","))
@@ -42,14 +44,13 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
 @click.option("--k", type=int, default=None, help="Your own task: latent values (default: the data's labels).")
 @click.option("--cond", default=None, help="Your own task: z pathway (default: own_task.DEFAULT_COND).")
 @click.option("--slots", type=int, default=None, help="Your own task: prefix slots (default: own_task.DEFAULT_SLOTS).")
-def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs, **own):
+@threads_option
+def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs, threads, **own):
     """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results.
     With --checkpoint and --data: the weightings compared on your own task and checkpoint."""
-    import torch
-
     from tokweight.training.experiments.task import TaskConfig, base_model
 
-    torch.set_num_threads(1)
+    set_threads(threads)
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     chosen = {} if recipe is None else {"recipe": recipe}
     try:

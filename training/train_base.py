@@ -21,6 +21,7 @@ from tokweight.pipeline.backbone import s_nll
 from tokweight.pipeline.checkpoint import save_checkpoint
 from tokweight.pipeline.labels import DatasetLabels, load_labels
 from tokweight.pipeline.model import GPT, ModelConfig
+from tokweight.pipeline.ranks import resolve_device
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_samples, resolve_shards
 from tokweight.pipeline.templates import collate, template_ids
@@ -57,7 +58,7 @@ class BaseTrainConfig:
     per token at initialisation (default task, 3-layer base)."""
     eval_every: int = 500
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"
 
     def __post_init__(self):
         if self.steps < 1 or self.batch_size < 1:
@@ -169,7 +170,7 @@ def evaluate(model: GPT, split: EncodedSplit, device, batch_size: int = 256) -> 
 
 def run(cfg: BaseTrainConfig) -> dict:
     torch.manual_seed(cfg.seed)
-    device = torch.device(cfg.device)
+    device = torch.device(resolve_device(cfg.device))
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     train = load_split(cfg.data, "train")

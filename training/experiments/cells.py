@@ -18,6 +18,8 @@ from tokweight.store.manifest import write_json_atomic
 from tokweight.store.tables import fixed
 from tokweight.training.experiments.artefacts import Echo, Prepared, key_of, read_json
 from tokweight.training.experiments.recipes import with_recipe
+from tokweight.training.schedules import BetaSchedule
+from tokweight.training.train_config import OptimConfig
 
 METRICS = ("mi", "strategy_mi", "kl", "strategy_nmi", "control_accuracy", "recon_uniform", "recon", "active_units")
 """Per-cell numbers: mi (exact, discrete only), strategy_mi (exact I(z; strategy), discrete only), kl,
@@ -34,15 +36,15 @@ PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # i
 class CellBudget:
     """How long each CVAE cell trains and how much of it is evaluated."""
 
-    steps: int = 300
-    """CVAE optimizer steps."""
-    batch_size: int = 32
+    steps: int = OptimConfig.steps
+    """CVAE optimizer steps (train's cap by default)."""
+    batch_size: int = OptimConfig.batch_size
     """CVAE batch size."""
-    lr: float = 1e-3
+    lr: float = OptimConfig.lr
     """CVAE learning rate."""
     decode_examples: int = 128
     """Test examples decoded per latent value for the control accuracy."""
-    beta_warmup_steps: int = 0
+    beta_warmup_steps: int = BetaSchedule.warmup_steps
     """> 0: beta rises linearly from 0 to the cell's beta over this many steps; 0: constant beta. The
     from-scratch recipe needs it: at the full beta from step 0 the E-step's temperature is far above the
     spread of R across k, and q* stays at the prior (docs/latent-learnability.md, section 6)."""
@@ -53,10 +55,8 @@ class CellBudget:
         if self.beta_warmup_steps < 0:
             raise ValueError("beta_warmup_steps must be >= 0")
 
-    def beta(self, beta: float):
-        """The cell's BetaSchedule: constant, or the linear warm-up to ``beta``."""
-        from tokweight.training.schedules import BetaSchedule
-
+    def beta(self, beta: float) -> BetaSchedule:
+        """The cell's BetaSchedule: the linear warm-up to ``beta`` (constant without one)."""
         return BetaSchedule(beta, self.beta_warmup_steps)
 
 
@@ -113,10 +113,17 @@ def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
     return with_recipe(cfg, plan.recipe)
 
 
+def cell_spec(tcfg, prep: Prepared, decode_examples: int) -> dict:
+    """What makes a cell the same cell: its whole resolved train config but the paths, its base model, its data
+    and its evaluation."""
+    train = tcfg.to_json()
+    train["io"] = {k: v for k, v in train["io"].items() if k not in PATH_FIELDS}
+    return {"train": train, "base_fingerprint": prep.fingerprint, "data": prep.data_key,
+            "eval": {"split": "test", "decode_examples": decode_examples}}
+
+
 def cell_key(tcfg, prep: Prepared, decode_examples: int) -> str:
-    train = {k: v for k, v in tcfg.flat_json().items() if k not in PATH_FIELDS}
-    return key_of({"train": train, "base_fingerprint": prep.fingerprint, "data": prep.data_key,
-                   "eval": {"split": "test", "decode_examples": decode_examples}})
+    return key_of(cell_spec(tcfg, prep, decode_examples))
 
 
 def init_gradients(run_dir: Path) -> dict:

@@ -19,6 +19,7 @@ from pathlib import Path
 from tokweight.store.manifest import write_json_atomic
 from tokweight.store.plots import save_figures
 from tokweight.training.conditioning import MODES as COND_MODES
+from tokweight.training.cvae import CVAEConfig
 from tokweight.training.experiments.artefacts import Echo
 from tokweight.training.experiments.cells import CellBudget, CellPlan
 from tokweight.training.experiments.own_cells import (
@@ -43,24 +44,19 @@ from tokweight.training.experiments.task import coerce_nested
 from tokweight.training.losses import WEIGHTINGS
 from tokweight.training.experiments.recipes import recipe_overrides
 
-DEFAULT_RECIPE = "scratch"
-"""The recipe every cell trains with (training.recipes): the exact E-step of J at the step's beta (so beta keeps
-its meaning), latent rows centred on the checkpoint's mean row (the decoder starts intact), the posterior read
-from the mean S state; it needs no true strategy to start from."""
-DEFAULT_COND = "prefix"
-"""z pathway of every cell: the scratch recipe found z with a prefix of 2 or 4 slots, not with one."""
-DEFAULT_SLOTS = 4
-"""Latent slots of the prefix pathway."""
-DEFAULT_BUDGET = CellBudget(steps=300, lr=3e-4, beta_warmup_steps=100)
-"""Per cell, as the scratch recipe's runs (scripts/run_science.py): beta warmed up over 100 steps (at the
-full beta from step 0 the E-step's temperature drowns the spread of R across k) and lr 3e-4 (at 1e-3 the
-first Adam steps under surprisal-share took a decoder from 0.07 to 1.3 nats per token)."""
-DEFAULT_MIX_LAMBDAS = (0.5,)
-"""lambda < 1 of the surprisal-share repair arms: (1 - lambda) uniform weight keeps the z-free tokens trained."""
-DEFAULT_ANCHORS = ((1.0, 0.05),)
-"""(weight, margin nats) of the surprisal-share anchor arms: E_q mean_t relu(l_t(z) - b_t - margin), no token
-worse than the base model's (losses.anchor_penalty; the weight and margin of scripts/run_science.py), from the
-end of the beta warm-up on."""
+DEFAULT_RECIPE = "default"
+"""The recipe every cell trains with: `tokweight train`'s (train_config.default_remedies)."""
+DEFAULT_COND = CVAEConfig.cond
+"""z pathway of every cell: train's (a prefix; one slot collapsed from scratch under every weighting)."""
+DEFAULT_SLOTS = CVAEConfig().slots
+"""Latent slots of the prefix pathway: train's."""
+DEFAULT_BUDGET = CellBudget()
+"""Per cell: train's step cap, batch, learning rate and beta warm-up."""
+DEFAULT_MIX_LAMBDAS = ()
+"""lambda < 1 of extra surprisal-share arms: (1 - lambda) uniform weight keeps the z-free tokens trained. None by
+default: the anchor term of the default configuration keeps the decoder whole at lambda = 1."""
+DEFAULT_ANCHORS = ()
+"""(weight, margin nats) of extra surprisal-share arms with another anchor term than the default's."""
 SWEEP_BETAS = log_grid(0.01, 10.0, 8)
 """--sweep beta: the synthetic sweep's grid (training.experiments.sweep.SweepConfig.betas)."""
 

@@ -60,11 +60,12 @@ def recipe_overrides(name: str) -> dict:
 
 def with_recipe(cfg, name: str):
     """``cfg`` (a TrainConfig) with recipe ``name``'s remedies: the whole RemedyConfig (fields the recipe does
-    not name take RemedyConfig's "no remedy" values) and the CVAE fields it names; "default" leaves ``cfg``."""
+    not name take RemedyConfig's "no remedy" values) and the CVAE fields it names; "default": the remedies
+    ``TrainConfig`` gives the latent by default."""
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; expected one of {sorted(RECIPES)}")
     if RECIPES[name] is None:
-        return cfg
+        return replace(cfg, remedies=default_remedies(cfg.cvae.latent))
     overrides = recipe_overrides(name)
     cvae = overrides.pop("cvae", {})
     return replace(cfg, remedies=RemedyConfig(**overrides), cvae=replace(cfg.cvae, **cvae))
