@@ -45,7 +45,7 @@ def head_nll(model, hidden: torch.Tensor, targets: torch.Tensor,
 
 
 def nll_over_s(model, hidden: torch.Tensor, logit_pos: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
-          chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> torch.Tensor:
+               chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> torch.Tensor:
     """(B, T_max) per-token NLL over S in nats, float32, 0 where masked, from hidden (B, L, d): the head
     runs only on the states at ``logit_pos`` (B, T_max) where ``mask`` (B, T_max) holds."""
     rows, t = mask.nonzero(as_tuple=True)  # (N,) each, row-major: the order of mask's True entries
