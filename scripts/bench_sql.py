@@ -6,11 +6,12 @@ twice (the default connection, and one with exact quantiles), and times in one r
 
 - scan (unnest):   SELECT sum(b) FROM (SELECT unnest(b) AS b FROM store_rows), the reference
 - scan (list_sum): SELECT sum(list_sum(b)) FROM store_rows
-- scan of b and cumsum_b: the two lists the diagnostics need (t0_threshold reads b,
-  t0_share the stored running sum), unnested and summed: their floor
+- scan of b and cumsum_b: the two lists the t0 estimates read at parameters other than
+  the stored ones (t0_threshold reads b, t0_share the running sum), unnested and summed
 - t0 + weight diagnostics: every per-example estimator of the `examples` view
   (t0_share, t0_threshold, dilution, amplification, entropy, effective tokens, max
-  share, degenerate) aggregated per fingerprint, so all of them are computed
+  share, degenerate) aggregated per fingerprint, so all of them are computed; at the
+  default parameters they read only per-example scalars (store schema version 3)
 - the headline summary (store/sql/summary.sql)
 - per-position profile (store/sql/profile_by_position.sql): as connected by default
   (quantiles over a sample of about 2^20 tokens' examples above that size), and exact

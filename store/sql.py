@@ -76,7 +76,7 @@ class EstimatorParams:
 
 def read_sql(name: str) -> str:
     """The text of ``store/sql/<name>.sql`` (package data)."""
-    return (resources.files("store") / "sql" / f"{name}.sql").read_text()
+    return (resources.files("tokweight.store") / "sql" / f"{name}.sql").read_text()
 
 
 def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None = None,

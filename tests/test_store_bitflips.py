@@ -16,6 +16,7 @@ from tokweight.store.baseline_store import BaselineStore
 from tokweight.store.manifest import MANIFEST_NAME, REPAIR, write_checked_json
 from tokweight.store.sql import connect
 from tokweight.store.verify import verify_dir
+from tokweight.training.data import StoreRef
 
 from tests.fixtures_sql import example_rows, write_store
 
@@ -95,19 +96,22 @@ def test_a_flip_that_keeps_the_json_equal_is_detected(stores):
         path.write_bytes(original)
 
 
-def test_readers_refuse_a_manifest_that_does_not_verify_naming_the_repair(stores):
-    """BaselineStore (what train and eval open), store.sql (inspect, sql) and the CLI: one line, the file, the fix."""
+def test_readers_refuse_a_manifest_that_does_not_verify_naming_the_repair(stores, tmp_path):
+    """BaselineStore, StoreRef (what train and eval open), store.sql (inspect, sql) and the CLI: one line,
+    the file, the fix."""
     directory = stores["parquet"]
     path = directory / MANIFEST_NAME
     original = path.read_bytes()
     path.write_bytes(original.replace(b'"rows": 20', b'"rows": 21', 1))
     try:
-        for read in (lambda: BaselineStore(directory.parent).open(), lambda: connect(directory.parent)):
+        for read in (lambda: BaselineStore(directory.parent).open(), lambda: connect(directory.parent),
+                     lambda: StoreRef(str(directory.parent), "c" * 32).open()):
             with pytest.raises(ValueError) as refused:
                 read()
             message = str(refused.value)
             assert "\n" not in message and str(path) in message and REPAIR in message
-        for command in (["sql", str(directory.parent), "SELECT 1"], ["store", "verify", str(directory.parent)]):
+        for command in (["sql", str(directory.parent), "SELECT 1"], ["store", "verify", str(directory.parent)],
+                        ["inspect", str(directory.parent), "--out", str(tmp_path / "report")]):
             result = CliRunner().invoke(main, command)
             assert result.exit_code == 1 and str(path) in result.output, result.output
     finally:
