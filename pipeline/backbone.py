@@ -5,8 +5,9 @@
 - a Hugging Face causal LM directory (config.json with a model_type, safetensors weights,
   tokenizer files): any ``AutoModelForCausalLM`` behind the same interface (``hf.py``).
 
-Either gives a ``Checkpoint``: ``model`` with ``hidden(idx, tok_emb=, ln_cond=)`` (B, L, d),
-``head(hidden)`` logits, ``forward`` -> (logits, hidden), ``embed``/``wte`` and ``cfg``
+Either gives a ``Checkpoint``: ``model`` with ``hidden(idx, tok_emb=, ln_cond=, prefix=)`` (B, L, d),
+``head(hidden, ids=None)`` logits (of every token, or of the tokens ``ids``), ``forward`` -> (logits,
+hidden), ``embed``/``wte`` and ``cfg``
 (vocab_size, block_size, d_model, n_layernorms); ``vocab`` with the template tokens by
 name; and the fingerprint the store is keyed by.
 """
@@ -19,7 +20,8 @@ import torch
 
 from tokweight.pipeline.checkpoint import Checkpoint, load_checkpoint
 from tokweight.pipeline.hf import DTYPES, is_hf_checkpoint, load_hf
-from tokweight.pipeline.templates import Batch, gather_s, token_surprisal
+from tokweight.pipeline.head import nll_over_s
+from tokweight.pipeline.templates import Batch
 
 NATIVE_FILES = ("model.safetensors", "config.json", "vocab.json", "fingerprint.json")
 
@@ -46,6 +48,6 @@ def load_backbone(path: str | Path, *, device: str | torch.device = "cpu", dtype
 
 def s_nll(model, batch: Batch) -> torch.Tensor:
     """(B, T_max) per-token NLL over S of a batch in one template, nats, 0 where masked: the
-    z-free surprisal b when the batch is z-free (the base model's training loss, the frozen baseline)."""
-    logits, _ = model(batch.input_ids)
-    return token_surprisal(gather_s(logits, batch.logit_pos), batch.targets, batch.mask)
+    z-free surprisal b when the batch is z-free (the base model's training loss, the frozen baseline).
+    The head runs on the states that predict S only."""
+    return nll_over_s(model, model.hidden(batch.input_ids), batch.logit_pos, batch.targets, batch.mask)

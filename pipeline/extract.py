@@ -51,7 +51,7 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name, tar_keys
 from tokweight.pipeline.templates import TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, template_ids
 from tokweight.pipeline.vocab import Vocab
-from tokweight.store.derived import DERIVED_SCALARS, derived_columns
+from tokweight.store.derived import derived_columns, scalar_arrays
 from tokweight.store.formats import PARQUET, check_format
 from tokweight.store.lock import StoreLock
 from tokweight.store.manifest import Manifest, Provenance, Record
@@ -252,7 +252,7 @@ def score_shard(rows: ShardBatches, model, device: torch.device,
         target_id[dest] = batch.targets.numpy()[mask]
         on_tokens(len(dest))
     offsets = pa.array(starts.astype(np.int32))
-    derived = derived_columns(b, rows.T)  # cumsum_b and the per-example sums, float64
+    derived = derived_columns(b, rows.T)  # cumsum_b, the per-example sums (float64) and t0 estimates
 
     def lists(values: np.ndarray, value_type: pa.DataType) -> pa.Array:
         return pa.ListArray.from_arrays(offsets, pa.array(values, type=value_type))
@@ -266,7 +266,7 @@ def score_shard(rows: ShardBatches, model, device: torch.device,
         "entropy": lists(entropy, pa.float32()),
         "top1": lists(top1, pa.bool_()),
         "cumsum_b": lists(derived["cumsum_b"], pa.float32()),
-        **{name: pa.array(derived[name]) for name in DERIVED_SCALARS},
+        **scalar_arrays(derived),
         "strategy": pa.array(rows.strategies, type=pa.string()),
         "t0": pa.array(rows.t0s, type=pa.int32()),
     }

@@ -44,7 +44,7 @@ def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, on_bad_sa
                         reader_process=reader_process)
     try:
         summary = run(cfg)
-    except (SampleError, StoreLockedError, RankFailed, FileNotFoundError, ValueError) as e:
+    except (SampleError, StoreLockedError, RankFailed, OSError, ValueError) as e:  # OSError: a full disk, an I/O error
         raise click.ClickException(str(e)) from e
     if summary["rank"] != 0:  # rank 0 (or a single process) reports
         return

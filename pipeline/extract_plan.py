@@ -2,7 +2,10 @@
 
 Shards are identified by size and sha256, so a moved dataset still matches its parts and
 changed data never does. A part is done when the committed manifest, or the journal of an
-interrupted run, names it and the file on disk hashes to the recorded sha256.
+interrupted run, names it and the file on disk hashes to the recorded sha256. A manifest
+that does not verify (its own checksum) is treated as absent: the journal records, which
+commits keep, give back every part of this run's inputs that is intact (the others are
+re-extracted), and those of other inputs are carried into the new manifest.
 
 Keys are unique across the run's shards, not only inside one: rank 0 reads every shard's
 member names before any rank starts (``cross_shard_duplicates``), so the check is global
@@ -18,7 +21,8 @@ from pathlib import Path
 
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.shards import sample_keys, scan_shard
-from tokweight.store.manifest import Manifest, Record, load_manifest, part_index, part_name, read_records
+from tokweight.store.manifest import (Manifest, Record, damaged_manifest, load_manifest, part_index, part_name,
+                                      read_records)
 from tokweight.store.parts import TMP_SUFFIX, remove_path, sha256_path
 from tokweight.store.writer import InputShard
 
@@ -103,11 +107,12 @@ def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -
     what an interrupted run finished), so a resumed run, or a run with another number
     of ranks, names every part the same way. Shard i of the run goes to rank i % world.
     """
-    manifest = _committed_manifest(directory, fmt)
+    damaged = damaged_manifest(directory) is not None
+    manifest = None if damaged else _committed_manifest(directory, fmt)
     committed = {(r.input.size, r.input.sha256): r for r in (manifest.records() if manifest else [])}
     journal = {(r.input.size, r.input.sha256, r.part.name): r for r in read_records(directory)}
     next_index = 1 + max((part_index(r.part.name) for r in committed.values() if r.part), default=-1)
-    plan = Plan(tasks=[], committed=True)
+    plan = Plan(tasks=[], committed=not damaged)
     for i, shard in enumerate(shards):
         record = committed.get((shard.size, shard.sha256))
         if record is not None:
@@ -124,6 +129,10 @@ def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -
             plan.tasks.append(Task(shard, name, rank=i % world))
     ours = {(s.size, s.sha256) for s in shards}
     plan.carried = [r for key, r in committed.items() if key not in ours]
+    if damaged:  # the damaged manifest's other inputs, as far as their records and parts survive
+        names = {t.part for t in plan.tasks} | {r.input.part for r in plan.done}
+        plan.carried += [r for (size, sha, name), r in journal.items()
+                         if (size, sha) not in ours and name not in names and _intact(directory, r)]
     return plan
 
 

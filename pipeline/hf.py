@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
@@ -233,8 +234,12 @@ class HFBackbone(nn.Module):
         cache = self.model.base_model(input_ids=idx, use_cache=True)[1]  # (hidden, cache): its name varies
         return SharedPrefix.of(HFCache(cache), lengths, idx.shape[1])
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.get_output_embeddings()(hidden)
+    def head(self, hidden: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., d) -> (..., V) logits, or (..., len(ids)) those of the tokens ``ids`` only."""
+        out = self.model.get_output_embeddings()
+        if ids is None:
+            return out(hidden)
+        return F.linear(hidden, out.weight[ids], None if out.bias is None else out.bias[ids])
 
     def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
                 prefix: SharedPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:

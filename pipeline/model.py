@@ -9,7 +9,8 @@ The CVAE hooks are optional arguments of `forward`:
 - `ln_cond` modulates every LayerNorm's scale and shift (z-conditioned LayerNorm);
 - `prefix` (from `GPT.prefix`) is a shared prefix's keys and values: the sequences given
   continue it, so several continuations of one prefix compute it once.
-The model returns logits and the final hidden states, never a loss.
+The model returns logits and the final hidden states, never a loss; ``hidden`` returns the
+states alone, for callers that run the head on some positions only (``pipeline/head.py``).
 """
 
 from __future__ import annotations
@@ -209,9 +210,11 @@ class GPT(nn.Module):
         """The keys and values of prefixes idx (B, P), row i's own being its first lengths[i] tokens."""
         return SharedPrefix.of(KVCache(self._blocks(idx, None, None, None)[1]), lengths, idx.shape[1])
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., d) hidden states -> (..., V) logits (the output embedding is tied to wte)."""
-        return hidden @ self.wte.weight.T
+    def head(self, hidden: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., d) hidden states -> (..., V) logits, or (..., len(ids)) those of the tokens ``ids`` only
+        (the output embedding is tied to wte)."""
+        weight = self.wte.weight if ids is None else self.wte.weight[ids]
+        return hidden @ weight.T
 
     def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
                 prefix: SharedPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:

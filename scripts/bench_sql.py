@@ -6,11 +6,12 @@ twice (the default connection, and one with exact quantiles), and times in one r
 
 - scan (unnest):   SELECT sum(b) FROM (SELECT unnest(b) AS b FROM store_rows), the reference
 - scan (list_sum): SELECT sum(list_sum(b)) FROM store_rows
-- scan of b and cumsum_b: the two lists the diagnostics need (t0_threshold reads b,
-  t0_share the stored running sum), unnested and summed: their floor
+- scan of b and cumsum_b: the two lists the t0 estimates read at parameters other than
+  the stored ones (t0_threshold reads b, t0_share the running sum), unnested and summed
 - t0 + weight diagnostics: every per-example estimator of the `examples` view
   (t0_share, t0_threshold, dilution, amplification, entropy, effective tokens, max
-  share, degenerate) aggregated per fingerprint, so all of them are computed
+  share, degenerate) aggregated per fingerprint, so all of them are computed; at the
+  default parameters they read only per-example scalars (store schema version 3)
 - the headline summary (store/sql/summary.sql)
 - per-position profile (store/sql/profile_by_position.sql): as connected by default
   (quantiles over a sample of about 2^20 tokens' examples above that size), and exact
@@ -36,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tokweight.store.derived import DERIVED_SCALARS, derived_columns
+from tokweight.store.derived import derived_columns, scalar_arrays
 from tokweight.store.formats import PARQUET
 from tokweight.store.manifest import InputEntry, Provenance
 from tokweight.store.schema import PART_SCHEMA
@@ -76,14 +77,15 @@ def synthetic_part(rng: np.random.Generator, shard: str, first: int, rows: int, 
     def lists(values, dtype):
         return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, dtype))
 
-    return pa.Table.from_arrays([
-        pa.array([f"k{first + i:09d}" for i in range(rows)]), pa.array([shard] * rows), pa.array(T),
-        lists(b, pa.float32()), lists(rng.integers(0, VOCAB_SIZE, offsets[-1]).astype(np.int32), pa.int32()),
-        lists(rng.random(offsets[-1]).astype(np.float32), pa.float32()),
-        lists(rng.random(offsets[-1]) < 0.5, pa.bool_()), lists(derived["cumsum_b"], pa.float32()),
-        *(pa.array(derived[name]) for name in DERIVED_SCALARS),
-        pa.array(rng.choice(["copy", "reverse", "sort", "sort-desc"], rows)), pa.array(t0),
-    ], schema=PART_SCHEMA)
+    return pa.Table.from_pydict({
+        "key": pa.array([f"k{first + i:09d}" for i in range(rows)]), "shard": pa.array([shard] * rows),
+        "T": pa.array(T), "b": lists(b, pa.float32()),
+        "target_id": lists(rng.integers(0, VOCAB_SIZE, offsets[-1]).astype(np.int32), pa.int32()),
+        "entropy": lists(rng.random(offsets[-1]).astype(np.float32), pa.float32()),
+        "top1": lists(rng.random(offsets[-1]) < 0.5, pa.bool_()), "cumsum_b": lists(derived["cumsum_b"], pa.float32()),
+        **scalar_arrays(derived),
+        "strategy": pa.array(rng.choice(["copy", "reverse", "sort", "sort-desc"], rows)), "t0": pa.array(t0),
+    }, schema=PART_SCHEMA)
 
 
 def build_store(out: Path, tokens: int, parts: int, t_range: tuple[int, int], seed: int) -> dict:

@@ -1,8 +1,10 @@
 """Reading a baseline store (docs/store-contract.md): what training and inspection use.
 
-Readers open only the parts a committed manifest lists, and check each part's sha256
-against the manifest before parsing it, so a torn, damaged or stray file is an error
-naming the part, never silently wrong numbers. Input shards are matched by content
+Readers open a store only if its manifest verifies (store.manifest.read_manifest: its
+own checksum), open only the parts it lists, and check each part's sha256 against the
+manifest before parsing it, so a torn, damaged or stray file is an error naming the file
+and its repair, never silently wrong numbers. A store of an older schema version reads
+like a current one (store.parts.read_part computes the columns it lacks). Input shards are matched by content
 (size, then sha256 of the tar), so a moved dataset still joins and a changed one never does.
 """
 
@@ -16,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tokweight.store.manifest import (FINGERPRINT_PREFIX, MANIFEST_NAME, check_schema_version, list_fingerprint_dirs,
-                            read_manifest)
+from tokweight.store.manifest import FINGERPRINT_PREFIX, MANIFEST_NAME, list_fingerprint_dirs, read_manifest
 from tokweight.store.parts import read_part, sha256_path
 
 
@@ -60,10 +61,9 @@ class StoreView:
         self.root = Path(root)
         self.fingerprint = fingerprint
         self.dir = self.root / f"{FINGERPRINT_PREFIX}{fingerprint}"
-        manifest = read_manifest(self.dir)
+        manifest = read_manifest(self.dir)  # DamagedFile (a ValueError) if it does not verify
         if manifest is None:
             raise FileNotFoundError(f"{self.dir}: no {MANIFEST_NAME}")
-        check_schema_version(manifest, self.dir)
         if manifest.get("fingerprint") != fingerprint:
             raise ValueError(f"{self.dir / MANIFEST_NAME}: fingerprint {manifest.get('fingerprint')!r} does not "
                              f"match its directory ({fingerprint!r})")
@@ -76,6 +76,11 @@ class StoreView:
 
     def __repr__(self) -> str:
         return f"StoreView({str(self.root)!r}, {self.fingerprint!r})"
+
+    @property
+    def schema_version(self) -> int:
+        """Of the parts on disk; ``read_part`` returns the current columns whatever it is."""
+        return int(self.manifest["schema_version"])
 
     @property
     def complete(self) -> bool:
@@ -100,7 +105,7 @@ class StoreView:
         if sha != entry["sha256"]:
             raise ValueError(f"part {name} of {self.dir} is damaged (sha256 {sha[:12]}..., manifest says "
                              f"{entry['sha256'][:12]}...); `tokweight extract` re-creates it")
-        return read_part(path, self.manifest["format"], columns)
+        return read_part(path, self.manifest["format"], columns, self.schema_version)
 
     def _shard_sha256(self, path: Path, size: int) -> str:
         stat = path.stat()

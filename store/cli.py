@@ -17,13 +17,16 @@ def store():
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per fingerprint.")
 def ls(root, as_json):
     """Fingerprints in ROOT with completeness, parts, rows, tokens and skipped samples."""
-    from tokweight.store.manifest import list_fingerprint_dirs, read_manifest, read_records
+    from tokweight.store.manifest import damaged_manifest, list_fingerprint_dirs, pending_records, read_manifest
 
     for directory in list_fingerprint_dirs(root):
-        manifest = read_manifest(directory)
         fp = directory.name.split("=", 1)[1]
-        pending = len(read_records(directory))  # parts finished by a run that has not committed
-        if manifest is None:
+        damage = damaged_manifest(directory)
+        manifest = None if damage else read_manifest(directory)
+        pending = len(pending_records(directory, manifest))  # parts finished by a run that has not committed
+        if damage:
+            info = {"fingerprint": fp, "state": "damaged", "error": damage, "parts_pending": pending}
+        elif manifest is None:
             info = {"fingerprint": fp, "state": "uncommitted", "parts_pending": pending}
         else:
             info = {"fingerprint": fp, "state": "complete" if manifest["complete"] else "incomplete",
@@ -40,7 +43,8 @@ def ls(root, as_json):
 @click.argument("root", type=click.Path(exists=True, file_okay=False))
 @click.option("--fingerprint", default=None, help="Check only this fingerprint (default: every one).")
 def verify(root, fingerprint):
-    """Check every part's checksum, rows and tokens against the manifest; exit 1 naming damaged parts."""
+    """Check the manifest's own checksum, every part's checksum, rows and tokens against it, and every journal
+    record; exit 1 naming each damaged file."""
     from tokweight.store.manifest import fingerprint_dir, list_fingerprint_dirs
     from tokweight.store.verify import verify_dir
 

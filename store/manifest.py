@@ -5,12 +5,19 @@ Layout (SPEC §4, docs/store-contract.md):
     STORE/fingerprint=<fp>/manifest.json       the commit point, written last
     STORE/fingerprint=<fp>/part-NNNNN.parquet  (or part-NNNNN.zarr/) one per input shard
     STORE/fingerprint=<fp>/part-NNNNN.json     journal: written right after its part is
-                                               published, folded into the manifest and
-                                               removed when the manifest is committed
+                                               published, folded into the manifest, kept
 
 A journal record holds the finished part's manifest entry and its input's entry, so an
 interrupted extraction (or the other ranks of a distributed one) can resume from what
-is on disk without trusting anything that was not fsynced and renamed into place.
+is on disk without trusting anything that was not fsynced and renamed into place, and a
+manifest that fails its checksum can be rebuilt from the records without re-extracting.
+
+The manifest and the journal records are "checked JSON" (``checked_bytes``): canonical JSON
+(sorted keys, indent 1, a final newline) holding, under CHECKSUM_KEY, the sha256 of the
+canonical JSON of every other key. A reader accepts such a file only if its bytes are
+exactly ``checked_bytes`` of what they parse to, so any changed byte is caught, whether it
+changes a value, the checksum or only the layout. Manifests of schema versions before 3
+have no checksum: they are accepted if their bytes are canonical.
 
 The entries are frozen dataclasses (``InputEntry``, ``PartEntry``, ``Record``,
 ``Provenance``, ``Manifest``) whose ``to_json`` is the JSON of the contract, key for key;
@@ -20,6 +27,7 @@ JSON as it is.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -31,7 +39,7 @@ from typing import Iterable
 
 from tokweight.store.formats import PART_FORMATS, part_suffix
 from tokweight.store.parts import TMP_SUFFIX, fsync_dir, write_bytes_durable
-from tokweight.store.schema import SCHEMA_VERSION
+from tokweight.store.schema import READABLE_VERSIONS, SCHEMA_VERSION
 
 TOOL = "tokweight"
 MANIFEST_NAME = "manifest.json"
@@ -39,6 +47,10 @@ FINGERPRINT_PREFIX = "fingerprint="
 DTYPE, UNITS = "float32", "nats"  # of every stored surprisal and entropy
 PART_SUFFIXES = tuple(part_suffix(fmt) for fmt in PART_FORMATS)
 RECORD_SUFFIX = ".json"
+UNCHECKED_VERSIONS = (1, 2)  # schema versions whose manifests were written without a checksum
+CHECKSUM_KEY = "content_sha256"  # of a manifest or journal record: sha256 of the canonical JSON of the other keys
+REPAIR = ("re-run the `tokweight extract` that wrote this store (the same --checkpoint, --data and --store): "
+          "it rebuilds the manifest from the verified parts and journal records")
 _NUMBERED = re.compile(r"^part-(\d{5})(\.\w+)$")  # part-NNNNN<suffix>: a part, or its journal record
 
 
@@ -74,11 +86,54 @@ def record_path(directory: Path, part: str) -> Path:
     return directory / f"part-{part_index(part):05d}{RECORD_SUFFIX}"
 
 
+def canonical_bytes(obj: dict) -> bytes:
+    """Sorted keys, indent 1, a final newline; NaN and inf refused (ValueError)."""
+    return (json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def checked_bytes(obj: dict) -> bytes:
+    """The canonical JSON of ``obj`` with CHECKSUM_KEY set to the sha256 of the canonical JSON of the rest."""
+    body = {k: v for k, v in obj.items() if k != CHECKSUM_KEY}
+    return canonical_bytes({**body, CHECKSUM_KEY: hashlib.sha256(canonical_bytes(body)).hexdigest()})
+
+
+class DamagedFile(ValueError):
+    """A manifest or journal record whose bytes are not those its content gives."""
+
+
+def parse_checked(path: Path, raw: bytes) -> dict:
+    """The object of a checked JSON file's bytes; DamagedFile naming ``path`` unless the bytes are exactly
+    ``checked_bytes`` of it (for a manifest of one of UNCHECKED_VERSIONS without a checksum: its canonical
+    bytes; a single flipped bit cannot both make a manifest such a one and remove its checksum)."""
+    try:
+        obj = json.loads(raw)
+        if not isinstance(obj, dict):
+            raise ValueError("not a JSON object")
+        has_checksum = CHECKSUM_KEY in obj or obj.get("schema_version") not in UNCHECKED_VERSIONS
+        expected = checked_bytes(obj) if has_checksum else canonical_bytes(obj)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DamagedFile(f"{path}: does not parse as JSON ({e})") from None
+    if expected != raw:
+        what = "its content_sha256 or layout does not match its content" if has_checksum else "it is not canonical JSON"
+        raise DamagedFile(f"{path}: {what}")
+    return obj
+
+
+def write_checked_json(path: Path, obj: dict) -> None:
+    """``checked_bytes(obj)`` to ``<path>.tmp``, fsync, rename, fsync the directory: how a manifest or
+    journal record is committed."""
+    _write_atomic(path, checked_bytes(obj))
+
+
 def write_json_atomic(path: Path, obj: dict) -> None:
-    """Canonical JSON (sorted keys; NaN and inf refused before anything is written) to ``<path>.tmp``, fsync,
-    rename, fsync the directory: the one way a JSON commit point is written."""
+    """Canonical JSON (NaN and inf refused before anything is written) to ``<path>.tmp``, fsync, rename,
+    fsync the directory."""
+    _write_atomic(path, canonical_bytes(obj))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    write_bytes_durable(tmp, (json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n").encode())
+    write_bytes_durable(tmp, data)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
@@ -236,49 +291,80 @@ class Manifest:
 
 
 def read_manifest(directory: Path) -> dict | None:
-    """The committed manifest of a fingerprint directory, or None if there is none."""
+    """The committed manifest of a fingerprint directory, or None if there is none; DamagedFile (one line,
+    naming the file and the repair) if it does not verify (``parse_checked``) or is of no readable version."""
     path = directory / MANIFEST_NAME
     if not path.is_file():
         return None
+    raw = path.read_bytes()
     try:
-        return json.loads(path.read_text())
-    except ValueError as e:
-        raise ValueError(f"{path}: unreadable manifest ({e})") from None
+        manifest = parse_checked(path, raw)
+    except DamagedFile as e:
+        raise DamagedFile(f"{e}: the manifest does not verify; {REPAIR}") from None
+    if manifest.get("schema_version") not in READABLE_VERSIONS:
+        raise DamagedFile(f"{path}: store schema version {manifest.get('schema_version')!r}, but this tokweight "
+                          f"reads versions {READABLE_VERSIONS} (store/schema.py); re-extract into a new store")
+    return manifest
+
+
+def damaged_manifest(directory: Path) -> str | None:
+    """Why the directory's manifest.json does not verify, or None (it verifies, or there is none)."""
+    try:
+        read_manifest(directory)
+    except DamagedFile as e:
+        return str(e)
+    return None
 
 
 def check_schema_version(manifest: dict, directory: Path) -> None:
-    """Refuse a manifest whose parts have another column set than this tokweight's PART_SCHEMA."""
+    """Refuse to write into a store whose parts have another column set than this tokweight's PART_SCHEMA."""
     found = manifest.get("schema_version")
     if found != SCHEMA_VERSION:
         raise ValueError(f"{directory / MANIFEST_NAME}: store schema version {found}, but this tokweight "
-                         f"reads and writes version {SCHEMA_VERSION} (store/schema.py); re-extract into a new "
+                         f"writes version {SCHEMA_VERSION} (store/schema.py); re-extract into a new "
                          f"store, or delete {directory} and run `tokweight extract` again")
 
 
 def load_manifest(directory: Path) -> Manifest | None:
-    """The committed manifest as a ``Manifest`` (None if there is none); one of another schema version is refused."""
-    manifest = read_manifest(directory)
+    """The committed manifest as a ``Manifest`` for a writer: None if there is none or it does not verify
+    (the writer rebuilds it), refused if it is of another schema version."""
+    try:
+        manifest = read_manifest(directory)
+    except DamagedFile:
+        return None
     if manifest is None:
         return None
     check_schema_version(manifest, directory)
     return Manifest.from_json(manifest)
 
 
+def record_paths(directory: Path) -> list[Path]:
+    """The journal record files of a fingerprint directory, by name."""
+    return [p for p in sorted(directory.glob("part-*.json")) if _numbered(p.name, (RECORD_SUFFIX,)) is not None]
+
+
+def read_record(path: Path) -> Record:
+    """A journal record; DamagedFile if it does not verify, ValueError if it is of another schema version."""
+    record = parse_checked(path, path.read_bytes())
+    if record.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: a journal record of schema version {record.get('schema_version')!r}")
+    try:
+        return Record.from_json(record)
+    except (KeyError, TypeError) as e:
+        raise DamagedFile(f"{path}: not a journal record ({e!r})") from None
+
+
 def read_records(directory: Path) -> list[Record]:
-    """Journal records of this schema version that parse; a torn, foreign or older one is ignored
+    """Journal records of this schema version that verify; a torn, damaged, foreign or older one is ignored
     (its part is re-extracted)."""
-    paths = [p for p in sorted(directory.glob("part-*.json")) if _numbered(p.name, (RECORD_SUFFIX,)) is not None]
-    return [r for r in map(_journal_record, paths) if r is not None]
+    return [r for r in map(_journal_record, record_paths(directory)) if r is not None]
 
 
 def _journal_record(path: Path) -> Record | None:
     try:
-        record = json.loads(path.read_text())
-        if isinstance(record, dict) and record.get("schema_version") == SCHEMA_VERSION:
-            return Record.from_json(record)
-    except (ValueError, KeyError, TypeError):  # torn, or not the entries of this schema version
-        pass
-    return None
+        return read_record(path)
+    except ValueError:  # torn, damaged, or not the entries of this schema version
+        return None
 
 
 def stats(parts: Iterable[PartEntry]) -> dict:
@@ -307,6 +393,12 @@ def list_fingerprint_dirs(store: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(FINGERPRINT_PREFIX))
+
+
+def pending_records(directory: Path, manifest: dict | None) -> list[Record]:
+    """Journal records of parts that the manifest does not list: finished by a run that has not committed."""
+    listed = {p["name"] for p in (manifest or {}).get("parts", [])}
+    return [r for r in read_records(directory) if r.part.name not in listed]
 
 
 def stray_parts(directory: Path, manifest: dict) -> list[str]:

@@ -27,8 +27,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tokweight.store import faults
+from tokweight.store.derived import derived_columns, scalar_arrays
 from tokweight.store.formats import PARQUET, ZARR, check_format
-from tokweight.store.schema import PART_SCHEMA, SCHEMA_VERSION, TOKEN_LIST_COLUMNS
+from tokweight.store.schema import PART_SCHEMA, SCHEMA_VERSION, TOKEN_LIST_COLUMNS, added_after, version_schema
 
 TMP_SUFFIX = ".tmp"
 _FLOAT_LISTS = [f.name for f in PART_SCHEMA if pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)]
@@ -47,9 +49,15 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_bytes_durable(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` and fsync it (not atomic by itself: callers rename)."""
+    """Write ``data`` to ``path`` and fsync it (not atomic by itself: callers rename).
+
+    In two halves, with the test-only fault hook between them (store.faults): a failing
+    write leaves a torn file, as a full disk would."""
+    data, half = memoryview(data), len(data) // 2
     with open(path, "wb") as f:
-        f.write(data)
+        f.write(data[:half])
+        faults.on_write(path)
+        f.write(data[half:])
         f.flush()
         os.fsync(f.fileno())
 
@@ -101,9 +109,9 @@ class ParquetPart:
                        write_page_checksum=True)
         write_bytes_durable(tmp, sink.getvalue().to_pybytes())
 
-    def read(self, path: Path, schema: pa.Schema) -> pa.Table:
-        columns = None if schema is PART_SCHEMA else schema.names  # None: all, so a stray column shows
-        return pq.read_table(path, columns=columns, page_checksum_verification=True)
+    def read(self, path: Path, schema: pa.Schema, whole: bool) -> pa.Table:
+        """whole: every column of the file, so that a stray one shows; else only ``schema``'s."""
+        return pq.read_table(path, columns=None if whole else schema.names, page_checksum_verification=True)
 
 
 # ---------------------------------------------------------------- Zarr
@@ -136,6 +144,7 @@ class ZarrPart:
                 array[...] = data
         for f in sorted(tmp.rglob("*"), reverse=True):  # files first, then their directories
             if f.is_file():
+                faults.on_write(f)
                 with open(f, "rb+") as stream:
                     os.fsync(stream.fileno())
             else:
@@ -159,7 +168,7 @@ class ZarrPart:
                 out[f"{field.name}_valid"] = column.is_valid().to_numpy(zero_copy_only=False)
         return out
 
-    def read(self, path: Path, schema: pa.Schema) -> pa.Table:
+    def read(self, path: Path, schema: pa.Schema, whole: bool) -> pa.Table:
         zarr, _, LocalStore = _zarr_modules()
         group = zarr.open_group(store=LocalStore(path, read_only=True), mode="r")
         offsets = pa.array(group["offsets"][...].astype(np.int32))
@@ -205,15 +214,27 @@ def part_schema(columns: Sequence[str] | None = None) -> pa.Schema:
     return pa.schema([field for field in PART_SCHEMA if field.name in columns])
 
 
-def read_part(path: Path, fmt: str, columns: Sequence[str] | None = None) -> pa.Table:
-    """A part as a PART_SCHEMA table, or only its ``columns`` (a reader that needs few reads no others);
-    ValueError naming the part if its columns differ (another schema version)."""
-    schema = part_schema(columns)
+def read_part(path: Path, fmt: str, columns: Sequence[str] | None = None, version: int = SCHEMA_VERSION) -> pa.Table:
+    """A part written under schema ``version`` as a PART_SCHEMA table, or only its ``columns`` (a reader that
+    needs few reads no others); ValueError naming the part if its columns are not those of ``version``.
+
+    The columns that ``version`` lacks (store.schema.ADDED_IN) are computed from `b` as extraction
+    computes them now (store.derived), so an older store reads like a current one."""
+    want = part_schema(columns)
+    stored = version_schema(version)
+    computed = [name for name in want.names if name in added_after(version)]
+    needed = set(want.names) | ({"T", "b"} if computed else set())
+    schema = pa.schema([field for field in stored if field.name in needed])
     try:
-        table = part_format(fmt).read(Path(path), schema)
-    except KeyError as e:  # a Zarr part without one of PART_SCHEMA's arrays
-        raise ValueError(f"{path}: no array {e} of store schema version {SCHEMA_VERSION}; re-extract it") from None
+        table = part_format(fmt).read(Path(path), schema, whole=columns is None)
+    except KeyError as e:  # a Zarr part without one of the schema's arrays
+        raise ValueError(f"{path}: no array {e} of store schema version {version}; re-extract it") from None
     if not table.schema.equals(schema, check_metadata=False):
-        raise ValueError(f"{path}: its columns are not those of store schema version {SCHEMA_VERSION} "
-                         f"(store/schema.py PART_SCHEMA); re-extract it\n{table.schema}")
+        raise ValueError(f"{path}: its columns are not those of store schema version {version} "
+                         f"(store/schema.py); re-extract it\n{table.schema}")
+    if computed:
+        b = table.column("b").combine_chunks().flatten().to_numpy()
+        derived = scalar_arrays(derived_columns(b, table.column("T").to_numpy()), computed)
+        table = pa.Table.from_arrays([derived[n] if n in derived else table.column(n) for n in want.names],
+                                     schema=want)
     return table

@@ -12,14 +12,20 @@ Views (``describe(con)`` prints their columns):
 
 Several fingerprints (checkpoints) of one store sit side by side, told apart by the
 ``fingerprint`` column. Parquet parts are read by DuckDB from an explicit file list, so a
-stray or half-written file beside them is never seen; other formats (Zarr) are read by
-``StoreView.read_part`` into Arrow tables that DuckDB scans in place.
+stray or half-written file beside them is never seen; other formats (Zarr), and stores of
+an older schema version (whose missing columns store.parts.read_part computes, said once on
+stderr), are read by ``StoreView.read_part`` into Arrow tables that DuckDB scans in place.
+
+Parts store t0_share and t0_threshold at the default parameters (store.derived.STORED_Q,
+STORED_TAU, STORED_EPS): at those, the `examples` view reads the stored values and no list;
+at others (``EstimatorParams``, or ``SET VARIABLE q = ...``) it computes them from the lists.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Collection
 from dataclasses import dataclass
 from importlib import resources
@@ -29,8 +35,9 @@ import duckdb
 import pyarrow as pa
 
 from tokweight.store.baseline_store import BaselineStore, StoreView
+from tokweight.store.derived import STORED_EPS, STORED_Q, STORED_TAU
 from tokweight.store.formats import PARQUET
-from tokweight.store.schema import PART_SCHEMA
+from tokweight.store.schema import PART_SCHEMA, SCHEMA_VERSION, added_after
 
 EXAMPLE_QUERIES = (
     ("SELECT fingerprint, count(*) AS examples, avg((t0_share = t0)::INT) AS t0_exact, avg(amplification) AS amp\n"
@@ -51,11 +58,11 @@ _ROWS_SCHEMA = pa.schema([pa.field("fingerprint", pa.string(), nullable=False), 
 class EstimatorParams:
     """The estimators' parameters; they become the connection variables q, tau, eps."""
 
-    q: float = 0.9
+    q: float = STORED_Q
     """Cumulative share that t0_share waits for: the first t with cumsum_b[t] >= q * sum b."""
-    tau: float = 0.1
+    tau: float = STORED_TAU
     """Surprisal threshold in nats: t0_threshold is the last t with b[t] > tau."""
-    eps: float = 1e-6
+    eps: float = STORED_EPS
     """An example with sum b < eps is degenerate: its shares pi_t are undefined."""
 
     def __post_init__(self):
@@ -69,7 +76,7 @@ class EstimatorParams:
 
 def read_sql(name: str) -> str:
     """The text of ``store/sql/<name>.sql`` (package data)."""
-    return (resources.files(__package__) / "sql" / f"{name}.sql").read_text()
+    return (resources.files("tokweight.store") / "sql" / f"{name}.sql").read_text()
 
 
 def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None = None,
@@ -92,7 +99,8 @@ def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None 
         raise ValueError(f"store {store} holds no fingerprint with a manifest")
     views = [base.open(fp) for fp in fingerprints]  # checks each manifest's schema version
     con = duckdb.connect()
-    for name, value in (("q", params.q), ("tau", params.tau), ("eps", params.eps)):
+    for name, value in (("q", params.q), ("tau", params.tau), ("eps", params.eps), ("stored_q", STORED_Q),
+                        ("stored_tau", STORED_TAU), ("stored_eps", STORED_EPS)):
         con.execute(f"SET VARIABLE {name} = {float(value)!r}::DOUBLE")
     con.execute(f"SET VARIABLE quantile_tokens = {'NULL' if quantile_tokens is None else int(quantile_tokens)}::DOUBLE")
     sources = [_rows_source(con, view, i, shards) for i, view in enumerate(views)]
@@ -115,17 +123,33 @@ def _rows_source(con: duckdb.DuckDBPyConnection, view: StoreView, i: int, shards
     fingerprint as text."""
     fp = _sql_string(view.fingerprint)
     parts = [part for part in view.parts() if shards is None or part["input"] in shards]
-    if view.manifest.get("format") == PARQUET and parts:
+    if view.schema_version != SCHEMA_VERSION:
+        _note_computed_columns(view)
+    elif view.manifest.get("format") == PARQUET and parts:
         files = [str(_checked_part_path(view, part)) for part in parts]
         file_list = ", ".join(_sql_string(f) for f in files)
         return f"SELECT {fp}::VARCHAR AS fingerprint, * FROM read_parquet([{file_list}], hive_partitioning = false)"
-    # Zarr (or no part yet): materialise through the store's reader, which verifies checksums.
+    # Zarr, an older schema version, or no part yet: materialise through the store's reader, which verifies
+    # checksums and computes the columns an older version lacks.
     tables = [view.read_part(part["name"]).select(PART_SCHEMA.names) for part in parts]
     rows = pa.concat_tables(tables) if tables else PART_SCHEMA.empty_table()
     rows = rows.add_column(0, "fingerprint", pa.array([view.fingerprint] * rows.num_rows, pa.string()))
     name = f"rows_{i}"
     con.register(name, rows.cast(_ROWS_SCHEMA))
     return f"SELECT * FROM {name}"
+
+
+_NOTED: set[Path] = set()  # fingerprint directories of an older schema version, said once per process
+
+
+def _note_computed_columns(view: StoreView) -> None:
+    """Say once on stderr that a store of an older schema version has its missing columns computed."""
+    if view.dir in _NOTED:
+        return
+    _NOTED.add(view.dir)
+    print(f"note: {view.dir} has store schema version {view.schema_version}: its "
+          f"{', '.join(added_after(view.schema_version))} are computed on the fly at every connection "
+          f"(slower); a store extracted anew has them stored (version {SCHEMA_VERSION})", file=sys.stderr)
 
 
 def _checked_part_path(view: StoreView, part: dict) -> Path:

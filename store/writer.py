@@ -3,17 +3,21 @@
     hash_inputs   input tars -> InputShard: name, size and sha256, by which a store knows its inputs
     write_part    a PART_SCHEMA table -> its part (temp name, fsync, rename), then its journal record
     commit        every input's record -> manifest.json (temp name, fsync, rename), the commit point;
-                  the journal records it folds in are removed
+                  the journal records it folds in stay, so that a damaged manifest can be rebuilt
 
 Readers open only what a manifest lists, so an exception before ``commit`` has written
 the manifest commits nothing, and a journal record exists only for a part in place.
+An OSError while writing (a full disk, an I/O error) becomes a ``StoreWriteError``: one
+line naming the file, saying that nothing of it was committed and what to do.
 Extraction (pipeline/extract.py), the test stores (tests/fixtures_sql.py) and the SQL
 benchmark (scripts/bench_sql.py) all write through ``StoreWriter``.
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +26,7 @@ import pyarrow as pa
 
 from tokweight.store.formats import check_format
 from tokweight.store.manifest import (MANIFEST_NAME, InputEntry, Manifest, PartEntry, Provenance, Record, fingerprint_dir,
-                            part_name, record_path, write_json_atomic)
+                            part_name, record_path, write_checked_json)
 from tokweight.store.parts import sha256_path, write_part
 
 
@@ -52,6 +56,23 @@ def hash_inputs(paths: Mapping[str, Path]) -> list[InputShard]:
                              "a store matches shards by content, so each input must be distinct")
         seen[(s.size, s.sha256)] = s.name
     return shards
+
+
+class StoreWriteError(OSError):
+    """Writing a part, a journal record or the manifest failed; the message is one line."""
+
+
+@contextmanager
+def _committing(what: str, path: Path):
+    """Turn an OSError while writing ``what`` at ``path`` into a StoreWriteError that says what is left and
+    what to do."""
+    try:
+        yield
+    except OSError as e:
+        name = errno.errorcode.get(e.errno, "error")
+        raise StoreWriteError(e.errno, f"{path}: {e.strerror or e} ({name}) while writing {what}; it was not "
+                                       "committed and the store's manifest is unchanged: free space or fix the "
+                                       "disk, then re-run the same `tokweight extract`, which resumes") from e
 
 
 def sum_example_mean_b(table: pa.Table) -> float:
@@ -91,15 +112,18 @@ class StoreWriter:
 
         skipped: bad samples of the input left out of the table, per reason; skipped_keys: their keys.
         """
-        written = write_part(table, self.directory / source.part, self.format)
+        with _committing(f"part {source.part}", self.directory / source.part):
+            written = write_part(table, self.directory / source.part, self.format)
         record = Record(source, part_entry(table, source, written, skipped or {}, skipped_keys or {}))
-        write_json_atomic(record_path(self.directory, source.part), record.to_json(self.fingerprint))
+        path = record_path(self.directory, source.part)
+        with _committing(f"the journal record of {source.part}", path):
+            write_checked_json(path, record.to_json(self.fingerprint))
         return record
 
     def commit(self, records: Iterable[Record], provenance: Provenance, complete: bool = True) -> Manifest:
-        """Write the manifest of ``records`` (the commit point), then remove the journal records it folds in."""
+        """Write the manifest of ``records``: the commit point."""
         manifest = Manifest.of(self.fingerprint, self.format, provenance, records, complete)
-        write_json_atomic(self.directory / MANIFEST_NAME, manifest.to_json())
-        for part in manifest.parts:
-            record_path(self.directory, part.name).unlink(missing_ok=True)
+        path = self.directory / MANIFEST_NAME
+        with _committing("the manifest", path):
+            write_checked_json(path, manifest.to_json())
         return manifest

@@ -60,6 +60,20 @@ def part_bytes(store: Path) -> dict[str, bytes]:
     return {p["name"]: (directory / p["name"]).read_bytes() for p in manifest["parts"]}
 
 
+def store_files(store: Path) -> dict[str, bytes]:
+    """Every file of a store root by relative path (the lock file aside: it holds the last writer's pid)."""
+    return {p.relative_to(store).as_posix(): p.read_bytes() for p in sorted(Path(store).rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def writes_of_extraction(parts: int) -> dict[str, int]:
+    """Durable writes (store.faults) of an extraction of ``parts`` parts into an empty store, 1-based: part i's
+    bytes are write 2i + 1 (Parquet: one; a Zarr part counts one per file), its journal record 2i + 2, the
+    manifest the last."""
+    return {**{f"part-{i:05d}": 2 * i + 1 for i in range(parts)},
+            **{f"record-{i:05d}": 2 * i + 2 for i in range(parts)}, "manifest": 2 * parts + 1}
+
+
 def copy_store(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst

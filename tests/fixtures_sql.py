@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tokweight.store.derived import DERIVED_SCALARS, derived_columns
+from tokweight.store.derived import derived_columns, scalar_arrays
 from tokweight.store.formats import PARQUET
 from tokweight.store.manifest import InputEntry, Provenance
 from tokweight.store.schema import PART_SCHEMA
@@ -31,7 +31,7 @@ def make_row(key: str, shard: str, b, *, strategy=None, t0=None, rng=None) -> di
     return {"key": key, "shard": shard, "T": len(b), "b": b,
             "target_id": rng.integers(0, len(VOCAB), len(b)).astype(np.int32),
             "entropy": rng.random(len(b)).astype(np.float32), "top1": rng.random(len(b)) < 0.5,
-            "cumsum_b": derived["cumsum_b"], **{name: derived[name].item() for name in DERIVED_SCALARS},
+            "cumsum_b": derived["cumsum_b"], **{name: a[0].as_py() for name, a in scalar_arrays(derived).items()},
             "strategy": strategy, "t0": t0}
 
 

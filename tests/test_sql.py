@@ -273,6 +273,25 @@ def test_a_query_over_b_reads_only_b(random_store):
     assert "JOIN" not in plan.upper(), plan
 
 
+DIAGNOSTICS = ("SELECT avg(t0_share), avg(t0_threshold), avg(dilution), avg(share_entropy), avg(effective_tokens), "
+               "avg(max_share) FROM examples")
+
+
+def test_diagnostics_at_the_default_parameters_read_no_list(random_store):
+    """At the stored q, tau and eps the t0 estimates are the stored columns; at others they come from the lists."""
+    root = random_store[0]
+    plan = _plan(connect(root), DIAGNOSTICS)
+    for column in ("b", "cumsum_b", "target_id", "entropy", "top1"):
+        assert not re.search(rf"\b{column}\b", plan), plan
+    other = _plan(connect(root, params=EstimatorParams(q=0.5, tau=0.2)), DIAGNOSTICS)
+    assert re.search(r"\bcumsum_b\b", other) and re.search(r"\bb\b", other), other
+    con = connect(root)
+    stored = con.sql("SELECT key, t0_share, t0_threshold FROM examples ORDER BY key").fetchall()
+    con.execute("SET VARIABLE eps = 1e-6 + 1e-12")  # not the stored eps: computed from the lists, same values
+    con.execute("SET VARIABLE tau = 0.1 + 1e-12")
+    assert con.sql("SELECT key, t0_share, t0_threshold FROM examples ORDER BY key").fetchall() == stored
+
+
 # The per-position profile as first written: three exact quantile aggregates over every token.
 REFERENCE_PROFILE = """
 SELECT fingerprint, pos, count(*) AS n, avg(b) AS mean_b,

@@ -12,10 +12,12 @@ from tokweight.cli import main
 from tokweight.pipeline.extract import run
 from tokweight.pipeline.shards import resolve_shards
 from tokweight.store.baseline_store import BaselineStore
-from tokweight.store.derived import DERIVED_SCALARS
+from tokweight.store.derived import DERIVED_SCALARS, STORED_EPS, STORED_Q, STORED_TAU
 from tokweight.store.lock import StoreLock, StoreLockedError
-from tokweight.store.parts import read_part
-from tokweight.store.schema import SCHEMA_VERSION
+from tokweight.store.manifest import CHECKSUM_KEY, canonical_bytes, write_checked_json
+from tokweight.store.parts import read_part, sha256_path
+from tokweight.store.schema import SCHEMA_VERSION, added_after
+from tokweight.store.sql import connect
 from tokweight.store.verify import verify_dir
 
 from tests.fixtures_extract import copy_store, fp_dir, part_bytes
@@ -28,18 +30,24 @@ def test_manifest_matches_contract_and_parts(world):
     assert m["fingerprint"] == view.fingerprint and len(view.fingerprint) == 32
     assert m["checkpoint"]["fingerprint"] == view.fingerprint
     assert [p["name"] for p in view.parts()] == [f"part-{i:05d}.parquet" for i in range(6)]
-    listed = [".lock", "manifest.json", *[p["name"] for p in view.parts()]]
+    records = [f"part-{i:05d}.json" for i in range(6)]  # the journal, kept after the commit
+    listed = [".lock", "manifest.json", *[p["name"] for p in view.parts()], *records]
     assert sorted(p.name for p in view.dir.iterdir()) == sorted(listed)
     total_rows = total_tokens = 0
     for entry in view.parts():
         table = view.read_part(entry["name"])
         assert len(table) == entry["rows"] == 128 and table.column("T").to_numpy().sum() == entry["tokens"]
-        b_sum, b_sq_sum, b_xlogx_sum, b_max = (table.column(c).to_numpy() for c in DERIVED_SCALARS)
+        b_sum, b_sq_sum, b_xlogx_sum, b_max, t0_share, t0_threshold = (table.column(c).to_pylist()
+                                                                         for c in DERIVED_SCALARS)
         for i, (b, cs) in enumerate(zip(table.column("b").to_pylist(), table.column("cumsum_b").to_pylist())):
             b = np.array(b, dtype=np.float64)
             assert cs[-1] == pytest.approx(b_sum[i], abs=1e-4) and b.sum() == pytest.approx(b_sum[i], rel=1e-12)
             assert b_sq_sum[i] == pytest.approx(np.sum(b * b), rel=1e-12) and b_max[i] == b.max()
             assert b_xlogx_sum[i] == pytest.approx(np.sum(b[b > 0] * np.log(b[b > 0])), rel=1e-12, abs=1e-15)
+            reached = np.nonzero(np.array(cs, np.float32).astype(np.float64) >= STORED_Q * b_sum[i])[0]
+            assert t0_share[i] == (None if b_sum[i] < STORED_EPS else int(reached[0]) if reached.size else len(b) - 1)
+            above = np.nonzero(b > STORED_TAU)[0]
+            assert t0_threshold[i] == (int(above[-1]) if above.size else None)
         total_rows, total_tokens = total_rows + len(table), total_tokens + entry["tokens"]
     assert m["stats"]["rows"] == total_rows and m["stats"]["tokens"] == total_tokens
     inputs = {e["name"]: e for e in m["inputs"]}
@@ -131,14 +139,36 @@ def test_verify_names_damaged_part_and_extract_repairs(world, tmp_path, damage):
     assert CliRunner().invoke(main, ["store", "verify", str(store)]).exit_code == 0
 
 
+@pytest.mark.parametrize("lost_record", [False, True])
+def test_extract_rebuilds_a_manifest_that_does_not_verify(world, tmp_path, lost_record):
+    """A flipped bit in the manifest: readers refuse it, the same extract rebuilds it from the journal records
+    and their verified parts (re-extracting a part whose record is gone), byte for byte."""
+    store = tmp_path / "s"
+    run(world.config(store))  # extracted here, not copied: the manifest records the store's path
+    directory = fp_dir(store)
+    good = (directory / "manifest.json").read_bytes()
+    at = good.index(b'"data_root"') + 20
+    (directory / "manifest.json").write_bytes(good[:at] + bytes([good[at] ^ 0x04]) + good[at + 1:])
+    if lost_record:
+        (directory / "part-00004.json").unlink()
+    with pytest.raises(ValueError, match="manifest.json: its content_sha256 .* re-run the `tokweight extract`"):
+        BaselineStore(store).open()
+    assert [p.part for p in verify_dir(directory)] == ["manifest.json"]
+    summary = run(world.config(store))
+    assert (summary["parts_reused"], summary["parts_written"]) == ((5, 1) if lost_record else (6, 0))
+    assert (directory / "manifest.json").read_bytes() == good and verify_dir(directory) == []
+    assert part_bytes(store) == part_bytes(world.store)
+
+
 def test_verify_reports_stray_part_and_bad_counts(world, tmp_path):
     store = copy_store(world.store, tmp_path / "s")
     directory = fp_dir(store)
     shutil.copy(directory / "part-00000.parquet", directory / "part-00009.parquet")
     manifest = json.loads((directory / "manifest.json").read_text())
     manifest["parts"][1]["rows"] += 1
-    (directory / "manifest.json").write_text(json.dumps(manifest))
+    write_checked_json(directory / "manifest.json", manifest)  # a manifest that verifies, but is wrong
     found = {str(p) for p in verify_dir(directory)}
+    assert "part-00001.json: disagrees with the manifest's entry of part-00001.parquet" in found
     assert any(s.startswith("part-00009.parquet: not listed") for s in found)
     assert any(s.startswith("part-00001.parquet: 128 rows, manifest says 129") for s in found)
 
@@ -165,15 +195,48 @@ def test_other_format_in_same_fingerprint_is_refused(world, tmp_path):
         run(world.config(store, format="zarr"))
 
 
-def test_store_of_another_schema_version_is_refused(world, tmp_path):
-    """Readers and extract name the directory and both versions instead of reading other columns."""
+def _as_older_version(store, version: int) -> dict:
+    """Rewrite a current store as one of an older schema version wrote it: the parts without the columns
+    added since, the manifest without a checksum and journal records (both came with version 3)."""
+    directory = fp_dir(store)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    for entry in manifest["parts"]:
+        part = directory / entry["name"]
+        pq.write_table(pq.read_table(part).drop_columns(list(added_after(version))), part)
+        entry["sha256"], entry["bytes"] = sha256_path(part)
+        (directory / entry["name"]).with_suffix(".json").unlink()
+    del manifest[CHECKSUM_KEY]
+    (directory / "manifest.json").write_bytes(canonical_bytes({**manifest, "schema_version": version}))
+    return manifest
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_store_of_an_older_schema_version_reads_like_a_current_one(world, tmp_path, capsys, version):
+    """Readers compute the columns it lacks (said once on stderr by SQL); extract refuses to add to it."""
+    store = copy_store(world.store, tmp_path / "s")
+    _as_older_version(store, version)
+    old, new = BaselineStore(store).open(), BaselineStore(world.store).open()
+    assert old.schema_version == version and verify_dir(old.dir) == []
+    for entry in new.parts():
+        assert old.read_part(entry["name"]).equals(new.read_part(entry["name"]))
+    query = "SELECT * FROM examples ORDER BY key"
+    assert connect(store).sql(query).fetchall() == connect(world.store).sql(query).fetchall()
+    err = capsys.readouterr().err
+    assert f"has store schema version {version}: its " in err and "t0_share, t0_threshold are computed" in err
+    connect(store)
+    assert capsys.readouterr().err == ""  # said once per process, by the first connection
+    with pytest.raises(ValueError, match=f"schema version {version}.*writes version {SCHEMA_VERSION}"):
+        run(world.config(store))
+
+
+def test_unreadable_schema_version_and_foreign_columns_are_refused(world, tmp_path):
+    """Readers name the file and the versions instead of reading other columns."""
     store = copy_store(world.store, tmp_path / "s")
     manifest_path = fp_dir(store) / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    manifest_path.write_text(json.dumps({**manifest, "schema_version": SCHEMA_VERSION - 1}))
-    for action in (lambda: BaselineStore(store).open(), lambda: run(world.config(store))):
-        with pytest.raises(ValueError, match=f"schema version {SCHEMA_VERSION - 1}.*version {SCHEMA_VERSION}"):
-            action()
+    write_checked_json(manifest_path, {**manifest, "schema_version": SCHEMA_VERSION + 1})
+    with pytest.raises(ValueError, match=f"manifest.json: store schema version {SCHEMA_VERSION + 1}, but"):
+        BaselineStore(store).open()
     part = fp_dir(store) / manifest["parts"][0]["name"]
     pq.write_table(pq.read_table(part).drop_columns(["b_sq_sum"]), part)
     with pytest.raises(ValueError, match=f"{part.name}: its columns are not those of store schema version"):

@@ -1,12 +1,17 @@
 """The CVAE: the entangled backbone + a z pathway (conditioning) + a latent, composed.
 
 One backbone serves three reads per step, all beginning with the same ``<bos> <x> x </x>``:
-- the z-free pass: its pooled hidden state feeds the posterior head, and its S logits
+- the z-free pass: its pooled hidden state feeds the posterior head, and its S NLLs
   are the current model's z-free surprisal (the ``dynamic`` baseline, no extra pass);
 - the z-conditioned pass: every example's latent copies (K for a discrete latent, one
   sample for a continuous one) as ONE batched forward of B * copies rows;
 - the prior: the decoder's own output at ``<z>`` (taken from copy 0, which has seen x only,
   or from an unconditioned prefix pass when the z pathway reaches the prefix).
+
+Every pass returns hidden states; the output head runs only where it is read
+(``pipeline/head.py``): on the states that predict S, in chunks, and at ``<z>`` on the
+latent tokens' rows alone. Full-vocabulary logits at every position would be
+B * (copies + 1) * L * V floats, most of them never read.
 
 That common prefix runs once (``SharedPrefix``: its keys and values), and the z-free pass and
 the copies continue it: the same per-token NLLs and gradients as full passes, without K + 1
@@ -25,8 +30,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from tokweight.pipeline.head import nll_over_s
 from tokweight.pipeline.model import GPT, SharedPrefix
-from tokweight.pipeline.templates import gather_s, token_surprisal
+from tokweight.pipeline.templates import gather_s
 from tokweight.pipeline.vocab import Vocab
 from tokweight.training.conditioning import MODES, Conditioning
 from tokweight.training.data import TrainBatch
@@ -171,11 +177,11 @@ class CVAE(nn.Module):
         B = len(batch)
         frame = Frame.shared(self.backbone, batch) if self.shares_prefix else Frame()
         free_len = batch.last_pos + 1
-        logits_free, hidden_free = self.backbone(frame.ids(free.input_ids, free_len), prefix=frame.rows(1))
+        hidden_free = self.backbone.hidden(frame.ids(free.input_ids, free_len), prefix=frame.rows(1))  # (B, L, d)
         pooled = self.posterior_input(batch, hidden_free, frame)
         post = self.latent.posterior(pooled)
         with torch.no_grad():
-            zfree_nll = token_surprisal(gather_s(logits_free, frame.pos(free.logit_pos)), free.targets, free.mask)
+            zfree_nll = nll_over_s(self.backbone, hidden_free, frame.pos(free.logit_pos), free.targets, free.mask)
 
         C = self.latent.copies  # example i's copies are rows i*C .. i*C + C-1
         z, slot_ids = self.latent.decoder_inputs(post, generator, global_batch)
@@ -183,18 +189,20 @@ class CVAE(nn.Module):
         cond_ids = frame.ids(cond.input_ids, free_len + batch.slot_pos.shape[1] + 2)  # + <z> slots </z>
         ids, kwargs = self.conditioning.decoder_inputs(self.backbone, rep(cond_ids), rep(frame.pos(batch.slot_pos)),
                                                        z, slot_ids)
-        logits, hidden = self.backbone(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', V): all copies at once
-        nll = token_surprisal(gather_s(logits, rep(frame.pos(cond.logit_pos))), rep(cond.targets), rep(cond.mask))
-        prior = self.latent.prior(*self._at_z(batch, logits[::C], hidden[::C], frame))
+        hidden = self.backbone.hidden(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', d): all copies at once
+        nll = nll_over_s(self.backbone, hidden, rep(frame.pos(cond.logit_pos)), rep(cond.targets), rep(cond.mask))
+        prior = self.latent.prior(*self._at_z(batch, hidden[::C], frame))
         return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll, pooled)
 
-    def _at_z(self, batch: TrainBatch, logits: torch.Tensor, hidden: torch.Tensor, frame: Frame):
-        """(B, V) logits and (B, d) hidden state at <z>, from a pass that has not seen z."""
+    def _at_z(self, batch: TrainBatch, hidden: torch.Tensor, frame: Frame):
+        """What the prior reads at <z>, from a pass that has not seen z: the logits of the latent's
+        ``prior_tokens`` (B, K) (None if it reads none) and the hidden state (B, d)."""
         if self.conditioning.modulates_prefix:
-            prefix = batch.zcond.input_ids[:, : int(batch.z_pos.max()) + 1]
-            logits, hidden = self.backbone(prefix)
-        rows, at = torch.arange(len(batch), device=logits.device), frame.pos(batch.z_pos)
-        return logits[rows, at], hidden[rows, at]
+            hidden = self.backbone.hidden(batch.zcond.input_ids[:, : int(batch.z_pos.max()) + 1])
+        rows = torch.arange(len(batch), device=hidden.device)
+        at_z = hidden[rows, frame.pos(batch.z_pos)]  # (B, d)
+        tokens = self.latent.prior_tokens
+        return (None if tokens is None else self.backbone.head(at_z, tokens)), at_z
 
 
 def check_backbone(backbone, cfg: CVAEConfig) -> None:

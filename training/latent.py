@@ -2,8 +2,8 @@
 
 Two latents with one interface, so the CVAE composes either:
 - ``posterior(h)``: (B, d) pooled z-free hidden state -> posterior parameters
-- ``prior(z_logits, z_hidden)``: the decoder's (B, V) logits and (B, d) hidden state at
-  ``<z>`` -> prior parameters
+- ``prior(z_logits, z_hidden)``: at ``<z>``, the decoder's logits of the ``prior_tokens``
+  (B, K) (None when ``prior_tokens`` is None) and its (B, d) hidden state -> prior parameters
 - ``decoder_inputs(post, generator, global_batch)``: the latent values the decoder is run
   with, as (N, F) features and (N,) slot token ids (discrete) or None (continuous);
   N = B * copies
@@ -24,7 +24,8 @@ from tokweight.training.losses import categorical_kl, gaussian_kl
 class CategoricalLatent(nn.Module):
     """K values, summed over exactly (no sampling): every example runs K decoder copies.
 
-    Prior p(k|x): softmax over the decoder's logits of ``<z_0..z_{K-1}>`` at ``<z>``.
+    Prior p(k|x): softmax over the decoder's logits of ``<z_0..z_{K-1}>`` at ``<z>`` (the
+    next-token distribution renormalised over the K latent tokens, so their logits suffice).
     Posterior q(k|x,y): a linear head on the pooled z-free hidden state.
     """
 
@@ -46,8 +47,12 @@ class CategoricalLatent(nn.Module):
     def posterior(self, h: torch.Tensor) -> torch.Tensor:
         return F.log_softmax(self.head(h), -1)  # (B, K) log q
 
+    @property
+    def prior_tokens(self) -> torch.Tensor:
+        return self.latent_ids  # (K,) the tokens whose logits at <z> the prior reads
+
     def prior(self, z_logits: torch.Tensor, z_hidden: torch.Tensor) -> torch.Tensor:
-        return F.log_softmax(z_logits[:, self.latent_ids], -1)  # (B, K) log p
+        return F.log_softmax(z_logits, -1)  # (B, K) log p
 
     def decoder_inputs(self, log_q: torch.Tensor, generator=None,
                        global_batch: GlobalBatch = LOCAL) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,6 +77,7 @@ class GaussianLatent(nn.Module):
 
     kind = "continuous"
     copies = 1
+    prior_tokens = None  # the prior reads the hidden state at <z>, no logits
 
     def __init__(self, z_dim: int, d_model: int, prior: str = "learned"):
         super().__init__()
@@ -88,7 +94,7 @@ class GaussianLatent(nn.Module):
         mu, logvar = self.head(h).chunk(2, -1)
         return mu, logvar  # (B, D) each
 
-    def prior(self, z_logits: torch.Tensor, z_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prior(self, z_logits: None, z_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.prior_head is None:
             zeros = z_hidden.new_zeros(z_hidden.shape[0], self.features)
             return zeros, zeros

@@ -2,7 +2,7 @@
 -- columns). Positions are 0-based indices into S (0..T-1); b is in nats.
 -- List lambdas are DuckDB 2 syntax: `lambda x, i: ...` with i the 1-based index.
 -- Every estimator reads list functions or stored per-example scalars only: no window
--- function, no unnest. b >= 0: it is -log p, computed as logsumexp minus the target logit,
+-- function, no unnest; at the default parameters, stored scalars only. b >= 0: it is -log p, computed as logsumexp minus the target logit,
 -- which cannot be negative.
 
 -- Degenerate example: its surprisal sum is below eps, so the shares pi_t = b_t / sum b
@@ -21,11 +21,23 @@ CREATE OR REPLACE MACRO t0_share(cumsum_b, b_sum, q, eps) AS
          ELSE coalesce(list_position(list_transform(cumsum_b, lambda c: c >= q * b_sum), true), len(cumsum_b)) - 1
     END;
 
+-- t0_share as the `examples` view reads it: the value stored at extraction (store/derived.py,
+-- at q = stored_q and eps = stored_eps) where the parameters are those, else computed from the
+-- lists. The variables are constants when a query is planned, so DuckDB drops the branch not
+-- taken, and with it the list that only that branch reads.
+CREATE OR REPLACE MACRO t0_share_at(stored, cumsum_b, b_sum, q, eps) AS
+    CASE WHEN q = getvariable('stored_q') AND eps = getvariable('stored_eps') THEN stored
+         ELSE t0_share(cumsum_b, b_sum, q, eps) END;
+
 -- t0 by threshold: the last position whose surprisal exceeds tau nats,
 -- t0_threshold = max { t : b[t] > tau }, found as the first hit from the end. NULL when
 -- no position exceeds tau (an all-below example; the report counts them).
 CREATE OR REPLACE MACRO t0_threshold(b, tau) AS
     len(b) - list_position(list_reverse(list_transform(b, lambda x: x > tau)), true);
+
+-- t0_threshold as the `examples` view reads it: stored at tau = stored_tau, else from b.
+CREATE OR REPLACE MACRO t0_threshold_at(stored, b, tau) AS
+    CASE WHEN tau = getvariable('stored_tau') THEN stored ELSE t0_threshold(b, tau) END;
 
 -- Dilution: the share of S that carries the strategy. Positions 0..t0 are informative,
 -- so that is t0 + 1 tokens out of T:  dilution = (t0 + 1) / T.

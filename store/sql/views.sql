@@ -3,7 +3,8 @@
 -- and the variables q, tau, eps are set up by store/sql.py before this file runs.
 
 -- examples: one row per example, every stored column plus the per-example diagnostics
--- of estimators.sql at the connection's q (cumulative share), tau (nats) and eps.
+-- of estimators.sql at the connection's q (cumulative share), tau (nats) and eps; the
+-- stored t0_share and t0_threshold (at the default parameters) are replaced by those.
 -- `t0` and `strategy` are the ground truth passed through from the sample (may be NULL);
 -- `dilution`/`amplification` use t0_share, `amplification_true` the ground-truth t0.
 CREATE OR REPLACE VIEW examples AS
@@ -11,11 +12,11 @@ SELECT *,  -- the t0 estimate is computed once below, then reused (an alias woul
        dilution(t0_share, T) AS dilution,
        amplification(t0_share, T) AS amplification,
        amplification(t0, T) AS amplification_true
-FROM (SELECT *,
+FROM (SELECT * EXCLUDE (t0_share, t0_threshold),
              b_sum / T AS mean_b,
              is_degenerate(b_sum, getvariable('eps')) AS degenerate,
-             t0_share(cumsum_b, b_sum, getvariable('q'), getvariable('eps')) AS t0_share,
-             t0_threshold(b, getvariable('tau')) AS t0_threshold,
+             t0_share_at(t0_share, cumsum_b, b_sum, getvariable('q'), getvariable('eps')) AS t0_share,
+             t0_threshold_at(t0_threshold, b, getvariable('tau')) AS t0_threshold,
              share_entropy(b_sum, b_xlogx_sum, getvariable('eps')) AS share_entropy,
              effective_tokens(b_sum, b_sq_sum, getvariable('eps')) AS effective_tokens,
              max_share(b_max, b_sum, getvariable('eps')) AS max_share
