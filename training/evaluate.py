@@ -107,9 +107,9 @@ def greedy_decode(model: CVAE, vocab, samples: list[Sample], z: torch.Tensor, sl
         sid = None if slot_ids is None else slot_ids.to(device).repeat(len(idx))
         slot_pos = torch.tensor([list(lay.slot_positions)], device=device).expand(len(prefix), M)
 
-        def next_logits(ids):
+        def next_logits(ids):  # the head on the last position only: (N, V), not (N, L, V)
             inp, kwargs = model.conditioning.decoder_inputs(model.backbone, ids, slot_pos, zz, sid)
-            return model.backbone(inp, **kwargs)[0][:, -1]
+            return model.backbone.head(model.backbone.hidden(inp, **kwargs)[:, -1])
 
         room = min(max_new, model.backbone.cfg.block_size - prefix.shape[1])
         for row, i_v in enumerate(greedy_continue(next_logits, prefix, end, room)[:, lay.s_start:].tolist()):
@@ -129,7 +129,7 @@ def base_greedy_decode(base, vocab, samples: list[Sample], max_new: int) -> list
     for start, rows in by_len.items():
         prefix = torch.tensor([ids for _, ids in rows], device=device)
         room = min(max_new, base.cfg.block_size - start)
-        decoded = greedy_continue(lambda ids: base(ids)[0][:, -1], prefix, end, room)
+        decoded = greedy_continue(lambda ids: base.head(base.hidden(ids)[:, -1]), prefix, end, room)
         for (i, _), row in zip(rows, decoded[:, start:].tolist()):
             outputs[i] = tuple(vocab.decode(until_end(row, end)))
     return [outputs[i] for i in range(len(samples))]
