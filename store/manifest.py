@@ -292,7 +292,8 @@ class Manifest:
 
 def read_manifest(directory: Path) -> dict | None:
     """The committed manifest of a fingerprint directory, or None if there is none; DamagedFile (one line,
-    naming the file and the repair) if it does not verify (``parse_checked``) or is of no readable version."""
+    naming the file and the repair) if it does not verify (``parse_checked``), ValueError if it verifies
+    but is of a schema version this tokweight cannot read (a newer one's: never rebuilt over)."""
     path = directory / MANIFEST_NAME
     if not path.is_file():
         return None
@@ -302,7 +303,7 @@ def read_manifest(directory: Path) -> dict | None:
     except DamagedFile as e:
         raise DamagedFile(f"{e}: the manifest does not verify; {REPAIR}") from None
     if manifest.get("schema_version") not in READABLE_VERSIONS:
-        raise DamagedFile(f"{path}: store schema version {manifest.get('schema_version')!r}, but this tokweight "
+        raise ValueError(f"{path}: store schema version {manifest.get('schema_version')!r}, but this tokweight "
                           f"reads versions {READABLE_VERSIONS} (store/schema.py); re-extract into a new store")
     return manifest
 

@@ -231,7 +231,7 @@ def read_part(path: Path, fmt: str, columns: Sequence[str] | None = None, versio
         raise ValueError(f"{path}: no array {e} of store schema version {version}; re-extract it") from None
     if not table.schema.equals(schema, check_metadata=False):
         raise ValueError(f"{path}: its columns are not those of store schema version {version} "
-                         f"(store/schema.py); re-extract it\n{table.schema}")
+                         f"(store/schema.py): {', '.join(table.schema.names)}; re-extract it")
     if computed:
         b = table.column("b").combine_chunks().flatten().to_numpy()
         derived = scalar_arrays(derived_columns(b, table.column("T").to_numpy()), computed)
