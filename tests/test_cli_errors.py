@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from tokweight.cli import main
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
+from tokweight.store.manifest import write_checked_json
 from tests.fixtures_extract import sample_member, write_raw_tar
 
 
@@ -69,7 +70,7 @@ def test_train_with_a_store_of_another_checkpoint(tiny, tmp_path):
 def test_train_with_an_incomplete_store(tiny, tiny_store, tmp_path):
     store = shutil.copytree(tiny_store, tmp_path / "store")
     manifest = next(store.glob("fingerprint=*/manifest.json"))
-    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "complete": False}))
+    write_checked_json(manifest, {**json.loads(manifest.read_text()), "complete": False})  # a valid, incomplete one
     fails_in_one_line(train_args(tiny, store, tmp_path / "run"), "incomplete")
     assert not (tmp_path / "run").exists()
 

@@ -20,6 +20,7 @@ from tokweight.training.data import (REMEDY, BadSamples, StoreMismatchError, Sto
 from tokweight.training.losses import WeightingParams, reconstruction_weights
 from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+from tokweight.store.manifest import write_checked_json
 
 
 class EditedView:
@@ -149,6 +150,6 @@ def test_changed_shard_and_incomplete_store_are_refused(tiny, tiny_store, tmp_pa
     copy = tmp_path / "store"
     shutil.copytree(tiny_store, copy)
     manifest = next(copy.glob("fingerprint=*/manifest.json"))
-    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "complete": False}))
+    write_checked_json(manifest, {**json.loads(manifest.read_text()), "complete": False})  # a valid, incomplete one
     with pytest.raises(StoreMismatchError, match="incomplete"):
         StoreRef(str(copy), ckpt.fingerprint).open(ckpt.vocab)
