@@ -162,8 +162,11 @@ def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
     trained = train(tcfg)  # refuses a run directory trained from another checkpoint
     evaluated = run_eval(EvalConfig(run=tcfg.io.out, data=str(prep.data), split="test",
                                     decode_examples=decode_examples))
-    metrics = evaluated["metrics"]
+    metrics, free = evaluated["metrics"], evaluated["decode"].get("label_free", {})
     return {**{m: metrics.get(m) for m in METRICS if m != "control_accuracy"},
+            "outcome": evaluated["z_used"]["outcome"], "exact_match": free.get("own_exact_match"),
+            "base_exact_match": free.get("base_exact_match"), "best_of_k_exact_match": free.get("best_of_k_exact_match"),
+            "nll_token_mean": metrics.get("nll_token_mean"), "base_nll_token_mean": metrics.get("base_nll_token_mean"),
             "control_accuracy": evaluated["decode"].get("control_accuracy"),
             "strategy_accuracy": metrics.get("strategy_accuracy"),
             "usage_perplexity": metrics.get("usage_perplexity"), "val_mi": trained.get("mi"),

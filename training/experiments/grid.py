@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tokweight.store.plots import save_figures
 from tokweight.training.conditioning import MODES as COND_MODES
+from tokweight.training.cvae import CVAEConfig
 from tokweight.training.experiments.aggregate import aggregate, mean_std
 from tokweight.training.experiments.artefacts import Echo, prepare_all
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
@@ -48,14 +49,14 @@ class ExperimentConfig:
     """Weightings of the continuous-latent cells (empty: none)."""
     cond_modes: tuple[str, ...] = COND_MODES
     """z pathways for surprisal-share at the largest setting (``cond`` is the grid's own)."""
-    cond: str = "token"
-    """z pathway of the discrete grid's cells."""
-    prefix_slots: int = 2
-    """Latent slots of the prefix pathway."""
+    cond: str = CVAEConfig.cond
+    """z pathway of the discrete grid's cells (train's by default)."""
+    prefix_slots: int | None = None
+    """Latent slots of the prefix pathway (None: train's)."""
     budget: CellBudget = field(default_factory=CellBudget)
     """Steps and evaluation size per cell."""
-    recipe: str = "baseline"
-    """Name in training.recipes.RECIPES whose remedy fields every cell trains with; "baseline": none."""
+    recipe: str = "default"
+    """Name in experiments.recipes.RECIPES whose remedies every cell trains with; "default": train's."""
     jobs: int = 1
     """Cells trained at once, each in its own process with one torch thread (no effect on any number)."""
 
@@ -71,7 +72,7 @@ class ExperimentConfig:
             raise ValueError(f"unknown weightings or z pathways: {bad}")
         if not self.weightings or not self.betas or not self.seeds:
             raise ValueError("weightings, betas and seeds must be non-empty")
-        if any(not b >= 0 for b in self.betas) or self.prefix_slots < 1:
+        if any(not b >= 0 for b in self.betas) or (self.prefix_slots or 1) < 1:
             raise ValueError("betas must be >= 0 and prefix_slots >= 1")
 
     @property
@@ -92,7 +93,7 @@ def experiment_cells(cfg: ExperimentConfig) -> list[Cell]:
     names = [s.name for s in cfg.task.settings]
     cells = [Cell(s, "discrete", cfg.cond, w, b, seed) for s in names for w in cfg.weightings
              for b in cfg.betas for seed in cfg.seeds]
-    cells += [Cell(s, "continuous", "token", w, b, seed, "continuous") for s in names
+    cells += [Cell(s, "continuous", cfg.cond, w, b, seed, "continuous") for s in names
               for w in cfg.continuous_weightings for b in cfg.betas for seed in cfg.seeds]
     cells += [Cell(names[-1], "discrete", c, "surprisal-share", b, seed, "cond") for c in cfg.cond_modes
               if c != cfg.cond for b in cfg.betas for seed in cfg.seeds]
