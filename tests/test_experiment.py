@@ -28,7 +28,8 @@ def finite(text: str) -> bool:
 
 
 def quick_cfg(root: Path) -> exp.ExperimentConfig:
-    return replace(exp.quick(exp.ExperimentConfig(out=str(root), task=TINY_TASK)), budget=TINY_BUDGET)
+    # the plain objective: the posterior-gradient amplification is measured on it (an E-step optimises no recon)
+    return replace(exp.quick(exp.ExperimentConfig(out=str(root), task=TINY_TASK, recipe="baseline")), budget=TINY_BUDGET)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_quick_writes_every_file_with_finite_numbers_per_cell(quick_run):
         assert (root / name).read_bytes()[:4] == b"\x89PNG"
     cfg = quick_cfg(root)
     expected = len(exp.experiment_cells(cfg))
-    assert expected == 2 * 3 * 2 + 2 * 2  # settings x weightings x betas, + prefix/layernorm x betas
+    assert expected == 2 * 3 * 2 + 2 * 2  # settings x weightings x betas, + token/layernorm x betas
     cells = read_csv(root / "cells.csv")
     assert len(cells) == expected and sum(f"[cell {i}/{expected}]" in "\n".join(lines) for i in (1, expected)) == 2
     for row in cells:

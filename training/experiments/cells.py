@@ -153,6 +153,19 @@ def run_cell(cell: Cell, prep: Prepared, plan: CellPlan, root: Path) -> tuple[di
     return record, False
 
 
+STATUSES = ("z kept, decoder whole", "z kept, decoder damaged", "collapsed at convergence",
+            "not converged by the cap")
+"""What a cell ended as: eval's verdict where z is used; where it is not, whether training had converged (the
+stop rule ended it) or the step cap did, which says "train longer", not "collapsed"."""
+
+
+def cell_status(outcome: str, stop_reason: str | None) -> str:
+    """One of STATUSES from eval's outcome and the run's stop reason ("converged" or "step cap")."""
+    if outcome != "z not used":
+        return outcome.replace("z used", "z kept")
+    return STATUSES[2] if stop_reason == "converged" else STATUSES[3]
+
+
 def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
     """Train the run, evaluate it on the test split: the record's numbers."""
     from tokweight.training.evaluate import EvalConfig, run_eval
@@ -163,8 +176,10 @@ def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
     evaluated = run_eval(EvalConfig(run=tcfg.io.out, data=str(prep.data), split="test",
                                     decode_examples=decode_examples))
     metrics, free = evaluated["metrics"], evaluated["decode"].get("label_free", {})
+    stop = trained.get("stop", {}).get("reason")
     return {**{m: metrics.get(m) for m in METRICS if m != "control_accuracy"},
-            "outcome": evaluated["z_used"]["outcome"], "exact_match": free.get("own_exact_match"),
+            "outcome": evaluated["z_used"]["outcome"], "stop": stop,
+            "status": cell_status(evaluated["z_used"]["outcome"], stop), "own_exact_match": free.get("own_exact_match"),
             "base_exact_match": free.get("base_exact_match"), "best_of_k_exact_match": free.get("best_of_k_exact_match"),
             "nll_token_mean": metrics.get("nll_token_mean"), "base_nll_token_mean": metrics.get("base_nll_token_mean"),
             "control_accuracy": evaluated["decode"].get("control_accuracy"),

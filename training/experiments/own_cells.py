@@ -16,7 +16,7 @@ from pathlib import Path
 from tokweight.store.tables import fixed
 from tokweight.training.experiments.aggregate import GROUP_KEYS, mean_std, seed_stats
 from tokweight.training.experiments.artefacts import Echo, Prepared, read_json
-from tokweight.training.experiments.cells import Cell, CellPlan, each_cell, run_cell
+from tokweight.training.experiments.cells import STATUSES, Cell, CellPlan, each_cell, run_cell
 from tokweight.training.experiments.own_inputs import SETTING
 
 CONTROL = ("exact_match", "chance_exact_match", "first_token_match", "chance_first_token_match")
@@ -102,4 +102,5 @@ def arm_stats(arm: str, rows: list[dict]) -> dict:
     out = {"arm": arm, "lambda": rows[0].get(LAMBDA, 1.0), **seed_stats({k: rows[0][k] for k in GROUP_KEYS}, rows)}
     for m in OWN_METRICS:
         out[f"{m}_mean"], out[f"{m}_std"] = mean_std([r.get(m) for r in rows])
-    return out | {"seeds_z_used": sum(bool(r["z_used"]) for r in rows)}
+    return out | {"seeds_z_used": sum(bool(r["z_used"]) for r in rows),
+                  **{f"seeds {status}": sum(r.get("status") == status for r in rows) for status in STATUSES}}

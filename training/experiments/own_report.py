@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from tokweight.store.plots import figure
 from tokweight.store.tables import MISSING, fixed, markdown_table
+from tokweight.training.experiments.cells import STATUSES
 from tokweight.training.experiments.collapse import KEPT_FRACTION, beta_c, show
 from tokweight.training.experiments.report import machine, pm
 
@@ -92,9 +93,9 @@ def arm_verdict(arm: str, rows: dict[float, dict], kept_at: float, stats: dict) 
     nll = at["recon_uniform_mean"]
     parts = [where_kept(arm, rows, kept)]
     parts += [] if forecast is None else [f"the store predicted β_c = {show_predicted(forecast)}"]
-    decoder = (f"at β = {show_beta(at['beta'])} z is used (eval's verdict) in {at['seeds_z_used']}/{at['n_seeds']} "
-               f"seeds and the decoder's token-mean NLL is {num(nll)} nats against the base model's {num(base)} "
-               f"({delta(None if nll is None else nll - base)})")
+    seeds = ", ".join(f"{at.get(f'seeds {status}', 0)} {status}" for status in STATUSES)
+    decoder = (f"at β = {show_beta(at['beta'])}, of {at['n_seeds']} seeds: {seeds}; the decoder's token-mean NLL "
+               f"is {num(nll)} nats against the base model's {num(base)} ({delta(None if nll is None else nll - base)})")
     return "; ".join(parts + [decoder])
 
 
