@@ -83,14 +83,15 @@ def stand_in_y(vocab) -> list[str]:
     raise ValueError("the vocabulary holds no data token")
 
 
-def prompts(vocab, inputs: list[tuple[Text, str | None]], slots: int) -> list[Prompt]:
-    """The prompts of (x, key) pairs with ``slots`` latent slots; a bad x raises SampleError naming its key."""
+def prompt_maker(vocab, slots: int) -> Callable[[Text, str | None], Prompt]:
+    """(x, key) -> x's prompt with ``slots`` latent slots; a bad x raises SampleError naming the key."""
     y, latent = stand_in_y(vocab), [vocab.latent_id(0)] * slots
-    out = []
-    for x, key in inputs:
+
+    def make(x: Text, key: str | None = None) -> Prompt:
         ids, lay = template_ids(vocab, x, y, latent, key=key)
-        out.append(Prompt(tuple(ids[: lay.s_start]), tuple(lay.slot_positions)))
-    return out
+        return Prompt(tuple(ids[: lay.s_start]), tuple(lay.slot_positions))
+
+    return make
 
 
 def latent_values(model: CVAE, centres: np.ndarray | None):
@@ -136,5 +137,6 @@ def decode_ids(model: CVAE, prompts: list[Prompt], z: torch.Tensor, slot_ids: to
 def greedy_decode(model: CVAE, vocab, samples: list[Sample], z: torch.Tensor, slot_ids: torch.Tensor | None,
                   max_new: int) -> list[tuple[str, ...]]:
     """Greedy y, as token strings, for every (example, latent value): len(samples) * V outputs, example-major."""
-    inputs = prompts(vocab, [(s.x, s.key) for s in samples], model.conditioning.slots)
+    make = prompt_maker(vocab, model.conditioning.slots)
+    inputs = [make(s.x, s.key) for s in samples]
     return [tuple(vocab.decode(ids)) for ids in decode_ids(model, inputs, z, slot_ids, vocab.id("</y>"), max_new)]
