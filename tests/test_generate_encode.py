@@ -5,6 +5,7 @@ with the store."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -13,12 +14,13 @@ from click.testing import CliRunner
 
 from tests.fixtures_train import tiny, tiny_store, two_regime  # noqa: F401  (fixtures)
 from tokweight.cli import main
-from tokweight.pipeline.shards import iter_shard
+from tokweight.pipeline.shards import iter_shard, write_shards
 from tokweight.training import evaluate
 from tokweight.training.cvae import CVAEConfig
 from tokweight.training.data import split_urls
 from tokweight.training.encode import EncodeConfig, run as encode
 from tokweight.training.evaluate import EvalConfig, run_eval
+from tokweight.training.export_hf import export_hf
 from tokweight.training.generate import GenerateConfig, run as generate
 from tokweight.training.train import run as train
 from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
@@ -194,3 +196,30 @@ def test_a_run_without_a_checkpoint_and_missing_centres_say_what_to_do(runs, tin
     assert result.exit_code == 1 and "leave --data out" in result.output
     result = CliRunner().invoke(main, ["encode", "--run", str(empty), "--data", str(tiny[0])])
     assert result.exit_code == 1 and "no checkpoint/state.json" in result.output
+
+
+def test_a_tokenizer_run_on_string_data_generates_strings(two_regime, tmp_path):  # noqa: F811
+    """The confident base model exported as a GPT-2 with its tokenizer, a CVAE trained on x and y as strings: a
+    string x gets detokenized strings, a list x token lists, and both are eval's decodes."""
+    pytest.importorskip("transformers")
+    data, ckpt = two_regime
+    hf = export_hf(ckpt, tmp_path / "hf")
+    text = tmp_path / "text"
+    for split in ("train", "val"):
+        samples = [replace(s, x=" ".join(s.x), y=" ".join(s.y)) for s in first_test_samples(data, 128, split)]
+        write_shards(samples, text / split, shard_size=64)
+    run_dir = tmp_path / "run"
+    trained_and_evaluated(text, hf, None, run_dir, CVAEConfig(k=2, slots=2), split="val")
+    samples = first_test_samples(text, 4, "val")
+    lines = [{"key": s.key, "x": s.x} for s in samples] + [{"x": s.x.split()} for s in samples[:1]]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    max_new = max(len(s.y.split()) for s in samples) + 2  # eval's bound: y's tokens (one per symbol here) + 2
+    generate(GenerateConfig(run=str(run_dir), input=str(tmp_path / "in.jsonl"), out=str(tmp_path / "out.jsonl"),
+                            max_new_tokens=max_new, device="cpu"))
+    *texts, listed = generated(tmp_path / "out.jsonl")
+    evaluated = {row["key"]: row for row in json.loads((run_dir / "eval.json").read_text())["decode"]["sample_outputs"]}
+    for line in texts:
+        assert len(line["outputs"]) == 2 and all(isinstance(y, str) for y in line["outputs"])
+        assert line["outputs"] == [out["y"] for out in evaluated[line["key"]]["outputs"]]
+        assert all(y.endswith("e e e e e") for y in line["outputs"])  # the base model's certain suffix, as text
+    assert listed["key"] is None and listed["outputs"] == [y.split() for y in texts[0]["outputs"]]
