@@ -171,6 +171,7 @@ def invoke_generate(run_dir, path, out, *extra):
     ('{"x": 3}', 'line 2: "x" is a int; give it as "x": a list of symbols'),
     ('["a"]', "line 2: a JSON list, not an object"),
     ("{x", "line 2: not JSON"),
+    (json.dumps({"x": ["a"] * 4096}), "line 2: x makes a prompt of 4106 tokens, and the backbone's context is"),
 ])
 def test_bad_input_is_one_line_naming_the_file_and_line(runs, tiny, tmp_path, line, message):  # noqa: F811
     run_dir, _ = runs["discrete"]

@@ -16,6 +16,7 @@ outputs.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ class GenerateConfig:
     """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
 
     def __post_init__(self):
-        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature}")
         if self.batch_size < 1 or (self.max_new_tokens is not None and self.max_new_tokens < 1):
             raise ValueError("batch_size and max_new_tokens must be >= 1")
