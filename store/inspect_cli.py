@@ -42,15 +42,21 @@ def estimator_options(f):
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result here (parquet needs it).")
 @click.option("--max-rows", type=int, default=40, help="Rows shown by --format table.")
 @exact_quantiles_option
-def sql_cmd(store, query, fingerprints, q, tau, eps, fmt, out, max_rows, exact_quantiles):
-    """Run QUERY over STORE's views (examples, tokens, vocab, manifests); no QUERY: show them."""
+@click.option("--run", "run_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A train run whose posteriors-<split>.parquet files (`tokweight encode`) become the view "
+                   "posteriors, joined with examples by key.")
+def sql_cmd(store, query, fingerprints, q, tau, eps, fmt, out, max_rows, exact_quantiles, run_dir):
+    """Run QUERY over STORE's views (examples, tokens, vocab, manifests; posteriors with --run); no QUERY: show
+    them."""
     import duckdb
 
-    from tokweight.store.sql import QUANTILE_TOKENS, EstimatorParams, connect, describe
+    from tokweight.store.sql import QUANTILE_TOKENS, EstimatorParams, add_posteriors, connect, describe
 
     try:
         con = connect(store, fingerprints, EstimatorParams(q=q, tau=tau, eps=eps),
                       quantile_tokens=None if exact_quantiles else QUANTILE_TOKENS)
+        if run_dir is not None:
+            add_posteriors(con, run_dir)
         if query is None:
             click.echo(describe(con))
             return

@@ -8,7 +8,10 @@ Views (``describe(con)`` prints their columns):
 - ``tokens``: one row per supervised token (position in S, b, token id and symbol, ...); a
   query reads only the per-token lists it names;
 - ``vocab``: (fingerprint, id, token);
-- ``manifests``: one row per fingerprint with the manifest's counts and the full JSON.
+- ``manifests``: one row per fingerprint with the manifest's counts and the full JSON;
+- ``posteriors`` (with ``add_posteriors``, `tokweight sql --run RUN`): a train run's per-example
+  posteriors, the ``posteriors-<split>.parquet`` files `tokweight encode` writes into the run
+  (training/encode.py says their columns); they join the other views on key (and fingerprint).
 
 Several fingerprints (checkpoints) of one store sit side by side, told apart by the
 ``fingerprint`` column. Parquet parts are read by DuckDB from an explicit file list, so a
@@ -51,6 +54,8 @@ QUANTILE_TOKENS = 2**20
 """Above this many tokens profile_by_position's quantiles come from a sample of examples
 (views.sql). On bench_sql's 10M-token store their exact quantiles cost about 4 scans of b,
 a sample of 2^20 tokens about 0.8 (2^18: 0.3, 2^21: 1.0)."""
+POSTERIORS_FILE = "posteriors-{split}.parquet"
+"""`tokweight encode`'s file in a run directory, which ``add_posteriors`` reads."""
 _ROWS_SCHEMA = pa.schema([pa.field("fingerprint", pa.string(), nullable=False), *PART_SCHEMA])
 
 
@@ -116,6 +121,16 @@ def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None 
     con.execute(read_sql("estimators"))
     con.execute(read_sql("views"))
     return con
+
+
+def add_posteriors(con: duckdb.DuckDBPyConnection, run: str | Path) -> None:
+    """The view ``posteriors`` over every ``RUN/posteriors-<split>.parquet`` (a ``split`` column tells them apart)."""
+    files = sorted(Path(run).glob(POSTERIORS_FILE.format(split="*")))
+    if not files:
+        raise ValueError(f"run {run} holds no {POSTERIORS_FILE.format(split='<split>')}: write one with "
+                         f"`tokweight encode --run {run} --data DATA --split SPLIT`")
+    file_list = ", ".join(_sql_string(str(f)) for f in files)
+    con.execute(f"CREATE VIEW posteriors AS SELECT * FROM read_parquet([{file_list}], union_by_name = true)")
 
 
 def _rows_source(con: duckdb.DuckDBPyConnection, view: StoreView, i: int, shards: Collection[str] | None) -> str:
@@ -208,7 +223,8 @@ def _manifest_table(views: list[StoreView]) -> pa.Table:
 def describe(con: duckdb.DuckDBPyConnection) -> str:
     """The documented views' columns and types, then the example queries."""
     lines = []
-    for view in VIEWS:
+    has_posteriors = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'posteriors'").fetchone()[0]
+    for view in VIEWS + (("posteriors",) if has_posteriors else ()):
         lines.append(f"{view}:")
         for name, dtype, *_ in con.execute(f"DESCRIBE {view}").fetchall():
             lines.append(f"  {name:<22} {dtype}")

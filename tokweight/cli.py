@@ -18,6 +18,7 @@ from tokweight.store.cli import store
 from tokweight.store.inspect_cli import sql_cmd
 from tokweight.training.train_cli import evaluate as eval_cmd, set_threads, threads_option, train as train_cmd
 from tokweight.training.experiment_cli import experiment
+from tokweight.training.use_cli import encode as encode_cmd, generate as generate_cmd
 
 
 OUTPUT_OPTIONS = ("--out", "--store")  # what a command creates; a failed one leaves no empty one behind
@@ -172,7 +173,7 @@ def demo(out, preset, seed, threads):
     click.echo(f"report: {result['report']}")
 
 
-for command in (extract, store, sql_cmd, inspect_cmd, train_cmd, eval_cmd, experiment):
+for command in (extract, store, sql_cmd, inspect_cmd, train_cmd, eval_cmd, generate_cmd, encode_cmd, experiment):
     main.add_command(command)
 
 if __name__ == "__main__":

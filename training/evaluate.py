@@ -2,7 +2,8 @@
 
 Decode-per-latent: for every latent value (discrete: each k; continuous: the K k-means
 centres of the posterior means over the split) each example is decoded greedily from
-its z-conditioned prefix ``... <z> slots </z> <y>`` until ``</y>``.
+its z-conditioned prefix ``... <z> slots </z> <y>`` until ``</y>`` (``training.decode``,
+which ``tokweight generate`` shares).
 
 - Against the references (any data with strategy labels): the Hungarian matching of the split's
   posterior clusters against its labels gives each label a latent value; per value, the share of
@@ -32,13 +33,14 @@ from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.labels import DatasetLabels, load_labels
 from tokweight.pipeline.ranks import resolve_device
 from tokweight.pipeline.samples import Sample
-from tokweight.pipeline.templates import Layout, template_ids
+from tokweight.pipeline.templates import template_ids
 from tokweight.store.tables import general, markdown_table
 from tokweight.training.baselines import make_baseline
 from tokweight.training.control import (CONTROL_RULE, label_free_control, reference_control, reference_markdown,
                                         strategy_execution, z_use)
 from tokweight.training.cvae import CVAE
 from tokweight.training.data import StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows, split_urls
+from tokweight.training.decode import continue_until, greedy_decode, latent_values, until_end
 from tokweight.training.losses import WeightingParams
 from tokweight.training.metrics import contingency, kmeans, matched_labels
 from tokweight.training.run_dir import load_run
@@ -68,56 +70,6 @@ class EvalConfig:
 
 
 @torch.no_grad()
-def greedy_continue(next_logits, prefix: torch.Tensor, end: int, max_new: int) -> torch.Tensor:
-    """(N, L + n) the rows of ``prefix`` (N, L) continued greedily, n <= max_new tokens, until every row has
-    emitted ``end``; next_logits(ids (N, L')) -> (N, V) the logits of each row's next token."""
-    ids, done = prefix, torch.zeros(len(prefix), dtype=torch.bool, device=prefix.device)
-    for _ in range(max_new):
-        nxt = next_logits(ids).argmax(-1)
-        ids = torch.cat([ids, nxt[:, None]], 1)
-        done |= nxt == end
-        if done.all():
-            break
-    return ids
-
-
-def until_end(row: list[int], end: int) -> list[int]:
-    return row[: row.index(end)] if end in row else row
-
-
-@torch.no_grad()
-def greedy_decode(model: CVAE, vocab, samples: list[Sample], z: torch.Tensor, slot_ids: torch.Tensor | None,
-                  max_new: int) -> list[tuple[str, ...]]:
-    """Greedy y for every (example, latent value): z (V, F) features, slot_ids (V,) or None.
-
-    Returns len(samples) * V outputs, example-major. Examples are batched by prefix length.
-    """
-    V, M = z.shape[0], model.conditioning.slots
-    end, outputs = vocab.id("</y>"), {}
-    device = next(model.parameters()).device
-    prefixes, by_len = {}, defaultdict(list)  # the z-conditioned template up to <y>, grouped by its length
-    for i, s in enumerate(samples):
-        ids, lay = template_ids(vocab, s.x, s.y, [vocab.latent_id(0)] * M, key=s.key)
-        prefixes[i] = ids[: lay.s_start]
-        by_len[lay.m].append(i)
-    for m, idx in by_len.items():
-        lay = Layout(m, 1, M)
-        prefix = torch.tensor([prefixes[i] for i in idx], device=device).repeat_interleave(V, 0)  # (n*V, s_start)
-        zz = z.to(device).repeat(len(idx), 1)
-        sid = None if slot_ids is None else slot_ids.to(device).repeat(len(idx))
-        slot_pos = torch.tensor([list(lay.slot_positions)], device=device).expand(len(prefix), M)
-
-        def next_logits(ids):  # the head on the last position only: (N, V), not (N, L, V)
-            inp, kwargs = model.conditioning.decoder_inputs(model.backbone, ids, slot_pos, zz, sid)
-            return model.backbone.head(model.backbone.hidden(inp, **kwargs)[:, -1])
-
-        room = min(max_new, model.backbone.cfg.block_size - prefix.shape[1])
-        for row, i_v in enumerate(greedy_continue(next_logits, prefix, end, room)[:, lay.s_start:].tolist()):
-            outputs[(idx[row // V], row % V)] = tuple(vocab.decode(until_end(i_v, end)))
-    return [outputs[(i, v)] for i in range(len(samples)) for v in range(V)]
-
-
-@torch.no_grad()
 def base_greedy_decode(base, vocab, samples: list[Sample], max_new: int) -> list[tuple[str, ...]]:
     """The base (z-free) model's greedy y for every sample, from its own template up to <y>: what the
     entangled model does without a latent, the reference a decoder must not fall below."""
@@ -129,18 +81,10 @@ def base_greedy_decode(base, vocab, samples: list[Sample], max_new: int) -> list
     for start, rows in by_len.items():
         prefix = torch.tensor([ids for _, ids in rows], device=device)
         room = min(max_new, base.cfg.block_size - start)
-        decoded = greedy_continue(lambda ids: base.head(base.hidden(ids)[:, -1]), prefix, end, room)
+        decoded = continue_until(lambda ids: base.head(base.hidden(ids)[:, -1]), prefix, end, room)
         for (i, _), row in zip(rows, decoded[:, start:].tolist()):
             outputs[i] = tuple(vocab.decode(until_end(row, end)))
     return [outputs[i] for i in range(len(samples))]
-
-
-def latent_values(model: CVAE, centres: np.ndarray | None):
-    """(z features (V, F), slot ids (V,) or None): every k, or the continuous cluster centres."""
-    lat = model.latent
-    if lat.kind == "discrete":
-        return torch.eye(lat.k), lat.latent_ids.clone()
-    return torch.as_tensor(centres, dtype=torch.float32), None
 
 
 def decode_per_latent(model: CVAE, base, vocab, samples: list[Sample], centres, labels: DatasetLabels,

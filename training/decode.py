@@ -1,0 +1,142 @@
+"""Decoding a CVAE under chosen latent values: greedily (eval, generate) or by sampling at a temperature (generate).
+
+A decode continues the z-conditioned template up to ``<y>`` (``<bos> <x> x </x> <z> slots </z> <y>``)
+one token at a time until every row has emitted ``</y>``. Each step runs the backbone's head on the
+last position only: (N, V) logits, never (N, L, V).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tokweight.pipeline.samples import Sample
+from tokweight.pipeline.templates import Text, template_ids
+from tokweight.training.cvae import CVAE
+
+Pick = Callable[[torch.Tensor], torch.Tensor]
+"""(N, V) logits of each row's next token -> (N,) the ids chosen."""
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1)
+
+
+class Sampler:
+    """Draws each next token from softmax(logits / temperature). The draws are made on the CPU from
+    ``torch.Generator().manual_seed(seed)``, so a seed gives the same draws on any device."""
+
+    def __init__(self, temperature: float, seed: int):
+        if not temperature > 0:
+            raise ValueError(f"a sampling temperature must be > 0, got {temperature}")
+        self.temperature, self.generator = temperature, torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(logits.float() / self.temperature, -1).cpu()  # (N, V) float32
+        return torch.multinomial(probs, 1, generator=self.generator)[:, 0].to(logits.device)
+
+
+def picker(temperature: float, seed: int) -> Pick:
+    """Greedy at temperature 0, else sampling at that temperature from ``seed``."""
+    return greedy if temperature == 0 else Sampler(temperature, seed)
+
+
+@torch.no_grad()
+def continue_until(next_logits, prefix: torch.Tensor, end: int, max_new: int, pick: Pick = greedy) -> torch.Tensor:
+    """(N, L + n) the rows of ``prefix`` (N, L) continued by ``pick``, n <= max_new tokens, until every row has
+    emitted ``end``; next_logits(ids (N, L')) -> (N, V) the logits of each row's next token."""
+    ids, done = prefix, torch.zeros(len(prefix), dtype=torch.bool, device=prefix.device)
+    for _ in range(max_new):
+        nxt = pick(next_logits(ids))
+        ids = torch.cat([ids, nxt[:, None]], 1)
+        done |= nxt == end
+        if done.all():
+            break
+    return ids
+
+
+def until_end(row: list[int], end: int) -> list[int]:
+    return row[: row.index(end)] if end in row else row
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a decode continues: the z-conditioned template up to ``<y>`` (latent slots hold a placeholder that
+    the pathway replaces) and the positions of its latent slots."""
+
+    ids: tuple[int, ...]
+    slot_positions: tuple[int, ...]
+
+
+def stand_in_y(vocab) -> list[str]:
+    """A one-token y for ``template_ids``: a prompt ends at ``<y>``, before y, so any data token does."""
+    for token in vocab.tokens:
+        try:
+            vocab.encode_symbols([token])
+            return [token]
+        except ValueError:  # a template or latent token: not data
+            continue
+    raise ValueError("the vocabulary holds no data token")
+
+
+def prompt_maker(vocab, slots: int) -> Callable[[Text, str | None], Prompt]:
+    """(x, key) -> x's prompt with ``slots`` latent slots; a bad x raises SampleError naming the key."""
+    y, latent = stand_in_y(vocab), [vocab.latent_id(0)] * slots
+
+    def make(x: Text, key: str | None = None) -> Prompt:
+        ids, lay = template_ids(vocab, x, y, latent, key=key)
+        return Prompt(tuple(ids[: lay.s_start]), tuple(lay.slot_positions))
+
+    return make
+
+
+def latent_values(model: CVAE, centres: np.ndarray | None):
+    """(z features (V, F), slot ids (V,) or None): every k, or the continuous cluster centres."""
+    lat = model.latent
+    if lat.kind == "discrete":
+        return torch.eye(lat.k), lat.latent_ids.clone()
+    return torch.as_tensor(centres, dtype=torch.float32), None
+
+
+def z_next_logits(model: CVAE, slot_pos: torch.Tensor, z: torch.Tensor, slot_ids: torch.Tensor | None):
+    """ids (N, L) -> (N, V) next-token logits of the decoder under z: the head on the last position only."""
+    def next_logits(ids):
+        inp, kwargs = model.conditioning.decoder_inputs(model.backbone, ids, slot_pos, z, slot_ids)
+        return model.backbone.head(model.backbone.hidden(inp, **kwargs)[:, -1])
+
+    return next_logits
+
+
+@torch.no_grad()
+def decode_ids(model: CVAE, prompts: list[Prompt], z: torch.Tensor, slot_ids: torch.Tensor | None, end: int,
+               max_new: int | None, pick: Pick = greedy) -> list[list[int]]:
+    """The ids of y (up to ``end``, excluded) for every (prompt, latent value): z (V, F) features, slot_ids (V,)
+    or None. Returns len(prompts) * V id lists, prompt-major. Prompts are batched by length; max_new None: as
+    many tokens as the backbone's context leaves."""
+    V, device = z.shape[0], next(model.parameters()).device
+    groups, outputs = defaultdict(list), {}
+    for i, p in enumerate(prompts):
+        groups[(len(p.ids), p.slot_positions)].append(i)
+    for (length, slots), idx in groups.items():
+        prefix = torch.tensor([prompts[i].ids for i in idx], device=device).repeat_interleave(V, 0)  # (n*V, L)
+        sid = None if slot_ids is None else slot_ids.to(device).repeat(len(idx))
+        slot_pos = torch.tensor([slots], device=device).expand(len(prefix), len(slots))
+        next_logits = z_next_logits(model, slot_pos, z.to(device).repeat(len(idx), 1), sid)
+        room = model.backbone.cfg.block_size - length
+        rows = continue_until(next_logits, prefix, end, room if max_new is None else min(max_new, room), pick)
+        for row, ids in enumerate(rows[:, length:].tolist()):
+            outputs[idx[row // V] * V + row % V] = until_end(ids, end)
+    return [outputs[j] for j in range(len(prompts) * V)]
+
+
+@torch.no_grad()
+def greedy_decode(model: CVAE, vocab, samples: list[Sample], z: torch.Tensor, slot_ids: torch.Tensor | None,
+                  max_new: int) -> list[tuple[str, ...]]:
+    """Greedy y, as token strings, for every (example, latent value): len(samples) * V outputs, example-major."""
+    make = prompt_maker(vocab, model.conditioning.slots)
+    inputs = [make(s.x, s.key) for s in samples]
+    return [tuple(vocab.decode(ids)) for ids in decode_ids(model, inputs, z, slot_ids, vocab.id("</y>"), max_new)]

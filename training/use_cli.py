@@ -1,0 +1,69 @@
+"""`tokweight generate` and `tokweight encode`: use a trained CVAE. Build the config, call run; heavy imports
+stay inside."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from tokweight.training.train_cli import echo_skips, given, set_threads, threads_option
+
+run_option = click.option("--run", "run_dir", type=click.Path(exists=True, file_okay=False), required=True,
+                          help="The train run directory (its checkpoint/).")
+device_option = click.option("--device", default=None,
+                             help="auto (CUDA when present), cpu, cuda or cuda:N.  [default: auto]")
+
+
+@click.command("generate")
+@run_option
+@click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False), required=True,
+              help='JSON lines {"key"?: ..., "x": ...}: x a list of symbols, or a string for a run with a tokenizer.')
+@click.option("--out", type=click.Path(dir_okay=False), required=True,
+              help='JSON lines {"line", "key", "outputs": [K outputs]}, in x\'s own form.')
+@click.option("--temperature", type=float, default=None, help="0: greedy; > 0: sampling.  [default: 0]")
+@click.option("--seed", type=int, default=None, help="Seed of the sampling draws.  [default: 0]")
+@click.option("--max-new-tokens", type=int, default=None,
+              help="Tokens of y at most.  [default: what the backbone's context leaves]")
+@click.option("--data", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Continuous latent: the dataset whose split's posterior means give the K centres, as eval.")
+@click.option("--split", default=None, help="Split of --data for the centres.  [default: test]")
+@click.option("--batch-size", type=int, default=None, help="Input lines decoded together.  [default: 64]")
+@device_option
+@threads_option
+def generate(run_dir, input_path, out, temperature, seed, max_new_tokens, data, split, batch_size, device, threads):
+    """One output per latent value for every input line (greedy, or sampled at --temperature)."""
+    from tokweight.training.generate import GenerateConfig, run
+
+    set_threads(threads)
+    try:
+        result = run(GenerateConfig(run=run_dir, input=input_path, out=out, data=data, max_new_tokens=max_new_tokens,
+                                    **given(temperature=temperature, seed=seed, split=split, batch_size=batch_size,
+                                            device=device)))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(json.dumps(result, indent=1))
+
+
+@click.command("encode")
+@run_option
+@click.option("--data", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--split", default=None, help="[default: test]")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Parquet file.  [default: RUN/posteriors-<split>.parquet, the view posteriors of "
+                   "`tokweight sql STORE --run RUN`]")
+@click.option("--batch-size", type=int, default=None, help="[default: 128]")
+@device_option
+@threads_option
+def encode(run_dir, data, split, out, batch_size, device, threads):
+    """Every example's posterior over a split (q, or mu and sigma; its latent value) -> a Parquet file."""
+    from tokweight.training.encode import EncodeConfig, run
+
+    set_threads(threads)
+    try:
+        result = run(EncodeConfig(run=run_dir, data=data, out=out,
+                                  **given(split=split, batch_size=batch_size, device=device)))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    echo_skips(result)
+    click.echo(json.dumps(result, indent=1))
