@@ -200,3 +200,17 @@ def test_a_tokweight_checkpoint_refuses_a_chat_template(tiny):
 def test_a_copied_checkpoint_keeps_its_fingerprint_in_each_template(chat_checkpoint, tmp_path):
     copy = shutil.copytree(chat_checkpoint, tmp_path / "copy")
     assert load_backbone(copy, template=CHAT).fingerprint == load_backbone(chat_checkpoint, template=CHAT).fingerprint
+
+
+def test_extract_cli_takes_a_template_file(text_checkpoint, text_data, text_template, text_store, tmp_path):
+    from click.testing import CliRunner
+
+    from tokweight.cli import main
+
+    args = ["extract", "--checkpoint", str(text_checkpoint), "--data", str(text_data / "val"), "--store",
+            str(tmp_path / "store"), "--template", str(text_template), "--no-progress", "--no-reader-process"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    view = BaselineStore(tmp_path / "store").open()
+    assert view.fingerprint == BaselineStore(text_store).open().fingerprint and view.manifest["template"]["kind"] == "text"
+    missing = CliRunner().invoke(main, [*args[:-4], "--template", str(tmp_path / "none.json")])
+    assert missing.exit_code != 0 and "neither 'tokweight', 'chat' nor a template file" in missing.output
