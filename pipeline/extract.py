@@ -49,7 +49,8 @@ from tokweight.pipeline.extract_plan import (Plan, Task, cross_shard_duplicates,
 from tokweight.pipeline.ranks import RankFailed, Ranks
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name, tar_keys
-from tokweight.pipeline.templates import TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s, template_ids
+from tokweight.pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s,
+                                         template_ids, template_option)
 from tokweight.pipeline.vocab import Vocab
 from tokweight.store.derived import derived_columns, scalar_arrays
 from tokweight.store.formats import PARQUET, check_format
@@ -84,6 +85,10 @@ class ExtractConfig:
     """Seconds to wait for another extract holding this store's lock; 0 fails at once."""
     progress: bool = True
     """Show a tqdm bar with tokens/s (S tokens)."""
+    template: str = "tokweight"
+    """The checkpoint's format: "tokweight" (the built-in template), "chat" (the tokenizer's chat template:
+    x the user turn, y the assistant turn) or the path of a string template file
+    ({"text": "... {x} ... {y}", "end": "<end token>"}). Recorded in the store: later stages read it there."""
     reader_process: bool | None = None
     """True: read, parse, encode and batch shards in a separate (spawned) process, ahead of the model, on
     another core; False: all in this process (no ~2 s worker start: tiny inputs, tests); None (default):
@@ -370,7 +375,8 @@ def extract_part(prepared: PreparedShard, table: pa.Table | None, writer: StoreW
 def provenance(ckpt: Checkpoint, cfg: ExtractConfig, data_root: Path) -> Provenance:
     return Provenance(template_version=TEMPLATE_VERSION, checkpoint_path=str(Path(cfg.checkpoint).resolve()),
                       model_config=ckpt.model.cfg.to_json(), vocab=tuple(ckpt.vocab.tokens),
-                      data_root=str(data_root.resolve()), extract_config=asdict(cfg))
+                      data_root=str(data_root.resolve()), extract_config=asdict(cfg),
+                      template=ckpt.vocab.template.to_json())
 
 
 # ---------------------------------------------------------------- run
@@ -434,7 +440,7 @@ def run(cfg: ExtractConfig) -> dict:
     t_start = time.perf_counter()
     ranks = Ranks()
     try:
-        ckpt = load_backbone(cfg.checkpoint, dtype=cfg.dtype)
+        ckpt = load_backbone(cfg.checkpoint, dtype=cfg.dtype, template=template_option(cfg.template))
         writer = StoreWriter(cfg.store, ckpt.fingerprint, cfg.format)
         directory = writer.directory
         if ranks.is_main:

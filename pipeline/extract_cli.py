@@ -23,6 +23,11 @@ from tokweight.store.formats import PARQUET, PART_FORMATS
 @click.option("--device", default="cpu", help="cpu, cuda, cuda:N, ...")
 @click.option("--dtype", type=click.Choice(FORWARD_DTYPES), default="float32",
               help="Dtype of the forward; the log-softmax is float32 whatever it is.")
+@click.option("--template", default="tokweight", show_default=True,
+              help="The checkpoint's format: tokweight (the built-in template), chat (the tokenizer's own chat "
+                   "template: x the user turn, y the assistant turn) or FILE, a JSON string template "
+                   '{"text": "Question: {x}\\nAnswer: {y}", "end": "<|endoftext|>"}. Recorded in the store: '
+                   "train, eval and experiment read it there.")
 @click.option("--on-bad-sample", type=click.Choice(["error", "skip"]), default="error",
               help="Stop at a bad sample or truncated shard, or skip it and count it in the manifest.")
 @click.option("--wait-lock", type=float, default=0.0, help="Seconds to wait for another extract on this store.")
@@ -31,7 +36,7 @@ from tokweight.store.formats import PARQUET, PART_FORMATS
               help="Read and batch shards in a separate process ahead of the model, or in this one. Default: a "
                    "reader process only with CPUs to spare, at least torch's threads + 2 on CPU (so not on 2 "
                    "cores), 2 on CUDA, and 2+ shards; the summary's reader_process says which ran. Same parts either way.")
-def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, on_bad_sample, wait_lock, progress,
+def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, template, on_bad_sample, wait_lock, progress,
             reader_process):
     """Compute per-token baselines b_t of CHECKPOINT once and store them under STORE/fingerprint=<fp>/."""
     from tokweight.pipeline.errors import SampleError, Skips
@@ -40,8 +45,8 @@ def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, on_bad_sa
     from tokweight.store.lock import StoreLockedError
 
     cfg = ExtractConfig(checkpoint=checkpoint, data=data, store=store, format=fmt, batch_tokens=batch_tokens,
-                        device=device, dtype=dtype, on_bad_sample=on_bad_sample, lock_wait_s=wait_lock, progress=progress,
-                        reader_process=reader_process)
+                        device=device, dtype=dtype, template=template, on_bad_sample=on_bad_sample,
+                        lock_wait_s=wait_lock, progress=progress, reader_process=reader_process)
     try:
         summary = run(cfg)
     except (SampleError, StoreLockedError, RankFailed, OSError, ValueError) as e:  # OSError: a full disk, an I/O error

@@ -2,11 +2,12 @@
 
 The directory is read locally and never from a hub: ``config.json`` with a ``model_type``,
 weights in safetensors (pickled weights are refused, never unpickled) and the tokenizer's
-files. The template's tokens (``<bos> <x> </x> <y> </y> <eos> <z> </z>`` and the latent
-tokens ``<z_0> ..``) are looked up by name in the tokenizer's vocabulary, each exactly
-one token; ``tokweight_template.json`` beside the weights may rename them, e.g.
-``{"<bos>": "<|endoftext|>"}``. transformers is the optional ``[hf]`` extra: imported
-here only, and only when such a directory is loaded.
+files. Its format is a ``Template``: the built-in one, whose tokens (``<bos> <x> </x> <y> </y>
+<eos> <z> </z>``) are looked up by name in the tokenizer's vocabulary, each exactly one token
+(``tokweight_template.json`` beside the weights may rename them, e.g. ``{"<bos>": "<|endoftext|>"}``);
+the tokenizer's own chat template; or a string template. Latent tokens ``<z_0> ..`` are the
+tokenizer's own if it has them (a run appends what it lacks). transformers is the optional
+``[hf]`` extra: imported here only, and only when such a directory is loaded.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import hashlib
 import inspect
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.model import SharedPrefix, suffix_positions
-from tokweight.pipeline.templates import TEMPLATE_VERSION
+from tokweight.pipeline.templates import TEMPLATE_VERSION, TOKWEIGHT, Rendered, Template, cut_at_y, text_parts
 from tokweight.pipeline.vocab import SPECIALS, latent_token
 from tokweight.store.fingerprint import canonical_json
 
@@ -35,7 +36,8 @@ TEMPLATE_FILE = "tokweight_template.json"
 TEMPLATE_TOKENS = tuple(t for t in SPECIALS if t != "<pad>")  # <pad> only fills, it is never read
 PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", TEMPLATE_FILE)
+                   "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "chat_template.jinja",
+                   "chat_template.json", TEMPLATE_FILE)
 POST_HEAD_LOGIT_FIELDS = ("final_logit_softcapping", "logit_scale")  # logits that are not lm_head(hidden)
 DTYPES = {name: getattr(torch, name) for name in FORWARD_DTYPES}
 
@@ -75,17 +77,20 @@ def read_template(path: Path) -> dict[str, str]:
 
 
 class TokenizerVocab:
-    """The ``Vocab`` interface over a tokenizer: template tokens by (renamed) name, data as
-    symbol lists (one token each) or as strings (encoded with no special tokens added)."""
+    """The ``Vocab`` interface over a tokenizer, in the checkpoint's ``template``. The built-in template:
+    template tokens by (renamed) name, data as symbol lists (one token each) or as strings (encoded with no
+    special tokens added). A chat or text template: x and y strings, ``render``ed as the model saw them."""
 
-    def __init__(self, tokenizer, renames: dict[str, str], source: Path):
-        self.tokenizer, self.renames, self.source = tokenizer, renames, source
+    def __init__(self, tokenizer, renames: dict[str, str], source: Path, template: Template = TOKWEIGHT):
+        self.tokenizer, self.renames, self.source, self.template = tokenizer, renames, source, template
         self._index = tokenizer.get_vocab()  # token string -> id, added tokens included
-        self._template = {name: self._one_token(name) for name in TEMPLATE_TOKENS}
+        names = TEMPLATE_TOKENS if template.builtin else ()
+        self._template = {name: self._one_token(name) for name in names}
         self._latent = []
         while self._token_name(latent_token(len(self._latent))) in self._index:
             self._latent.append(self._one_token(latent_token(len(self._latent))))
-        self._reserved = set(self._template.values()) | set(self._latent)
+        self.end_id = self._template["</y>"] if template.builtin else self._end_token()
+        self._reserved = set(self._template.values()) | set(self._latent) | {self.end_id}
         self._tokens = tuple(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))  # id order, once
 
     def _token_name(self, name: str) -> str:
@@ -96,8 +101,24 @@ class TokenizerVocab:
         if token not in self._index:
             pieces = self.tokenizer.tokenize(token)
             raise ValueError(f"{self.source}: template token {name!r} ({token!r}) is not one token of the tokenizer "
-                             f"(it splits into {pieces}); add it as a special token, or rename it in {TEMPLATE_FILE}")
+                             f"(it splits into {pieces}); add it as a special token, rename it in {TEMPLATE_FILE}, "
+                             "or extract with --template chat (its chat template) or --template FILE (its format)")
         return self._index[token]
+
+    def _end_token(self) -> int:
+        """The token that ends y: a text template's named one; a chat template's, the token it renders after
+        an assistant turn's text (checked again on every sample)."""
+        if self.template.kind == "text":
+            ids = self.tokenizer(self.template.end, add_special_tokens=False)["input_ids"]
+            if len(ids) != 1:
+                raise ValueError(f"the template's 'end' {self.template.end!r} is not one token of the tokenizer of "
+                                 f"{self.source} (it encodes to {len(ids)}): name its end-of-text token")
+            return ids[0]
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"{self.source}: --template chat, but the tokenizer has no chat template "
+                             "(chat_template.jinja or tokenizer_config.json 'chat_template'): set one, or pass "
+                             "--template FILE with the model's prompt format")
+        return self._cut("x", "y", None).end
 
     @property
     def k_max(self) -> int:
@@ -116,13 +137,13 @@ class TokenizerVocab:
     def latent_id(self, k: int) -> int:
         if not 0 <= k < self.k_max:
             raise ValueError(f"latent index {k} outside the tokenizer's {self.k_max} latent tokens <z_0>.. of "
-                             f"{self.source}: add tokens <z_0>..<z_{k}> to it (or rename them in {TEMPLATE_FILE})")
+                             f"{self.source}: a train run appends the latent tokens it needs")
         return self._latent[k]
 
     @property
     def pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
-        return self.id("<eos>") if pad is None else pad  # padding is masked: any id does
+        return self.end_id if pad is None else pad  # padding is masked: any id does
 
     def encode_symbols(self, symbols: Sequence[str] | str, *, key: str | None = None,
                        field_name: str = "") -> list[int]:
@@ -138,17 +159,63 @@ class TokenizerVocab:
                 raise SampleError("unknown-symbol", f"unknown symbol {missing[0]!r} in {field_name!r} (not one "
                                   "token of the tokenizer)", key=key)
             ids = [self._index[s] for s in symbols]
+        self._refuse_reserved(ids, field_name, key)
+        return ids
+
+    def _refuse_reserved(self, ids: Sequence[int], field_name: str, key: str | None) -> None:
         clash = [i for i in ids if i in self._reserved]
         if clash:
             raise SampleError("template-token", f"{field_name!r} holds the template token "
                               f"{self.tokenizer.convert_ids_to_tokens(clash[0])!r}", key=key)
-        return ids
+
+    def render(self, x: Sequence[str] | str, y: Sequence[str] | str, *, key: str | None = None) -> Rendered:
+        """A sample in the chat or text template: one string, tokenized at once (the ids the model was
+        trained on, ``apply_chat_template``'s for a chat), cut at y (``templates.cut_at_y``)."""
+        for name, value in (("x", x), ("y", y)):
+            if not isinstance(value, str):
+                raise SampleError("wrong-type", f"{name} is a list of tokens, but the checkpoint's {self.template.kind} "
+                                  "template renders text: give x and y as strings (e.g. tokweight convert of JSON "
+                                  "lines with string fields), or extract with the built-in template", key=key)
+        if not y:
+            raise SampleError("empty-y", "y is empty: S would only hold the end token", key=key)
+        rendered = self._cut(x, y, key)
+        self._refuse_reserved(rendered.y, "y", key)
+        if rendered.end != self.end_id:
+            raise SampleError("template-token", f"the template ends this y with "
+                              f"{self.tokenizer.convert_ids_to_tokens(rendered.end)!r}, not with "
+                              f"{self.tokenizer.convert_ids_to_tokens(self.end_id)!r} as it ends others", key=key)
+        return rendered
+
+    def _cut(self, x: str, y: str, key: str | None) -> Rendered:
+        prompt, full = self._texts(x, y, key)
+        enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+        return cut_at_y(enc["input_ids"], enc["offset_mapping"], len(prompt), len(prompt) + len(y), key=key)
+
+    def _texts(self, x: str, y: str, key: str | None) -> tuple[str, str]:
+        """(the prompt's text, the whole sample's text); y follows the prompt in the whole."""
+        if self.template.kind == "text":
+            before, between, after = text_parts(self.template.text)
+            prompt = before + x + between
+            return prompt, prompt + y + self.template.end + after
+        user = {"role": "user", "content": x}
+        prompt = self.tokenizer.apply_chat_template([user], tokenize=False, add_generation_prompt=True)
+        full = self.tokenizer.apply_chat_template([user, {"role": "assistant", "content": y}], tokenize=False)
+        if not full.startswith(prompt + y):
+            raise SampleError("template-token", "the chat template does not render the assistant's text as given "
+                              "right after the generation prompt (it changes or trims it): give y as the template "
+                              "renders it, or use --template FILE", key=key)
+        return prompt, full
 
     def decode(self, ids: Sequence[int]) -> list[str]:
         return self.tokenizer.convert_ids_to_tokens(list(ids))
 
+    def text(self, ids: Sequence[int]) -> str:
+        """The ids as the tokenizer writes them back: string data's own form."""
+        return self.tokenizer.decode(list(ids))
+
     def to_json(self) -> dict:
-        return {"tokenizer": str(self.source), "template": {t: self._token_name(t) for t in TEMPLATE_TOKENS},
+        return {"tokenizer": str(self.source), "format": self.template.to_json(),
+                "template": {t: self._token_name(t) for t in TEMPLATE_TOKENS},
                 "k_max": self.k_max, "tokens": list(self.tokens)}
 
     def save(self, path: str | Path) -> None:
@@ -246,6 +313,20 @@ class HFBackbone(nn.Module):
         hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix)
         return self.head(hidden), hidden
 
+    def grow_vocab(self, n: int) -> None:
+        """Append ``n`` token rows to the input embedding and an untied output one (and its bias), each the
+        mean of the rows there were: new tokens that start where the average token is, drawn from nothing."""
+        V, out = self.cfg.vocab_size, self.model.get_output_embeddings()
+        old = [(name, t.detach().mean(0)) for name, t in (("in", self.wte.weight), ("out", out.weight),
+                                                         ("bias", out.bias)) if t is not None]
+        self.model.resize_token_embeddings(V + n, mean_resizing=False)
+        out = self.model.get_output_embeddings()
+        rows = {"in": self.wte.weight, "out": out.weight, "bias": out.bias}
+        with torch.no_grad():
+            for name, mean in old:
+                rows[name][V:] = mean
+        self.cfg = replace(self.cfg, vocab_size=V + n)
+
 
 # ---------------------------------------------------------------- loading
 
@@ -258,11 +339,14 @@ def _transformers():
     return transformers
 
 
-def hf_fingerprint(path: Path, renames: dict[str, str]) -> str:
-    """Config, every weight file's bytes (so every tensor), the tokenizer's files and the template."""
+def hf_fingerprint(path: Path, renames: dict[str, str], template: Template = TOKWEIGHT) -> str:
+    """Config, every weight file's bytes (so every tensor), the tokenizer's files and the template (the
+    built-in one's renames; another's description, which the built-in one leaves out so that a checkpoint
+    extracted before templates were recorded keeps its fingerprint)."""
     h = hashlib.sha256()
+    own = {} if template.builtin else {"format": template.to_json()}
     h.update(canonical_json({"kind": "huggingface", "template_version": TEMPLATE_VERSION, "template": renames,
-                             "config": json.loads((path / "config.json").read_text())}))
+                             "config": json.loads((path / "config.json").read_text()), **own}))
     for file in [*weight_files(path), *(path / name for name in TOKENIZER_FILES)]:
         if file.is_file():
             h.update(canonical_json({"file": file.name, "size": file.stat().st_size}))
@@ -272,8 +356,9 @@ def hf_fingerprint(path: Path, renames: dict[str, str]) -> str:
     return "hf-" + h.hexdigest()[:29]
 
 
-def load_hf(path: str | Path, *, device: str | torch.device = "cpu", dtype: str = "float32"):
-    """(HFBackbone in eval mode, TokenizerVocab, fingerprint) of a local HF directory; no hub access."""
+def load_hf(path: str | Path, *, device: str | torch.device = "cpu", dtype: str = "float32",
+            template: Template = TOKWEIGHT):
+    """(HFBackbone in eval mode, TokenizerVocab, fingerprint) of a local HF directory in ``template``; no hub access."""
     path = Path(path)
     weight_files(path)
     config = json.loads((path / "config.json").read_text())
@@ -285,8 +370,8 @@ def load_hf(path: str | Path, *, device: str | torch.device = "cpu", dtype: str 
         raise FileNotFoundError(f"{path}: no tokenizer files (tokenizer.json or tokenizer_config.json); save the "
                                 "tokenizer with save_pretrained into the model directory")
     tf = _transformers()
+    renames = read_template(path)
+    vocab = TokenizerVocab(tf.AutoTokenizer.from_pretrained(path, local_files_only=True), renames, path, template)
     model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
                                                     dtype=DTYPES[dtype])
-    tokenizer = tf.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    renames = read_template(path)
-    return HFBackbone(model).to(device).eval(), TokenizerVocab(tokenizer, renames, path), hf_fingerprint(path, renames)
+    return HFBackbone(model).to(device).eval(), vocab, hf_fingerprint(path, renames, template)

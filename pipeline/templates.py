@@ -1,69 +1,220 @@
 """Sequence templates and the index maps of the supervised set S (SPEC §2).
 
-z-free (entangled model, baseline, posterior input):
-    <bos> <x> x_1..x_m </x> <y> y_1..y_n </y> <eos>
-z-conditioned (CVAE decoder), with M latent slots:
-    <bos> <x> x_1..x_m </x> <z> <z_k>*M </z> <y> y_1..y_n </y> <eos>
+A checkpoint speaks one format (``Template``):
 
-S is y_1..y_n and </y>, so T = n + 1. Every per-token array in tokweight is indexed by
-position in S (0..T-1); the layouts below say where S position 0 sits in each template.
+- ``tokweight`` (built in), z-free (entangled model, baseline, posterior input):
+      <bos> <x> x_1..x_m </x> <y> y_1..y_n </y> <eos>
+  z-conditioned (CVAE decoder), with M latent slots:
+      <bos> <x> x_1..x_m </x> <z> <z_k>*M </z> <y> y_1..y_n </y> <eos>
+  S is y_1..y_n and </y>.
+- ``chat``: the tokenizer's own chat template, x the user turn and y the assistant turn;
+  S is the assistant's tokens and its end-of-turn token; z's slots go at the start of the
+  assistant turn, after the generation prompt.
+- ``text``: literal text around ``{x}`` and ``{y}`` with a named end token after y;
+  S is y's tokens and the end token; z's slots go right before y's tokens.
+
+A chat or text sample is one rendered string tokenized at once (so its ids are the ones the
+model was trained on); ``Rendered`` is that string's ids cut into prompt, y, end and tail.
+Either way T = n + 1. Every per-token array in tokweight is indexed by position in S
+(0..T-1); the layouts below say where S position 0 sits in each template.
 The logit that predicts sequence position p sits at p - 1 (next-token prediction).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from itertools import chain
-from typing import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 
 from tokweight.pipeline.errors import SampleError
-from tokweight.pipeline.vocab import Vocab
+
+if TYPE_CHECKING:
+    from tokweight.pipeline.vocab import Vocab
 
 # Bump when the templates or the definition of S change: it is part of every fingerprint.
 TEMPLATE_VERSION = "tokweight-templates-v1:S=y+</y>"
+TEMPLATE_KINDS = ("tokweight", "chat", "text")
+TEXT_KEYS = ("text", "end")  # of a string template file
+
+
+def text_parts(text: str) -> tuple[str, str, str]:
+    """(before x, between x and y, after y) of a string template; ValueError saying what is wrong."""
+    for name in ("{x}", "{y}"):
+        if text.count(name) != 1:
+            raise ValueError(f"'text' holds {text.count(name)} {name}: write the format once, with one {{x}} "
+                             "where the input goes and one {y} where the answer goes")
+    before, rest = text.split("{x}")
+    if "{y}" not in rest:
+        raise ValueError("'text' has {y} before {x}: the answer must follow the input")
+    between, after = rest.split("{y}")
+    return before, between, after
+
+
+@dataclass(frozen=True)
+class Template:
+    """A checkpoint's format: recorded in the store's manifest and in the fingerprint."""
+
+    kind: str = "tokweight"
+    """"tokweight" (the built-in template), "chat" (the tokenizer's own chat template) or "text"."""
+    text: str = ""
+    """text: the literal text around one {x} and one {y}, {x} first."""
+    end: str = ""
+    """text: the token that ends y (one token of the tokenizer); the text after {y} follows it."""
+
+    def __post_init__(self):
+        if self.kind not in TEMPLATE_KINDS:
+            raise ValueError(f"template kind must be one of {TEMPLATE_KINDS}, got {self.kind!r}")
+        if self.kind == "text":
+            text_parts(self.text)
+            if not self.end:
+                raise ValueError("'end' is empty: name the token that ends the answer, e.g. \"<|endoftext|>\"")
+        elif self.text or self.end:
+            raise ValueError(f"a {self.kind!r} template takes no text or end token")
+
+    @property
+    def builtin(self) -> bool:
+        return self.kind == "tokweight"
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, **({"text": self.text, "end": self.end} if self.kind == "text" else {})}
+
+    @classmethod
+    def from_json(cls, obj: dict | None) -> Template:
+        """None (a store or run written before templates were recorded): the built-in template."""
+        return cls() if obj is None else cls(**obj)
+
+
+TOKWEIGHT = Template()
+
+
+def read_template_file(path: str | Path) -> Template:
+    """A string template file: JSON {"text": "... {x} ... {y} ...", "end": "<end token>"}."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable JSON template file ({e}); write "
+                         '{"text": "Question: {x}\\nAnswer: {y}", "end": "<|endoftext|>"}') from None
+    missing = [k for k in TEXT_KEYS if not isinstance(obj, dict) or not isinstance(obj.get(k), str)]
+    extra = sorted(set(obj) - set(TEXT_KEYS)) if isinstance(obj, dict) else []
+    if missing or extra:
+        raise ValueError(f"{path}: a template file holds the strings {list(TEXT_KEYS)} only; "
+                         f"{'missing ' + str(missing) if missing else 'unknown keys ' + str(extra)}")
+    try:
+        return Template("text", obj["text"], obj["end"])
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def template_option(value: str) -> Template:
+    """``--template``: "tokweight", "chat" or the path of a string template file."""
+    if value in ("tokweight", "chat"):
+        return Template(value)
+    if not Path(value).is_file():
+        raise ValueError(f"--template {value!r}: neither 'tokweight', 'chat' nor a template file; pass one of them")
+    return read_template_file(value)
+
+
+@dataclass(frozen=True)
+class Skeleton:
+    """A template's own tokens around the prompt, z's slots and y, counted. The defaults are the
+    built-in template's; a chat or text template has none but its tail (its prompt is all its own)."""
+
+    before_x: int = 2  # <bos> <x>
+    after_x: int = 1  # </x>
+    z_open: int = 1  # <z>
+    z_close: int = 1  # </z>
+    before_y: int = 1  # <y>
+    tail: int = 1  # <eos>, after S
+
+    @classmethod
+    def rendered(cls, tail: int) -> Skeleton:
+        return cls(0, 0, 0, 0, 0, tail)
 
 
 @dataclass(frozen=True)
 class Layout:
     """Positions in one sequence. ``slots`` = 0 is the z-free template."""
 
-    m: int  # len(x)
+    m: int  # len(x); under a chat or text template, the whole rendered prompt's tokens
     n: int  # len(y)
     slots: int = 0
+    skeleton: Skeleton = Skeleton()
 
     @property
     def T(self) -> int:
         return self.n + 1
 
     @property
+    def zfree(self) -> Layout:
+        return replace(self, slots=0)
+
+    @property
+    def slot_start(self) -> int:
+        sk = self.skeleton
+        return sk.before_x + self.m + sk.after_x + sk.z_open
+
+    @property
     def z_pos(self) -> int:
-        """Position of ``<z>``: its logits are the prior over the latent tokens."""
+        """The position before the first slot (<z>, or the prompt's last token): its logits are the prior."""
         if not self.slots:
-            raise ValueError("the z-free template has no <z>")
-        return self.m + 3
+            raise ValueError("the z-free template has no latent slots")
+        return self.slot_start - 1
 
     @property
     def slot_positions(self) -> range:
-        return range(self.m + 4, self.m + 4 + self.slots)
+        return range(self.slot_start, self.slot_start + self.slots)
 
     @property
     def s_start(self) -> int:
         """Sequence position of y_1, the first element of S."""
-        z_section = self.slots + 2 if self.slots else 0
-        return self.m + 4 + z_section
+        sk = self.skeleton
+        z_section = sk.z_open + self.slots + sk.z_close if self.slots else 0
+        return sk.before_x + self.m + sk.after_x + z_section + sk.before_y
 
     @property
     def length(self) -> int:
-        return self.s_start + self.T + 1  # ... </y> <eos>
+        return self.s_start + self.T + self.skeleton.tail  # ... </y> <eos>
 
     def s_positions(self) -> range:
         return range(self.s_start, self.s_start + self.T)
 
     def s_logit_positions(self) -> range:
         return range(self.s_start - 1, self.s_start + self.T - 1)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A chat or text sample's ids, tokenized as one string, cut at y: prompt, y, end, tail."""
+
+    prompt: tuple[int, ...]  # everything before y: z's slots go after it
+    y: tuple[int, ...]
+    end: int  # the token that ends y: S is y and it
+    tail: tuple[int, ...]  # what the template renders after it
+
+
+def cut_at_y(ids: Sequence[int], offsets: Sequence[tuple[int, int]], y_start: int, y_end: int, *,
+             key: str | None = None) -> Rendered:
+    """A rendered string's ``ids`` and their character ``offsets`` cut at y's characters [y_start, y_end).
+
+    y's tokens are those reaching into it: a token that begins in the prompt's text and ends in y's
+    (" Paris" after "Answer:") is y's first, as the model predicts it. The token after y's is the end.
+    """
+    first = next((i for i, (_, stop) in enumerate(offsets) if stop > y_start), len(ids))
+    after = next((i for i in range(first, len(ids)) if offsets[i][0] >= y_end), len(ids))
+    if first == 0:
+        raise SampleError("template-token", "the template renders nothing before y", key=key)
+    if after == first:
+        raise SampleError("empty-y", "y is empty: S would only hold the end token", key=key)
+    if after == len(ids) or offsets[after - 1][1] > y_end:
+        raise SampleError("template-token", "y's last token runs on into the end token's text: the template "
+                          "must put its end token right after y", key=key)
+    return Rendered(tuple(ids[:first]), tuple(ids[first:after]), ids[after], tuple(ids[after + 1:]))
 
 
 Text = Sequence[str] | str  # a list of symbols, looked up one to one, or a string for a tokenizer
@@ -74,6 +225,10 @@ def template_ids(vocab: Vocab, x: Text, y: Text, slot_ids: Sequence[int] = (), *
     """A sample in the z-free template (no ``slot_ids``) or the z-conditioned one (one id per
     latent slot), and its layout. The one place x and y become ids: the layout counts their
     tokens, which for a string is what the vocabulary's tokenizer made of it."""
+    if not vocab.template.builtin:
+        r = vocab.render(x, y, key=key)
+        ids = [*r.prompt, *slot_ids, *r.y, r.end, *r.tail]
+        return ids, Layout(len(r.prompt), len(r.y), len(slot_ids), Skeleton.rendered(len(r.tail)))
     x_ids = vocab.encode_symbols(x, key=key, field_name="x")
     y_ids = vocab.encode_symbols(y, key=key, field_name="y")
     if not y_ids:
@@ -82,6 +237,12 @@ def template_ids(vocab: Vocab, x: Text, y: Text, slot_ids: Sequence[int] = (), *
     z_section = [v("<z>"), *slot_ids, v("</z>")] if slot_ids else []
     ids = [v("<bos>"), v("<x>"), *x_ids, v("</x>"), *z_section, v("<y>"), *y_ids, v("</y>"), v("<eos>")]
     return ids, Layout(len(x_ids), len(y_ids), len(slot_ids))
+
+
+def y_ids(vocab: Vocab, x: Text, y: Text, *, key: str | None = None) -> list[int]:
+    """y's tokens as the template holds them (S without its end token): the reference a decode is held to."""
+    ids, layout = template_ids(vocab, x, y, key=key)
+    return ids[layout.s_start: layout.s_start + layout.n]
 
 
 def zfree_ids(vocab: Vocab, x: Text, y: Text, *, key: str | None = None) -> list[int]:

@@ -219,6 +219,9 @@ class Provenance:
     vocab: tuple[str, ...]  # tokens in id order
     data_root: str
     extract_config: dict | None = None  # the extraction's config; None for stores written by tests and benchmarks
+    template: dict | None = None
+    """The checkpoint's format (``pipeline.templates.Template.to_json``), which train and eval read back;
+    None for stores written by tests and benchmarks, and before it was recorded: the built-in template."""
 
     def to_json(self, fingerprint: str) -> dict:
         """The manifest's keys for it (the checkpoint's fingerprint is the directory's)."""
@@ -226,13 +229,15 @@ class Provenance:
                "checkpoint": {"path": self.checkpoint_path, "fingerprint": fingerprint,
                               "model_config": self.model_config},
                "vocab": {"tokens": list(self.vocab)}, "data_root": self.data_root}
-        return out if self.extract_config is None else {**out, "extract_config": self.extract_config}
+        optional = {"extract_config": self.extract_config, "template": self.template}
+        return out | {key: value for key, value in optional.items() if value is not None}
 
     @classmethod
     def from_json(cls, manifest: dict) -> Provenance:
         checkpoint = manifest["checkpoint"]
         return cls(manifest["template_version"], checkpoint["path"], checkpoint["model_config"],
-                   tuple(manifest["vocab"]["tokens"]), manifest["data_root"], manifest.get("extract_config"))
+                   tuple(manifest["vocab"]["tokens"]), manifest["data_root"], manifest.get("extract_config"),
+                   manifest.get("template"))
 
 
 @dataclass(frozen=True)

@@ -75,9 +75,11 @@ def test_train_with_an_incomplete_store(tiny, tiny_store, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_train_with_k_above_the_checkpoints_latent_tokens(tiny, tiny_store, tmp_path):
-    fails_in_one_line(train_args(tiny, tiny_store, tmp_path / "run", "--k", "12"), "--k-max 12")
-    assert not (tmp_path / "run").exists()
+def test_extract_in_a_template_the_checkpoint_cannot_render(tiny, tmp_path):
+    """(K above the checkpoint's latent tokens is no error any more: train appends the missing ones.)"""
+    fails_in_one_line(["extract", "--checkpoint", str(tiny[1]), "--data", str(tiny[0]), "--store",
+                       str(tmp_path / "store"), "--template", "chat"], str(tiny[1]), "leave out --template")
+    assert not (tmp_path / "store").exists()
 
 
 def test_eval_on_a_split_that_does_not_exist(tiny, tiny_store, tmp_path):

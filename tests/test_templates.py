@@ -72,3 +72,45 @@ def test_text_needs_a_tokenizer():
     with pytest.raises(SampleError, match="x is a string, but this vocabulary has no tokenizer") as info:
         zfree_ids(VOCAB, "a b", ["a"], key="k9")
     assert (info.value.reason, info.value.key) == ("wrong-type", "k9")
+
+
+# ---------------------------------------------------------------- chat and text templates (no tokenizer needed)
+
+
+def test_cut_at_y_gives_y_a_token_that_begins_in_the_prompt():
+    """"Answer: 5 is<end>" tokenized as [Answer, :, " 5", " is", <end>]: " 5" is y's first token."""
+    from tokweight.pipeline.templates import cut_at_y
+
+    text = "Answer: 5 is<end>"
+    offsets = [(0, 6), (6, 7), (7, 9), (9, 12), (12, 17)]
+    r = cut_at_y([10, 11, 12, 13, 2], offsets, y_start=8, y_end=12)
+    assert (r.prompt, r.y, r.end, r.tail) == ((10, 11), (12, 13), 2, ())
+    assert text[8:12] == "5 is"
+    with pytest.raises(SampleError, match="runs on into the end token's text") as e:
+        cut_at_y([10, 11, 12, 14], [(0, 6), (6, 7), (7, 13), (13, 17)], y_start=8, y_end=12, key="k")
+    assert (e.value.reason, e.value.key) == ("template-token", "k")
+
+
+@pytest.mark.parametrize("m,n,slots,tail", [(1, 1, 1, 0), (5, 3, 4, 1), (9, 2, 2, 3)])
+def test_a_rendered_layout_puts_the_slots_after_the_prompt_and_s_aligns(m, n, slots, tail):
+    from tokweight.pipeline.templates import Skeleton
+
+    prompt, y, end, rest = list(range(100, 100 + m)), list(range(200, 200 + n)), 7, [8] * tail
+    free, cond = prompt + y + [end] + rest, prompt + [9] * slots + y + [end] + rest
+    lf, lc = Layout(m, n, 0, Skeleton.rendered(tail)), Layout(m, n, slots, Skeleton.rendered(tail))
+    assert (lf.length, lc.length, lc.zfree) == (len(free), len(cond), lf)
+    assert s_targets(free, lf) == y + [end] == s_targets(cond, lc)
+    assert lc.z_pos == m - 1 and [cond[p] for p in lc.slot_positions] == [9] * slots  # the prior: prompt's last
+
+
+def test_a_template_describes_itself_and_refuses_what_it_cannot_render():
+    from tokweight.pipeline.templates import TOKWEIGHT, Template
+
+    text = Template("text", "Q: {x}\nA: {y}", "</s>")
+    assert Template.from_json(text.to_json()) == text and Template.from_json(None) == TOKWEIGHT
+    with pytest.raises(ValueError, match="'text' has {y} before {x}"):
+        Template("text", "{y} {x}", "</s>")
+    with pytest.raises(ValueError, match="'end' is empty"):
+        Template("text", "{x} {y}", "")
+    with pytest.raises(ValueError, match="takes no text"):
+        Template("chat", "{x} {y}")

@@ -68,26 +68,22 @@ def test_k_max_flag_reaches_the_vocabulary_checkpoint_and_fingerprint(tiny_data,
     assert bad.exit_code != 0 and "k_max must be >= 1" in bad.output and not (tmp_path / "k0").exists()
 
 
-def test_train_with_more_latent_values_than_tokens_names_the_flag_and_leaves_no_run_dir(tiny, tmp_path):
-    from click.testing import CliRunner
-
+def test_train_with_more_latent_values_than_tokens_appends_them_to_its_copy(tiny, tmp_path):
+    from tokweight.pipeline.checkpoint import load_checkpoint
     from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.run_dir import load_run
     from tokweight.training.train import run as train
-    from tokweight.training.train_cli import train as train_cmd
     from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
 
     data, ckpt = tiny  # built with the default k_max = 8
-    out = tmp_path / "run"
-    cfg = TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), out=str(out), num_workers=0),
+    before = load_checkpoint(ckpt)
+    cfg = TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), out=str(tmp_path / "run"), num_workers=0),
                       cvae=CVAEConfig(k=10), loss=LossConfig(policy="frozen"), optim=OptimConfig(steps=1, batch_size=4))
-    expected = ("k=10 exceeds the base checkpoint's 8 latent tokens: train the base model with train-base --k-max 10 "
-                "(or use a tokenizer with <z_0>..<z_9>)")
-    with pytest.raises(ValueError) as error:
-        train(cfg)
-    assert str(error.value) == expected and not out.exists()
-    result = CliRunner().invoke(train_cmd, ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out),
-                                            "--k", "10", "--policy", "frozen", "--steps", "1", "--num-workers", "0"])
-    assert result.exit_code != 0 and "train-base --k-max 10" in result.output and not out.exists()
+    train(cfg)
+    _, model, vocab, _ = load_run(tmp_path / "run")
+    assert vocab.k_max == 10 and len(vocab) == len(before.vocab) + 2 == model.backbone.cfg.vocab_size
+    assert vocab.tokens[: len(before.vocab)] == before.vocab.tokens and vocab.tokens[-1] == "<z_9>"
+    assert load_checkpoint(ckpt).fingerprint == before.fingerprint  # the checkpoint itself is untouched
 
 
 def test_a_k_max_checkpoint_trains_that_many_latent_values(tiny_data, tmp_path):

@@ -5,15 +5,15 @@ One backbone serves three reads per step, all beginning with the same ``<bos> <x
   are the current model's z-free surprisal (the ``dynamic`` baseline, no extra pass);
 - the z-conditioned pass: every example's latent copies (K for a discrete latent, one
   sample for a continuous one) as ONE batched forward of B * copies rows;
-- the prior: the decoder's own output at ``<z>`` (taken from copy 0, which has seen x only,
-  or from an unconditioned prefix pass when the z pathway reaches the prefix).
+- the prior: the decoder's own output at ``<z>`` (the position before the first slot; taken from
+  copy 0, which has seen x only, or from an unconditioned prefix pass when the z pathway reaches the prefix).
 
 Every pass returns hidden states; the output head runs only where it is read
 (``pipeline/head.py``): on the states that predict S, in chunks, and at ``<z>`` on the
 latent tokens' rows alone. Full-vocabulary logits at every position would be
 B * (copies + 1) * L * V floats, most of them never read.
 
-That common prefix runs once (``SharedPrefix``: its keys and values), and the z-free pass and
+That common prefix (the tokens before ``<z>``) runs once (``SharedPrefix``: its keys and values), and the z-free pass and
 the copies continue it: the same per-token NLLs and gradients as full passes, without K + 1
 copies of the prefix's work. Not with the layernorm pathway, whose z modulates the prefix too.
 
@@ -33,7 +33,7 @@ import torch.nn as nn
 from tokweight.pipeline.head import nll_over_s
 from tokweight.pipeline.model import GPT, SharedPrefix
 from tokweight.pipeline.templates import gather_s
-from tokweight.pipeline.vocab import Vocab
+from tokweight.pipeline.vocab import Vocab, WithLatents
 from tokweight.training.conditioning import MODES, Conditioning
 from tokweight.training.data import TrainBatch
 from tokweight.training.global_batch import LOCAL, GlobalBatch
@@ -227,13 +227,45 @@ def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
     d_post = cfg.encoder_d_model if encoder is not None else d
     if cfg.latent == "discrete":
         if cfg.k > vocab.k_max:
-            raise ValueError(f"k={cfg.k} exceeds the vocabulary's {vocab.k_max} latent tokens <z_0>..: a tokweight "
-                             "base model needs more (train-base builds 8), a tokenizer needs <z_0>..<z_{K-1}> added")
+            raise ValueError(f"k={cfg.k} exceeds the vocabulary's {vocab.k_max} latent tokens <z_0>..: append the "
+                             "missing ones first (add_latent_tokens)")
         latent = CategoricalLatent(cfg.k, d_post, [vocab.latent_id(k) for k in range(cfg.k)])
     else:
         latent = GaussianLatent(cfg.z_dim, d_post, cfg.prior)
     conditioning = Conditioning(cfg.cond, cfg.slots, d, n_ln, latent.features, continuous=cfg.latent == "continuous")
     return CVAE(backbone, latent, conditioning, encoder, cfg.posterior_pool)
+
+
+def latent_tokens_needed(cfg: CVAEConfig) -> int:
+    """Latent tokens the z pathway writes: a discrete latent's K values; a continuous one's slots hold a
+    projection of z, written over one placeholder token."""
+    return cfg.k if cfg.latent == "discrete" else 1
+
+
+def grow_embeddings(backbone, n: int) -> None:
+    """Append ``n`` token rows to the backbone's embeddings, each the mean of the existing rows (no draw:
+    the recipe spreads latent rows afterwards, ``spread_latent_embeddings``)."""
+    if not isinstance(backbone, GPT):
+        backbone.grow_vocab(n)  # pipeline.hf.HFBackbone
+        return
+    old = backbone.wte.weight.detach()  # (V, d), tied to the output head
+    wte = nn.Embedding(len(old) + n, old.shape[1], device=old.device, dtype=old.dtype)
+    with torch.no_grad():
+        wte.weight.copy_(torch.cat([old, old.mean(0, keepdim=True).expand(n, -1)]))
+    backbone.wte = wte
+    backbone.cfg = replace(backbone.cfg, vocab_size=len(old) + n)
+
+
+def add_latent_tokens(backbone, vocab, needed: int):
+    """The vocabulary with at least ``needed`` latent tokens: ``vocab`` itself when the checkpoint has them,
+    else with the missing ones appended after the backbone's last row, whose embeddings grow to match. Only
+    the trainable copy changes: its checkpoint's store and fingerprint stay those of ``vocab``."""
+    missing = needed - vocab.k_max
+    if missing <= 0:
+        return vocab
+    first = backbone.cfg.vocab_size
+    grow_embeddings(backbone, missing)
+    return WithLatents(vocab, missing, first)
 
 
 def spread_latent_embeddings(backbone: GPT, latent_ids: list[int], norm: float, generator: torch.Generator,

@@ -35,7 +35,7 @@ from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_shard, resolve_shards, shard_name
 from tokweight.pipeline.templates import Batch, Layout, check_length, collate, s_targets, template_ids
-from tokweight.pipeline.vocab import Vocab
+from tokweight.pipeline.vocab import Vocab, checkpoint_vocab
 
 
 class StoreMismatchError(ValueError):
@@ -69,7 +69,7 @@ class StoreRef:
         view = store.open(self.fingerprint)
         if not view.manifest.get("complete", False):
             raise StoreMismatchError(f"store {view.dir} is incomplete (manifest complete=false): finish extraction")
-        if vocab is not None and list(view.vocab_tokens()) != list(vocab.tokens):
+        if vocab is not None and list(view.vocab_tokens()) != list(checkpoint_vocab(vocab).tokens):
             raise StoreMismatchError(f"store {view.dir} was written with another vocabulary than the checkpoint's")
         return view
 
@@ -166,7 +166,7 @@ class Example:
     url: str
     zfree: tuple[int, ...]
     zcond: tuple[int, ...]  # latent slots hold a placeholder, written per copy by the CVAE
-    layout: Layout  # of the z-conditioned sequence; Layout(m, n) is the z-free one
+    layout: Layout  # of the z-conditioned sequence; its ``zfree`` is the z-free one
     strategy: str | None
     t0: int | None
     b: np.ndarray | None = field(default=None, compare=False)
@@ -224,9 +224,9 @@ class TrainBatch:
     """A batch in both templates. Per-token tensors are (B, T_max) over S.
 
     zfree, zcond: templates.Batch (input_ids, logit_pos, targets, mask); same targets and mask.
-    z_pos:     (B,) position of <z> in zcond (its logits are the discrete prior)
+    z_pos:     (B,) position before the first slot in zcond (<z>): its logits are the discrete prior
     slot_pos:  (B, M) positions of the latent slots in zcond
-    last_pos:  (B,) last position of the z-free sequence (<eos>): the posterior reads it
+    last_pos:  (B,) last position of the z-free sequence (<eos>, the template's tail): the posterior reads it
     b:         (B, T_max) float32 nats over S from the store, 0 where masked; None without a store
     t0:        (B,) long ground-truth t0, -1 where unknown
     """
@@ -253,7 +253,7 @@ class TrainBatch:
 
 def collate_examples(examples: Sequence[Example]) -> TrainBatch:
     layouts = [ex.layout for ex in examples]
-    zfree = collate([ex.zfree for ex in examples], [Layout(lay.m, lay.n) for lay in layouts])
+    zfree = collate([ex.zfree for ex in examples], [lay.zfree for lay in layouts])
     zcond = collate([ex.zcond for ex in examples], layouts)
     b = stored_b(examples, zfree.mask.shape) if all(ex.b is not None for ex in examples) else None
     return TrainBatch(

@@ -1,7 +1,8 @@
 """Decoding a CVAE under chosen latent values: greedily (eval, generate) or by sampling at a temperature (generate).
 
-A decode continues the z-conditioned template up to ``<y>`` (``<bos> <x> x </x> <z> slots </z> <y>``)
-one token at a time until every row has emitted ``</y>``. Each step runs the backbone's head on the
+A decode continues the z-conditioned template up to where y starts (built-in template: ``<bos> <x> x </x>
+<z> slots </z> <y>``; a chat template: the generation prompt, then the slots) one token at a time until
+every row has emitted the template's end token (``vocab.end_id``: ``</y>``, or the end of the turn). Each step runs the backbone's head on the
 last position only: (N, V) logits, never (N, L, V).
 """
 
@@ -72,8 +73,11 @@ class Prompt:
     slot_positions: tuple[int, ...]
 
 
-def stand_in_y(vocab) -> list[str]:
-    """A one-token y for ``template_ids``: a prompt ends at ``<y>``, before y, so any data token does."""
+def stand_in_y(vocab) -> Text:
+    """A one-token y for ``template_ids``: a prompt ends where y starts, so any y the template renders does. A
+    vocabulary with a tokenizer gets a string (a chat template takes no list), a symbol vocabulary a symbol."""
+    if not vocab.template.builtin:
+        return "a"
     for token in vocab.tokens:
         try:
             vocab.encode_symbols([token])
@@ -139,4 +143,4 @@ def greedy_decode(model: CVAE, vocab, samples: list[Sample], z: torch.Tensor, sl
     """Greedy y, as token strings, for every (example, latent value): len(samples) * V outputs, example-major."""
     make = prompt_maker(vocab, model.conditioning.slots)
     inputs = [make(s.x, s.key) for s in samples]
-    return [tuple(vocab.decode(ids)) for ids in decode_ids(model, inputs, z, slot_ids, vocab.id("</y>"), max_new)]
+    return [tuple(vocab.decode(ids)) for ids in decode_ids(model, inputs, z, slot_ids, vocab.end_id, max_new)]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,7 @@ from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.labels import DatasetLabels, load_labels
 from tokweight.pipeline.ranks import resolve_device
 from tokweight.pipeline.samples import Sample
-from tokweight.pipeline.templates import template_ids
+from tokweight.pipeline.templates import template_ids, y_ids
 from tokweight.store.tables import general, markdown_table
 from tokweight.training.baselines import make_baseline
 from tokweight.training.control import (CONTROL_RULE, label_free_control, reference_control, reference_markdown,
@@ -73,7 +73,7 @@ class EvalConfig:
 def base_greedy_decode(base, vocab, samples: list[Sample], max_new: int) -> list[tuple[str, ...]]:
     """The base (z-free) model's greedy y for every sample, from its own template up to <y>: what the
     entangled model does without a latent, the reference a decoder must not fall below."""
-    end, outputs, by_len = vocab.id("</y>"), {}, defaultdict(list)
+    end, outputs, by_len = vocab.end_id, {}, defaultdict(list)
     device = next(base.parameters()).device
     for i, s in enumerate(samples):
         ids, lay = template_ids(vocab, s.x, s.y, key=s.key)
@@ -93,7 +93,7 @@ def decode_per_latent(model: CVAE, base, vocab, samples: list[Sample], centres, 
     value (Hungarian); own_values[i]: sample i's own latent value (argmax q, or its k-means cluster)."""
     z, slot_ids = latent_values(model, centres)
     V = z.shape[0]
-    max_new = max(len(vocab.encode_symbols(s.y, key=s.key)) for s in samples) + 2  # tokens, also for text y
+    max_new = max(len(y_ids(vocab, s.x, s.y, key=s.key)) for s in samples) + 2  # tokens, also for text y
     decoded = greedy_decode(model, vocab, samples, z, slot_ids, max_new)
     outputs = [decoded[i * V:(i + 1) * V] for i in range(len(samples))]  # per example: its V outputs
     refs = [reference_tokens(vocab, s) for s in samples]
@@ -111,8 +111,8 @@ def decode_per_latent(model: CVAE, base, vocab, samples: list[Sample], centres, 
 
 
 def reference_tokens(vocab, sample: Sample) -> tuple[str, ...]:
-    """The sample's own y as the token strings a decode yields (a text y through the tokenizer)."""
-    return tuple(vocab.decode(vocab.encode_symbols(sample.y, key=sample.key, field_name="y")))
+    """The sample's own y as the token strings a decode yields (a text y as the template tokenizes it)."""
+    return tuple(vocab.decode(y_ids(vocab, sample.x, sample.y, key=sample.key)))
 
 
 def sample_outputs(samples, outputs, refs, assigned, hits, n: int = 8) -> list[dict]:
@@ -180,7 +180,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     tcfg, model, vocab, meta = load_run(cfg.run, device)
     urls = split_urls(cfg.data, cfg.split)
     policy, store, b_source = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, cfg)
-    base = load_backbone(tcfg.io.baseline_source, device=device).model.eval()  # b (frozen) and the base decode
+    base = load_backbone(tcfg.io.baseline_source, device=device, template=vocab.template).model.eval()  # b (frozen) and the base decode
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
     scoring = Scoring(make_baseline(policy, base if policy == "frozen" else None), tcfg.loss, params, tcfg.cvae,
                       tcfg.optim.seed)

@@ -142,12 +142,12 @@ def decode_points(model, tcfg, meta: dict, vocab, cfg: GenerateConfig):
 
 def in_form(vocab, x, ids: list[int]):
     """y in x's form: a string x (which only a vocabulary with a tokenizer encodes) gets the detokenized text."""
-    return vocab.tokenizer.decode(ids) if isinstance(x, str) else vocab.decode(ids)
+    return vocab.text(ids) if isinstance(x, str) else vocab.decode(ids)
 
 
 def output_lines(model, vocab, lines, prompts, z, slot_ids, cfg: GenerateConfig) -> Iterator[str]:
     """One JSON line per input line, decoded batch_size lines at a time (K rows each)."""
-    pick, end, K = picker(cfg.temperature, cfg.seed), vocab.id("</y>"), z.shape[0]
+    pick, end, K = picker(cfg.temperature, cfg.seed), vocab.end_id, z.shape[0]
     for start in range(0, len(lines), cfg.batch_size):
         chunk = slice(start, start + cfg.batch_size)
         ids = decode_ids(model, prompts[chunk], z, slot_ids, end, cfg.max_new_tokens, pick)

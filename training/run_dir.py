@@ -4,8 +4,9 @@ RUN/config.json    the TrainConfig (``to_json``; runs before the grouping wrote 
                    which ``TrainConfig.from_json`` reads as well)
 RUN/metrics.jsonl  one line per logged step and per validation
 RUN/checkpoint/    model.safetensors, optimizer.safetensors (AdamW's state as "<param>.<name>"),
-                   vocab.json and state.json (step, the CVAE config, the fingerprints and model
-                   config the run started from, the dataset's mean b, AdamW's param groups)
+                   vocab.json (with the latent tokens the run appended, if any) and state.json (step,
+                   the CVAE config, the fingerprints, template and model config the run started from,
+                   its embeddings grown by those latent tokens, the dataset's mean b, AdamW's param groups)
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from safetensors.torch import load_file, save_file
 
 from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.model import GPT, ModelConfig
-from tokweight.pipeline.vocab import Vocab
-from tokweight.training.cvae import CVAE, CVAEConfig, build_cvae
+from tokweight.pipeline.templates import Template
+from tokweight.pipeline.vocab import Vocab, load_vocab
+from tokweight.training.cvae import CVAE, CVAEConfig, add_latent_tokens, build_cvae, latent_tokens_needed
 from tokweight.training.train_config import TrainConfig
 
 
@@ -108,19 +110,21 @@ def load_run(run: str | Path, device: str = "cpu") -> tuple[TrainConfig, CVAE, V
         raise FileNotFoundError(f"{run}: no checkpoint/state.json (not a tokweight train run, or not started)")
     meta = json.loads((run / "checkpoint" / "state.json").read_text())
     cfg = read_config(run)
-    backbone, vocab = run_backbone(run, cfg, meta)
-    model = build_cvae(backbone, vocab, CVAEConfig(**meta["cvae"]))
+    cvae = CVAEConfig(**meta["cvae"])
+    backbone, vocab = run_backbone(run, cfg, meta, cvae)
+    model = build_cvae(backbone, vocab, cvae)
     model.load_state_dict(load_file(run / "checkpoint" / "model.safetensors"))
     return cfg, model.to(device).eval(), vocab, meta
 
 
-def run_backbone(run: Path, cfg: TrainConfig, meta: dict):
-    """(backbone architecture, vocabulary) of a run: the built-in GPT from its recorded config; a
-    Hugging Face backbone (architecture and tokenizer) from the run's init checkpoint directory."""
+def run_backbone(run: Path, cfg: TrainConfig, meta: dict, cvae: CVAEConfig):
+    """(backbone architecture, vocabulary) of a run, with the latent tokens it appended: the built-in GPT
+    from its recorded (grown) config and vocab.json; a Hugging Face backbone (architecture and tokenizer)
+    from the run's init checkpoint directory, read in the run's template, grown as ``train`` grew it."""
     if meta.get("backbone", "tokweight") == "tokweight":
-        return GPT(ModelConfig(**meta["model_config"])), Vocab.load(run / "checkpoint" / "vocab.json")
-    init = load_backbone(cfg.io.checkpoint)
+        return GPT(ModelConfig(**meta["model_config"])), load_vocab(run / "checkpoint" / "vocab.json")
+    init = load_backbone(cfg.io.checkpoint, template=Template.from_json(meta.get("template")))
     if init.fingerprint != meta["init_fingerprint"]:
         raise ValueError(f"{run} was trained from {meta['init_fingerprint']}, but its checkpoint "
                          f"{cfg.io.checkpoint} is now {init.fingerprint}")
-    return init.model, init.vocab
+    return init.model, add_latent_tokens(init.model, init.vocab, latent_tokens_needed(cvae))

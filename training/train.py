@@ -26,13 +26,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from tokweight.pipeline.backbone import load_backbone
+from tokweight.pipeline.backbone import load_backbone, store_template
 from tokweight.pipeline.errors import Skips
 from tokweight.pipeline.labels import load_labels
 from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.vocab import Vocab
 from tokweight.training.baselines import Baseline, make_baseline
-from tokweight.training.cvae import CVAE, CVAEConfig, build_cvae, objective, spread_latent_embeddings
+from tokweight.training.cvae import (CVAE, CVAEConfig, add_latent_tokens, build_cvae, latent_tokens_needed, objective,
+                                     spread_latent_embeddings)
 from tokweight.training.data import StoreRef, StreamSpec, TrainBatch, extract_command, shards_without_rows, split_urls
 from tokweight.training.estep import EStepConfig, em_objective, strategy_indices
 from tokweight.training.global_batch import GlobalBatch
@@ -73,19 +74,19 @@ def setup(cfg: TrainConfig, ranks: Ranks) -> State:
     torch.manual_seed(cfg.optim.seed)
     device = ranks.device(cfg.io.device)
     init, base = load_checkpoints(cfg.io)
-    check_latent_tokens(cfg.cvae, init.vocab)
     baseline = make_baseline(cfg.loss.policy, base.model.to(device))  # copies the checkpoint before any re-init
-    model = build_cvae(init.model.train(), init.vocab, cfg.cvae).to(device)
+    vocab = add_latent_tokens(init.model, init.vocab, latent_tokens_needed(cfg.cvae))  # the trainable copy's
+    model = build_cvae(init.model.train(), vocab, cfg.cvae).to(device)
     spread_latents(model, cfg.remedies, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
     store, dataset_mean_b = open_store(cfg, init.vocab, base.fingerprint)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                             betas=(0.9, 0.95))
     meta = {"cvae": cfg.cvae.to_json(), "init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
             "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b,
-            "backbone": init.meta.get("kind", "tokweight")}
+            "backbone": init.meta.get("kind", "tokweight"), "template": init.vocab.template.to_json()}
     step = resume(cfg, model, opt, init.fingerprint)
     ranks.broadcast_tensors(model.parameters())  # identical starting points, whatever the ranks computed alone
-    spec = StreamSpec(urls=split_urls(cfg.io.data, "train"), vocab=init.vocab, slots=cfg.cvae.slots,
+    spec = StreamSpec(urls=split_urls(cfg.io.data, "train"), vocab=vocab, slots=cfg.cvae.slots,
                       block_size=init.model.cfg.block_size, batch_size=cfg.optim.batch_size,
                       store=store if cfg.loss.policy == "precomputed" else None,
                       seed=data_seed(cfg.optim.seed, step), shuffle_buffer=cfg.io.shuffle_buffer,
@@ -95,22 +96,16 @@ def setup(cfg: TrainConfig, ranks: Ranks) -> State:
 
 
 def load_checkpoints(io: IOConfig):
-    """(init checkpoint, baseline checkpoint): one object when they are the same directory."""
-    init = load_backbone(io.checkpoint)
+    """(init checkpoint, baseline checkpoint): one object when they are the same directory; both read in the
+    template the store was extracted with."""
+    template = store_template(io.store, io.baseline_source)
+    init = load_backbone(io.checkpoint, template=template)
     if Path(io.baseline_source).resolve() == Path(io.checkpoint).resolve():
         return init, init
-    base = load_backbone(io.baseline_source)
+    base = load_backbone(io.baseline_source, template=template)
     if list(base.vocab.tokens) != list(init.vocab.tokens):
         raise ValueError(f"baseline checkpoint {base.path} and init checkpoint {init.path} have different vocabularies")
     return init, base
-
-
-def check_latent_tokens(cvae: CVAEConfig, vocab) -> None:
-    """A discrete latent's K values are the tokens <z_0>..<z_{K-1}>: the checkpoint must have them.
-    Checked before ``build_cvae`` (which refuses too), with the remedy, before the run directory exists."""
-    if cvae.latent == "discrete" and cvae.k > vocab.k_max:
-        raise ValueError(f"k={cvae.k} exceeds the base checkpoint's {vocab.k_max} latent tokens: train the base model "
-                         f"with train-base --k-max {cvae.k} (or use a tokenizer with <z_0>..<z_{cvae.k - 1}>)")
 
 
 def spread_latents(model: CVAE, remedies: RemedyConfig, seed: int) -> None:
