@@ -1,4 +1,4 @@
-"""`tokweight experiment`: the end-to-end grid, the beta sweep, the user's own task and the recipe ablation,
+"""`tokweight experiment`: the end-to-end grid, the beta sweep, and the user's own task,
 built on the library's own `run`s. One idea per module, each importing only those above it in this list:
 
 - task: the T/(t0+1) settings; TaskConfig holds the generator's and the base trainer's configs
@@ -11,5 +11,4 @@ built on the library's own `run`s. One idea per module, each importing only thos
 - own_inputs, own_cells, own_report, own_task: your own task (--checkpoint, --data): the checks on checkpoint, data
   and store, the store extracted once and what it predicts; arm x beta x seed cells with the control against each
   example's reference; results.md with its generated verdict, and the figure; its config and job
-- ablation: remedy x weighting runs of scripts/ablate_recipe.py
 """
