@@ -24,10 +24,9 @@ import torch
 from tokweight.pipeline.synth import PRESETS
 from tokweight.store.tables import markdown_table
 from tokweight.training.control import OUTCOMES
-from tokweight.training.experiments.artefacts import prepare_setting
+from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from tokweight.training.experiments.report import write_csv
-from tokweight.training.experiments.task import Setting, TaskConfig, base_model
+from tokweight.training.experiments.results import write_csv
 from tokweight.training.train_config import OptimConfig
 
 WEIGHTINGS = ("uniform", "surprisal-share")

@@ -20,11 +20,10 @@ from pathlib import Path
 import torch
 
 from tokweight.training.experiments import grid
-from tokweight.training.experiments.artefacts import prepare_all
+from tokweight.training.experiments.artefacts import DEFAULT_SETTINGS, Setting, TaskConfig, prepare_all
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from tokweight.training.experiments.report import write_csv
-from tokweight.training.experiments.task import DEFAULT_SETTINGS, Setting, TaskConfig
 from tokweight.training.experiments.recipes import RECIPES
+from tokweight.training.experiments.results import write_csv
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "results" / "from-scratch"
 LONG = Setting("h0-n32", 0, 32, 32)
@@ -168,7 +167,7 @@ def map_summary(rows: list[dict]) -> str:
     """Per pathway and weighting, per setting: the seeds that kept z (I(z; strategy) >= ½ log S) and the
     mean I(z; strategy); then the mean l_t0 spread at step 0 and at the end."""
     from tokweight.store.tables import markdown_table
-    from tokweight.training.experiments.aggregate import mean_std
+    from tokweight.training.experiments.results import mean_std
 
     settings = [s.name for s in TASK.settings]
     kept = 0.5 * math.log(TASK.k)
@@ -189,7 +188,7 @@ def map_summary(rows: list[dict]) -> str:
 def plot_map(rows: list[dict]):
     """I(z; strategy) as a pathway x T/(t0+1) image (mean over the seeds run), one panel per weighting."""
     from tokweight.store.plots import figure
-    from tokweight.training.experiments.aggregate import mean_std
+    from tokweight.training.experiments.results import mean_std
 
     ratios = sorted({(r["ratio_true"], r["setting"]) for r in rows})
     names = [pathway(c, k) for c, k in MAP_PATHWAYS]

@@ -145,7 +145,7 @@ def test_quick_and_sweep_shape_the_config_not_what_is_compared():
 
 
 def test_verdict_says_where_each_arm_keeps_z():
-    from tokweight.training.experiments.own_report import verdict
+    from tokweight.training.experiments.own_task.render import verdict
 
     def row(arm, weighting, beta, mi, lam=1.0):
         return {"arm": arm, "weighting": weighting, "lambda": lam, "beta": beta, "mi_mean": mi, "strategy_mi_mean": mi,

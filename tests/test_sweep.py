@@ -8,37 +8,37 @@ from dataclasses import replace
 
 import pytest
 
-from tokweight.training.experiments import collapse as co, sweep as sw
+from tokweight.training.experiments import results, sweep as sw
 from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK
 
 HALF_LOG2 = 0.5 * math.log(2)
 
 
 def test_beta_c_is_the_largest_beta_that_kept_z():
-    assert co.beta_c({0.01: 0.69, 0.1: 0.40, 1.0: 0.01, 10.0: 0.0}, HALF_LOG2) == 0.1
-    assert co.beta_c({0.01: 0.1, 0.1: 0.5, 1.0: 0.0}, HALF_LOG2) == 0.1  # not monotone: still the largest
-    assert co.beta_c({0.01: 0.69, 0.1: 0.69, 1.0: 0.69}, HALF_LOG2) == 1.0
-    assert co.beta_c({0.01: HALF_LOG2, 1.0: 0.0}, HALF_LOG2) == 0.01  # at the threshold counts as kept
-    assert co.beta_c({0.01: None, 0.1: 0.5}, HALF_LOG2) == 0.1
+    assert results.beta_c({0.01: 0.69, 0.1: 0.40, 1.0: 0.01, 10.0: 0.0}, HALF_LOG2) == 0.1
+    assert results.beta_c({0.01: 0.1, 0.1: 0.5, 1.0: 0.0}, HALF_LOG2) == 0.1  # not monotone: still the largest
+    assert results.beta_c({0.01: 0.69, 0.1: 0.69, 1.0: 0.69}, HALF_LOG2) == 1.0
+    assert results.beta_c({0.01: HALF_LOG2, 1.0: 0.0}, HALF_LOG2) == 0.01  # at the threshold counts as kept
+    assert results.beta_c({0.01: None, 0.1: 0.5}, HALF_LOG2) == 0.1
 
 
 def test_no_beta_kept_z_is_none_never_zero():
-    assert co.beta_c({0.01: 0.2, 0.1: 0.0, 1.0: 0.0}, HALF_LOG2) is None
-    assert co.beta_c({}, HALF_LOG2) is None
-    assert co.show(None) == co.NO_BETA != "0"
-    assert co.show(0.1) == "0.1"
+    assert results.beta_c({0.01: 0.2, 0.1: 0.0, 1.0: 0.0}, HALF_LOG2) is None
+    assert results.beta_c({}, HALF_LOG2) is None
+    assert results.show(None) == results.NO_BETA != "0"
+    assert results.show(0.1) == "0.1"
 
 
 def test_bracket_and_bisection():
     grid = (0.01, 0.1, 1.0, 10.0)
-    assert co.bracket(grid, 0.1) == (0.1, 1.0)
-    assert co.bracket(grid, 10.0) is None and co.bracket(grid, None) is None
+    assert results.bracket(grid, 0.1) == (0.1, 1.0)
+    assert results.bracket(grid, 10.0) is None and results.bracket(grid, None) is None
     true_c, span = 0.37, (0.1, 1.0)
     for _ in range(6):
-        mid = co.midpoint(span)
-        span = co.narrow(span, mid, 0.69 if mid <= true_c else 0.0, HALF_LOG2)
+        mid = results.midpoint(span)
+        span = results.narrow(span, mid, 0.69 if mid <= true_c else 0.0, HALF_LOG2)
     assert span[0] <= true_c < span[1] and span[1] / span[0] < (1.0 / 0.1) ** (1 / 2 ** 6) * 1.001
-    assert co.midpoint((0.1, 10.0)) == 1.0 and co.narrow((0.1, 10.0), 1.0, HALF_LOG2, HALF_LOG2) == (1.0, 10.0)
+    assert results.midpoint((0.1, 10.0)) == 1.0 and results.narrow((0.1, 10.0), 1.0, HALF_LOG2, HALF_LOG2) == (1.0, 10.0)
 
 
 def test_gain_estimate_reads_the_grid_ends():
@@ -67,14 +67,14 @@ def test_prediction_columns_compare_every_seed_with_the_store():
 def test_ratio_rows_cover_every_case():
     def rows(ss, uni):
         return [{"recipe": "baseline", "setting": "a", "ratio_true": 8.0, "ratio_inspect": 7.5, "weighting": w,
-                 "beta_c": b, "beta_c_strategy_mi": co.NO_BETA} for w, b in (("surprisal-share", ss), ("uniform", uni))]
+                 "beta_c": b, "beta_c_strategy_mi": results.NO_BETA} for w, b in (("surprisal-share", ss), ("uniform", uni))]
 
     grid = (0.01, 10.0)
     both = sw.ratio_rows(rows("0.8", "0.1"), grid)[0]
     assert both["measured_ratio"] == "8" and both["measured_ratio_strategy_mi"].startswith("undefined")
-    assert sw.ratio_rows(rows("0.8", co.NO_BETA), grid)[0]["measured_ratio"].startswith("> 80")
-    assert sw.ratio_rows(rows(co.NO_BETA, "0.1"), grid)[0]["measured_ratio"].startswith("< 0.1")
-    assert sw.ratio_rows(rows(co.NO_BETA, co.NO_BETA), grid)[0]["measured_ratio"].startswith("undefined")
+    assert sw.ratio_rows(rows("0.8", results.NO_BETA), grid)[0]["measured_ratio"].startswith("> 80")
+    assert sw.ratio_rows(rows(results.NO_BETA, "0.1"), grid)[0]["measured_ratio"].startswith("< 0.1")
+    assert sw.ratio_rows(rows(results.NO_BETA, results.NO_BETA), grid)[0]["measured_ratio"].startswith("undefined")
 
 
 def test_config_validation():
@@ -83,7 +83,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="distinct values > 0"):
         sw.SweepConfig(out="x", task=TINY_TASK, betas=(0.0, 1.0))
     assert sw.SweepConfig(out="x", betas=(1.0, 0.1)).betas == (0.1, 1.0)
-    assert len(sw.log_grid(0.01, 10, 8)) == 8 and sw.log_grid(0.01, 10, 8)[-1] == 10.0
+    assert len(results.log_grid(0.01, 10, 8)) == 8 and results.log_grid(0.01, 10, 8)[-1] == 10.0
 
 
 def test_quick_sweep_files_and_beta_c_as_defined(experiment_root):  # noqa: F811
@@ -106,8 +106,8 @@ def test_quick_sweep_files_and_beta_c_as_defined(experiment_root):  # noqa: F811
     for s in summary:
         for metric, column in (("mi", "beta_c"), ("strategy_mi", "beta_c_strategy_mi")):
             mi = {float(c["beta"]): float(c[metric]) for c in cells if c["weighting"] == s["weighting"]}
-            expected = co.beta_c(mi, HALF_LOG2)
-            assert s[column] == co.show(expected) and s[column] != "0"
+            expected = results.beta_c(mi, HALF_LOG2)
+            assert s[column] == results.show(expected) and s[column] != "0"
             if metric == "mi":
                 assert (s["kept_z"] == "yes") == (expected is not None)
         assert s["recipe"] == "survival"

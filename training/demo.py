@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from tokweight.pipeline.synth import SynthConfig
-from tokweight.training.experiments.task import Setting, TaskConfig, base_model
+from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_model
 
 WEIGHTINGS = ("uniform", "surprisal-share")
 """The two reconstructions the demo compares; everything else is the default configuration."""

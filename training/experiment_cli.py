@@ -48,7 +48,7 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
 def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs, threads, **own):
     """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results.
     With --checkpoint and --data: the weightings compared on your own task and checkpoint."""
-    from tokweight.training.experiments.task import TaskConfig, base_model
+    from tokweight.training.experiments.artefacts import TaskConfig, base_model
 
     set_threads(threads)
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])

@@ -1,17 +1,17 @@
 """One CVAE cell: its TrainConfig (through the recipe check), its key, train + evaluate -> record; and the
-runner that takes a list of cells through a process pool.
+runner that takes a list of cells through a process pool. The one cell cache of every job.
 
-A cell is reused when runs/<setting>-<key>/cell.json names its key, which hashes the train
-config without its paths (in the flat form of before TrainConfig's grouping, so that cells
-trained before it keep their keys), the base fingerprint it was trained from, the data's key
-and the evaluation; an interrupted cell's run resumes (training.train).
+A cell is reused when runs/<setting>-<key>/cell.json names its key, which hashes the resolved train
+config without its paths, the base fingerprint it was trained from, the data's key and the
+evaluation; an interrupted cell's run resumes (training.train). The record holds every number any
+job reads of the cell, so no job reads the run directory's files besides it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from tokweight.store.manifest import write_json_atomic
@@ -29,7 +29,13 @@ All on the test split; nats."""
 DIAGNOSTICS = ("l_t0_spread_init", "l_t0_spread_end")
 """Per-cell training diagnostics (training batches, nats): the spread over k of l_t at the example's most
 surprising token at step 0 and at the last logged step (training.metrics.informative_token_spread)."""
+CONTROL = ("exact_match", "chance_exact_match", "first_token_match", "chance_first_token_match")
+"""Decode-per-latent against each example's own reference y: the rate under its matched latent value, and chance
+(the same examples under the other values); training.control.reference_control. The user task's control."""
 PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # io's paths: not part of a cell's key
+
+Loss = tuple[tuple[str, float], ...]
+"""LossConfig fields as (name, value) pairs."""
 
 
 @dataclass(frozen=True)
@@ -72,9 +78,9 @@ class CellPlan:
     """Steps and evaluation size."""
     recipe: str
     """Name in training.recipes.RECIPES: the remedy fields every cell trains with."""
-    loss: tuple[tuple[str, float], ...] = ()
-    """LossConfig fields every cell sets besides weighting, policy and beta, as (name, value) pairs
-    (the mixing weight lambda, the anchor term): how the decoder is kept whole, not what is compared."""
+    loss: Loss = ()
+    """LossConfig fields every cell sets besides weighting, policy and beta (the mixing weight lambda, the
+    anchor term): how the decoder is kept whole, not what is compared."""
 
 
 @dataclass(frozen=True)
@@ -88,11 +94,21 @@ class Cell:
     beta: float
     seed: int
     group: str = "grid"
-    """"grid" (discrete), "continuous", "cond" (z pathways) or "sweep": which table it belongs to."""
+    """"grid" (discrete), "continuous", "cond" (z pathways), "sweep" or "own": which table it belongs to."""
+    arm: str | None = None
+    """The user task's name of the compared objective: the weighting and its repair; None in the synthetic jobs."""
+    loss: Loss = ()
+    """The arm's LossConfig fields, on top of the plan's."""
 
     @property
     def label(self) -> str:
         return f"{self.setting} {self.latent} {self.cond} {self.weighting} beta={self.beta:g} seed={self.seed}"
+
+    @property
+    def columns(self) -> dict:
+        """Its columns in a job's cells.csv: the arm where there is one, what is compared, the arm's loss fields."""
+        axes = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("arm", "loss")}
+        return ({} if self.arm is None else {"arm": self.arm}) | axes | dict(self.loss)
 
 
 def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
@@ -107,7 +123,8 @@ def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
                     num_workers=0),
         cvae=CVAEConfig(latent=cell.latent, k=plan.k, cond=cell.cond,
                         slots=plan.prefix_slots if cell.cond == "prefix" else 1),
-        loss=LossConfig(weighting=cell.weighting, policy="precomputed", beta=b.beta(cell.beta), **dict(plan.loss)),
+        loss=LossConfig(weighting=cell.weighting, policy="precomputed", beta=b.beta(cell.beta),
+                        **(dict(plan.loss) | dict(cell.loss))),
         optim=OptimConfig(steps=b.steps, batch_size=b.batch_size, lr=b.lr, seed=cell.seed),
         log=LogConfig(grad_diag_every=b.steps, ckpt_every=b.steps))
     return with_recipe(cfg, plan.recipe)
@@ -176,6 +193,7 @@ def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
     evaluated = run_eval(EvalConfig(run=tcfg.io.out, data=str(prep.data), split="test",
                                     decode_examples=decode_examples))
     metrics, free = evaluated["metrics"], evaluated["decode"].get("label_free", {})
+    reference = evaluated["decode"].get("reference", {})
     stop = trained.get("stop", {}).get("reason")
     return {**{m: metrics.get(m) for m in METRICS if m != "control_accuracy"},
             "outcome": evaluated["z_used"]["outcome"], "stop": stop,
@@ -186,7 +204,8 @@ def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
             "strategy_accuracy": metrics.get("strategy_accuracy"),
             "usage_perplexity": metrics.get("usage_perplexity"), "val_mi": trained.get("mi"),
             **init_gradients(Path(tcfg.io.out)), "train_wall_s": trained["train_wall_s"],
-            "wall_s": time.perf_counter() - start}
+            "wall_s": time.perf_counter() - start, **{m: reference.get(m) for m in CONTROL},
+            "control_above_chance": reference.get("above_chance"), "z_used": evaluated["z_used"]["used"]}
 
 
 # ---------------------------------------------------------------- many cells
@@ -195,7 +214,7 @@ def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
 def _one_torch_thread() -> None:
     import torch
 
-    torch.set_num_threads(1)  # each cell process gets one core; more threads oversubscribe (STACK-NOTES)
+    torch.set_num_threads(1)  # each cell process gets one core; more threads oversubscribe the machine
 
 
 def _run_cell_args(args: tuple) -> tuple[dict, bool]:
@@ -231,14 +250,14 @@ class Progress:
         return f"{took}; ETA {self.fresh_s / self.fresh_n * (self.total - i) / self.parallel / 60:.1f} min"
 
 
-def each_cell(run_one, work: list[tuple], jobs: int = 1) -> Iterator[tuple[int, tuple, dict, bool, str]]:
-    """(i, args, record, reused, took) per cell, in ``work``'s order: ``run_one(args)`` -> (record, reused)
-    for each, ``jobs`` at a time (each in its own process, one torch thread; 1: in this process); ``took``
-    is "reused" or the cell's seconds, and the ETA of the rest (Progress)."""
+def each_cell(work: list[tuple], jobs: int = 1) -> Iterator[tuple[int, tuple, dict, bool, str]]:
+    """(i, args, record, reused, took) per cell, in ``work``'s order: ``run_cell(*args)`` for each, ``jobs`` at
+    a time (each in its own process, one torch thread; 1: in this process); ``took`` is "reused" or the cell's
+    seconds, and the ETA of the rest (Progress)."""
     parallel = max(1, min(jobs, len(work)))
     pool, progress = cell_pool(parallel), Progress(len(work), parallel)
     try:
-        results = pool.map(run_one, work) if pool else map(run_one, work)
+        results = pool.map(_run_cell_args, work) if pool else map(_run_cell_args, work)
         for i, (args, (record, reused)) in enumerate(zip(work, results), 1):
             yield i, args, record, reused, progress.took(i, record, reused)
     finally:
@@ -246,15 +265,19 @@ def each_cell(run_one, work: list[tuple], jobs: int = 1) -> Iterator[tuple[int, 
             pool.shutdown(cancel_futures=True)
 
 
+def strategy_line(cell: Cell, record: dict) -> str:
+    """A synthetic cell's progress line: its MI, KL, NMI, control against the true strategy and recon."""
+    return (f"{cell.label}: MI {fixed(record['mi'])} KL {fixed(record['kl'])} NMI {fixed(record['strategy_nmi'])} "
+            f"control {fixed(record['control_accuracy'])} recon {fixed(record['recon_uniform'])}")
+
+
 def run_cells(cells: list[Cell], prepared: dict[str, Prepared], plan: CellPlan, root: Path, echo: Echo,
-              jobs: int = 1) -> list[dict]:
-    """Every cell (``each_cell``), rows and progress lines in cell order; one row per cell. Cells are
-    independent and seeded, so a cell's record does not depend on ``jobs``."""
+              jobs: int = 1, line: Callable[[Cell, dict], str] = strategy_line) -> list[dict]:
+    """Every cell (``each_cell``), rows and progress lines (``line``) in cell order; one row per cell. Cells
+    are independent and seeded, so a cell's record does not depend on ``jobs``."""
     work = [(cell, prepared[cell.setting], plan, root) for cell in cells]
     rows = []
-    for i, (cell, prep, _, _), record, reused, took in each_cell(_run_cell_args, work, jobs):
-        echo(f"[cell {i}/{len(cells)}] {cell.label}: MI {fixed(record['mi'])} KL {fixed(record['kl'])} "
-             f"NMI {fixed(record['strategy_nmi'])} control {fixed(record['control_accuracy'])} "
-             f"recon {fixed(record['recon_uniform'])} ({took})")
-        rows.append({**asdict(cell), "recipe": plan.recipe, **prep.stats_brief, **record, "reused": reused})
+    for i, (cell, prep, _, _), record, reused, took in each_cell(work, jobs):
+        echo(f"[cell {i}/{len(cells)}] {line(cell, record)} ({took})")
+        rows.append({**cell.columns, "recipe": plan.recipe, **prep.stats_brief, **record, "reused": reused})
     return rows

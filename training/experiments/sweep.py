@@ -1,16 +1,15 @@
 """`tokweight experiment --sweep beta`: the collapse threshold beta_c per weighting and T/(t0+1).
 
-The research note predicts where collapse happens: under uniform token-mean
-reconstruction the posterior survives only while (t0/T)|delta| > beta C, under
-surprisal-share while |delta| > beta C, so beta_c(surprisal-share) / beta_c(uniform)
-should be about T/(t0+1). Here, for each setting and weighting, the discrete CVAE is
+Where collapse should happen: under uniform token-mean reconstruction the posterior
+survives only while (t0/T)|delta| > beta C, under surprisal-share while |delta| > beta C,
+so beta_c(surprisal-share) / beta_c(uniform) should be about T/(t0+1). Here, for each setting and weighting, the discrete CVAE is
 trained over a log-spaced beta grid (optionally refined by bisection per seed), and
 
     beta_c = the largest beta whose final exact MI (test split) >= KEPT_FRACTION * log S.
 
 beta_c is also reported with the exact I(z; strategy) in place of I(z; x,y): a code of x or
 of y's other tokens counts in the latter (it did in the first em-exact sweep, strategy NMI
-0.000-0.001 in every cell), and it is the strategy whose survival the note predicts.
+0.000-0.001 in every cell), and it is the strategy whose survival is predicted.
 
 The prediction concerns survival: whether a z that is in use outlives beta. So the default
 recipe, "survival", starts every cell from the same supervised warm start (z = the true
@@ -20,33 +19,30 @@ can be *found* at all is the learnability question (docs/latent-learnability.md)
 When no beta of the grid kept z there is no beta_c: it is reported as NO_BETA, never
 as 0. Data, base models, stores and cells are the experiment grid's (training.experiments),
 reused under the same keys. Outputs in DIR: beta_threshold.csv/.md, beta_cells.csv,
-mi_vs_beta.png, mi_vs_step.png, sweep_config.json.
+mi_vs_beta.png, mi_vs_step.png, sweep_config.json; the Markdown and the figures are rendered from
+plain data (rows, and the config as a dict: ``view``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from tokweight.store.plots import save_figures
-from tokweight.training.experiments.aggregate import aggregate, mean_std
-from tokweight.training.experiments.artefacts import Echo, prepare_all
+from tokweight.store.plots import figure, save_figures
+from tokweight.store.tables import fixed, markdown_table
+from tokweight.training.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from tokweight.training.experiments.collapse import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, beta_c, bracket,
-                                           midpoint, narrow, show, suffix)
-from tokweight.training.experiments.report import write_config, write_csv
-from tokweight.training.experiments.sweep_report import plot_mi_vs_beta, plot_mi_vs_step, render
-from tokweight.training.experiments.task import TaskConfig, coerce_nested
 from tokweight.training.experiments.recipes import recipe_overrides
-
-def log_grid(lo: float, hi: float, n: int) -> tuple[float, ...]:
-    """n log-spaced values from lo to hi, rounded to 4 significant digits (readable keys and labels)."""
-    return tuple(float(f"{v:.4g}") for v in np.geomspace(lo, hi, n))
+from tokweight.training.experiments.results import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, aggregate,
+                                                    beta_c, bracket, header_lines, log_grid, mean_std, midpoint, narrow,
+                                                    pm, show, suffix, write_config, write_csv)
+from tokweight.training.metrics import entropy
 
 
 @dataclass(frozen=True)
@@ -225,7 +221,7 @@ def criterion_columns(metric: str, curve: dict[float, float | None], cells: list
 
 
 def gain_estimate(cells: list[dict], betas: tuple[float, ...], threshold: float) -> dict:
-    """The note's criterion |delta| > beta C read off the grid's own ends: delta = the weighted
+    """The survival criterion |delta| > beta C read off the grid's own ends: delta = the weighted
     reconstruction the weighting's objective gains by z (recon at the largest beta, which collapsed,
     minus recon at the smallest, which kept z; seed means) and C = the KL at the smallest beta, so
     beta_c ~ delta / C. None where the ends did not collapse and keep z respectively."""
@@ -273,6 +269,13 @@ def ratio_rows(summary: list[dict], betas: tuple[float, ...]) -> list[dict]:
 # ---------------------------------------------------------------- the job
 
 
+def view(cfg: SweepConfig) -> dict:
+    """What beta_threshold.md and the figures read of the config: the config as a dict (sweep_config.json's
+    "config"), the settings swept, the MI threshold and the recipe's overrides."""
+    return asdict(cfg) | {"setting_names": cfg.setting_names, "threshold": cfg.threshold,
+                          "recipe_overrides": recipe_overrides(cfg.recipe)}
+
+
 def run(cfg: SweepConfig, echo: Echo = print, command: str | None = None) -> dict:
     start = time.perf_counter()
     root = Path(cfg.out)
@@ -288,8 +291,123 @@ def run(cfg: SweepConfig, echo: Echo = print, command: str | None = None) -> dic
     write_csv(root / "beta_cells.csv", rows)
     write_csv(root / "beta_threshold.csv", summary)
     write_csv(root / "beta_ratio.csv", ratios)
-    save_figures({"mi_vs_beta.png": plot_mi_vs_beta(means, cfg, settings),
-                  "mi_vs_step.png": plot_mi_vs_step(rows, cfg, root)}, root)
-    (root / "beta_threshold.md").write_text(render(cfg, summary, ratios, rows, means, settings, command, wall))
+    shown = view(cfg)
+    save_figures({"mi_vs_beta.png": plot_mi_vs_beta(means, shown, settings),
+                  "mi_vs_step.png": plot_mi_vs_step(rows, shown, root)}, root)
+    (root / "beta_threshold.md").write_text(render(shown, summary, ratios, rows, means, settings, command, wall))
     echo(f"[sweep] done in {wall / 60:.1f} min: {root / 'beta_threshold.md'}")
     return {"summary": summary, "ratios": ratios, "cells": rows, "settings": settings, "wall_s": wall}
+
+
+# ---------------------------------------------------------------- beta_threshold.md
+
+
+def render(cfg: dict, summary: list[dict], ratios: list[dict], rows: list[dict], means: dict[tuple, dict],
+           settings: dict[str, dict], command: str | None, wall_s: float) -> str:
+    """beta_threshold.md; ``cfg`` is ``view``'s dict."""
+    out = header_lines("tokweight experiment --sweep beta: collapse thresholds", cfg["recipe"], command, wall_s,
+                       cfg["task"], len(rows), sum(r["reused"] for r in rows))
+    out += [definition(cfg), ""] + ratio_section(ratios) + prediction_section(summary) + beta_c_section(summary)
+    for s in cfg["setting_names"]:
+        for metric, what in CRITERIA.items():
+            lines = [[w] + [pm(means.get((s, w, b), {}), metric) for b in cfg["betas"]] for w in cfg["weightings"]]
+            out += [f"## {what} (nats) against beta: {s} (T/(t0+1) = {settings[s]['ratio_true']:.2f})", "",
+                    markdown_table(["weighting"] + [f"{b:g}" for b in cfg["betas"]], lines), ""]
+    out += ["![MI against beta](mi_vs_beta.png)", "", "![batch MI against step](mi_vs_step.png)", ""]
+    return "\n".join(out)
+
+
+def definition(cfg: dict) -> str:
+    betas, budget = cfg["betas"], cfg["budget"]
+    return (f"beta_c = the largest beta whose final exact MI (test split) >= {KEPT_FRACTION} log S = "
+            f"{cfg['threshold']:.3f} nats; '{NO_BETA}' = no beta in the grid kept z (beta_c < {betas[0]:g}, not 0). "
+            f"Two MIs: {CRITERIA['mi']} (the definition) and {CRITERIA['strategy_mi']} (codes of x or of y's "
+            f"other tokens do not count). Grid: {', '.join(f'{b:g}' for b in betas)}; seeds "
+            f"{', '.join(map(str, cfg['seeds']))}; {cfg['refine']} bisection steps per seed; {budget['steps']} "
+            f"steps per cell at lr {budget['lr']:g}, recipe overrides {json.dumps(cfg['recipe_overrides'])}. "
+            "'beta_c' is that of the seed-mean MI curve over the grid; per seed includes the bisection.")
+
+
+def ratio_section(ratios: list[dict]) -> list[str]:
+    return ["## beta_c(surprisal-share) / beta_c(uniform) against the predicted T/(t0+1)", "",
+            markdown_table(["setting", "predicted T/(t0+1)", "inspection", "if z removes every b",
+                            "beta_c surprisal-share", "beta_c uniform", "measured ratio", "same, by I(z; strategy)"],
+                           [[r["setting"], fixed(r["predicted_T_over_t0p1"], 2), fixed(r["inspection_T_over_t0p1"], 2),
+                             fixed(r["predicted_if_z_removes_b"], 2),
+                             r["beta_c_surprisal_share"], r["beta_c_uniform"], r["measured_ratio"],
+                             (f"{r['beta_c_strategy_mi_surprisal_share']} / {r['beta_c_strategy_mi_uniform']} = "
+                              f"{r['measured_ratio_strategy_mi']}")] for r in ratios]), "",
+            ("'inspection' is T/(t0_share+1) from the store; 'if z removes every b' is the ratio of the z-gains "
+             "mean(sum b^2 / sum b) / mean(sum b / T) (store/sql/summary.sql): T/(t0+1) assumes z helps at t0 only, "
+             "this assumes z removes the base model's surprisal at every token."), ""]
+
+
+def prediction_section(summary: list[dict]) -> list[str]:
+    """Predicted (from the store, before training) against measured beta_c, per (setting, weighting)."""
+    return ["## beta_c predicted from the store against measured", "",
+            markdown_table(["setting", "weighting", "predicted beta_c", "measured beta_c by I(z; strategy)", "per seed", "measured / predicted per seed", f"within {PREDICTION_TOLERANCE:g}x"],
+                           [[r["setting"], r["weighting"], fixed(r.get("beta_c_predicted")), r["beta_c_strategy_mi"],
+                             r["beta_c_strategy_mi_seeds"], r.get("measured_over_predicted") or "-",
+                             r.get("within_tolerance") or "-"] for r in summary]), "",
+            ("predicted beta_c = the gain of a z that removes all of the base's surprisal under the weighting "
+             "(uniform: mean sum b / T; sum: mean sum b; surprisal-share: mean sum b^2 / sum b) over its KL cost "
+             "H(strategy), from the store alone (store.report.PREDICTED_BETA_C; `tokweight inspect` reports it)."), ""]
+
+
+def beta_c_section(summary: list[dict]) -> list[str]:
+    return ["## beta_c per weighting", "",
+            markdown_table(["setting", "T/(t0+1)", "weighting", "beta_c", "per seed", "seeds without beta_c",
+                            "beta_c by I(z; strategy)", "per seed", "z gain delta (nats)", "C = KL with z",
+                            "delta / C"],
+                           [[r["setting"], fixed(r["ratio_true"], 2), r["weighting"], r["beta_c"], r["beta_c_seeds"],
+                             str(r["seeds_without_beta_c"]), r["beta_c_strategy_mi"], r["beta_c_strategy_mi_seeds"],
+                             fixed(r["z_gain_nats"]), fixed(r["kl_with_z"]), fixed(r["beta_c_from_gain"])]
+                            for r in summary]), "",
+            ("delta = the cell's own weighted reconstruction at the largest beta (z collapsed) minus that at the "
+             "smallest (z kept), C = the KL at the smallest, seed means: the note's survival condition "
+             "|delta| > beta C puts beta_c near delta / C."), ""]
+
+
+# ---------------------------------------------------------------- figures
+
+
+def plot_mi_vs_beta(means: dict[tuple, dict], cfg: dict, settings: dict[str, dict]):
+    """Exact MI against beta (log axis, grid cells, mean ± std over seeds): a curve per weighting (dotted: I(z;
+    strategy)), a panel per setting."""
+    fig, axes = figure(len(cfg["setting_names"]), width=4.8)
+    for ax, s in zip(axes, cfg["setting_names"]):
+        for i, w in enumerate(cfg["weightings"]):
+            for metric, style in (("mi", "-"), ("strategy_mi", ":")):
+                cells = [means.get((s, w, b), {}) for b in cfg["betas"]]
+                stats = [(c.get(f"{metric}_mean"), c.get(f"{metric}_std")) for c in cells]
+                if any(m is not None for m, _ in stats):
+                    ax.errorbar(cfg["betas"], [m for m, _ in stats], yerr=[sd for _, sd in stats], marker="o",
+                                capsize=3, ls=style, color=f"C{i}",
+                                label=w if metric == "mi" else f"{w}, I(z; strategy)")
+        ax.axhline(cfg["threshold"], color="grey", ls=":", lw=1, label=f"{KEPT_FRACTION} log S")
+        ax.set(xscale="log", xlabel="beta", ylabel="exact MI (nats)",
+               title=f"{s}: T/(t0+1) = {settings[s]['ratio_true']:.2f}")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def batch_mi(run_dir: Path) -> tuple[list[int], list[float]]:
+    """(steps, exact MI of each logged training batch = H(mean_i q_i) - mean_i H(q_i), nats)."""
+    from tokweight.training.run_dir import read_metrics
+
+    logged = [r for r in read_metrics(run_dir) if "usage" in r and "q_entropy" in r]
+    return [r["step"] for r in logged], [float(entropy(np.asarray(r["usage"])) - r["q_entropy"]) for r in logged]
+
+
+def plot_mi_vs_step(rows: list[dict], cfg: dict, root: Path):
+    """Batch MI against step at the largest swept setting, first seed: the smallest, a middle and the largest beta."""
+    s, seed, betas = cfg["setting_names"][-1], cfg["seeds"][0], cfg["betas"]
+    shown = sorted({betas[0], betas[len(betas) // 2], betas[-1]})
+    fig, axes = figure(len(shown), width=4.5)
+    for ax, b in zip(axes, shown):
+        for r in rows:
+            if (r["setting"], r["seed"], r["beta"], r["group"]) == (s, seed, b, "sweep"):
+                ax.plot(*batch_mi(root / "runs" / r["run"]), label=r["weighting"])
+        ax.set(xlabel="step", ylabel="batch MI (nats)", title=f"{s}, beta = {b:g}, seed {seed}")
+        ax.legend(fontsize=7)
+    return fig

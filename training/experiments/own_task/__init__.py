@@ -1,13 +1,13 @@
 """`tokweight experiment --checkpoint CKPT --data DATA --out DIR`: does surprisal-share help on my task?
 
 The user's entangled checkpoint (tokweight or Hugging Face) and dataset (train/val/test splits, e.g.
-from `tokweight convert`): the store is extracted once (training.experiments.own_inputs), then a grid
-of discrete CVAEs with K = the data's number of labels (or ``k``) over the arms (each weighting, and
-surprisal-share with each repair that keeps the decoder whole: lambda < 1, the anchor term) x beta x
-seed, under one recipe and z pathway, each cell reused by its content key
-(training.experiments.own_cells). Outputs in DIR: results.md (the verdict first), results.csv (mean
-± std over seeds), cells.csv, store_predictions.csv, profile.csv, mi_and_control.png,
-own_task_config.json (the resolved config).
+from `tokweight convert`): the store is extracted once (``inputs``), then a grid of discrete CVAEs with
+K = the data's number of labels (or ``k``) over the arms (each weighting, and surprisal-share with each
+repair that keeps the decoder whole: lambda < 1, the anchor term) x beta x seed, under one recipe and z
+pathway: cells of the synthetic jobs (training.experiments.cells, the one cell cache), whose records hold
+the decode-per-latent control against each example's own reference y. Outputs in DIR: results.md (the
+verdict first; ``render``), results.csv (mean ± std over seeds), cells.csv, store_predictions.csv,
+profile.csv, mi_and_control.png, own_task_config.json (the resolved config).
 """
 
 from __future__ import annotations
@@ -18,31 +18,17 @@ from pathlib import Path
 
 from tokweight.store.manifest import write_json_atomic
 from tokweight.store.plots import save_figures
+from tokweight.store.tables import fixed
 from tokweight.training.conditioning import MODES as COND_MODES
 from tokweight.training.cvae import CVAEConfig
-from tokweight.training.experiments.artefacts import Echo
-from tokweight.training.experiments.cells import CellBudget, CellPlan
-from tokweight.training.experiments.own_cells import (
-    LAMBDA,
-    Loss,
-    OwnCell,
-    aggregate_arms,
-    own_cell,
-    run_own_cells,
-)
-from tokweight.training.experiments.own_inputs import (
-    check_store,
-    latent_k,
-    prepare,
-    read_checkpoint,
-    split_shards,
-)
-from tokweight.training.experiments.own_report import plot_arms, render
-from tokweight.training.experiments.report import write_csv
-from tokweight.training.experiments.sweep import log_grid
-from tokweight.training.experiments.task import coerce_nested
-from tokweight.training.losses import WEIGHTINGS
+from tokweight.training.experiments.artefacts import Echo, coerce_nested
+from tokweight.training.experiments.cells import CONTROL, STATUSES, Cell, CellBudget, CellPlan, Loss, run_cells
+from tokweight.training.experiments.own_task.inputs import (SETTING, Checkpoint, check_store, latent_k, prepare,
+                                                            read_checkpoint, split_shards)
+from tokweight.training.experiments.own_task.render import plot_arms, render
 from tokweight.training.experiments.recipes import recipe_overrides
+from tokweight.training.experiments.results import GROUP_KEYS, log_grid, mean_std, seed_stats, write_csv
+from tokweight.training.losses import WEIGHTINGS
 
 DEFAULT_RECIPE = "default"
 """The recipe every cell trains with: `tokweight train`'s (train_config.default_remedies)."""
@@ -59,6 +45,11 @@ DEFAULT_ANCHORS = ()
 """(weight, margin nats) of extra surprisal-share arms with another anchor term than the default's."""
 SWEEP_BETAS = log_grid(0.01, 10.0, 8)
 """--sweep beta: the synthetic sweep's grid (training.experiments.sweep.SweepConfig.betas)."""
+LAMBDA = "token_weighted_reconstruction_weight"
+"""LossConfig's mixing weight lambda: (1 - lambda) * uniform + lambda * the weighting."""
+OWN_METRICS = ("usage_perplexity", *CONTROL)
+"""Per-arm numbers besides cells.METRICS: usage perplexity exp H(mean q) (how many latent values the aggregate
+posterior spreads over; a discrete latent has no active units) and the control rates."""
 
 
 @dataclass(frozen=True)
@@ -149,9 +140,17 @@ def arms(cfg: OwnTaskConfig) -> list[tuple[str, str, Loss]]:
     return [(w, w, ()) for w in cfg.weightings] + [(name, "surprisal-share", loss) for name, loss in mixed + anchored]
 
 
-def own_cells(cfg: OwnTaskConfig) -> list[OwnCell]:
-    return [own_cell(cfg.cond, w, beta, seed, name, loss) for beta in cfg.betas for name, w, loss in arms(cfg)
-            for seed in cfg.seeds]
+def own_cells(cfg: OwnTaskConfig) -> list[Cell]:
+    return [Cell(SETTING, "discrete", cfg.cond, w, beta, seed, SETTING, name, loss) for beta in cfg.betas
+            for name, w, loss in arms(cfg) for seed in cfg.seeds]
+
+
+def cell_line(cell: Cell, record: dict) -> str:
+    """A cell's progress line: its MI, KL, the control against the references (and chance), its NLL."""
+    return (f"{cell.arm} beta={cell.beta:g} seed={cell.seed}: MI {fixed(record['mi'])} KL {fixed(record['kl'])} "
+            f"exact match {fixed(record['exact_match'])} (chance {fixed(record['chance_exact_match'])}) first token "
+            f"{fixed(record['first_token_match'])} (chance {fixed(record['chance_first_token_match'])}) "
+            f"NLL {fixed(record['recon_uniform'])}")
 
 
 def resolve(cfg: OwnTaskConfig):
@@ -176,12 +175,12 @@ def run(cfg: OwnTaskConfig, echo: Echo = print, command: str | None = None) -> d
     echo(f"[experiment] own task: K = {cfg.k}, {len(cells)} cells of {cfg.budget.steps} steps, recipe {cfg.recipe}, "
          f"z pathway {cfg.cond}, {cfg.jobs} at a time")
     prep = prepare(ckpt, Path(cfg.data), cfg.store_dir, echo)
-    rows = run_own_cells(cells, prep, cfg.plan, root, echo, cfg.jobs)
+    rows = run_cells(cells, {SETTING: prep}, cfg.plan, root, echo, cfg.jobs, cell_line)
     agg = aggregate_arms(rows)
     wall = time.perf_counter() - start
     write_outputs(root, cfg, prep, rows, agg)
-    (root / "results.md").write_text(render(cfg, ckpt, prep, agg, command, wall, len(rows),
-                                            sum(r["reused"] for r in rows)))
+    (root / "results.md").write_text(render(view(cfg, ckpt, prep.data_key), prep.stats, agg, command, wall,
+                                            len(rows), sum(r["reused"] for r in rows)))
     echo(f"[experiment] done in {wall / 60:.1f} min: {root / 'results.md'}")
     return {"results": agg, "cells": rows, "stats": prep.stats, "k": cfg.k, "wall_s": wall}
 
@@ -194,3 +193,28 @@ def write_outputs(root: Path, cfg: OwnTaskConfig, prep, rows: list[dict], agg: l
     write_csv(root / "store_predictions.csv", [{"fingerprint": prep.fingerprint, "data_key": prep.data_key, **stats}])
     write_csv(root / "profile.csv", prep.stats["profile"])
     save_figures({"mi_and_control.png": plot_arms(agg, cfg.k)}, root)
+
+
+def view(cfg: OwnTaskConfig, ckpt: Checkpoint, data_key: str) -> dict:
+    """What results.md reads of the job: its config as a dict, the checkpoint's and the data's key."""
+    return asdict(cfg) | {"ckpt": asdict(ckpt), "data_key": data_key}
+
+
+# ---------------------------------------------------------------- per arm
+
+
+def aggregate_arms(rows: list[dict]) -> list[dict]:
+    """One row per (arm, beta) in first-seen order: mean and std over seeds of every metric, and how many
+    seeds eval's verdict says use z."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["arm"], r["beta"]), []).append(r)
+    return [arm_stats(arm, rs) for (arm, _), rs in groups.items()]
+
+
+def arm_stats(arm: str, rows: list[dict]) -> dict:
+    out = {"arm": arm, "lambda": rows[0].get(LAMBDA, 1.0), **seed_stats({k: rows[0][k] for k in GROUP_KEYS}, rows)}
+    for m in OWN_METRICS:
+        out[f"{m}_mean"], out[f"{m}_std"] = mean_std([r.get(m) for r in rows])
+    return out | {"seeds_z_used": sum(bool(r.get("z_used")) for r in rows),
+                  **{f"seeds {status}": sum(r.get("status") == status for r in rows) for status in STATUSES}}

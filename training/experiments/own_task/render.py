@@ -3,24 +3,18 @@ predicted beside what was measured; every metric per arm and beta; the MI and co
 
 Every number of the verdict is formatted by the function that formats it in a table below
 (``num``, ``delta``, ``show_beta``, ``show_predicted``), so the verdict quotes the tables, never a figure of
-its own.
+its own. Everything here reads plain data: the aggregated rows, the store's statistics and the job's
+config as a dict (``own_task.view``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from tokweight.store.plots import figure
 from tokweight.store.tables import MISSING, fixed, markdown_table
 from tokweight.training.experiments.cells import STATUSES
-from tokweight.training.experiments.collapse import KEPT_FRACTION, beta_c, show
-from tokweight.training.experiments.report import machine, pm
-
-if TYPE_CHECKING:
-    from tokweight.training.experiments.artefacts import Prepared
-    from tokweight.training.experiments.own_inputs import Checkpoint
-    from tokweight.training.experiments.own_task import OwnTaskConfig
+from tokweight.training.experiments.results import KEPT_FRACTION, beta_c, machine, pm, show
 
 NOT_PREDICTED = "n/a"
 """A predicted beta_c the store cannot give (no example carries a label: the KL cost is unknown)."""
@@ -162,27 +156,30 @@ def measured_note(k: int) -> str:
             "eval`'s verdict says so. Token-mean NLL: the decoder's, under q, against the base model's.")
 
 
-def header(cfg: OwnTaskConfig, ckpt: Checkpoint, prep: Prepared, command: str | None, wall_s: float,
-           cells: int, reused: int) -> list[str]:
-    b = cfg.budget
+def header(cfg: dict, command: str | None, wall_s: float, cells: int, reused: int) -> list[str]:
+    b, ckpt, k = cfg["budget"], cfg["ckpt"], cfg["k"]
     return [f"- command: `{command or '(library call)'}`", f"- machine: {machine()}",
             f"- wall time: {wall_s / 60:.1f} min; {cells} cells, {reused} reused from earlier runs",
-            f"- checkpoint: `{ckpt.path}` ({ckpt.kind}, {ckpt.parameters:,} parameters, {ckpt.fingerprint[:12]})",
-            f"- data: `{cfg.data}` (key {prep.data_key}); K = {cfg.k} (log K = {math.log(cfg.k):.3f} nats)",
-            f"- recipe `{cfg.recipe}`, z pathway `{cfg.cond}`" + (f", {cfg.slots} slots" if cfg.cond == "prefix" else ""),
-            f"- per cell: {b.steps} steps, batch {b.batch_size}, lr {b.lr:g}, {b.decode_examples} decoded examples",
-            f"- seeds: {', '.join(map(str, cfg.seeds))}", ""]
+            f"- checkpoint: `{ckpt['path']}` ({ckpt['kind']}, {ckpt['parameters']:,} parameters, "
+            f"{ckpt['fingerprint'][:12]})",
+            f"- data: `{cfg['data']}` (key {cfg['data_key']}); K = {k} (log K = {math.log(k):.3f} nats)",
+            f"- recipe `{cfg['recipe']}`, z pathway `{cfg['cond']}`"
+            + (f", {cfg['slots']} slots" if cfg["cond"] == "prefix" else ""),
+            f"- per cell: {b['steps']} steps, batch {b['batch_size']}, lr {b['lr']:g}, {b['decode_examples']} "
+            "decoded examples",
+            f"- seeds: {', '.join(map(str, cfg['seeds']))}", ""]
 
 
-def render(cfg: OwnTaskConfig, ckpt: Checkpoint, prep: Prepared, agg: list[dict], command: str | None,
-           wall_s: float, cells: int, reused: int) -> str:
-    stats, base = prep.stats, prep.stats["base_nll_test"]
+def render(cfg: dict, stats: dict, agg: list[dict], command: str | None, wall_s: float, cells: int,
+           reused: int) -> str:
+    """results.md; ``cfg`` is ``own_task.view``'s dict, ``stats`` the store's (``inputs.prepare``)."""
+    base, k = stats["base_nll_test"], cfg["k"]
     out = ["# tokweight experiment: your own task", "", "## Verdict", ""]
-    out += verdict(agg, cfg.k, stats, cfg.seeds) + [""] + header(cfg, ckpt, prep, command, wall_s, cells, reused)
+    out += verdict(agg, k, stats, cfg["seeds"]) + [""] + header(cfg, command, wall_s, cells, reused)
     out += ["## What the store predicted, before any CVAE", "", prediction_table(stats), "",
-            beta_c_table(agg, cfg.k, stats["beta_c_predicted"]), "", PREDICTION_NOTE, "",
+            beta_c_table(agg, k, stats["beta_c_predicted"]), "", PREDICTION_NOTE, "",
             "### Surprisal profile (the base model's b by position)", "", profile_table(stats["profile"]), "",
-            "## Measured: every arm and β", "", measured_note(cfg.k), "", results_table(agg, base), "",
+            "## Measured: every arm and β", "", measured_note(k), "", results_table(agg, base), "",
             "![MI and control against beta](mi_and_control.png)", ""]
     return "\n".join(out)
 
