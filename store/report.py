@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tokweight.store.manifest import write_json_atomic
+from tokweight.store.durable import write_json_atomic
 from tokweight.store.plots import figure, save_figures
 from tokweight.store.sql import QUANTILE_TOKENS, EstimatorParams, connect, read_sql
 from tokweight.store.tables import records_table

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from tokweight.store.manifest import write_json_atomic
+from tokweight.store.durable import write_json_atomic
 from tokweight.store.plots import save_figures
 from tokweight.training.conditioning import MODES as COND_MODES
 from tokweight.training.cvae import CVAEConfig

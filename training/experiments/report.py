@@ -10,7 +10,7 @@ import platform
 from dataclasses import asdict
 from pathlib import Path
 
-from tokweight.store.manifest import write_json_atomic
+from tokweight.store.durable import write_json_atomic
 from tokweight.store.tables import MISSING
 from tokweight.training.experiments.task import TaskConfig
 
