@@ -101,7 +101,7 @@ def run(cfg: DemoConfig, echo=click.echo) -> dict:
 
 def train_and_eval(prep, weighting: str, run_dir: Path, preset: DemoPreset, seed: int) -> dict:
     """One CVAE under the default configuration but its weighting, then eval on the test split."""
-    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.configs import CVAEConfig
     from tokweight.training.evaluate import EvalConfig, run_eval
     from tokweight.training.train import run as train
     from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig

@@ -35,11 +35,11 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.templates import Layout, template_ids
 from tokweight.store.tables import general, markdown_table
 from tokweight.training.baselines import make_baseline
+from tokweight.training.configs import WeightingParams
 from tokweight.training.control import (CONTROL_RULE, label_free_control, reference_control, reference_markdown,
                                         strategy_execution, z_use)
 from tokweight.training.cvae import CVAE
 from tokweight.training.data import StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows, split_urls
-from tokweight.training.losses import WeightingParams
 from tokweight.training.metrics import contingency, kmeans, matched_labels
 from tokweight.training.run_dir import load_run
 from tokweight.training.stream import EvalStream, loader

@@ -86,7 +86,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting
     The defaults are the recipe that keeps z from scratch with the decoder whole: a 4-slot prefix,
     surprisal-share, beta 0.3 warmed up over 100 steps, the anchor term after the warm-up, the exact
     E-step with centred latent rows (discrete), lr 3e-4."""
-    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.configs import CVAEConfig
     from tokweight.training.schedules import BetaSchedule
     from tokweight.training.train import run
     from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig

@@ -98,7 +98,7 @@ class Cell:
 def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
     """The cell's axes (latent, K, pathway, weighting, beta, seed) on the budget, then the recipe's
     remedy fields by ``with_recipe``: a recipe says how to train, the cell what is compared."""
-    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.configs import CVAEConfig
     from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     b = plan.budget

@@ -17,15 +17,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tokweight.store.plots import save_figures
-from tokweight.training.conditioning import MODES as COND_MODES
-from tokweight.training.cvae import CVAEConfig
+from tokweight.training.configs import COND_MODES, WEIGHTINGS, CVAEConfig
 from tokweight.training.experiments.aggregate import aggregate, mean_std
 from tokweight.training.experiments.artefacts import Echo, prepare_all
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.training.experiments.grid_report import plot_amplification, plot_mi_vs_ratio, render_results
 from tokweight.training.experiments.report import write_config, write_csv
 from tokweight.training.experiments.task import TaskConfig, coerce_nested
-from tokweight.training.losses import WEIGHTINGS
 from tokweight.training.experiments.recipes import recipe_overrides
 
 ALL_WEIGHTINGS = tuple(WEIGHTINGS)

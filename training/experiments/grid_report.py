@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from tokweight.store.plots import figure
 from tokweight.store.tables import MISSING, fixed, markdown_table
-from tokweight.training.conditioning import MODES as COND_MODES
+from tokweight.training.configs import COND_MODES
 from tokweight.training.experiments.report import header_lines, pm
 
 if TYPE_CHECKING:

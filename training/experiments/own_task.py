@@ -18,8 +18,7 @@ from pathlib import Path
 
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.plots import save_figures
-from tokweight.training.conditioning import MODES as COND_MODES
-from tokweight.training.cvae import CVAEConfig
+from tokweight.training.configs import COND_MODES, WEIGHTINGS, CVAEConfig
 from tokweight.training.experiments.artefacts import Echo
 from tokweight.training.experiments.cells import CellBudget, CellPlan
 from tokweight.training.experiments.own_cells import (
@@ -41,7 +40,6 @@ from tokweight.training.experiments.own_report import plot_arms, render
 from tokweight.training.experiments.report import write_csv
 from tokweight.training.experiments.sweep import log_grid
 from tokweight.training.experiments.task import coerce_nested
-from tokweight.training.losses import WEIGHTINGS
 from tokweight.training.experiments.recipes import recipe_overrides
 
 DEFAULT_RECIPE = "default"
