@@ -12,9 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from tokweight.pipeline.synth import load_synth_config
+from tokweight.report.plots import figure
+from tokweight.report.tables import markdown_table
 from tokweight.store.durable import write_json_atomic
-from tokweight.store.plots import figure
-from tokweight.store.tables import markdown_table
 from tokweight.training.experiments.recipes import with_recipe
 
 WEIGHTINGS = ("uniform", "sum", "surprisal-share")

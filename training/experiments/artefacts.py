@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from tokweight.report.tables import fixed
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.fingerprint import canonical_json
-from tokweight.store.tables import fixed
 from tokweight.training.experiments.task import Setting, TaskConfig, base_config, synth_config
 
 Echo = Callable[[str], None]

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from tokweight.report.tables import fixed
 from tokweight.store.durable import write_json_atomic
-from tokweight.store.tables import fixed
 from tokweight.training.experiments.artefacts import Echo, Prepared, key_of, read_json
 from tokweight.training.experiments.recipes import with_recipe
 from tokweight.training.schedules import BetaSchedule

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tokweight.store.plots import save_figures
+from tokweight.report.plots import save_figures
 from tokweight.training.configs import COND_MODES, WEIGHTINGS, CVAEConfig
 from tokweight.training.experiments.aggregate import aggregate, mean_std
 from tokweight.training.experiments.artefacts import Echo, prepare_all

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from tokweight.store.plots import figure
-from tokweight.store.tables import MISSING, fixed, markdown_table
+from tokweight.report.plots import figure
+from tokweight.report.tables import MISSING, fixed, markdown_table
 from tokweight.training.configs import COND_MODES
 from tokweight.training.experiments.report import header_lines, pm
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from tokweight.store.tables import fixed
+from tokweight.report.tables import fixed
 from tokweight.training.experiments.aggregate import GROUP_KEYS, mean_std, seed_stats
 from tokweight.training.experiments.artefacts import Echo, Prepared, read_json
 from tokweight.training.experiments.cells import STATUSES, Cell, CellPlan, each_cell, run_cell

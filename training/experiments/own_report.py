@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from tokweight.store.plots import figure
-from tokweight.store.tables import MISSING, fixed, markdown_table
+from tokweight.report.plots import figure
+from tokweight.report.tables import MISSING, fixed, markdown_table
 from tokweight.training.experiments.cells import STATUSES
 from tokweight.training.experiments.collapse import KEPT_FRACTION, beta_c, show
 from tokweight.training.experiments.report import machine, pm

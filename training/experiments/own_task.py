@@ -16,8 +16,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from tokweight.report.plots import save_figures
 from tokweight.store.durable import write_json_atomic
-from tokweight.store.plots import save_figures
 from tokweight.training.configs import COND_MODES, WEIGHTINGS, CVAEConfig
 from tokweight.training.experiments.artefacts import Echo
 from tokweight.training.experiments.cells import CellBudget, CellPlan

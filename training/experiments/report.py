@@ -10,8 +10,8 @@ import platform
 from dataclasses import asdict
 from pathlib import Path
 
+from tokweight.report.tables import MISSING
 from tokweight.store.durable import write_json_atomic
-from tokweight.store.tables import MISSING
 from tokweight.training.experiments.task import TaskConfig
 
 

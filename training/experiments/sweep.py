@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokweight.store.plots import save_figures
+from tokweight.report.plots import save_figures
 from tokweight.training.experiments.aggregate import aggregate, mean_std
 from tokweight.training.experiments.artefacts import Echo, prepare_all
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
@@ -173,7 +173,7 @@ def summarize(rows: list[dict], means: dict[tuple, dict], cfg: SweepConfig, sett
 def store_predictions(prepared: dict) -> dict[tuple[str, str], float | None]:
     """(setting, weighting) -> beta_c predicted from the setting's store before any training
     (store.report.predicted_beta_c: the gain of a z that removes every b, over its KL cost)."""
-    from tokweight.store.report import predicted_beta_c
+    from tokweight.store.inspection import predicted_beta_c
     from tokweight.store.sql import connect
 
     out = {}

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tokweight.store.plots import figure
-from tokweight.store.tables import fixed, markdown_table
+from tokweight.report.plots import figure
+from tokweight.report.tables import fixed, markdown_table
 from tokweight.training.experiments.collapse import (
     CRITERIA,
     KEPT_FRACTION,
