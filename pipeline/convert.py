@@ -34,7 +34,7 @@ from typing import Iterator
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.samples import Sample, sample_from_record
 from tokweight.pipeline.shards import prepare_output_dir, shard_name, write_shards
-from tokweight.store.manifest import write_json_atomic
+from tokweight.store.durable import write_json_atomic
 from tokweight.store.parts import sha256_path
 
 _UNSAFE = re.compile(r"[.\s/]")

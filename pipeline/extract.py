@@ -44,8 +44,7 @@ from tokweight.pipeline.checkpoint import Checkpoint
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.extract_reader import cpus_per_process, read_ahead, reader_pays
-from tokweight.pipeline.extract_plan import (Plan, Task, cross_shard_duplicates, make_plan, remove_temporaries,
-                                   skip_duplicates)
+from tokweight.pipeline.extract_plan import Plan, Task, cross_shard_duplicates, make_plan, skip_duplicates
 from tokweight.pipeline.ranks import RankFailed, Ranks
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name, tar_keys
@@ -56,6 +55,7 @@ from tokweight.store.derived import derived_columns, scalar_arrays
 from tokweight.store.formats import PARQUET, check_format
 from tokweight.store.lock import StoreLock
 from tokweight.store.manifest import Manifest, Provenance, Record
+from tokweight.store.resume import remove_temporaries
 from tokweight.store.schema import PART_SCHEMA
 from tokweight.store.writer import StoreWriter, hash_inputs
 

@@ -1,11 +1,6 @@
-"""Stage one's plan: which input shards still need a part, and under which name (rank 0, under the lock).
-
-Shards are identified by size and sha256, so a moved dataset still matches its parts and
-changed data never does. A part is done when the committed manifest, or the journal of an
-interrupted run, names it and the file on disk hashes to the recorded sha256. A manifest
-that does not verify (its own checksum) is treated as absent: the journal records, which
-commits keep, give back every part of this run's inputs that is intact (the others are
-re-extracted), and those of other inputs are carried into the new manifest.
+"""Stage one's plan: the store's resume state (``store.resume``: which parts are intact, which part
+name each other shard gets), and the work rank 0 hands out: shard i of the run to rank i % world,
+with the keys each shard must skip.
 
 Keys are unique across the run's shards, not only inside one: rank 0 reads every shard's
 member names before any rank starts (``cross_shard_duplicates``), so the check is global
@@ -21,9 +16,8 @@ from pathlib import Path
 
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.shards import sample_keys, scan_shard
-from tokweight.store.manifest import (Manifest, Record, damaged_manifest, load_manifest, part_index, part_name,
-                                      read_records)
-from tokweight.store.parts import TMP_SUFFIX, remove_path, sha256_path
+from tokweight.store.manifest import Record
+from tokweight.store.resume import resume
 from tokweight.store.writer import InputShard
 
 
@@ -43,25 +37,6 @@ class Plan:
     done: list[Record] = field(default_factory=list)  # records of this run's inputs already on disk
     carried: list[Record] = field(default_factory=list)  # committed records of inputs not in this run
     committed: bool = False  # every input of this run is in the committed manifest and verified
-
-
-def _committed_manifest(directory: Path, fmt: str) -> Manifest | None:
-    """The committed manifest, refused if it is of another schema version or format."""
-    manifest = load_manifest(directory)
-    if manifest is not None and manifest.format != fmt:
-        raise ValueError(f"{directory} holds {manifest.format} parts; extract with --format "
-                         f"{manifest.format} or into another store")
-    return manifest
-
-
-def _intact(directory: Path, record: Record | None) -> bool:
-    """The record's part exists and hashes to what the record says (or the record is a whole-shard skip)."""
-    if record is None:
-        return False
-    if record.part is None:
-        return record.input.skipped is not None
-    path = directory / record.part.name
-    return path.exists() and sha256_path(path)[0] == record.part.sha256
 
 
 def cross_shard_duplicates(shards: list[InputShard], policy: str) -> dict[str, dict[str, str]]:
@@ -101,42 +76,7 @@ def skip_duplicates(tasks: list[Task], duplicates: dict[str, dict[str, str]]) ->
 
 
 def make_plan(directory: Path, shards: list[InputShard], fmt: str, world: int) -> Plan:
-    """Which of this run's shards still need a part, and under which name.
-
-    Part names depend only on the committed manifest and this run's inputs (never on
-    what an interrupted run finished), so a resumed run, or a run with another number
-    of ranks, names every part the same way. Shard i of the run goes to rank i % world.
-    """
-    damaged = damaged_manifest(directory) is not None
-    manifest = None if damaged else _committed_manifest(directory, fmt)
-    committed = {(r.input.size, r.input.sha256): r for r in (manifest.records() if manifest else [])}
-    journal = {(r.input.size, r.input.sha256, r.part.name): r for r in read_records(directory)}
-    next_index = 1 + max((part_index(r.part.name) for r in committed.values() if r.part), default=-1)
-    plan = Plan(tasks=[], committed=not damaged)
-    for i, shard in enumerate(shards):
-        record = committed.get((shard.size, shard.sha256))
-        if record is not None:
-            name = record.input.part
-        else:
-            plan.committed = False
-            name = part_name(next_index, fmt)
-            next_index += 1
-            record = journal.get((shard.size, shard.sha256, name))
-        if _intact(directory, record):
-            plan.done.append(record)
-        else:
-            plan.committed = False
-            plan.tasks.append(Task(shard, name, rank=i % world))
-    ours = {(s.size, s.sha256) for s in shards}
-    plan.carried = [r for key, r in committed.items() if key not in ours]
-    if damaged:  # the damaged manifest's other inputs, as far as their records and parts survive
-        names = {t.part for t in plan.tasks} | {r.input.part for r in plan.done}
-        plan.carried += [r for (size, sha, name), r in journal.items()
-                         if (size, sha) not in ours and name not in names and _intact(directory, r)]
-    return plan
-
-
-def remove_temporaries(directory: Path) -> None:
-    """Leftovers of a killed writer (under the lock nobody else writes them)."""
-    for path in directory.glob(f"*{TMP_SUFFIX}"):
-        remove_path(path)
+    """Which of this run's shards still need a part (``store.resume``), each given to rank i % world."""
+    state = resume(directory, shards, fmt)
+    return Plan(tasks=[Task(shards[i], name, rank=i % world) for i, name in state.todo], done=state.done,
+                carried=state.carried, committed=state.committed)

@@ -21,7 +21,7 @@ import numpy as np
 
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import prepare_output_dir, shard_name, write_shards
-from tokweight.store.manifest import write_json_atomic
+from tokweight.store.durable import write_json_atomic
 
 HEADER_SYMBOL = "#"
 END_OF_Y = "</y>"  # closes S: S = y_1..y_n </y>, T = n + 1 (SPEC §2)

@@ -62,7 +62,7 @@ def prepare(work: Path) -> tuple[Path, Path, Path]:
 def make_state(data, ckpt, store, work, policy, batch_size, k=K):
     """(the run's state, its config) after setup."""
     from tokweight.pipeline.ranks import Ranks
-    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.configs import CVAEConfig
     from tokweight.training.train import setup
     from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 

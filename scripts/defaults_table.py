@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from tokweight.pipeline.synth import PRESETS
-from tokweight.store.tables import markdown_table
+from tokweight.report.tables import markdown_table
 from tokweight.training.control import OUTCOMES
 from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells

@@ -116,7 +116,7 @@ def decoder(root: Path, steps: int, beta: float = 0.3, variants: tuple[str, ...]
 
 def decoder_summary(rows: list[dict], base: dict[str, float]) -> str:
     """Per (variant, setting): the seeds' I(z; strategy), control and NLL, and whether point 3's target held."""
-    from tokweight.store.tables import markdown_table
+    from tokweight.report.tables import markdown_table
 
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -158,7 +158,7 @@ def map_grid(root: Path, steps: int, seeds: int = 1) -> None:
     write_table(MAP_TABLE, rows, DOCS / "map")
     (DOCS / "map" / "summary.md").write_text(map_summary(rows) + "\n")
     print(map_summary(rows))
-    from tokweight.store.plots import save_figures
+    from tokweight.report.plots import save_figures
 
     save_figures({"strategy_mi_map.png": plot_map(rows)}, DOCS / "map")
 
@@ -166,7 +166,7 @@ def map_grid(root: Path, steps: int, seeds: int = 1) -> None:
 def map_summary(rows: list[dict]) -> str:
     """Per pathway and weighting, per setting: the seeds that kept z (I(z; strategy) >= ½ log S) and the
     mean I(z; strategy); then the mean l_t0 spread at step 0 and at the end."""
-    from tokweight.store.tables import markdown_table
+    from tokweight.report.tables import markdown_table
     from tokweight.training.experiments.results import mean_std
 
     settings = [s.name for s in TASK.settings]
@@ -187,7 +187,7 @@ def map_summary(rows: list[dict]) -> str:
 
 def plot_map(rows: list[dict]):
     """I(z; strategy) as a pathway x T/(t0+1) image (mean over the seeds run), one panel per weighting."""
-    from tokweight.store.plots import figure
+    from tokweight.report.plots import figure
     from tokweight.training.experiments.results import mean_std
 
     ratios = sorted({(r["ratio_true"], r["setting"]) for r in rows})
@@ -238,7 +238,7 @@ MAP_TABLE = {"pathway": "pathway", **COLUMNS}
 
 def write_table(columns: dict[str, str], rows: list[dict], dest: Path, extra: dict | None = None) -> None:
     """rows.csv and table.md (one row per cell, as run) in ``dest``; also printed."""
-    from tokweight.store.tables import records_table
+    from tokweight.report.tables import records_table
 
     rows = [{**r, **{k: f(r) for k, f in (extra or {}).items()}} for r in rows]
     dest.mkdir(parents=True, exist_ok=True)

@@ -30,15 +30,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Iterable
 
+from tokweight.store.durable import canonical_bytes, write_bytes_atomic
 from tokweight.store.formats import PART_FORMATS, part_suffix
-from tokweight.store.parts import TMP_SUFFIX, fsync_dir, write_bytes_durable
 from tokweight.store.schema import READABLE_VERSIONS, SCHEMA_VERSION
 
 TOOL = "tokweight"
@@ -86,11 +85,6 @@ def record_path(directory: Path, part: str) -> Path:
     return directory / f"part-{part_index(part):05d}{RECORD_SUFFIX}"
 
 
-def canonical_bytes(obj: dict) -> bytes:
-    """Sorted keys, indent 1, a final newline; NaN and inf refused (ValueError)."""
-    return (json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
-
-
 def checked_bytes(obj: dict) -> bytes:
     """The canonical JSON of ``obj`` with CHECKSUM_KEY set to the sha256 of the canonical JSON of the rest."""
     body = {k: v for k, v in obj.items() if k != CHECKSUM_KEY}
@@ -120,22 +114,9 @@ def parse_checked(path: Path, raw: bytes) -> dict:
 
 
 def write_checked_json(path: Path, obj: dict) -> None:
-    """``checked_bytes(obj)`` to ``<path>.tmp``, fsync, rename, fsync the directory: how a manifest or
+    """``checked_bytes(obj)``, written atomically and durably (``store.durable``): how a manifest or
     journal record is committed."""
-    _write_atomic(path, checked_bytes(obj))
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Canonical JSON (NaN and inf refused before anything is written) to ``<path>.tmp``, fsync, rename,
-    fsync the directory."""
-    _write_atomic(path, canonical_bytes(obj))
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    write_bytes_durable(tmp, data)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_bytes_atomic(path, checked_bytes(obj))
 
 
 # ---------------------------------------------------------------- entries

@@ -29,37 +29,12 @@ import pyarrow.parquet as pq
 
 from tokweight.store import faults
 from tokweight.store.derived import derived_columns, scalar_arrays
+from tokweight.store.durable import TMP_SUFFIX, fsync_dir, write_bytes_durable
 from tokweight.store.formats import PARQUET, ZARR, check_format
 from tokweight.store.schema import PART_SCHEMA, SCHEMA_VERSION, TOKEN_LIST_COLUMNS, added_after, version_schema
 
-TMP_SUFFIX = ".tmp"
 _FLOAT_LISTS = [f.name for f in PART_SCHEMA if pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)]
 _STRINGS = [f.name for f in PART_SCHEMA if pa.types.is_string(f.type)]
-
-
-# ---------------------------------------------------------------- durable file-system helpers
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_bytes_durable(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` and fsync it (not atomic by itself: callers rename).
-
-    In two halves, with the test-only fault hook between them (store.faults): a failing
-    write leaves a torn file, as a full disk would."""
-    data, half = memoryview(data), len(data) // 2
-    with open(path, "wb") as f:
-        f.write(data[:half])
-        faults.on_write(path)
-        f.write(data[half:])
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def remove_path(path: Path) -> None:

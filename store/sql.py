@@ -91,7 +91,7 @@ def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None 
     """A new in-memory DuckDB connection with the views over ``fingerprints`` (all if None).
 
     ground_truth: optional (fingerprint, shard, key, strategy, t0) rows that fill in the
-    passed-through `strategy` and `t0` where a stored row has none (see store.report).
+    passed-through `strategy` and `t0` where a stored row has none (``pipeline.labels.ground_truth_from_data``).
     quantile_tokens: profile_by_position's quantiles are exact up to this many tokens in
     the store, and above it taken over a hash sample of examples holding about this many
     tokens (views.sql: the sample and its error); None: always exact.
@@ -119,6 +119,7 @@ def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None 
     con.register("vocab", _vocab_table(views))
     con.register("manifests", _manifest_table(views))
     con.execute(read_sql("estimators"))
+    con.execute(read_sql("weightings"))
     con.execute(read_sql("views"))
     return con
 
@@ -234,7 +235,8 @@ def describe(con: duckdb.DuckDBPyConnection) -> str:
     lines.append(f"profile_by_position's quantiles read a share {variables[3]:.3g} of the examples "
                  "(tokens.in_quantile_sample; 1: exact, --exact-quantiles)")
     lines.append("estimator macros (store/sql/estimators.sql): is_degenerate, t0_share, t0_threshold, dilution, "
-                 "amplification, share_entropy, effective_tokens, max_share; symbol_of(fingerprint, token_id) (views.sql)")
+                 "amplification, share_entropy, effective_tokens, max_share; symbol_of(fingerprint, token_id) "
+                 "(views.sql); z_gain_uniform, z_gain_sum, z_gain_surprisal_share (weightings.sql)")
     lines.append("example queries:")
     lines += [f"  {q.replace(chr(10), chr(10) + '  ')};" for q in EXAMPLE_QUERIES]
     return "\n".join(lines)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tokweight.training.cvae import CVAEConfig
+from tokweight.training.configs import CVAEConfig
 from tokweight.training.experiments.recipes import with_recipe
 from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import csv
 import io
 import json
@@ -196,78 +195,3 @@ def test_amplification_plot_skips_ratios_a_log_axis_cannot_show():
     fig = plot_amplification(amp[:1], "em-balanced")
     fig.savefig(io.BytesIO(), format="png")  # nothing positive: no log axis to fail on
 
-
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Project module -> the project modules it imports, module- and function-level alike; ``from package
-    import name`` counts as importing the submodule where ``name`` is one."""
-    from tests.test_layers import PACKAGES
-
-    def name(path: Path) -> str:
-        parts = path.relative_to(root).with_suffix("").parts
-        parts = parts[:-1] if parts[-1] == "__init__" else parts
-        return ".".join(parts if parts[0] == "tokweight" else ("tokweight", *parts))
-
-    paths = {name(p): p for package in PACKAGES for p in sorted((root / package).rglob("*.py"))}
-    graph = {}
-    for here, path in paths.items():
-        package = here if path.name == "__init__.py" else here.rsplit(".", 1)[0]
-        targets = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
-                module = ".".join(p for p in (base, node.module) if p)
-                targets |= {f"{module}.{a.name}" if f"{module}.{a.name}" in paths else module for a in node.names}
-        graph[here] = {t for t in targets if t in paths}
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module, or one that imports itself (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while not component or component[-1] != v:
-                component.append(stack.pop())
-            if len(component) > 1 or v in graph[v]:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
-def test_no_experiment_module_takes_part_in_an_import_cycle():
-    from tests.test_layers import ROOT
-
-    graph = import_graph(ROOT)
-    assert "tokweight.training.experiments.own_task.render" in graph["tokweight.training.experiments.own_task"]
-    mine = [c for c in cycles(graph) if any(m.startswith("tokweight.training.experiments") for m in c)]
-    assert not mine, f"import cycles: {mine}"
-
-
-def test_the_cycle_check_sees_function_level_and_relative_imports(tmp_path):
-    jobs = tmp_path / "training" / "jobs"
-    jobs.mkdir(parents=True)
-    (jobs / "__init__.py").write_text("")
-    (jobs / "a.py").write_text("from tokweight.training.jobs import b\n")
-    (jobs / "b.py").write_text("def f():\n    from tokweight.training.jobs.c import g\n")
-    (jobs / "c.py").write_text("from . import a\n")
-    (jobs / "d.py").write_text("from tokweight.training.jobs import a\n")
-    assert cycles(import_graph(tmp_path)) == [["tokweight.training.jobs.a", "tokweight.training.jobs.b",
-                                               "tokweight.training.jobs.c"]]

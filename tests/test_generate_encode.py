@@ -16,7 +16,7 @@ from tests.fixtures_train import tiny, tiny_store, two_regime  # noqa: F401  (fi
 from tokweight.cli import main
 from tokweight.pipeline.shards import iter_shard, write_shards
 from tokweight.training import evaluate
-from tokweight.training.cvae import CVAEConfig
+from tokweight.training.configs import CVAEConfig
 from tokweight.training.data import split_urls
 from tokweight.training.encode import EncodeConfig, run as encode
 from tokweight.training.evaluate import EvalConfig, run_eval

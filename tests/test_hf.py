@@ -183,8 +183,7 @@ def test_the_native_path_never_imports_transformers(tiny, tiny_store, tmp_path):
 
 
 def test_inspect_reports_on_an_hf_store(tiny, hf_checkpoints, tmp_path):
-    from tokweight.pipeline.inspect import run as inspect
-    from tokweight.store.report import InspectConfig
+    from tokweight.report.inspect import InspectConfig, run as inspect
 
     extract_into(hf_checkpoints["gpt2"], tiny[0] / "val", tmp_path / "store")
     summary = inspect(InspectConfig(store=str(tmp_path / "store"), out=str(tmp_path / "report"), data=str(tiny[0])))

@@ -16,7 +16,7 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_samples, write_shards
 from tokweight.pipeline.templates import Template
 from tokweight.store.baseline_store import BaselineStore
-from tokweight.training.cvae import CVAEConfig
+from tokweight.training.configs import CVAEConfig
 from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.run_dir import load_run, read_metrics
 from tokweight.training.train import run as train

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tokweight.pipeline.extract import ExtractConfig, run as extract
-from tokweight.training.cvae import CVAEConfig
+from tokweight.training.configs import CVAEConfig
 from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.run_dir import load_run, read_metrics
 from tokweight.training.train import run

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tokweight.cli import main
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
-from tokweight.store.report import InspectConfig, run
+from tokweight.report.inspect import InspectConfig, run
 from tests.fixtures_sql import example_rows, make_row, write_store
 
 FP = "e" * 32
@@ -113,10 +113,10 @@ def test_exact_quantiles_reach_the_profile(tmp_path, monkeypatch):
     """Above the sample size the profile reads a sample of examples (n_quantile < n); --exact-quantiles reads all."""
     import csv
 
-    import tokweight.store.report
+    import tokweight.store.inspection
 
     write_store(tmp_path / "store", FP, example_rows(3, 200, max_T=9))
-    monkeypatch.setattr(tokweight.store.report, "QUANTILE_TOKENS", 200)  # the store holds ~1000 tokens
+    monkeypatch.setattr(tokweight.store.inspection, "QUANTILE_TOKENS", 200)  # the store holds ~1000 tokens
     counts = {}
     for exact in (False, True):
         out = tmp_path / f"report-{exact}"

@@ -1,4 +1,5 @@
-"""Imports flow one way: store <- pipeline <- training <- experiments and the CLI's root.
+"""Imports flow one way: store <- pipeline <- training <- report <- experiments and the CLI's root; and no
+module imports itself back through others (no import cycle).
 
 Every import of every module counts, function-level ones included: a lazy import is
 still a dependency. The table below is the whole rule; README "Code layout" explains it.
@@ -10,8 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("store", "pipeline", "training", "tokweight")  # folders; the first three install as tokweight.<folder>
-LAYERS = {"store": 0, "pipeline": 1, "training": 2}
-TOP = 3  # the only modules that may import everything
+LAYERS = {"store": 0, "pipeline": 1, "training": 2, "report": 3}  # report: the folder tokweight/report/
+TOP = 4  # the only modules that may import everything
 TOP_MODULES = ("tokweight.cli", "tokweight.training.demo", "tokweight.training.experiment_cli",
                "tokweight.training.experiments")
 
@@ -72,3 +73,57 @@ def test_every_project_import_names_the_tokweight_package():
             for folder in (*PACKAGES, "tests", "scripts") for path in sorted((ROOT / folder).rglob("*.py"))
             for target, line in project_imports(path) if target.split(".")[0] != "tokweight"]
     assert not bare, "imports outside the tokweight package:\n" + "\n".join(bare)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports, at module or function level; ``from package import name``
+    is an import of the module ``package.name`` where there is one, else of ``package``. An import under
+    ``if TYPE_CHECKING:`` runs only in a type checker and closes no cycle."""
+    paths = {module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+    graph = {}
+    for module, path in paths.items():
+        targets = set()
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+                       for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in paths else node.module
+                            for alias in node.names}
+        graph[module] = targets & paths.keys()
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected groups of modules: each module of a group reaches every other by imports."""
+    reach = {}
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            module = todo.pop()
+            if module not in seen:
+                seen.add(module)
+                todo += graph[module]
+        reach[start] = seen
+    return {frozenset(m for m in reach[start] if start in reach[m]) for start in graph if start in reach[start]}
+
+
+def test_no_import_cycle_anywhere_in_the_package():
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(", ".join(sorted(c)) for c in cycles))
+
+
+def test_a_function_level_import_closes_a_cycle(tmp_path, monkeypatch):
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "a.py").write_text("from tokweight.store import b\n")
+    (tmp_path / "store" / "b.py").write_text("def f():\n    from tokweight.store.a import g\n")
+    (tmp_path / "store" / "c.py").write_text("import tokweight.store.a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    graph = import_graph()
+    assert graph["tokweight.store.c"] == {"tokweight.store.a"}
+    assert import_cycles(graph) == {frozenset({"tokweight.store.a", "tokweight.store.b"})}

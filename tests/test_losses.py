@@ -3,8 +3,9 @@ import math
 import pytest
 import torch
 
-from tokweight.training.losses import (WeightingParams, anchor_penalty, categorical_kl, check_free_bits, free_bits_kl, gaussian_kl,
-                             reconstruction_weights, surprisal_share_weights, weighted_reconstruction)
+from tokweight.training.configs import WEIGHTINGS, WeightingParams, check_free_bits
+from tokweight.training.losses import (WEIGHT_FUNCTIONS, anchor_penalty, categorical_kl, free_bits_kl, gaussian_kl,
+                                       reconstruction_weights, surprisal_share_weights, weighted_reconstruction)
 
 # two examples, T = 3 and 2 (T_max = 3); the second is padded
 B_ = torch.tensor([[0.6, 0.3, 0.1], [2.0, 0.0, 9.9]])
@@ -141,3 +142,8 @@ def test_anchor_penalty_against_hand_computation():
     anchor_penalty(nll, b.requires_grad_(True), mask, 0.1).sum().backward()
     torch.testing.assert_close(nll.grad, torch.tensor([[[0.0, 0.5, 0.0], [0.5, 0.0, 0.0]]]))
     assert b.grad is None  # b is the stop-gradient baseline
+
+
+def test_every_configured_weighting_has_a_function():
+    """TrainConfig validates against configs.WEIGHTINGS; reconstruction_weights dispatches on WEIGHT_FUNCTIONS."""
+    assert tuple(WEIGHT_FUNCTIONS) == WEIGHTINGS

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tokweight.pipeline.checkpoint import load_checkpoint
-from tokweight.training.cvae import CVAEConfig, build_cvae, spread_latent_embeddings
-from tokweight.training.estep import EStepConfig
+from tokweight.training.configs import CVAEConfig, EStepConfig
+from tokweight.training.cvae import build_cvae, spread_latent_embeddings
 from tokweight.training.experiments.recipes import RECIPES, check_recipe, with_recipe
 from tokweight.training.run_dir import load_run
 from tokweight.training.train import run

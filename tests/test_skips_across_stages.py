@@ -96,6 +96,8 @@ def test_train_and_eval_skip_and_count_what_extract_skipped(tiny, dotted, tmp_pa
     metrics = json.loads((tmp_path / "run" / "eval.json").read_text())["metrics"]
     assert metrics["examples"] == 8 and metrics["skipped"] == {"bad-key": 1}
     assert metrics["skipped_shards"] == {"test/shard-000000.tar": {"bad-key": 1}}
+    md = (tmp_path / "run" / "eval.md").read_text()  # the command renders eval.md from the result and prints it
+    assert md.startswith("## Verdict\n\n") and md in evaluated.stdout
 
 
 def test_without_a_store_a_dotted_key_stops_train_naming_it_and_its_shard(tiny, dotted, tmp_path):

@@ -13,8 +13,9 @@ from tokweight.pipeline.extract import run
 from tokweight.pipeline.shards import resolve_shards
 from tokweight.store.baseline_store import BaselineStore
 from tokweight.store.derived import DERIVED_SCALARS, STORED_EPS, STORED_Q, STORED_TAU
+from tokweight.store.durable import canonical_bytes
 from tokweight.store.lock import StoreLock, StoreLockedError
-from tokweight.store.manifest import CHECKSUM_KEY, canonical_bytes, write_checked_json
+from tokweight.store.manifest import CHECKSUM_KEY, write_checked_json
 from tokweight.store.parts import read_part, sha256_path
 from tokweight.store.schema import SCHEMA_VERSION, added_after
 from tokweight.store.sql import connect

@@ -8,9 +8,10 @@ from click.testing import CliRunner
 
 from tokweight.cli import main
 from tokweight.store.baseline_store import BaselineStore
+from tokweight.store.durable import write_json_atomic
 from tokweight.store.formats import PART_FORMATS
 from tokweight.store.manifest import (CHECKSUM_KEY, MANIFEST_NAME, InputEntry, Manifest, PartEntry, Provenance, Record,
-                                      checked_bytes, part_index, read_records, tool_version, write_json_atomic)
+                                      checked_bytes, part_index, read_records, tool_version)
 from tokweight.store.parts import PART_IO
 from tokweight.store.schema import SCHEMA_VERSION
 from tokweight.store.writer import StoreWriter, hash_inputs

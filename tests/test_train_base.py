@@ -70,7 +70,7 @@ def test_k_max_flag_reaches_the_vocabulary_checkpoint_and_fingerprint(tiny_data,
 
 def test_train_with_more_latent_values_than_tokens_appends_them_to_its_copy(tiny, tmp_path):
     from tokweight.pipeline.checkpoint import load_checkpoint
-    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.configs import CVAEConfig
     from tokweight.training.run_dir import load_run
     from tokweight.training.train import run as train
     from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
@@ -87,7 +87,7 @@ def test_train_with_more_latent_values_than_tokens_appends_them_to_its_copy(tiny
 
 
 def test_a_k_max_checkpoint_trains_that_many_latent_values(tiny_data, tmp_path):
-    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.configs import CVAEConfig
     from tokweight.training.train import run as train
     from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
 

@@ -11,9 +11,10 @@ import torch
 
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
+from tokweight.report.eval_md import eval_markdown, write_eval_md
+from tokweight.training.configs import CVAEConfig
 from tokweight.training.control import label_free_control, reference_control, z_use
-from tokweight.training.cvae import CVAEConfig
-from tokweight.training.evaluate import EvalConfig, markdown, run_eval
+from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.metrics import EvalRecords, gaussian_mi
 from tokweight.training.experiments.recipes import with_recipe
 from tokweight.training.schedules import BetaSchedule
@@ -77,7 +78,7 @@ def test_decode_control_on_converted_data_matches_the_references(lead_run):
     assert verdict["used"] and verdict["statement"].startswith(verdict["outcome"]) and verdict["strategy_nmi"] > 0.85
     free = result["decode"]["label_free"]  # two strategies: the base's one greedy guess can be right for about half
     assert free["best_of_k_exact_match"] >= 0.9 and free["base_exact_match"] <= 0.7 and free["above_base"]
-    md = (run_dir / "eval.md").read_text()
+    md = write_eval_md(run_dir, result).read_text()
     assert md.startswith(f"## Verdict\n\n**{verdict['outcome']}**") and "| 0 | lead-" in md
     assert "Strategy execution" not in md and "| token-mean NLL (nats) |" in md
 
@@ -171,7 +172,7 @@ def test_a_flat_posterior_marks_strategy_nmi_and_accuracy_not_informative():
     assert not verdict["used"] and verdict["posterior_rule"] == "exact MI >= 0.01 nats"
     for name in ("strategy_nmi", "strategy_accuracy"):
         assert verdict[name].startswith("not informative (posterior flat: exact MI 0.0000 nats; rule: exact MI >= 0.01")
-    assert "| strategy_nmi | not informative" in markdown(metrics, {}, verdict)
+    assert "| strategy_nmi | not informative" in eval_markdown(metrics, {}, verdict)
     sharp = records(onehot, labels).finalize("discrete", 2)
     assert sharp["posterior_informative"] and z_use(sharp, {}, "discrete")["strategy_nmi"] == pytest.approx(1.0)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import click
 
 from tokweight.pipeline.extract_cli import extract
-from tokweight.pipeline.inspect_cli import inspect_cmd
+from tokweight.report.cli import evaluate as eval_cmd, inspect_cmd
 from tokweight.store.cli import store
 from tokweight.store.inspect_cli import sql_cmd
-from tokweight.training.train_cli import evaluate as eval_cmd, set_threads, threads_option, train as train_cmd
+from tokweight.training.train_cli import set_threads, threads_option, train as train_cmd
 from tokweight.training.experiment_cli import experiment
 from tokweight.training.use_cli import encode as encode_cmd, generate as generate_cmd
 

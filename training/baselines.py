@@ -15,10 +15,9 @@ import torch
 
 from tokweight.pipeline.backbone import s_nll
 from tokweight.pipeline.model import GPT
+from tokweight.training.configs import POLICIES
 from tokweight.training.cvae import CVAEOutput
 from tokweight.training.data import TrainBatch
-
-POLICIES = ("precomputed", "frozen", "dynamic")
 
 Baseline = Callable[[TrainBatch, CVAEOutput], torch.Tensor]
 

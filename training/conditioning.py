@@ -14,14 +14,14 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-MODES = ("token", "prefix", "layernorm")
+from tokweight.training.configs import COND_MODES
 
 
 class Conditioning(nn.Module):
     def __init__(self, mode: str, slots: int, d_model: int, n_layernorms: int, features: int, continuous: bool):
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"conditioning must be one of {MODES}, got {mode!r}")
+        if mode not in COND_MODES:
+            raise ValueError(f"conditioning must be one of {COND_MODES}, got {mode!r}")
         if mode != "prefix" and slots != 1:
             raise ValueError(f"{mode!r} conditioning uses one slot, got slots={slots}")
         self.mode, self.slots, self.d_model, self.n_layernorms = mode, slots, d_model, n_layernorms

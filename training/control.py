@@ -17,7 +17,6 @@ import numpy as np
 
 from tokweight.pipeline.labels import DatasetLabels
 from tokweight.pipeline.samples import Sample
-from tokweight.store.tables import fixed, markdown_table
 from tokweight.training.metrics import POSTERIOR_RULES, hungarian_accuracy
 
 CONTROL_FLOOR = 0.01
@@ -192,16 +191,3 @@ def z_statement(outcome: str, metrics: dict, control: dict, free: dict, whole_re
     if outcome != OUTCOMES[2]:
         parts.append(whole_reason)
     return f"{outcome}: " + "; ".join(parts) + "."
-def reference_markdown(control: dict) -> list[str]:
-    """eval.md's section on the decode-per-latent control against the references."""
-    head = "## Decode per latent: match with each example's reference y"
-    by_latent = "exact match of every decoded example under each latent value: " + ", ".join(
-        f"{v}: {r:.2f}" for v, r in enumerate(control["exact_match_by_latent"]))
-    if not control.get("measured"):
-        return [head, f"control not measured: {control['reason']}.", by_latent]
-    rows = [[v, str(r["strategy"]), str(r["examples"]), *(fixed(r[c], 2) for c in RATES)]
-            for v, r in control["per_latent"].items()]
-    rows.append(["all", "", str(control["examples"]), *(fixed(control[c], 2) for c in RATES)])
-    headers = ["latent", "strategy", "examples", "exact match", "chance", "first token", "chance"]
-    counts = f"{control['examples']} examples assigned, {control['unassigned']} without a matched label"
-    return [head, markdown_table(headers, rows), f"{counts}; {MATCHING}; {CHANCE}.", by_latent]

@@ -64,8 +64,7 @@ class DemoConfig:
 
 
 def run(cfg: DemoConfig, echo=click.echo) -> dict:
-    from tokweight.pipeline.inspect import run as inspect
-    from tokweight.store.report import InspectConfig
+    from tokweight.report.inspect import InspectConfig, run as inspect
     from tokweight.training.experiments.artefacts import prepare_setting
 
     root = Path(cfg.out)
@@ -100,8 +99,10 @@ def run(cfg: DemoConfig, echo=click.echo) -> dict:
 
 
 def train_and_eval(prep, weighting: str, run_dir: Path, preset: DemoPreset, seed: int) -> dict:
-    """One CVAE under the default configuration but its weighting, then eval on the test split."""
-    from tokweight.training.cvae import CVAEConfig
+    """One CVAE under the default configuration but its weighting, then eval on the test split (eval.json and
+    eval.md in the run directory)."""
+    from tokweight.report.eval_md import write_eval_md
+    from tokweight.training.configs import CVAEConfig
     from tokweight.training.evaluate import EvalConfig, run_eval
     from tokweight.training.train import run as train
     from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
@@ -111,8 +112,10 @@ def train_and_eval(prep, weighting: str, run_dir: Path, preset: DemoPreset, seed
                                   out=str(run_dir), num_workers=0),
                       cvae=CVAEConfig(k=preset.task.k),
                       loss=LossConfig(weighting=weighting), optim=OptimConfig(steps=preset.cvae_steps, seed=seed)))
-    return run_eval(EvalConfig(run=str(run_dir), data=str(prep.data), split="test",
-                               decode_examples=preset.decode_examples))
+    evaluated = run_eval(EvalConfig(run=str(run_dir), data=str(prep.data), split="test",
+                                    decode_examples=preset.decode_examples))
+    write_eval_md(run_dir, evaluated)
+    return evaluated
 
 
 def table_row(weighting: str, evaluated: dict) -> dict:
@@ -145,7 +148,7 @@ def summary(ratio: float, k: int, rows: list[dict]) -> str:
 
 
 def render(rows: list[dict], text: str, timings: dict) -> str:
-    from tokweight.store.tables import markdown_table
+    from tokweight.report.tables import markdown_table
 
     def pair(a, b, digits=3):
         return "n/a" if a is None else f"{a:.{digits}f} vs {b:.{digits}f}"

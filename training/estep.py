@@ -26,53 +26,14 @@ be *found* (the collapse-threshold sweep, training/experiments/sweep.py).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 
+from tokweight.training.configs import EStepConfig
 from tokweight.training.cvae import Objective
 from tokweight.training.global_batch import LOCAL, GlobalBatch
 from tokweight.training.losses import free_bits_kl, weighted_reconstruction
-
-MODES = ("off", "soft", "hard", "label")
-PRIORS = ("uniform", "learned")
-
-
-@dataclass(frozen=True)
-class EStepConfig:
-    mode: str = "off"
-    """"off": decoder copies weighted by the amortised q (the plain objective); "soft": by
-    q* = softmax(log p - R / temperature); "hard": by the one-hot argmax of q*; "label": by the
-    one-hot of the example's ground-truth strategy (its index in the dataset's strategies)."""
-    temperature: float = 1.0
-    """Of q* (nats of R per nat of log q). Under "hard" it only shapes the balancing before the
-    argmax (an unbalanced argmax does not depend on it)."""
-    follow_beta: bool = False
-    """Soft mode: use the step's beta as the temperature, which makes q* the exact E-step of J;
-    at beta = 0 that is the hard argmin."""
-    prior: str = "uniform"
-    """p(k|x) inside q*: "uniform" (Shen et al.'s choice against rich-get-richer) or "learned"."""
-    balance_iters: int = 0
-    """Sinkhorn-Knopp iterations making the batch's assignment equipartitioned over k (0: off)."""
-    posterior_weight: float = 1.0
-    """Weight of the distillation cross-entropy -sum_k a(k) log q(k) training the amortised posterior."""
-    until_step: int = 0
-    """E-step objective for steps < until_step, then the plain objective (a warm start); 0: every step."""
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"estep mode must be one of {MODES}, got {self.mode!r}")
-        if self.prior not in PRIORS:
-            raise ValueError(f"estep prior must be one of {PRIORS}, got {self.prior!r}")
-        if not self.temperature > 0 or self.balance_iters < 0 or self.posterior_weight < 0 or self.until_step < 0:
-            raise ValueError("need temperature > 0, balance_iters >= 0, posterior_weight >= 0, until_step >= 0")
-
-    def active(self, step: int) -> bool:
-        return self.mode != "off" and (self.until_step == 0 or step < self.until_step)
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def exact_posterior(R: torch.Tensor, log_prior: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""`tokweight eval`: every metric on a split, plus decode-per-latent, to RUN/eval.json and RUN/eval.md.
+"""`tokweight eval`: every metric on a split, plus decode-per-latent, to RUN/eval.json (eval.md is rendered
+from it by the reporting layer, ``tokweight.report.eval_md``).
 
 Decode-per-latent: for every latent value (discrete: each k; continuous: the K k-means
 centres of the posterior means over the split) each example is decoded greedily from
@@ -34,14 +35,12 @@ from tokweight.pipeline.labels import DatasetLabels, load_labels
 from tokweight.pipeline.ranks import resolve_device
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.templates import template_ids, y_ids
-from tokweight.store.tables import general, markdown_table
 from tokweight.training.baselines import make_baseline
-from tokweight.training.control import (CONTROL_RULE, label_free_control, reference_control, reference_markdown,
-                                        strategy_execution, z_use)
+from tokweight.training.configs import WeightingParams
+from tokweight.training.control import label_free_control, reference_control, strategy_execution, z_use
 from tokweight.training.cvae import CVAE
 from tokweight.training.data import StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows, split_urls
 from tokweight.training.decode import continue_until, greedy_decode, latent_values, until_end
-from tokweight.training.losses import WeightingParams
 from tokweight.training.metrics import contingency, kmeans, matched_labels
 from tokweight.training.run_dir import load_run
 from tokweight.training.stream import EvalStream, loader
@@ -127,36 +126,6 @@ def sample_outputs(samples, outputs, refs, assigned, hits, n: int = 8) -> list[d
     return rows
 
 
-def markdown(metrics: dict, decode: dict, verdict: dict) -> str:
-    """eval.md: the verdict, the CVAE beside the base model, the metrics (NMI / accuracy as the verdict reports
-    them), the decode sections."""
-    cells = [[k, "not informative (posterior flat: rule above)" if isinstance(verdict.get(k), str) else general(v)]
-             for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    rules = (f"Rules: posterior: {verdict['posterior_rule']}; {CONTROL_RULE}; {verdict['label_free_rule']}; "
-             f"{verdict['whole_rule']}.")
-    parts = ["## Verdict", f"**{verdict['outcome']}**", verdict["statement"], rules]
-    if decode.get("label_free") and "nll_token_mean" in metrics:
-        free = decode["label_free"]
-        parts += ["## Against the base model (the same examples)",
-                  markdown_table(["", "CVAE", "base model"], [
-                      ["exact match (CVAE: each example's own latent value)", f"{free['own_exact_match']:.3f}",
-                       f"{free['base_exact_match']:.3f}"],
-                      ["exact match, best of the K latent values", f"{free['best_of_k_exact_match']:.3f}", ""],
-                      ["examples decoded differently under different values", f"{free['diverse_share']:.3f}", ""],
-                      ["token-mean NLL (nats)", f"{metrics['nll_token_mean']:.4f}",
-                       f"{metrics['base_nll_token_mean']:.4f}"]])]
-    parts += ["## Metrics", markdown_table(["metric", "value"], cells)]
-    if decode:
-        parts += reference_markdown(decode["reference"])
-    if "executes" in decode:
-        names = list(next(iter(decode["executes"].values())))
-        parts += ["## Strategy execution (synthetic data: does a decode equal s(x) for a strategy s?)",
-                  markdown_table(["latent", *names], [[v, *(f"{row[n]:.2f}" for n in names)]
-                                                      for v, row in decode["executes"].items()]),
-                  f"control accuracy: {decode['control_accuracy']:.3f}"]
-    return "\n\n".join(parts) + "\n"
-
-
 def eval_baseline(policy: str, io: IOConfig, meta: dict, vocab, urls,
                   cfg: EvalConfig) -> tuple[str, StoreRef | None, dict]:
     """(policy, store to join, what eval.json says of b): the run's own ``policy``, except that a split
@@ -199,7 +168,6 @@ def run_eval(cfg: EvalConfig) -> dict:
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,
               "metrics": metrics, "z_used": verdict, "decode": decode}
     Path(cfg.run, "eval.json").write_text(json.dumps(result, indent=1) + "\n")
-    Path(cfg.run, "eval.md").write_text(markdown(metrics, decode, verdict))
     return result
 
 

@@ -26,7 +26,7 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
 @click.option("--quick", is_flag=True, help="Smaller grid: one seed, fewer cells (sweep: the largest T/(t0+1)).")
 @click.option("--sweep", type=click.Choice(["beta"]), default=None, help="Measure the collapse threshold beta_c.")
 @click.option("--recipe", default=None,
-              help="training.recipes.RECIPES entry applied to every cell (default: baseline; sweep: survival).")
+              help="experiments.recipes.RECIPES entry applied to every cell (default: baseline; sweep: survival).")
 @click.option("--settings", default=None, help="Sweep: comma-separated setting names (default: all; quick: the last).")
 @click.option("--seeds", default=None, help="Comma-separated seeds (default: 0,1,2; sweep 0,1; quick 0).")
 @click.option("--betas", default=None, help="Comma-separated betas (default: 1,0.3; sweep: 8 log-spaced 0.01..10).")

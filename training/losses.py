@@ -24,31 +24,12 @@ example-inverse reads it, to normalise v over the global batch rather than this 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from tokweight.training.configs import WeightingParams
 from tokweight.training.global_batch import LOCAL, GlobalBatch
-
-
-@dataclass(frozen=True)
-class WeightingParams:
-    """Constants the weightings need besides b and the mask."""
-
-    eps: float = 1e-6
-    """Added to a weight sum; also the degenerate threshold on sum_t b_t (nats)."""
-    eps_inv: float = 1e-2
-    """Floor under b in inverse-surprisal, 1 / (b + eps_inv): bounds a token's weight (nats)."""
-    dataset_mean_b: float | None = None
-    """Dataset mean of mean_t b_t (nats), read from the store; distribution-rescale only."""
-
-    def __post_init__(self):
-        if not self.eps > 0 or not self.eps_inv > 0:
-            raise ValueError("eps and eps_inv must be > 0")
-        if self.dataset_mean_b is not None and not self.dataset_mean_b > 0:
-            raise ValueError(f"dataset_mean_b must be > 0, got {self.dataset_mean_b}")
 
 
 def _normalised(w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -102,7 +83,7 @@ def distribution_rescale_weights(b: torch.Tensor, mask: torch.Tensor, params: We
     return uniform_weights(b, mask, params) / params.dataset_mean_b
 
 
-WEIGHTINGS: dict[str, Callable[..., torch.Tensor]] = {
+WEIGHT_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {  # one per name of configs.WEIGHTINGS
     "uniform": uniform_weights,
     "sum": sum_weights,
     "surprisal-share": lambda b, mask, params, batch=LOCAL: surprisal_share_weights(b, mask, params.eps),
@@ -127,13 +108,13 @@ def reconstruction_weights(name: str, b: torch.Tensor, mask: torch.Tensor, param
 
     b: (B, T) nats over S (detached here); mask: (B, T) bool; batch: the step's global batch.
     """
-    if name not in WEIGHTINGS:
-        raise ValueError(f"unknown weighting {name!r}; expected one of {sorted(WEIGHTINGS)}")
+    if name not in WEIGHT_FUNCTIONS:
+        raise ValueError(f"unknown weighting {name!r}; expected one of {sorted(WEIGHT_FUNCTIONS)}")
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"the mixing weight must be in [0, 1], got {lam}")
     b = b.detach() if b.is_floating_point() else b.detach().float()
     uniform = uniform_weights(b, mask, params)
-    weighted = WEIGHTINGS[name](b, mask, params, batch)
+    weighted = WEIGHT_FUNCTIONS[name](b, mask, params, batch)
     if name in PER_EXAMPLE_B_FREE:
         return (1.0 - lam) * uniform + lam * weighted, torch.zeros(b.shape[0], dtype=torch.bool, device=b.device)
     degenerate = degenerate_examples(b, mask, params.eps)
@@ -191,12 +172,3 @@ def free_bits_kl(kl: torch.Tensor, free_bits: float, batch: GlobalBatch = LOCAL)
     """
     per_dim = batch.mean(kl)
     return per_dim.clamp_min(free_bits).sum() if free_bits > 0 else per_dim.sum()
-
-
-def check_free_bits(free_bits: float, latent: str, k: int) -> None:
-    """Refuse a floor that switches the categorical KL off: KL(q || uniform) <= log K."""
-    if free_bits < 0:
-        raise ValueError(f"free bits must be >= 0, got {free_bits}")
-    if latent == "discrete" and free_bits >= math.log(k):
-        raise ValueError(f"free bits {free_bits} >= log K = {math.log(k):.4f}: for a categorical latent "
-                         "with a uniform prior the KL can never exceed log K, so the KL term would be constant")

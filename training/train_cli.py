@@ -1,10 +1,10 @@
-"""`tokweight train` and `tokweight eval`: build the config, call run. Heavy imports stay inside."""
+"""`tokweight train`: build the config, call run. Heavy imports stay inside. The threads option and
+the skipped-samples line serve `tokweight eval` (``tokweight.report.cli``) too."""
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import click
 
@@ -86,7 +86,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting
     The defaults are the recipe that keeps z from scratch with the decoder whole: a 4-slot prefix,
     surprisal-share, beta 0.3 warmed up over 100 steps, the anchor term after the warm-up, the exact
     E-step with centred latent rows (discrete), lr 3e-4."""
-    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.configs import CVAEConfig
     from tokweight.training.schedules import BetaSchedule
     from tokweight.training.train import run
     from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
@@ -108,27 +108,3 @@ def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting
     if int(os.environ.get("RANK", "0")) == 0:  # one report under torchrun
         echo_skips(result)
         click.echo(json.dumps(result, indent=1))
-
-
-@click.command("eval")
-@click.option("--run", "run_dir", type=click.Path(exists=True, file_okay=False), required=True)
-@click.option("--data", type=click.Path(exists=True, file_okay=False), required=True)
-@click.option("--split", default="test")
-@click.option("--decode-examples", type=int, default=256)
-@click.option("--device", default=None, help="auto (CUDA when present), cpu, cuda or cuda:N.  [default: auto]")
-@threads_option
-def evaluate(run_dir, data, split, decode_examples, device, threads):
-    """All metrics on a split plus decode-per-latent -> RUN/eval.json and RUN/eval.md."""
-    from tokweight.training.evaluate import EvalConfig, run_eval
-
-    set_threads(threads)
-    try:
-        result = run_eval(EvalConfig(run=run_dir, data=data, split=split, decode_examples=decode_examples,
-                                     **given(device=device)))
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
-    if "reason" in result["baseline"]:
-        click.echo(f"note: {result['baseline']['reason']}", err=True)
-    echo_skips(result["metrics"])
-    click.echo((Path(run_dir) / "eval.md").read_text())
-    click.echo(json.dumps(result["metrics"], indent=1))

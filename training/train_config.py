@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from tokweight.training.baselines import POLICIES
-from tokweight.training.cvae import CVAEConfig
-from tokweight.training.estep import EStepConfig
-from tokweight.training.losses import WEIGHTINGS, WeightingParams, check_free_bits
+from tokweight.training.configs import (POLICIES, WEIGHTINGS, CVAEConfig, EStepConfig, WeightingParams,
+                                       check_free_bits)
 from tokweight.training.schedules import BetaSchedule
 
 

@@ -21,8 +21,8 @@ from typing import Callable
 
 from tokweight.pipeline.synth import SynthConfig
 from tokweight.store.fingerprint import canonical_json
-from tokweight.store.manifest import write_json_atomic
-from tokweight.store.tables import fixed
+from tokweight.store.durable import write_json_atomic
+from tokweight.report.tables import fixed
 from tokweight.training.train_base import BaseTrainConfig
 
 

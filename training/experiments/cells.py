@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from tokweight.store.manifest import write_json_atomic
-from tokweight.store.tables import fixed
+from tokweight.report.tables import fixed
+from tokweight.store.durable import write_json_atomic
 from tokweight.training.experiments.artefacts import Echo, Prepared, key_of, read_json
 from tokweight.training.experiments.recipes import with_recipe
 from tokweight.training.schedules import BetaSchedule
@@ -77,7 +77,7 @@ class CellPlan:
     budget: CellBudget
     """Steps and evaluation size."""
     recipe: str
-    """Name in training.recipes.RECIPES: the remedy fields every cell trains with."""
+    """Name in experiments.recipes.RECIPES: the remedy fields every cell trains with."""
     loss: Loss = ()
     """LossConfig fields every cell sets besides weighting, policy and beta (the mixing weight lambda, the
     anchor term): how the decoder is kept whole, not what is compared."""
@@ -114,7 +114,7 @@ class Cell:
 def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
     """The cell's axes (latent, K, pathway, weighting, beta, seed) on the budget, then the recipe's
     remedy fields by ``with_recipe``: a recipe says how to train, the cell what is compared."""
-    from tokweight.training.cvae import CVAEConfig
+    from tokweight.training.configs import CVAEConfig
     from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     b = plan.budget

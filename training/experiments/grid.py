@@ -18,15 +18,15 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from tokweight.store.plots import figure, save_figures
-from tokweight.store.tables import MISSING, fixed, markdown_table
-from tokweight.training.conditioning import MODES as COND_MODES
-from tokweight.training.cvae import CVAEConfig
+from tokweight.report.plots import figure, save_figures
+from tokweight.report.tables import MISSING, fixed, markdown_table
+from tokweight.training.configs import COND_MODES
+from tokweight.training.configs import CVAEConfig
 from tokweight.training.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.training.experiments.recipes import recipe_overrides
 from tokweight.training.experiments.results import aggregate, header_lines, mean_std, pm, write_config, write_csv
-from tokweight.training.losses import WEIGHTINGS
+from tokweight.training.configs import WEIGHTINGS
 
 ALL_WEIGHTINGS = tuple(WEIGHTINGS)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tokweight.store.manifest import write_json_atomic
-from tokweight.store.tables import MISSING
+from tokweight.store.durable import write_json_atomic
+from tokweight.report.tables import MISSING
 from tokweight.training.experiments.cells import DIAGNOSTICS, METRICS
 
 # ---------------------------------------------------------------- mean ± std over seeds

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tokweight.store.plots import figure, save_figures
-from tokweight.store.tables import fixed, markdown_table
+from tokweight.report.plots import figure, save_figures
+from tokweight.report.tables import fixed, markdown_table
 from tokweight.training.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.training.experiments.recipes import recipe_overrides
@@ -70,7 +70,7 @@ class SweepConfig:
     1e-3 the first 10 Adam steps under surprisal-share took the h0-n16 decoder from 0.067 to 1.3
     nats per token (on tokens it barely weights); at 3e-4 it stays near 0.1."""
     recipe: str = "survival"
-    """Name in training.recipes.RECIPES applied to every cell; "baseline": none."""
+    """Name in experiments.recipes.RECIPES applied to every cell; "baseline": none."""
     cond: str = "token"
     """z pathway of every cell."""
     prefix_slots: int = 1
@@ -168,8 +168,8 @@ def summarize(rows: list[dict], means: dict[tuple, dict], cfg: SweepConfig, sett
 
 def store_predictions(prepared: dict) -> dict[tuple[str, str], float | None]:
     """(setting, weighting) -> beta_c predicted from the setting's store before any training
-    (store.report.predicted_beta_c: the gain of a z that removes every b, over its KL cost)."""
-    from tokweight.store.report import predicted_beta_c
+    (store.inspection.predicted_beta_c: the gain of a z that removes every b, over its KL cost)."""
+    from tokweight.store.inspection import predicted_beta_c
     from tokweight.store.sql import connect
 
     out = {}
@@ -351,7 +351,7 @@ def prediction_section(summary: list[dict]) -> list[str]:
                              r.get("within_tolerance") or "-"] for r in summary]), "",
             ("predicted beta_c = the gain of a z that removes all of the base's surprisal under the weighting "
              "(uniform: mean sum b / T; sum: mean sum b; surprisal-share: mean sum b^2 / sum b) over its KL cost "
-             "H(strategy), from the store alone (store.report.PREDICTED_BETA_C; `tokweight inspect` reports it)."), ""]
+             "H(strategy), from the store alone (store/sql/predicted_beta_c.sql; `tokweight inspect` reports it)."), ""]
 
 
 def beta_c_section(summary: list[dict]) -> list[str]:

@@ -16,11 +16,11 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from tokweight.store.manifest import write_json_atomic
-from tokweight.store.plots import save_figures
-from tokweight.store.tables import fixed
-from tokweight.training.conditioning import MODES as COND_MODES
-from tokweight.training.cvae import CVAEConfig
+from tokweight.store.durable import write_json_atomic
+from tokweight.report.plots import save_figures
+from tokweight.report.tables import fixed
+from tokweight.training.configs import COND_MODES
+from tokweight.training.configs import CVAEConfig
 from tokweight.training.experiments.artefacts import Echo, coerce_nested
 from tokweight.training.experiments.cells import CONTROL, STATUSES, Cell, CellBudget, CellPlan, Loss, run_cells
 from tokweight.training.experiments.own_task.inputs import (SETTING, Checkpoint, check_store, latent_k, prepare,
@@ -28,7 +28,7 @@ from tokweight.training.experiments.own_task.inputs import (SETTING, Checkpoint,
 from tokweight.training.experiments.own_task.render import plot_arms, render
 from tokweight.training.experiments.recipes import recipe_overrides
 from tokweight.training.experiments.results import GROUP_KEYS, log_grid, mean_std, seed_stats, write_csv
-from tokweight.training.losses import WEIGHTINGS
+from tokweight.training.configs import WEIGHTINGS
 
 DEFAULT_RECIPE = "default"
 """The recipe every cell trains with: `tokweight train`'s (train_config.default_remedies)."""
@@ -78,7 +78,7 @@ class OwnTaskConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     """Seeds of every cell."""
     recipe: str = DEFAULT_RECIPE
-    """Name in training.recipes.RECIPES whose remedy fields every cell trains with."""
+    """Name in experiments.recipes.RECIPES whose remedy fields every cell trains with."""
     cond: str = DEFAULT_COND
     """z pathway, one of training.conditioning.MODES."""
     slots: int = DEFAULT_SLOTS

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokweight.report.tables import fixed
 from tokweight.store.parts import sha256_path
-from tokweight.store.tables import fixed
 from tokweight.training.experiments.artefacts import Echo, Prepared, key_of
 
 SPLITS = ("train", "val", "test")
@@ -136,9 +136,9 @@ def profile(con) -> list[dict]:
 
 
 def predicted_beta_c(con) -> dict[str, float | None]:
-    """weighting -> beta_c predicted from the store (store.report.PREDICTED_BETA_C: the z-gain over its KL
+    """weighting -> beta_c predicted from the store (store/sql/predicted_beta_c.sql: the z-gain over its KL
     cost H(label)); None where no example carries a label."""
-    from tokweight.store.report import predicted_beta_c as predicted
+    from tokweight.store.inspection import predicted_beta_c as predicted
 
     return {r["weighting"]: r["beta_c_predicted"] for r in predicted(con)}
 

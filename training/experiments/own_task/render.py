@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from tokweight.store.plots import figure
-from tokweight.store.tables import MISSING, fixed, markdown_table
+from tokweight.report.plots import figure
+from tokweight.report.tables import MISSING, fixed, markdown_table
 from tokweight.training.experiments.cells import STATUSES
 from tokweight.training.experiments.results import KEPT_FRACTION, beta_c, machine, pm, show
 
@@ -49,7 +49,7 @@ def by_arm(agg: list[dict]) -> dict[str, dict[float, dict]]:
 
 
 def predicted(row: dict, by_weighting: dict[str, float | None]) -> float | None:
-    """The store's beta_c for an arm (store.report.PREDICTED_BETA_C): its weighting's, and for lambda < 1 the
+    """The store's beta_c for an arm (store/sql/predicted_beta_c.sql): its weighting's, and for lambda < 1 the
     lambda-mix of uniform's and the weighting's (gain and objective mix alike; the cost is the same). The
     anchor term is 0 for the z that removes b and for the collapsed one, so it leaves the prediction alone."""
     own, uniform, lam = by_weighting.get(row["weighting"]), by_weighting.get("uniform"), row["lambda"]
@@ -122,7 +122,7 @@ def beta_c_table(agg: list[dict], k: int, by_weighting: dict[str, float | None])
     return markdown_table(["arm", "predicted β_c (store)", "measured β_c (grid)"], rows)
 
 
-PREDICTION_NOTE = ("Predicted β_c (store.report.PREDICTED_BETA_C, before any training): the reconstruction a z that "
+PREDICTION_NOTE = ("Predicted β_c (store/sql/predicted_beta_c.sql, before any training): the reconstruction a z that "
                    "removes all of the base model's surprisal saves under the arm's objective, over its KL cost "
                    f"H(label); {NOT_PREDICTED} where no example carries a label. Measured β_c: the largest β of the "
                    "grid whose seed-mean exact MI kept z ('none': no β did).")

@@ -1,4 +1,4 @@
-"""Markdown tables and the cell formats they share: the `inspect` report, `eval.md` and the experiments' results.
+"""Markdown tables and the cell formats they share: the `inspect` report, `eval.md`, the demo and the experiments.
 
 A missing value prints as MISSING, never as 0 or an empty cell.
 """
@@ -32,3 +32,11 @@ def general(v) -> str:
 def fixed(v, digits: int = 3) -> str:
     """A number with ``digits`` decimals; None or non-finite: MISSING."""
     return MISSING if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
+
+
+def group_records(records: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    """The records by their values of ``keys``, in order of first appearance."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return groups

@@ -1,0 +1,61 @@
+"""eval.md: eval.json (``training.evaluate.run_eval``) in words and tables. The verdict with its rules
+first, the CVAE beside the base model, every metric, then the decode-per-latent sections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokweight.report.tables import fixed, general, markdown_table
+from tokweight.training.control import CHANCE, CONTROL_RULE, MATCHING, RATES
+
+
+def write_eval_md(run: str | Path, evaluated: dict) -> Path:
+    """RUN/eval.md of ``evaluated`` (what run_eval returned, or eval.json read back); its path."""
+    path = Path(run, "eval.md")
+    path.write_text(eval_markdown(evaluated["metrics"], evaluated["decode"], evaluated["z_used"]))
+    return path
+
+
+def eval_markdown(metrics: dict, decode: dict, verdict: dict) -> str:
+    """eval.md: the verdict, the CVAE beside the base model, the metrics (NMI / accuracy as the verdict reports
+    them), the decode sections."""
+    cells = [[k, "not informative (posterior flat: rule above)" if isinstance(verdict.get(k), str) else general(v)]
+             for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    rules = (f"Rules: posterior: {verdict['posterior_rule']}; {CONTROL_RULE}; {verdict['label_free_rule']}; "
+             f"{verdict['whole_rule']}.")
+    parts = ["## Verdict", f"**{verdict['outcome']}**", verdict["statement"], rules]
+    if decode.get("label_free") and "nll_token_mean" in metrics:
+        free = decode["label_free"]
+        parts += ["## Against the base model (the same examples)",
+                  markdown_table(["", "CVAE", "base model"], [
+                      ["exact match (CVAE: each example's own latent value)", f"{free['own_exact_match']:.3f}",
+                       f"{free['base_exact_match']:.3f}"],
+                      ["exact match, best of the K latent values", f"{free['best_of_k_exact_match']:.3f}", ""],
+                      ["examples decoded differently under different values", f"{free['diverse_share']:.3f}", ""],
+                      ["token-mean NLL (nats)", f"{metrics['nll_token_mean']:.4f}",
+                       f"{metrics['base_nll_token_mean']:.4f}"]])]
+    parts += ["## Metrics", markdown_table(["metric", "value"], cells)]
+    if decode:
+        parts += reference_section(decode["reference"])
+    if "executes" in decode:
+        names = list(next(iter(decode["executes"].values())))
+        parts += ["## Strategy execution (synthetic data: does a decode equal s(x) for a strategy s?)",
+                  markdown_table(["latent", *names], [[v, *(f"{row[n]:.2f}" for n in names)]
+                                                      for v, row in decode["executes"].items()]),
+                  f"control accuracy: {decode['control_accuracy']:.3f}"]
+    return "\n\n".join(parts) + "\n"
+
+
+def reference_section(control: dict) -> list[str]:
+    """eval.md's section on the decode-per-latent control against the references."""
+    head = "## Decode per latent: match with each example's reference y"
+    by_latent = "exact match of every decoded example under each latent value: " + ", ".join(
+        f"{v}: {r:.2f}" for v, r in enumerate(control["exact_match_by_latent"]))
+    if not control.get("measured"):
+        return [head, f"control not measured: {control['reason']}.", by_latent]
+    rows = [[v, str(r["strategy"]), str(r["examples"]), *(fixed(r[c], 2) for c in RATES)]
+            for v, r in control["per_latent"].items()]
+    rows.append(["all", "", str(control["examples"]), *(fixed(control[c], 2) for c in RATES)])
+    headers = ["latent", "strategy", "examples", "exact match", "chance", "first token", "chance"]
+    counts = f"{control['examples']} examples assigned, {control['unassigned']} without a matched label"
+    return [head, markdown_table(headers, rows), f"{counts}; {MATCHING}; {CHANCE}.", by_latent]
