@@ -1,4 +1,4 @@
-"""JSON lines -> WebDataset shards in the SPEC §5 schema, split into train/val/test, with a report.
+"""JSON lines -> WebDataset shards in the docs/contract.md §5 schema, split into train/val/test, with a report.
 
 Each line is an object with ``x`` and ``y`` (lists of string tokens), optional
 ``strategy`` and ``t0``, and an optional ``key`` (default ``line-<lineno>``). Lines are

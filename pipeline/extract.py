@@ -15,7 +15,7 @@ one or two shards ahead where a spare CPU makes that pay (``reader_pays``), so t
 Python of reading does not compete with the forward pass for the GIL, else in this
 process; parts are written by a background thread while the next shard is scored.
 
-and around it the store protocol (SPEC §4), written through ``store.writer.StoreWriter``:
+and around it the store protocol (docs/contract.md §4), written through ``store.writer.StoreWriter``:
 rank 0 takes the store lock and plans (``pipeline.extract_plan``: which parts are already
 on disk with a matching sha256, which are to be written, under which names); each rank
 writes its shards' parts (temp name, fsync, rename) and a journal record per part; rank 0

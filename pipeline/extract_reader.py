@@ -103,7 +103,7 @@ def read_ahead(tasks: list, prepare: Callable) -> Iterator:
     """``prepare(task)`` for every task, in order: the first here while a DataLoader worker process starts
     (it imports torch, about 2 s), the others in that process one or two shards ahead."""
     reader = ShardReader(tasks[1:], prepare)
-    # spawn: like forkserver, a fresh interpreter (forking a process that runs threads can deadlock, STACK-NOTES),
+    # spawn: like forkserver, a fresh interpreter (forking a process that runs threads can deadlock: cpython#112275),
     # and the worker is this process's child, so DataLoader's watchdog ends it if this process is killed; a
     # forkserver child outlives a SIGKILLed parent (it holds the server's liveness pipe open).
     loader = iter(DataLoader(reader, batch_size=None, num_workers=1, multiprocessing_context="spawn",

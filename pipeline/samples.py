@@ -1,4 +1,4 @@
-"""One input example (SPEC §5) and its validation.
+"""One input example (docs/contract.md §5) and its validation.
 
 A WebDataset sample is ``<key>.json`` holding ``{"x": ..., "y": ...}``, each a list of
 string tokens (looked up one to one in the vocabulary) or a string (encoded by a

@@ -6,8 +6,8 @@ end-of-archive block raises ``SampleError('truncated-shard')``; WebDataset on it
 stops quietly at a cut that falls on a 512-byte block boundary. The scan's members are
 then read by offset and grouped into samples by WebDataset's own ``group_by_keys``, so
 the headers are parsed once. Keys with a dot, which WebDataset merges into the key before
-the dot (STACK-NOTES), are found from the member names first and reported under their
-real key. Every stage (extraction, training, evaluation) reads shards through ``iter_shard``,
+the dot (it splits a member name at the key's first dot), are found from the member names first and
+reported under their real key. Every stage (extraction, training, evaluation) reads shards through ``iter_shard``,
 so a bad sample is found, and named, the same way in each: its key and the shard's name
 relative to the dataset root (``shard_name``).
 """

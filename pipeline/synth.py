@@ -3,7 +3,7 @@
 Each example draws x (a sequence of data symbols) and a strategy s, and writes
 ``y = header + s(x)``. All strategies share the header and most of their outputs agree
 after the first few tokens, so only ``y_<=t0`` reveals s: the regime where a uniform
-token average dilutes the latent's signal by about ``t0 / T`` (SPEC §1).
+token average dilutes the latent's signal by about ``t0 / T`` (docs/contract.md §1).
 
 Symbols are handled as integer ids while generating (so ``sort`` means "by symbol
 index") and named only when a Sample is built: ids 0..25 are "a".."z", then "s26",
@@ -24,7 +24,7 @@ from tokweight.pipeline.shards import prepare_output_dir, shard_name, write_shar
 from tokweight.store.durable import write_json_atomic
 
 HEADER_SYMBOL = "#"
-END_OF_Y = "</y>"  # closes S: S = y_1..y_n </y>, T = n + 1 (SPEC §2)
+END_OF_Y = "</y>"  # closes S: S = y_1..y_n </y>, T = n + 1 (docs/contract.md §2)
 SPLITS = ("train", "val", "test")
 _SPLIT_IDS = {"train": 0, "val": 1, "test": 2}  # folded into the split's seed
 

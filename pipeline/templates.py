@@ -1,4 +1,4 @@
-"""Sequence templates and the index maps of the supervised set S (SPEC §2).
+"""Sequence templates and the index maps of the supervised set S (docs/contract.md §2).
 
 A checkpoint speaks one format (``Template``):
 

@@ -1,4 +1,4 @@
-"""The token vocabulary: specials, latent tokens and data symbols (SPEC §2).
+"""The token vocabulary: specials, latent tokens and data symbols (docs/contract.md §2).
 
 Order is fixed so that ids are stable: the nine specials (``<pad>`` is 0), then the
 ``K_max`` latent tokens ``<z_0> .. <z_{K_max-1}>``, then the data symbols in the order

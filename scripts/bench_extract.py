@@ -1,4 +1,4 @@
-"""Extraction throughput against a bare forward pass over the same batches (SPEC §6).
+"""Extraction throughput against a bare forward pass over the same batches (docs/contract.md §6).
 
 On the `default` synthetic data (--data, or generated into --workdir once and reused),
 with the given --checkpoint or a briefly trained base model (quality does not matter for

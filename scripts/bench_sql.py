@@ -1,4 +1,4 @@
-"""Benchmark: the t0 and weight diagnostics and the profiles in SQL against a plain scan (SPEC §6).
+"""Benchmark: the t0 and weight diagnostics and the profiles in SQL against a plain scan (docs/contract.md §6).
 
 Builds a store of synthetic random surprisals (no model: rows written through the store's
 own writer, store.writer.StoreWriter, Parquet, one part per "shard"), opens it with store.sql

@@ -1,7 +1,7 @@
 """Training speed, side by side in one run (K = 4): a benchmark, not a test.
 
 1. step time, precomputed vs frozen (same batches, alternating rounds, medians);
-   SPEC target: precomputed / frozen <= (3K+3)/(3K+4) + 0.02;
+   docs/contract.md §6 target: precomputed / frozen <= (3K+3)/(3K+4) + 0.02;
 2. memory of each policy: parameters held (model + frozen copy), and the peak of live CPU
    allocations within one step from torch.profiler (profile_memory=True); process RSS is
    no use here: about 0.5 GB of runtime hides a model of under 1 MiB;

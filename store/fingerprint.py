@@ -1,4 +1,4 @@
-"""Checkpoint fingerprints: what makes a stored baseline valid for a model (SPEC §4).
+"""Checkpoint fingerprints: what makes a stored baseline valid for a model (docs/contract.md §4).
 
 sha256 over canonical JSON of the model config (with defaults), the vocabulary, the
 template version, and every parameter tensor (name, dtype, shape, raw little-endian

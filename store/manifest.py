@@ -1,6 +1,6 @@
 """The manifest of one fingerprint directory, and the journal records written before it.
 
-Layout (SPEC §4, docs/store-contract.md):
+Layout (docs/contract.md §4, docs/store-contract.md):
 
     STORE/fingerprint=<fp>/manifest.json       the commit point, written last
     STORE/fingerprint=<fp>/part-NNNNN.parquet  (or part-NNNNN.zarr/) one per input shard

@@ -1,4 +1,4 @@
-"""The columns of a baseline-store part, whatever its on-disk format (SPEC §4).
+"""The columns of a baseline-store part, whatever its on-disk format (docs/contract.md §4).
 
 One row per example. Per-token lists are indexed by position in S (0..T-1), float32
 in nats. `cumsum_b` and the per-example scalars after it are functions of `b` alone

@@ -15,7 +15,7 @@ P = WeightingParams(eps=1e-6, eps_inv=0.5, dataset_mean_b=0.8)
 
 
 def hand(name):
-    """R per example, computed token by token in float64 from the SPEC §3 table."""
+    """R per example, computed token by token in float64 from the docs/contract.md §3 table."""
     out = []
     for i in range(2):
         T = int(MASK[i].sum())

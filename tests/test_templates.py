@@ -68,7 +68,7 @@ def test_collate_gather_and_surprisal_match_cross_entropy():
 
 
 def test_text_needs_a_tokenizer():
-    """A string x is a valid sample (SPEC §5), but a symbol vocabulary cannot encode it: named, by key."""
+    """A string x is a valid sample (docs/contract.md §5), but a symbol vocabulary cannot encode it: named, by key."""
     with pytest.raises(SampleError, match="x is a string, but this vocabulary has no tokenizer") as info:
         zfree_ids(VOCAB, "a b", ["a"], key="k9")
     assert (info.value.reason, info.value.key) == ("wrong-type", "k9")

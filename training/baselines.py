@@ -1,4 +1,4 @@
-"""Where b_t comes from each step (SPEC §3 `policy`); every policy returns (B, T_max) nats over S, detached.
+"""Where b_t comes from each step (docs/contract.md §3 `policy`); every policy returns (B, T_max) nats over S, detached.
 
 - precomputed: the store's row, joined into the batch by the data stream (no forward pass);
 - frozen:      a frozen copy of the baseline (entangled) model, one extra z-free forward;

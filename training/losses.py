@@ -1,4 +1,4 @@
-"""Reconstruction weightings and the CVAE loss terms (SPEC §3), as pure functions of tensors.
+"""Reconstruction weightings and the CVAE loss terms (docs/contract.md §3), as pure functions of tensors.
 
 Every weighting turns the stop-gradient baseline surprisal ``b`` (B, T) nats over S and
 the S mask into per-token weights ``pi`` (B, T) with ``R(z) = sum_t pi_t l_t(z)``: the
@@ -104,7 +104,7 @@ def degenerate_examples(b: torch.Tensor, mask: torch.Tensor, eps: float) -> torc
 
 def reconstruction_weights(name: str, b: torch.Tensor, mask: torch.Tensor, params: WeightingParams,
                            lam: float = 1.0, batch: GlobalBatch = LOCAL) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pi (B, T), degenerate (B,) bool): the mixed weights of SPEC §3 and the fallback rows.
+    """(pi (B, T), degenerate (B,) bool): the mixed weights of docs/contract.md §3 and the fallback rows.
 
     b: (B, T) nats over S (detached here); mask: (B, T) bool; batch: the step's global batch.
     """

@@ -13,7 +13,7 @@ import torch
 
 
 def posterior_gradient_norms(recon: torch.Tensor, beta_kl: torch.Tensor, params: list[torch.nn.Parameter]) -> dict:
-    """The seed note's diagnostic on the posterior parameters xi:
+    """The dilution argument's diagnostic on the posterior parameters xi:
 
     grad_recon = || d recon / d xi ||_2,   grad_kl = || d (beta * KL term) / d xi ||_2,
     ratio = grad_recon / grad_kl. Both graphs are kept for the backward pass that follows.

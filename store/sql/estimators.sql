@@ -7,7 +7,7 @@
 
 -- Degenerate example: its surprisal sum is below eps, so the shares pi_t = b_t / sum b
 -- are undefined. Degenerate examples are counted and get NULL for every share-based
--- estimator below (and fall back to uniform weights in training, SPEC §3).
+-- estimator below (and fall back to uniform weights in training, docs/contract.md §3).
 CREATE OR REPLACE MACRO is_degenerate(b_sum, eps) AS b_sum < eps;
 
 -- t0 by cumulative share: the first position t where the running sum of b reaches a
@@ -44,7 +44,7 @@ CREATE OR REPLACE MACRO t0_threshold_at(stored, b, tau) AS
 CREATE OR REPLACE MACRO dilution(t0, T) AS (t0 + 1) / T;
 
 -- Predicted amplification of the posterior gradient by surprisal-share weighting over a
--- uniform token mean (SPEC §1): the inverse of the dilution,  T / (t0 + 1).
+-- uniform token mean (docs/contract.md §1): the inverse of the dilution,  T / (t0 + 1).
 CREATE OR REPLACE MACRO amplification(t0, T) AS T / (t0 + 1);
 
 -- Weight concentration over pi_t = b_t / sum b (NULL for a degenerate example). Each one
