@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 from tokweight.training.baselines import POLICIES
+from tokweight.training.convergence import StopRule
 from tokweight.training.cvae import CVAEConfig
 from tokweight.training.estep import EStepConfig
 from tokweight.training.losses import WEIGHTINGS, WeightingParams, check_free_bits
@@ -114,10 +115,14 @@ class LossConfig:
     def needs_store(self) -> bool:
         return self.policy == "precomputed" or self.weighting == "distribution-rescale"
 
+    @property
+    def anchor_start(self) -> int:
+        """The first step (0-based) at which the anchor term acts."""
+        return self.beta.warmup_steps if self.anchor_start_step is None else self.anchor_start_step
+
     def anchor_weight_at(self, step: int) -> float:
         """The anchor term's weight at ``step`` (0-based): 0 before its start step."""
-        start = self.beta.warmup_steps if self.anchor_start_step is None else self.anchor_start_step
-        return self.anchor_weight if step >= start else 0.0
+        return self.anchor_weight if step >= self.anchor_start else 0.0
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,8 @@ class OptimConfig:
     """How long and how the run optimises, and its seed."""
 
     steps: int = 300
-    """Optimizer steps (global: every rank takes them all)."""
+    """The cap on optimizer steps (global: every rank takes them all); the run stops earlier once ``stop``
+    says it converged."""
     batch_size: int = 32
     """Examples per step per rank."""
     lr: float = 3e-4
@@ -167,8 +173,12 @@ class OptimConfig:
     """Global gradient-norm clip (0: off)."""
     seed: int = 0
     """Seeds the heads, the data order and the continuous latent's noise."""
+    stop: StopRule = field(default_factory=StopRule)
+    """When validation says the run converged (``convergence.py``); read at each periodic validation."""
 
     def __post_init__(self):
+        if isinstance(self.stop, dict):
+            object.__setattr__(self, "stop", StopRule(**self.stop))
         if min(self.steps, self.batch_size) < 1:
             raise ValueError("steps and batch_size must be >= 1")
 
@@ -240,6 +250,15 @@ class TrainConfig:
         if self.io.store is None and self.loss.needs_store:
             raise ValueError(f"policy {self.loss.policy!r} with weighting {self.loss.weighting!r} needs --store")
         check_free_bits(self.loss.free_bits, self.cvae.latent, self.cvae.k)
+
+    @property
+    def objective_settles(self) -> int:
+        """The step count from which the objective stops changing: beta's warm-up over, the anchor term on
+        (when it ever is), an E-step warm start (``until_step``) over. The stop rule counts validations
+        from there."""
+        anchor = self.loss.anchor_start if self.loss.anchor_weight > 0 else 0
+        estep = self.remedies.estep.until_step if self.remedies.estep.mode != "off" else 0
+        return max(self.loss.beta.warmup_steps, anchor, estep)
 
     def to_json(self) -> dict:
         return asdict(self)
