@@ -195,8 +195,9 @@ class LogConfig:
     """Steps between checkpoints (the last step always writes one)."""
     eval_batch_size: int = 128
     """Examples per validation batch."""
-    eval_every: int = 0
-    """Steps between validations on the first ``eval_examples`` val examples, logged to metrics.jsonl (0: off)."""
+    eval_every: int = 50
+    """Steps between validations on the first ``eval_examples`` val examples, logged to metrics.jsonl; the stop
+    rule (``OptimConfig.stop``) reads them (0: off, and the run trains to its step cap)."""
     eval_examples: int = 256
     """Val examples of each periodic validation (rounded up to whole eval batches); the final one reads all."""
 
