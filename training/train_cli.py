@@ -66,7 +66,7 @@ threads_option = click.option("--threads", type=int, default=None,
                    "end of the warm-up (0: off).  [default: 1]")
 @click.option("--steps", type=int, default=None,
               help="Cap on optimizer steps; the run stops earlier once validation says it converged.  "
-                   "[default: 300]")
+                   "[default: 6000]")
 @click.option("--batch-size", type=int, default=None, help="Per rank.  [default: 32]")
 @click.option("--lr", type=float, default=None, help="AdamW learning rate.  [default: 3e-4]")
 @click.option("--num-workers", type=int, default=None, help="Loader worker processes.  [default: 1]")
