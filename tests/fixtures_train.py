@@ -83,3 +83,22 @@ def tiny_store(tiny, tmp_path_factory):
         return store
 
     return _once("tiny_store", build)
+
+
+@pytest.fixture(scope="session")
+def tiny_dropout(tiny, tmp_path_factory):
+    """(data dir, checkpoint dir): the tiny base model with dropout 0.1, so that training draws from torch's
+    global RNG (a resumed run must restore it)."""
+    from tokweight.pipeline.checkpoint import load_checkpoint, save_checkpoint
+    from tokweight.pipeline.model import GPT
+
+    def build():
+        data, ckpt = tiny
+        base = load_checkpoint(ckpt)
+        model = GPT(replace(base.model.cfg, dropout=0.1))
+        model.load_state_dict(base.model.state_dict())
+        out = tmp_path_factory.mktemp("tiny_dropout") / "base"
+        save_checkpoint(out, model, base.vocab)
+        return data, out
+
+    return _once("tiny_dropout", build)

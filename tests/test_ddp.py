@@ -13,9 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 from tokweight.training.configs import CVAEConfig
+from tokweight.training.convergence import StopRule
 from tokweight.training.experiments.recipes import with_recipe
 from tokweight.training.train import run
-from tokweight.training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig
+from tokweight.training.schedules import BetaSchedule
+from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 TIMEOUT_S = 240
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,9 +72,9 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tiny, tiny_store, tmp
               str(tiny_store), "--out", str(tmp_path / "two"), "--steps", "4", "--batch-size", "4", "--log-every",
               "1", "--ckpt-every", "4", "--num-workers", "0", "--seed", "3"])
     assert relative_difference(tmp_path / "one", tmp_path / "two", Path(ckpt)) < MAX_RELATIVE_DIFFERENCE
-    # the exact validation pass saw every val example once across the two ranks
-    last = json.loads((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["examples"] == 128
+    # the exact validation pass saw every val example once across the two ranks; the stop line follows it
+    final, stop = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[-2:]]
+    assert final["examples"] == 128 and stop["stop"]["reason"] == "step cap" and stop["stop"]["step"] == 4
 
 
 COUPLED = {  # objectives with a term over the whole batch, and what couples it
@@ -80,7 +82,8 @@ COUPLED = {  # objectives with a term over the whole batch, and what couples it
     # v normalised to batch mean 1
     "example-inverse": lambda cfg: replace(cfg, loss=replace(cfg.loss, weighting="example-inverse")),
     "free-bits": lambda cfg: replace(cfg, loss=replace(cfg.loss, free_bits=0.5)),  # floor on the batch-mean KL
-    "free-bits-continuous": lambda cfg: replace(cfg, cvae=CVAEConfig(latent="continuous"),
+    # remedies=None: the continuous latent's own defaults (the discrete E-step is refused there)
+    "free-bits-continuous": lambda cfg: replace(cfg, cvae=CVAEConfig(latent="continuous"), remedies=None,
                                                 loss=replace(cfg.loss, free_bits=0.1)),
 }
 
@@ -95,3 +98,24 @@ def test_coupled_objectives_on_two_ranks_equal_one_process(tiny, tiny_store, tmp
         run(make(common(tiny, tiny_store, tmp_path / name / "one", batch_size=8, lanes=2)))
         differences[name] = relative_difference(tmp_path / name / "one", tmp_path / name / "two", ckpt)
     assert max(differences.values()) < MAX_RELATIVE_DIFFERENCE, differences
+
+
+def test_two_ranks_resume_bitwise_and_stop_together(tiny, tiny_store, tmp_path):
+    """Under torchrun: a run stopped at step 2 and run again to 4 ends bitwise where the uninterrupted run
+    ends (each rank's stream and RNG state restored), and both ranks stop at the step the rule converges at
+    (a rank that went on alone would hang the job into the timeout)."""
+    whole = common(tiny, tiny_store, tmp_path / "whole", batch_size=4)
+    part = common(tiny, tiny_store, tmp_path / "part", batch_size=4)
+    stops = replace(common(tiny, tiny_store, tmp_path / "stops", batch_size=4),
+                    loss=LossConfig(beta=BetaSchedule(0.3, warmup_steps=1)),
+                    optim=replace(whole.optim, steps=6, stop=StopRule(patience=1, min_delta_objective=10.0,
+                                                                      min_delta_mi=10.0)),
+                    log=replace(whole.log, eval_every=1, eval_examples=32))
+    runs = [whole, replace(part, optim=replace(part.optim, steps=2)), part, stops]
+    (tmp_path / "runs.json").write_text(json.dumps([cfg.to_json() for cfg in runs]))
+    torchrun(["-m", "tests.ddp_runs", str(tmp_path / "runs.json")])
+    for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors"):
+        assert (tmp_path / "part" / "checkpoint" / name).read_bytes() == \
+            (tmp_path / "whole" / "checkpoint" / name).read_bytes(), name
+    stop = json.loads((tmp_path / "stops" / "metrics.jsonl").read_text().splitlines()[-1])["stop"]
+    assert stop["reason"] == "converged" and stop["step"] == 2 and stop["best_step"] == 1  # counted from step 1

@@ -90,3 +90,15 @@ def test_one_lane_is_the_resampled_shuffled_stream_of_one_process(tmp_path):
     drawn = (key for item in shards for key in by_url[item["url"]])
     expected = list(islice(shuffle(drawn, 6, random.Random(9)), 5 * 4))
     assert [k for batch in keys(TrainStream(spec, 0, 1), steps=5) for k in batch] == expected
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_stream_started_at_step_k_gives_the_batches_of_steps_k_on(tiny, tiny_store, workers):
+    """The fast-forward a resumed run makes: every lane, shard draw and shuffle buffer where the uninterrupted
+    stream has them. 40 steps take 160 examples from each lane, whose shards hold 128: resumes before and
+    after a lane's second shard draw."""
+    spec, steps = spec_of(tiny, tiny_store, lanes=2), 40
+    whole = keys(TrainStream(spec, 0, 1), workers, steps=steps)
+    for start in (1, 17, 33):
+        resumed = [batch.keys for batch in islice(TrainStream(spec, 0, 1).batches(workers, start=start), steps - start)]
+        assert resumed == whole[start:]

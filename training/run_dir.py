@@ -1,19 +1,22 @@
 """A train run's directory: written by ``train.run``, resumed by it, read by eval and the experiments.
 
-RUN/config.json    the TrainConfig (``to_json``; runs before the grouping wrote the flat form,
-                   which ``TrainConfig.from_json`` reads as well)
-RUN/metrics.jsonl  one line per logged step and per validation
+RUN/config.json    the resolved TrainConfig (``to_json``)
+RUN/metrics.jsonl  one line per logged step and per validation, then the run's stop line ({"stop": ...})
 RUN/checkpoint/    model.safetensors, optimizer.safetensors (AdamW's state as "<param>.<name>"),
+                   rng.safetensors (each rank's torch RNG states as "<generator>.<rank>"),
                    vocab.json (with the latent tokens the run appended, if any) and state.json (step,
                    the CVAE config, the fingerprints, template and model config the run started from,
-                   its embeddings grown by those latent tokens, the dataset's mean b, AdamW's param groups)
+                   its embeddings grown by those latent tokens, the dataset's mean b, AdamW's param
+                   groups, the ranks, the stop rule's state and metrics.jsonl's size at that step)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -22,7 +25,9 @@ from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.model import GPT, ModelConfig
 from tokweight.pipeline.templates import Template
 from tokweight.pipeline.vocab import Vocab, load_vocab
-from tokweight.training.cvae import CVAE, CVAEConfig, add_latent_tokens, build_cvae, latent_tokens_needed
+from tokweight.training.configs import CVAEConfig
+from tokweight.training.cvae import CVAE, add_latent_tokens, build_cvae, latent_tokens_needed
+from tokweight.training.faults import nothing
 from tokweight.training.train_config import TrainConfig
 
 
@@ -44,28 +49,66 @@ def append_metrics(run: str | Path, record: dict) -> None:
         log.write(json.dumps(record) + "\n")
 
 
-def save_checkpoint(run: str | Path, model: CVAE, opt: torch.optim.Optimizer, vocab: Vocab, meta: dict) -> None:
-    """RUN/checkpoint/ with ``meta`` (step first) in its state.json: written under checkpoint.tmp,
-    then swapped in (an interrupted save leaves the old one)."""
+def metrics_size(run: str | Path) -> int:
+    """Bytes in RUN/metrics.jsonl (0 before its first line): a checkpoint records it, a resume cuts back to it."""
+    path = Path(run) / "metrics.jsonl"
+    return path.stat().st_size if path.is_file() else 0
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; the previous one is intact. The message says what to do."""
+
+
+def save_checkpoint(run: str | Path, model: CVAE, opt: torch.optim.Optimizer, vocab: Vocab, meta: dict,
+                    rng: dict[str, torch.Tensor], before_write: Callable[[Path], None] = nothing) -> None:
+    """RUN/checkpoint/ with ``meta`` (step first) in its state.json and every rank's ``rng`` states: written
+    under checkpoint.tmp, then swapped in, so that a failed or interrupted save leaves the previous one
+    (``committed_checkpoint``). ``before_write(path)`` runs before each file (the fault hooks)."""
     out = Path(run)
-    tmp, final = out / "checkpoint.tmp", out / "checkpoint"
+    tmp, final, old = out / "checkpoint.tmp", out / "checkpoint", out / "checkpoint.old"
+    try:
+        write_checkpoint_files(tmp, model, opt, vocab, meta, rng, before_write)
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(e.errno, f"could not write the checkpoint of step {meta['step']} "
+                                            f"({e.filename or tmp}: {e.strerror or e}); {final} holds the last "
+                                            f"one written: free space or fix the disk and rerun the same command "
+                                            f"to resume from it") from None
+
+
+def write_checkpoint_files(tmp: Path, model: CVAE, opt: torch.optim.Optimizer, vocab: Vocab, meta: dict,
+                           rng: dict[str, torch.Tensor], before_write: Callable[[Path], None]) -> None:
+    """The checkpoint's files under ``tmp``, state.json last."""
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     # cloned: a backbone with tied input and output embeddings holds one tensor under two names,
     # which safetensors refuses to write twice
-    save_file({k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()},
-              tmp / "model.safetensors")
+    model_tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     opt_state = opt.state_dict()
-    tensors = {f"{i}.{name}": t.detach().cpu().contiguous()
-               for i, s in opt_state["state"].items() for name, t in s.items()}
-    save_file(tensors or {"empty": torch.zeros(0)}, tmp / "optimizer.safetensors")
-    vocab.save(tmp / "vocab.json")
-    (tmp / "state.json").write_text(json.dumps({**meta, "param_groups": opt_state["param_groups"]}, indent=1) + "\n")
-    old = out / "checkpoint.old"
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    opt_tensors = {f"{i}.{name}": t.detach().cpu().contiguous()
+                   for i, s in opt_state["state"].items() for name, t in s.items()}
+    writes = [("model.safetensors", lambda path: save_file(model_tensors, path)),
+              ("optimizer.safetensors", lambda path: save_file(opt_tensors or {"empty": torch.zeros(0)}, path)),
+              ("rng.safetensors", lambda path: save_file(rng, path)),
+              ("vocab.json", vocab.save),
+              ("state.json", lambda path: path.write_text(
+                  json.dumps({**meta, "param_groups": opt_state["param_groups"]}, indent=1) + "\n"))]
+    for name, write in writes:
+        before_write(tmp / name)
+        write(tmp / name)
+
+
+def committed_checkpoint(run: str | Path) -> Path:
+    """RUN/checkpoint, or, in a run killed between ``save_checkpoint``'s two renames, checkpoint.old: the
+    previous checkpoint, intact (the next save replaces it)."""
+    out = Path(run)
+    if not (out / "checkpoint").exists() and (out / "checkpoint.old" / "state.json").is_file():
+        return out / "checkpoint.old"
+    return out / "checkpoint"
 
 
 def config_differences(saved: TrainConfig, mine: TrainConfig) -> list[str]:
@@ -74,13 +117,19 @@ def config_differences(saved: TrainConfig, mine: TrainConfig) -> list[str]:
     return sorted(f"{g}.{k}" for g in b for k in b[g] if (g, k) != ("optim", "steps") and a[g][k] != b[g][k])
 
 
-def resume(cfg: TrainConfig, model: CVAE, opt: torch.optim.Optimizer, init_fingerprint: str) -> int:
-    """The step of RUN/checkpoint/, loaded into ``model`` and ``opt``; 0 when there is none. Refuses
-    one from another config or init checkpoint."""
+def resume(cfg: TrainConfig, model: CVAE, opt: torch.optim.Optimizer, init_fingerprint: str, rank: int = 0,
+           world: int = 1) -> dict | None:
+    """The committed checkpoint's state.json, its model and optimizer loaded into ``model`` and ``opt``,
+    and this rank's RNG states under "rng"; None when there is none. Refuses one from another config,
+    init checkpoint or number of ranks. Rank 0 cuts metrics.jsonl back to what it held when the
+    checkpoint was written (to nothing without one), so that the steps a resumed run redoes are
+    logged once."""
     out = Path(cfg.io.out)
-    ckpt = out / "checkpoint"
+    ckpt = committed_checkpoint(out)
     if not (ckpt / "state.json").is_file():
-        return 0
+        if rank == 0:  # a run killed before its first checkpoint starts over
+            truncate(out / "metrics.jsonl", 0)
+        return None
     # read back through TrainConfig, so an old run's flat config and fields added since compare at their defaults
     differ = config_differences(read_config(out), cfg)
     if differ:
@@ -88,9 +137,22 @@ def resume(cfg: TrainConfig, model: CVAE, opt: torch.optim.Optimizer, init_finge
     meta = json.loads((ckpt / "state.json").read_text())
     if meta["init_fingerprint"] != init_fingerprint:
         raise ValueError(f"{ckpt} was trained from checkpoint {meta['init_fingerprint']}, not {init_fingerprint}")
+    if meta.get("world", world) != world:
+        raise ValueError(f"{ckpt} was written by {meta['world']} ranks, this run has {world}: resume it with "
+                         f"{meta['world']} (torchrun --nproc-per-node {meta['world']}) or use a new --out")
     model.load_state_dict(load_file(ckpt / "model.safetensors"))
     load_optimizer(opt, ckpt / "optimizer.safetensors", meta["param_groups"])
-    return int(meta["step"])
+    rng = load_file(ckpt / "rng.safetensors") if (ckpt / "rng.safetensors").is_file() else {}
+    meta["rng"] = {name.split(".")[0]: t for name, t in rng.items() if name.endswith(f".{rank}")}
+    if rank == 0 and "metrics_bytes" in meta:
+        truncate(out / "metrics.jsonl", meta["metrics_bytes"])
+    return meta
+
+
+def truncate(path: Path, size: int) -> None:
+    """``path`` cut to its first ``size`` bytes (a no-op when it is not longer)."""
+    if path.is_file() and path.stat().st_size > size:
+        os.truncate(path, size)
 
 
 def load_optimizer(opt: torch.optim.Optimizer, path: Path, param_groups: list) -> None:

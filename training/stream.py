@@ -181,11 +181,18 @@ class TrainStream:
         """The samples this rank's stream left out so far, per shard (each shard counted once)."""
         return self.router.skips if self.router is not None else Skips()
 
-    def batches(self, num_workers: int) -> Iterator[TrainBatch]:
+    def batches(self, num_workers: int, start: int = 0) -> Iterator[TrainBatch]:
+        """The batches of steps ``start``, ``start`` + 1, ...: the stream is drawn from its beginning and the
+        first ``start`` steps' examples dropped uncollated, so a resumed run gets the uninterrupted run's
+        batches whatever the lanes, shard draws, shuffle buffers and workers (a fast-forward: no compute,
+        but every shard drawn so far is read and decoded again)."""
         lane_shards = {lane: set(lane_urls(self.spec, lane)) for lane in self.lanes}
         self.router = LaneRouter(iter(loader(ShardDecoder(self.spec, self.lanes), num_workers)), lane_shards)
         streams = [shuffle(self.router.examples(lane), self.spec.shuffle_buffer,
                            random.Random(lane_seed(self.spec.seed, lane))) for lane in self.lanes]
+        for _ in range(start):  # step by step, so that no lane runs ahead and other lanes' shards pile up
+            for stream in streams:
+                deque(islice(stream, self.lane_batch), maxlen=0)
         while True:
             yield collate_examples([ex for stream in streams for ex in islice(stream, self.lane_batch)])
 
@@ -221,6 +228,11 @@ def with_skips(batches: Iterable[TrainBatch], skips: Skips) -> Iterator[TrainBat
 
 
 def loader(dataset: torch.utils.data.IterableDataset, num_workers: int):
-    """A WebLoader over the dataset's ready items (forkserver workers: STACK-NOTES, cpython#112275)."""
+    """A WebLoader over the dataset's ready items; forkserver workers (a worker forked while the parent runs
+    threads can deadlock at start, cpython#112275). Its own
+    generator: each iterator a loader starts draws a base seed (for its workers' RNGs, which nothing here
+    reads), and a draw from torch's global RNG would shift the dropout masks of a resumed run, whose
+    loader starts at another moment than the uninterrupted run's."""
     kw = dict(multiprocessing_context="forkserver", persistent_workers=False) if num_workers else {}
-    return wds.WebLoader(dataset, batch_size=None, num_workers=num_workers, **kw)
+    return wds.WebLoader(dataset, batch_size=None, num_workers=num_workers, generator=torch.Generator().manual_seed(0),
+                         **kw)

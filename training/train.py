@@ -2,9 +2,16 @@
 
 setup -> fit -> validate (``validation.py``). ``run(cfg)`` is the whole job (``train_config.TrainConfig``,
 one group per component); the CLI only builds the config. Outputs in RUN/ (``run_dir.py``):
-config.json (the resolved TrainConfig), metrics.jsonl (one line per logged step, then the
-validation line), checkpoint/ (safetensors model + optimizer, state.json, vocab.json;
-replaced atomically), and resume from it.
+config.json (the resolved TrainConfig), metrics.jsonl (one line per logged step and per
+validation, then the final validation and the stop line), checkpoint/ (safetensors model,
+optimizer and RNG states, state.json, vocab.json; replaced atomically), and resume from it.
+
+``--steps`` is a cap: the run stops earlier once its periodic validations say it converged
+(``convergence.py``), and says why it stopped (``"stop"`` in its result and metrics.jsonl's last
+line). A resumed run ends bitwise where the uninterrupted run ends (CPU, same threads): the
+checkpoint holds the model, the optimizer, every rank's RNG and the stop rule's state; the data
+stream is fast-forwarded to the checkpoint's step (``stream.TrainStream.batches``); the
+schedules, the E-step and the continuous latent's noise are functions of the step.
 
 Data parallel (torchrun; gloo on CPU, NCCL on GPUs): the global batch of N * B examples
 is drawn from ``lanes`` sample streams, each rank reading only its own lanes' shards
@@ -19,7 +26,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -32,15 +38,18 @@ from tokweight.pipeline.labels import load_labels
 from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.vocab import Vocab
 from tokweight.training.baselines import Baseline, make_baseline
-from tokweight.training.cvae import (CVAE, CVAEConfig, add_latent_tokens, build_cvae, latent_tokens_needed, objective,
+from tokweight.training.configs import CVAEConfig
+from tokweight.training.convergence import Convergence, converged, observe, val_mi, val_objective
+from tokweight.training.cvae import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed, objective,
                                      spread_latent_embeddings)
 from tokweight.training.data import StoreRef, StreamSpec, TrainBatch, extract_command, shards_without_rows, split_urls
 from tokweight.training.estep import EStepConfig, em_objective, strategy_indices
+from tokweight.training.faults import NO_HOOKS, Hooks
 from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.losses import (WeightingParams, anchor_penalty, example_kl, reconstruction_weights,
                              weighted_reconstruction)
 from tokweight.training.metrics import entropy, informative_token_spread, posterior_gradient_norms
-from tokweight.training.run_dir import append_metrics, resume, save_checkpoint, write_config
+from tokweight.training.run_dir import append_metrics, metrics_size, resume, save_checkpoint, write_config
 from tokweight.training.stream import TrainStream
 from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
 from tokweight.training.validation import Scoring, validate
@@ -58,19 +67,24 @@ class State:
     params: WeightingParams
     spec: StreamSpec  # the training stream
     global_batch: GlobalBatch  # this rank's place in the data-parallel job
+    ranks: Ranks
     device: torch.device
-    meta: dict  # the checkpoint's state.json besides step and param groups (run_dir.save_checkpoint)
+    meta: dict  # the run's part of the checkpoint's state.json (run_dir.save_checkpoint)
     step: int = 0
     strategy_names: tuple[str, ...] = ()  # estep mode "label": latent value k is strategy_names[k]
     skips: Skips = field(default_factory=Skips)  # samples this rank's streams left out (train and val), per shard
+    convergence: Convergence = field(default_factory=Convergence)  # the stop rule's state
+    stop: str | None = None  # why the run stopped: "converged" or "step cap"; None while it trains
+    hooks: Hooks = NO_HOOKS
 
 
-def data_seed(seed: int, start_step: int) -> int:
-    """The stream's seed: a resumed run draws a fresh (still deterministic) stream from its step."""
-    return int(np.random.SeedSequence([seed, start_step]).generate_state(1)[0])
+def data_seed(seed: int) -> int:
+    """The stream's seed, the same for a run and its resumes (the 0 in the seed sequence was once the step
+    a run resumed from; kept, so that runs repeat the data they drew before)."""
+    return int(np.random.SeedSequence([seed, 0]).generate_state(1)[0])
 
 
-def setup(cfg: TrainConfig, ranks: Ranks) -> State:
+def setup(cfg: TrainConfig, ranks: Ranks, hooks: Hooks = NO_HOOKS) -> State:
     torch.manual_seed(cfg.optim.seed)
     device = ranks.device(cfg.io.device)
     init, base = load_checkpoints(cfg.io)
@@ -84,15 +98,34 @@ def setup(cfg: TrainConfig, ranks: Ranks) -> State:
     meta = {"cvae": cfg.cvae.to_json(), "init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
             "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b,
             "backbone": init.meta.get("kind", "tokweight"), "template": init.vocab.template.to_json()}
-    step = resume(cfg, model, opt, init.fingerprint)
+    saved = resume(cfg, model, opt, init.fingerprint, ranks.rank, ranks.world) or {}
     ranks.broadcast_tensors(model.parameters())  # identical starting points, whatever the ranks computed alone
+    set_rng_states(saved.get("rng", {}), device)
     spec = StreamSpec(urls=split_urls(cfg.io.data, "train"), vocab=vocab, slots=cfg.cvae.slots,
                       block_size=init.model.cfg.block_size, batch_size=cfg.optim.batch_size,
                       store=store if cfg.loss.policy == "precomputed" else None,
-                      seed=data_seed(cfg.optim.seed, step), shuffle_buffer=cfg.io.shuffle_buffer,
+                      seed=data_seed(cfg.optim.seed), shuffle_buffer=cfg.io.shuffle_buffer,
                       lanes=cfg.io.lanes or ranks.world, root=cfg.io.data, on_bad_sample=cfg.io.on_bad_sample)
     return State(model, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
-                 GlobalBatch(ranks.rank, ranks.world), device, meta, step, label_names(cfg))
+                 GlobalBatch(ranks.rank, ranks.world), ranks, device, meta, saved.get("step", 0), label_names(cfg),
+                 convergence=Convergence(**saved.get("convergence", {})), hooks=hooks)
+
+
+def rng_states(device: torch.device) -> dict[str, torch.Tensor]:
+    """This process's global torch RNG states (dropout draws from them; every other draw of a run has its
+    own seeded generator)."""
+    states = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def set_rng_states(states: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Restore ``rng_states``' result (a resumed run's; nothing for a fresh one)."""
+    if "torch" in states:
+        torch.set_rng_state(states["torch"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state(states["cuda"], device)
 
 
 def load_checkpoints(io: IOConfig):
@@ -256,22 +289,25 @@ def optimizer_step(state: State, grad_clip: float) -> None:
 
 
 def fit(state: State, cfg: TrainConfig) -> int:
-    """Train from ``state.step`` to ``cfg.optim.steps``; the bytes of shards and store parts this rank's
-    training stream read. The samples it left out are added to ``state.skips``."""
-    if state.step >= cfg.optim.steps:
+    """Train from ``state.step`` until the stop rule or the step cap says stop (``state.stop``); the bytes
+    of shards and store parts this rank's training stream read. The samples it left out are added to
+    ``state.skips``."""
+    state.stop = stop_reason(state, cfg)
+    if state.stop:
         return 0
     ranks = state.global_batch
     stream = TrainStream(state.spec, ranks.rank, ranks.world)
-    batches = islice(stream.batches(cfg.io.num_workers), cfg.optim.steps - state.step)
+    batches = stream.batches(cfg.io.num_workers, start=state.step)
     bar = tqdm(total=cfg.optim.steps, initial=state.step, desc="train", unit="step", disable=ranks.rank != 0,
                mininterval=1.0)
     try:
-        for batch in batches:
-            record = forward_backward(state, batch.to(state.device), cfg.loss, cfg.remedies, cfg.optim,
+        while not state.stop:
+            record = forward_backward(state, next(batches).to(state.device), cfg.loss, cfg.remedies, cfg.optim,
                                       cfg.log.grad_diag_every)
             optimizer_step(state, cfg.optim.grad_clip)
             state.step += 1
             bar.update(1)
+            state.hooks.after_step(state.step)
             after_step(state, cfg, record, bar)
     finally:
         bar.close()
@@ -279,17 +315,41 @@ def fit(state: State, cfg: TrainConfig) -> int:
     return stream.bytes_read
 
 
+def stop_reason(state: State, cfg: TrainConfig) -> str | None:
+    if converged(state.convergence, cfg.optim.stop):
+        return "converged"
+    return "step cap" if state.step >= cfg.optim.steps else None
+
+
 def after_step(state: State, cfg: TrainConfig, record: dict, bar) -> None:
-    """The step's metrics line, validation and checkpoint, each on ``cfg.log``'s schedule; rank 0 writes."""
+    """The step's metrics line, validation (and the stop rule's reading of it) and checkpoint, each on
+    ``cfg.log``'s schedule; the last step always writes a checkpoint; rank 0 writes."""
     log, step, main = cfg.log, state.step, state.global_batch.rank == 0
-    last = step == cfg.optim.steps
-    if main and (step % log.log_every == 0 or last or "grad_recon" in record):
+    if main and (step % log.log_every == 0 or step == cfg.optim.steps or "grad_recon" in record):
         append_metrics(cfg.io.out, record)
         bar.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}")
-    if log.eval_every and step % log.eval_every == 0 and not last:
-        validate_run(state, cfg, examples=log.eval_examples)
-    if main and (step % log.ckpt_every == 0 or last):
-        save_checkpoint(cfg.io.out, state.model, state.opt, state.spec.vocab, {"step": step, **state.meta})
+    if log.eval_every and step % log.eval_every == 0 and step < cfg.optim.steps:
+        metrics = validate_run(state, cfg, examples=log.eval_examples)
+        if step >= cfg.objective_settles:
+            # rank 0's reading on every rank: the ranks stop together even if their float sums differed
+            state.convergence = state.ranks.broadcast(observe(state.convergence, cfg.optim.stop, step,
+                                                              val_objective(metrics, cfg.loss.beta.beta),
+                                                              val_mi(metrics)))
+    state.stop = stop_reason(state, cfg)
+    if step % log.ckpt_every == 0 or state.stop:
+        checkpoint(state, cfg)
+
+
+def checkpoint(state: State, cfg: TrainConfig) -> None:
+    """RUN/checkpoint/ at ``state.step``: what a resumed run needs to go on as if never stopped."""
+    rngs = state.ranks.gather(rng_states(state.device))  # a collective: every rank takes part
+    if state.global_batch.rank != 0:
+        return
+    meta = {"step": state.step, **state.meta, "world": state.global_batch.world,
+            "convergence": state.convergence.to_json(), "metrics_bytes": metrics_size(cfg.io.out)}
+    rng = {f"{name}.{rank}": t for rank, states in enumerate(rngs) for name, t in states.items()}
+    save_checkpoint(cfg.io.out, state.model, state.opt, state.spec.vocab, meta, rng, state.hooks.before_write)
+    state.hooks.after_checkpoint(state.step)
 
 
 def validate_run(state: State, cfg: TrainConfig, examples: int | None = None) -> dict:
@@ -303,13 +363,21 @@ def validate_run(state: State, cfg: TrainConfig, examples: int | None = None) ->
     return metrics
 
 
-def run(cfg: TrainConfig) -> dict:
-    """The whole job; the result holds the final validation's metrics, the training wall time,
-    ``input_bytes_read``: each rank's bytes of shards and store parts read by its training stream, and,
-    if any sample was left out, ``skipped`` and ``skipped_shards``: every rank's train and val streams'."""
+def stop_record(state: State, cfg: TrainConfig) -> dict:
+    """Why the run stopped, where, its best validation's step (None if none was counted) and the rule."""
+    rule = cfg.optim.stop.describe(cfg.log.eval_every, cfg.log.eval_examples, cfg.loss.beta.beta,
+                                   cfg.objective_settles)
+    return {"reason": state.stop, "step": state.step, "best_step": state.convergence.best_step, "rule": rule}
+
+
+def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
+    """The whole job; the result holds the final validation's metrics, ``stop`` (``stop_record``), the
+    training wall time, ``input_bytes_read``: each rank's bytes of shards and store parts read by its
+    training stream (a resumed run's fast-forward included), and, if any sample was left out, ``skipped``
+    and ``skipped_shards``: every rank's train and val streams'. ``hooks``: faults a test injects."""
     ranks = Ranks(timeout_s=120.0, backend="nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo")
     try:
-        state = setup(cfg, ranks)  # refuses a bad config, checkpoint or store before the run directory exists
+        state = setup(cfg, ranks, hooks)  # refuses a bad config, checkpoint or store before the run directory exists
         Path(cfg.io.out).mkdir(parents=True, exist_ok=True)
         if ranks.is_main:
             write_config(cfg)
@@ -317,9 +385,13 @@ def run(cfg: TrainConfig) -> dict:
         bytes_read = fit(state, cfg)
         wall = time.perf_counter() - t0
         metrics = validate_run(state, cfg)
+        stop = stop_record(state, cfg)
+        if ranks.is_main:
+            append_metrics(cfg.io.out, {"stop": stop})
         skips = Skips()
         for shards in ranks.gather(state.skips.shards):  # the ranks read disjoint train shards
             skips.merge(shards)
-        return {**metrics, "train_wall_s": wall, "input_bytes_read": ranks.gather(bytes_read), **skips.to_json()}
+        return {**metrics, "stop": stop, "train_wall_s": wall, "input_bytes_read": ranks.gather(bytes_read),
+                **skips.to_json()}
     finally:
         ranks.close()

@@ -64,7 +64,9 @@ threads_option = click.option("--threads", type=int, default=None,
 @click.option("--anchor-weight", type=float, default=None,
               help="Weight of the anchor term that keeps every token within 0.05 nats of the base model, from the "
                    "end of the warm-up (0: off).  [default: 1]")
-@click.option("--steps", type=int, default=None, help="Optimizer steps.  [default: 300]")
+@click.option("--steps", type=int, default=None,
+              help="Cap on optimizer steps; the run stops earlier once validation says it converged.  "
+                   "[default: 6000]")
 @click.option("--batch-size", type=int, default=None, help="Per rank.  [default: 32]")
 @click.option("--lr", type=float, default=None, help="AdamW learning rate.  [default: 3e-4]")
 @click.option("--num-workers", type=int, default=None, help="Loader worker processes.  [default: 1]")
@@ -73,21 +75,30 @@ threads_option = click.option("--threads", type=int, default=None,
 @click.option("--on-bad-sample", type=click.Choice(["error", "skip"]), default=None,
               help="A bad sample the store does not record as skipped: stop naming it, or skip and count it.  "
                    "[default: error]")
+@click.option("--eval-every", type=int, default=None,
+              help="Steps between validations on 256 val examples, which the stop rule reads (0: none, the run "
+                   "trains to --steps).  [default: 50]")
+@click.option("--patience", type=int, default=None,
+              help="Validations without an improvement of the val objective or the MI before the run stops as "
+                   "converged (0: never, the run trains to --steps).  [default: 10]")
 @click.option("--log-every", type=int, default=None, help="Steps between metrics lines.  [default: 10]")
 @click.option("--ckpt-every", type=int, default=None, help="Steps between checkpoints.  [default: 100]")
 @click.option("--seed", type=int, default=None, help="[default: 0]")
 @click.option("--device", default=None, help="auto (CUDA when present), cpu, cuda or cuda:N.  [default: auto]")
 @threads_option
 def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting, lam, policy, baseline_checkpoint,
-          beta, warmup_steps, anchor_weight, steps, batch_size, lr, num_workers, lanes, on_bad_sample, log_every,
-          ckpt_every, seed, device, threads):
+          beta, warmup_steps, anchor_weight, steps, batch_size, lr, num_workers, lanes, on_bad_sample, eval_every,
+          patience, log_every, ckpt_every, seed, device, threads):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready).
 
     The defaults are the recipe that keeps z from scratch with the decoder whole: a 4-slot prefix,
     surprisal-share, beta 0.3 warmed up over 100 steps, the anchor term after the warm-up, the exact
-    E-step with centred latent rows (discrete), lr 3e-4."""
+    E-step with centred latent rows (discrete), lr 3e-4. The run stops once its periodic validations stop
+    improving, or at --steps, and says which."""
     from tokweight.training.configs import CVAEConfig
+    from tokweight.training.convergence import StopRule
     from tokweight.training.schedules import BetaSchedule
+    from tokweight.training.run_dir import CheckpointWriteError
     from tokweight.training.train import run
     from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
@@ -100,11 +111,19 @@ def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting
             loss=LossConfig(beta=BetaSchedule(**given(beta=beta, warmup_steps=warmup_steps)),
                             **given(weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,
                                     anchor_weight=anchor_weight)),
-            optim=OptimConfig(**given(steps=steps, batch_size=batch_size, lr=lr, seed=seed)),
-            log=LogConfig(**given(log_every=log_every, ckpt_every=ckpt_every)))
+            optim=OptimConfig(stop=StopRule(**given(patience=patience)),
+                              **given(steps=steps, batch_size=batch_size, lr=lr, seed=seed)),
+            log=LogConfig(**given(eval_every=eval_every, log_every=log_every, ckpt_every=ckpt_every)))
         result = run(cfg)
-    except ValueError as e:
+    except (ValueError, CheckpointWriteError) as e:
         raise click.ClickException(str(e)) from e
     if int(os.environ.get("RANK", "0")) == 0:  # one report under torchrun
         echo_skips(result)
         click.echo(json.dumps(result, indent=1))
+        click.echo(stop_line(result["stop"]), err=True)
+
+
+def stop_line(stop: dict) -> str:
+    """The one line saying why the run stopped."""
+    best = f"best validation at step {stop['best_step']}" if stop["best_step"] is not None else "no counted validation"
+    return f"stopped at step {stop['step']}: {stop['reason']} ({best}); rule: {stop['rule']}"

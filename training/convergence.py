@@ -1,0 +1,88 @@
+"""When a train run stops: once validation stops improving (converged), or at its step cap.
+
+The rule reads the periodic validations (``LogConfig.eval_every``, on the first ``eval_examples``
+val examples), in order:
+
+- counted: the validations at or after the step where the objective stops changing (``settle``:
+  the end of beta's warm-up, the anchor term's start, the end of an E-step warm start); before it
+  the objective itself moves, so a plateau there says nothing;
+- improved: the val objective recon + beta * KL (nats, at beta after its warm-up) fell more than
+  ``min_delta_objective`` below its best so far, or the MI (discrete: the exact I(z; x, y); continuous:
+  the Monte Carlo estimate) rose more than ``min_delta_mi`` above its best so far; the first counted
+  validation sets both bests;
+- converged: ``patience`` consecutive counted validations without an improvement.
+
+Pure functions of the validations' numbers: every rank, reading the same gathered metrics, decides
+the same; the rule's state (``Convergence``) is saved with each checkpoint, so a resumed run decides
+what the uninterrupted one decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class StopRule:
+    patience: int = 10
+    """Counted validations without an improvement before the run stops (0: off, the run trains to its cap).
+    At 50 steps a validation: 500 steps. On the small synthetic preset (seed 0) neither number improved
+    from step 250 until z was found at step 600: a patience of 6 stopped that run at step 550, 7 let
+    it go on."""
+    min_delta_objective: float = 0.01
+    """Nats the val objective must fall below its best to count as an improvement."""
+    min_delta_mi: float = 0.01
+    """Nats the MI must rise above its best to count as an improvement."""
+
+    def __post_init__(self):
+        if self.patience < 0 or min(self.min_delta_objective, self.min_delta_mi) < 0:
+            raise ValueError("need patience >= 0, min_delta_objective >= 0 and min_delta_mi >= 0")
+
+    def describe(self, eval_every: int, examples: int, beta: float, settle: int) -> str:
+        """The rule in words with its numbers."""
+        if not (self.patience and eval_every):
+            return "off: the run trains to its step cap (patience 0 or no periodic validation)"
+        return (f"stop once {self.patience} consecutive validations (every {eval_every} steps, {examples} val "
+                f"examples, counted from step {settle}) neither lower the val objective recon + {beta:g} * KL by "
+                f"more than {self.min_delta_objective:g} nats below its best nor raise the MI by more than "
+                f"{self.min_delta_mi:g} nats above its best")
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """The rule's state after the validations so far."""
+
+    best_objective: float | None = None
+    best_mi: float | None = None
+    best_step: int | None = None
+    """The last counted validation that improved either number (the first counted one included)."""
+    stale: int = 0
+    """Counted validations since ``best_step``."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def val_objective(metrics: dict, beta: float) -> float:
+    """recon + beta * KL of a validation's metrics (nats per example)."""
+    return metrics["recon"] + beta * metrics["kl"]
+
+
+def val_mi(metrics: dict) -> float:
+    """The MI a validation reports: exact for a discrete latent, the Monte Carlo estimate for a continuous one."""
+    return metrics["mi"] if "mi" in metrics else metrics["mi_estimate"]
+
+
+def observe(state: Convergence, rule: StopRule, step: int, objective: float, mi: float) -> Convergence:
+    """The state after a counted validation at ``step``."""
+    if state.best_step is None:
+        return Convergence(objective, mi, step, 0)
+    better_objective = objective < state.best_objective - rule.min_delta_objective
+    better_mi = mi > state.best_mi + rule.min_delta_mi
+    if not (better_objective or better_mi):
+        return replace(state, stale=state.stale + 1)
+    return Convergence(min(objective, state.best_objective), max(mi, state.best_mi), step, 0)
+
+
+def converged(state: Convergence, rule: StopRule) -> bool:
+    return rule.patience > 0 and state.stale >= rule.patience
