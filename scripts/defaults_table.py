@@ -42,10 +42,10 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
 }
 
 
-def run_block(name: str, root: Path, seeds: tuple[int, ...], jobs: int, echo=print) -> list[dict]:
+def run_block(name: str, root: Path, seeds: tuple[int, ...], jobs: int, cap: int, echo=print) -> list[dict]:
     task, setting = BLOCKS[name]
     prep = prepare_setting(task, setting, root / name, echo)
-    plan = CellPlan(task.k, None, CellBudget(steps=OptimConfig.steps, decode_examples=256), "default")
+    plan = CellPlan(task.k, None, CellBudget(steps=cap, decode_examples=256), "default")
     cells = [Cell(setting.name, "discrete", "prefix", w, BETA, s) for w in WEIGHTINGS for s in seeds]
     rows = run_cells(cells, {setting.name: prep}, plan, root / name, echo, jobs)
     return [{"block": name, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"], **r} for r in rows]
@@ -61,11 +61,13 @@ def table(rows: list[dict]) -> str:
             return "n/a" if not len(values) else f"{values.mean():.3f} ± {values.std():.3f}"
 
         first = group[0]
+        stops = Counter(r.get("stop") or "cap" for r in group)
         out.append([block, str(first["k"]), f"{first['ratio_true']:.1f}", f"{first['b_after_t0']:.3f}", weighting,
-                    " / ".join(str(count.get(o, 0)) for o in OUTCOMES), ms("mi"), ms("strategy_mi"),
+                    " / ".join(str(count.get(o, 0)) for o in OUTCOMES),
+                    ", ".join(f"{n} {reason}" for reason, n in sorted(stops.items())), ms("mi"), ms("strategy_mi"),
                     f"{ms('own_exact_match')} ({ms('base_exact_match')})",
                     f"{ms('nll_token_mean')} ({ms('base_nll_token_mean')})"])
-    headers = ["block", "K", "T/(t0+1)", "base b after t0", "weighting", "seeds whole / damaged / z not used",
+    headers = ["block", "K", "T/(t0+1)", "base b after t0", "weighting", "seeds whole / damaged / z not used", "stopped",
                "exact MI", "I(z; strategy)", "exact match (base)", "NLL nats/token (base)"]
     return markdown_table(headers, out)
 
@@ -83,16 +85,18 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--blocks", default=",".join(BLOCKS))
+    ap.add_argument("--cap", type=int, default=OptimConfig.steps, help="step cap per cell (the stop rule ends most "
+                    "runs before it)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # small models on a shared 2-core machine: more threads oversubscribe it
     seeds = tuple(int(s) for s in args.seeds.split(","))
     start = time.perf_counter()
-    rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, args.jobs)]
+    rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, args.jobs, args.cap)]
     wall = time.perf_counter() - start
     write_csv(args.out / "cells.csv", rows)
-    text = (f"{table(rows)}\n\nSeeds {list(seeds)}, beta {BETA}, cap {OptimConfig.steps} steps, "
+    text = (f"{table(rows)}\n\nSeeds {list(seeds)}, beta {BETA}, cap {args.cap} steps, "
             f"{len(rows)} cells; wall time {wall / 60:.1f} min (`python scripts/defaults_table.py {args.out}"
-            f" --jobs {args.jobs}`).\n")
+            f" --jobs {args.jobs} --cap {args.cap} --blocks {args.blocks}`).\n")
     (args.out / "defaults_table.md").write_text(text)
     print(text)
 
