@@ -41,6 +41,9 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
               help="Your own task: the dataset, with train/val/test splits (tokweight convert).")
 @click.option("--store", type=click.Path(file_okay=False), default=None,
               help="Your own task: the store to extract into and read (default: OUT/store).")
+@click.option("--template", default=None,
+              help="Your own task: the checkpoint's format, as extract's --template (chat, or a string template "
+                   "file; default: tokweight's).")
 @click.option("--k", type=int, default=None, help="Your own task: latent values (default: the data's labels).")
 @click.option("--cond", default=None, help="Your own task: z pathway (default: own_task.DEFAULT_COND).")
 @click.option("--slots", type=int, default=None, help="Your own task: prefix slots (default: own_task.DEFAULT_SLOTS).")

@@ -64,6 +64,8 @@ class OwnTaskConfig:
     """Results directory; runs/ (and store/ when ``store`` is None) below it are reused across runs."""
     store: str | None = None
     """A store to extract into and read (new, or holding this checkpoint's fingerprint); None: OUT/store."""
+    template: str = "tokweight"
+    """The checkpoint's format, as extract's ``--template``: "tokweight", "chat" or a string template file."""
     k: int | None = None
     """Values of the discrete latent; None: the data's number of strategy labels (resolved by ``run``)."""
     weightings: tuple[str, ...] = ("uniform", "sum", "surprisal-share")
@@ -155,12 +157,12 @@ def cell_line(cell: Cell, record: dict) -> str:
 
 def resolve(cfg: OwnTaskConfig):
     """(cfg with K resolved, the checkpoint): every check that needs no work done, before DIR is made."""
-    ckpt = read_checkpoint(cfg.checkpoint)
+    ckpt = read_checkpoint(cfg.checkpoint, cfg.template)
     split_shards(Path(cfg.data))
     if cfg.store is not None:
         check_store(Path(cfg.store), ckpt.fingerprint, cfg.checkpoint)
     recipe_overrides(cfg.recipe)  # an unknown recipe: no work
-    return replace(cfg, k=latent_k(Path(cfg.data), cfg.k, ckpt.k_max, cfg.checkpoint)), ckpt
+    return replace(cfg, k=latent_k(Path(cfg.data), cfg.k)), ckpt
 
 
 def run(cfg: OwnTaskConfig, echo: Echo = print, command: str | None = None) -> dict:

@@ -45,21 +45,16 @@ def data_key(data: Path, shards: dict[str, list[Path]]) -> str:
     return key_of(listing)
 
 
-def latent_k(data: Path, k: int | None, k_max: int, checkpoint: str) -> int:
-    """K: ``k`` if given, else the number of the data's strategy labels; refused above the checkpoint's
-    latent tokens."""
+def latent_k(data: Path, k: int | None) -> int:
+    """K: ``k`` if given, else the number of the data's strategy labels (train appends the latent tokens a
+    checkpoint lacks)."""
     from tokweight.pipeline.labels import load_labels
 
     labels = load_labels(data).strategies
     if k is None and len(labels) < 2:
         raise ValueError(f"{data / 'dataset.json'} lists {len(labels)} strategy label(s), so K is unknown: pass "
                          "--k K (the latent's number of values), or give the JSON lines a 'strategy' field")
-    k = len(labels) if k is None else k
-    if k > k_max:
-        raise ValueError(f"K = {k} exceeds the {k_max} latent tokens <z_0>..<z_{k_max - 1}> of checkpoint "
-                         f"{checkpoint}: retrain it with `tokweight train-base --k-max {k}` (a Hugging Face "
-                         f"checkpoint: add <z_{k_max}>..<z_{k - 1}> to its tokenizer), or pass --k {k_max} or less")
-    return k
+    return len(labels) if k is None else k
 
 
 def check_store(store: Path, fingerprint: str, checkpoint: str) -> None:
@@ -72,12 +67,13 @@ def check_store(store: Path, fingerprint: str, checkpoint: str) -> None:
                          "extract into OUT/store")
 
 
-def extract_store(checkpoint: str, data: Path, store: Path) -> bool:
+def extract_store(checkpoint: Checkpoint, data: Path, store: Path) -> bool:
     """Write (or finish) the checkpoint's store over every split; True if it was complete already."""
     from tokweight.pipeline.extract import ExtractConfig
     from tokweight.pipeline.extract import run as extract
 
-    done = extract(ExtractConfig(checkpoint=checkpoint, data=str(data), store=str(store), progress=False))
+    done = extract(ExtractConfig(checkpoint=checkpoint.path, data=str(data), store=str(store),
+                                 template=checkpoint.template, progress=False))
     return done["nothing_to_do"]
 
 
@@ -90,16 +86,17 @@ class Checkpoint:
     kind: str
     """"tokweight" or "huggingface"."""
     parameters: int
-    k_max: int
-    """Latent tokens <z_0>.. in its vocabulary."""
+    template: str
+    """The format it is read in (extract's ``--template``: "tokweight", "chat" or a template file)."""
 
 
-def read_checkpoint(path: str) -> Checkpoint:
+def read_checkpoint(path: str, template: str) -> Checkpoint:
     from tokweight.pipeline.backbone import load_backbone
+    from tokweight.pipeline.templates import template_option
 
-    ckpt = load_backbone(path)
+    ckpt = load_backbone(path, template=template_option(template))
     return Checkpoint(path, ckpt.fingerprint, ckpt.meta.get("kind", "tokweight"),  # hf: "huggingface"
-                      sum(p.numel() for p in ckpt.model.parameters()), ckpt.vocab.k_max)
+                      sum(p.numel() for p in ckpt.model.parameters()), template)
 
 
 # ---------------------------------------------------------------- what the store predicts
@@ -156,7 +153,7 @@ def prepare(checkpoint: Checkpoint, data: Path, store: Path, echo: Echo) -> Prep
     ``Prepared`` every cell reads (no generator setting: a user task has none)."""
     start = time.perf_counter()
     shards = split_shards(data)
-    reused = extract_store(checkpoint.path, data, store)
+    reused = extract_store(checkpoint, data, store)
     con = data_connection(store, checkpoint.fingerprint, [p for paths in shards.values() for p in paths])
     stats = {**predictions(con), "profile": profile(con), "beta_c_predicted": predicted_beta_c(con),
              "base_nll_test": base_nll(store, checkpoint.fingerprint, shards["test"])}
