@@ -85,7 +85,7 @@ def step_time(run, batch) -> float:
 
     state, cfg = run
     t = time.perf_counter()
-    forward_backward(state, batch, cfg.loss, cfg.remedies, cfg.optim, cfg.log.grad_diag_every)
+    forward_backward(state, batch, cfg, logged=False)
     optimizer_step(state, cfg.optim.grad_clip)
     return time.perf_counter() - t
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -203,30 +202,74 @@ def step_objective(latent, out, *, pi: torch.Tensor, beta: float, free_bits: flo
     return objective(latent, out, pi, beta, free_bits, batch)
 
 
-def forward_backward(state: State, batch: TrainBatch, loss: LossConfig, remedies: RemedyConfig, optim: OptimConfig,
-                     grad_diag_every: int) -> dict:
-    """One step's objective and its gradients (not yet averaged across ranks); the step's metrics record."""
-    model, step = state.model, state.step
-    out = model(batch, generator=sample_generator(optim.seed, step), global_batch=state.global_batch)
+@dataclass
+class StepTerms:
+    """One step's objective and what its diagnostics read."""
+
+    out: object  # the CVAE's outputs (CVAEOutput)
+    b: torch.Tensor  # (B, T_max) nats over S, detached
+    pi: torch.Tensor  # (B, T_max) the reconstruction's token weights
+    degenerate: torch.Tensor  # (B,) bool: weights fell back to uniform
+    obj: object  # the objective's terms (cvae.Objective)
+    anchor: torch.Tensor  # () the anchor term, measured whatever its weight
+    beta: float
+    estep: bool  # whether the E-step objective was the one optimised
+
+    def total(self, anchor_weight: float) -> torch.Tensor:
+        """What the step backpropagates: the objective, plus the anchor term when its weight is on."""
+        return self.obj.loss + anchor_weight * self.anchor if anchor_weight else self.obj.loss
+
+
+def step_weights(state: State, batch: TrainBatch, out, loss: LossConfig):
+    """(b, pi, degenerate): where b comes from (the policy) and the weighting's token weights."""
     b = state.baseline(batch, out)  # (B, T_max) nats over S, detached
     pi, degenerate = reconstruction_weights(loss.weighting, b, batch.zfree.mask, state.params,
                                             loss.token_weighted_reconstruction_weight, state.global_batch)
+    return b, pi, degenerate
+
+
+def step_terms(state: State, batch: TrainBatch, loss: LossConfig, remedies: RemedyConfig,
+               optim: OptimConfig) -> StepTerms:
+    """The forward pass and the step's objective: the E-step's while one is active, else the plain one."""
+    model, step = state.model, state.step
+    out = model(batch, generator=sample_generator(optim.seed, step), global_batch=state.global_batch)
+    b, pi, degenerate = step_weights(state, batch, out, loss)
     beta, em = loss.beta.at(step), remedies.estep.active(step)
     labels = strategy_indices(batch.strategies, state.strategy_names, batch.keys) if em and state.strategy_names else None
-    objective_of = partial(step_objective, pi=pi, beta=beta, free_bits=loss.free_bits,
-                           estep=remedies.estep if em else None, labels=labels, batch=state.global_batch)
-    obj = objective_of(model.latent, out)
-    anchor = anchored(model, out, b, batch.zfree.mask, loss)
-    record = {"step": step, "loss": obj.loss.item(), "recon": obj.recon.item(),
-              "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": beta,
-              "anchor": anchor.item(), "degenerate": int(degenerate.sum()), "estep": em,
-              **latent_summary(model, out, batch, state.params, pi, b)}
-    if grad_diag_every and step % grad_diag_every == 0:
-        record |= posterior_gradient_norms(obj.recon, beta * obj.kl_term, model.posterior_parameters)
-    state.opt.zero_grad(set_to_none=True)
-    anchor_weight = loss.anchor_weight_at(step)  # 0: logged only, no backward through it
-    (obj.loss + anchor_weight * anchor if anchor_weight else obj.loss).backward()
+    obj = step_objective(model.latent, out, pi=pi, beta=beta, free_bits=loss.free_bits,
+                         estep=remedies.estep if em else None, labels=labels, batch=state.global_batch)
+    return StepTerms(out, b, pi, degenerate, obj, anchored(model, out, b, batch.zfree.mask, loss), beta, em)
+
+
+def diagnostics(state: State, batch: TrainBatch, terms: StepTerms, gradient_norms: bool) -> dict:
+    """The step's metrics record; its ``.item()`` calls wait for the device, so only logged steps make one.
+    The posterior-gradient norms need the graphs: before the backward."""
+    obj, model = terms.obj, state.model
+    record = {"step": state.step, "loss": obj.loss.item(), "recon": obj.recon.item(),
+              "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": terms.beta,
+              "anchor": terms.anchor.item(), "degenerate": int(terms.degenerate.sum()), "estep": terms.estep,
+              **latent_summary(model, terms.out, batch, state.params, terms.pi, terms.b)}
+    if gradient_norms:
+        record |= posterior_gradient_norms(obj.recon, terms.beta * obj.kl_term, model.posterior_parameters)
     return record
+
+
+def forward_backward(state: State, batch: TrainBatch, cfg: TrainConfig, logged: bool) -> dict | None:
+    """One step's objective and its gradients (not yet averaged across ranks); the step's metrics record on a
+    logged step, else None."""
+    terms = step_terms(state, batch, cfg.loss, cfg.remedies, cfg.optim)
+    every = cfg.log.grad_diag_every
+    record = diagnostics(state, batch, terms, bool(every and state.step % every == 0)) if logged else None
+    state.opt.zero_grad(set_to_none=True)
+    terms.total(cfg.loss.anchor_weight_at(state.step)).backward()
+    return record
+
+
+def logged_step(step: int, cfg: TrainConfig) -> bool:
+    """Whether step ``step`` (0-based) writes a metrics line: every log_every-th, the cap's last, and the
+    posterior-gradient diagnostic's steps."""
+    every = cfg.log.grad_diag_every
+    return (step + 1) % cfg.log.log_every == 0 or step + 1 == cfg.optim.steps or bool(every and step % every == 0)
 
 
 def anchored(model: CVAE, out, b: torch.Tensor, mask: torch.Tensor, loss: LossConfig) -> torch.Tensor:
@@ -265,16 +308,23 @@ def latent_summary(model: CVAE, out, batch: TrainBatch, params: WeightingParams,
 
 
 def average_gradients(params, world: int) -> None:
-    """The ranks' mean gradient on every rank: the gradient of the global batch's mean."""
+    """The ranks' mean gradient on every rank: the gradient of the global batch's mean. One all_reduce per
+    dtype over the gradients flattened into one bucket, not one per parameter."""
     if world == 1:
         return
     import torch.distributed as dist
 
+    by_dtype: dict[torch.dtype, list] = {}
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-        p.grad.div_(world)
+        by_dtype.setdefault(p.grad.dtype, []).append(p)
+    for group in by_dtype.values():
+        bucket = torch.cat([p.grad.reshape(-1) for p in group])
+        dist.all_reduce(bucket, op=dist.ReduceOp.SUM)
+        bucket.div_(world)
+        for p, grad in zip(group, bucket.split([p.numel() for p in group])):
+            p.grad.copy_(grad.view_as(p.grad))
 
 
 def optimizer_step(state: State, grad_clip: float) -> None:
@@ -302,8 +352,7 @@ def fit(state: State, cfg: TrainConfig) -> int:
                mininterval=1.0)
     try:
         while not state.stop:
-            record = forward_backward(state, next(batches).to(state.device), cfg.loss, cfg.remedies, cfg.optim,
-                                      cfg.log.grad_diag_every)
+            record = forward_backward(state, next(batches).to(state.device), cfg, logged_step(state.step, cfg))
             optimizer_step(state, cfg.optim.grad_clip)
             state.step += 1
             bar.update(1)
@@ -321,11 +370,12 @@ def stop_reason(state: State, cfg: TrainConfig) -> str | None:
     return "step cap" if state.step >= cfg.optim.steps else None
 
 
-def after_step(state: State, cfg: TrainConfig, record: dict, bar) -> None:
-    """The step's metrics line, validation (and the stop rule's reading of it) and checkpoint, each on
-    ``cfg.log``'s schedule; the last step always writes a checkpoint; rank 0 writes."""
+def after_step(state: State, cfg: TrainConfig, record: dict | None, bar) -> None:
+    """The step's metrics line (``record``, made on logged steps only), validation (and the stop rule's reading
+    of it) and checkpoint, each on ``cfg.log``'s schedule; the last step always writes a checkpoint; rank 0
+    writes."""
     log, step, main = cfg.log, state.step, state.global_batch.rank == 0
-    if main and (step % log.log_every == 0 or step == cfg.optim.steps or "grad_recon" in record):
+    if main and record is not None:
         append_metrics(cfg.io.out, record)
         bar.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}")
     if log.eval_every and step % log.eval_every == 0 and step < cfg.optim.steps:
