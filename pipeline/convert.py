@@ -399,8 +399,3 @@ def run(cfg: ConvertConfig) -> dict:
     except BaseException:
         _undo(out_dir, plan.split_names(), created)
         raise
-
-
-def convert_jsonl(jsonl_path: str | Path, out_dir: str | Path, **options) -> dict:
-    """``run(ConvertConfig(jsonl_path, out_dir, **options))``."""
-    return run(ConvertConfig(str(jsonl_path), str(out_dir), **options))

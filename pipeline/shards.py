@@ -257,11 +257,6 @@ def duplicate_keys(names: list[str]) -> list[str]:
     return dups
 
 
-def count_samples(path: str | Path) -> int:
-    """Number of distinct sample keys in a shard (checks it is complete first)."""
-    return len({_member_key(m.name)[0] for m in scan_shard(path)} - {None})
-
-
 # ---------------------------------------------------------------- reading
 
 

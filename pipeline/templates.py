@@ -245,17 +245,6 @@ def y_ids(vocab: Vocab, x: Text, y: Text, *, key: str | None = None) -> list[int
     return ids[layout.s_start: layout.s_start + layout.n]
 
 
-def zfree_ids(vocab: Vocab, x: Text, y: Text, *, key: str | None = None) -> list[int]:
-    return template_ids(vocab, x, y, key=key)[0]
-
-
-def zcond_ids(vocab: Vocab, x: Text, y: Text, slot_ids: Sequence[int], *, key: str | None = None) -> list[int]:
-    """The z-conditioned template with ``slot_ids`` in the latent slots (one id per slot)."""
-    if not slot_ids:
-        raise ValueError("the z-conditioned template needs at least one latent slot")
-    return template_ids(vocab, x, y, slot_ids, key=key)[0]
-
-
 def s_targets(ids: Sequence[int], layout: Layout) -> list[int]:
     """Token ids of S read off a sequence: the echo the store keeps to check alignment."""
     return [ids[p] for p in layout.s_positions()]

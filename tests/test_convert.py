@@ -7,9 +7,19 @@ import warnings
 
 import pytest
 
-from tokweight.pipeline.convert import convert_jsonl
+from tokweight.pipeline.convert import ConvertConfig, run as convert
 from tokweight.pipeline.samples import Sample
-from tokweight.pipeline.shards import count_samples, iter_samples, resolve_shards
+from tokweight.pipeline.shards import iter_samples, resolve_shards
+
+
+def convert_jsonl(jsonl, out, **options) -> dict:
+    """`tokweight convert` of ``jsonl`` into ``out``."""
+    return convert(ConvertConfig(str(jsonl), str(out), **options))
+
+
+def samples_in(path) -> int:
+    """The samples a shard yields (a damaged shard raises)."""
+    return sum(1 for _ in iter_samples([str(path)]))
 
 GOOD = {"x": ["a", "b"], "y": ["b", "a"]}
 LINES = [
@@ -55,7 +65,7 @@ def test_skip_mode_counts_keys_and_report(jsonl, tmp_path):
     assert info["symbols"] == ["a", "b", "c", "d"] and info["strategies"] == ["reverse"]
     assert info["splits"] == {"train": {"samples": 3, "shards": ["train/shard-000000.tar", "train/shard-000001.tar"]}}
     _, shards = resolve_shards(out)
-    assert sum(count_samples(p) for p in shards) == 3
+    assert sum(samples_in(p) for p in shards) == 3
     assert [s for _, s in iter_samples(shards)] == [
         Sample("ex1", ("a", "b"), ("b", "a"), "reverse", 0),
         Sample("doc_v1_0001", ("a", "b"), ("b", "a")),

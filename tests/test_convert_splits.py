@@ -9,10 +9,15 @@ from click.testing import CliRunner
 
 import tokweight.pipeline.convert
 from tokweight.cli import main
-from tokweight.pipeline.convert import convert_jsonl, key_unit
+from tokweight.pipeline.convert import ConvertConfig, key_unit, run as convert
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_samples, resolve_shards, write_shards
 from tokweight.training.data import split_urls
+
+
+def convert_jsonl(jsonl, out, **options) -> dict:
+    """`tokweight convert` of ``jsonl`` into ``out``."""
+    return convert(ConvertConfig(str(jsonl), str(out), **options))
 
 
 def write_lines(path, records):

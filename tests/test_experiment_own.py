@@ -15,12 +15,17 @@ import pytest
 from click.testing import CliRunner
 
 from tokweight.cli import main
-from tokweight.pipeline.convert import convert_jsonl
+from tokweight.pipeline.convert import ConvertConfig, run as convert
 from tokweight.pipeline.samples import sample_to_json
 from tokweight.pipeline.synth import PRESETS, generate
 from tests.fixtures_experiment import TINY_BUDGET
 from tests.test_cli_errors import fails_in_one_line
 from tokweight.training.experiments import own_task
+
+
+def convert_jsonl(jsonl, out, **options) -> dict:
+    """`tokweight convert` of ``jsonl`` into ``out``."""
+    return convert(ConvertConfig(str(jsonl), str(out), **options))
 
 ARMS = ("uniform", "sum", "surprisal-share")
 FINITE = ("mi", "strategy_mi", "kl", "usage_perplexity", "recon_uniform", "exact_match", "chance_exact_match",

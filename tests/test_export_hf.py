@@ -18,10 +18,20 @@ import torch
 from click.testing import CliRunner
 
 from tokweight.pipeline.checkpoint import load_checkpoint
-from tokweight.pipeline.templates import zcond_ids, zfree_ids
+from tokweight.pipeline.templates import template_ids
 from tokweight.pipeline.vocab import SPECIALS, Vocab, latent_token
 from tokweight.training.export_hf import build_tokenizer, export_hf
 from tokweight.training.train_base import load_split
+
+
+def zfree(vocab, x, y, **kw) -> list[int]:
+    """The z-free template's ids."""
+    return template_ids(vocab, x, y, **kw)[0]
+
+
+def zcond(vocab, x, y, slot_ids, **kw) -> list[int]:
+    """The z-conditioned template's ids, ``slot_ids`` in its latent slots."""
+    return template_ids(vocab, x, y, slot_ids, **kw)[0]
 
 pytest.importorskip("tokenizers")
 
@@ -95,7 +105,7 @@ def test_every_special_and_latent_token_is_one_token(exported, hf_tokenizer, val
             [vocab.id(vocab.symbols[0]), vocab.id(t), vocab.id(vocab.symbols[1])]  # never split, even unspaced
     # whole templates written out as text come back as the template's ids
     for s in val_samples[:20]:
-        for ids in (zfree_ids(vocab, s.x, s.y), zcond_ids(vocab, s.x, s.y, [vocab.latent_id(vocab.k_max - 1)] * 2)):
+        for ids in (zfree(vocab, s.x, s.y), zcond(vocab, s.x, s.y, [vocab.latent_id(vocab.k_max - 1)] * 2)):
             text = " ".join(vocab.decode(ids))
             assert hf_tokenizer(text, add_special_tokens=False).input_ids == ids
             assert hf_tokenizer.decode(ids, skip_special_tokens=True) == " ".join((*s.x, *s.y))
@@ -112,7 +122,7 @@ def test_gpt2_logits_on_tokenized_templates_equal_the_native_model(exported, hf_
     native = load_checkpoint(ckpt)
     hf = transformers.GPT2LMHeadModel.from_pretrained(out, local_files_only=True).eval()
     for s in val_samples[:16]:
-        ids = zfree_ids(native.vocab, s.x, s.y)
+        ids = zfree(native.vocab, s.x, s.y)
         text = " ".join(native.vocab.decode(ids))
         idx = torch.tensor([hf_tokenizer(text, add_special_tokens=False).input_ids])
         assert idx[0].tolist() == ids
@@ -128,7 +138,7 @@ def test_export_is_deterministic(exported, tmp_path):
     for name in FILES:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     # a fresh process (its own hash seeds) writes the same tokenizer.json
-    code = "import sys; from training.export_hf import export_hf; export_hf(sys.argv[1], sys.argv[2])"
+    code = "import sys; from tokweight.training.export_hf import export_hf; export_hf(sys.argv[1], sys.argv[2])"
     subprocess.run([sys.executable, "-c", code, str(ckpt), str(tmp_path / "fresh")], cwd=ROOT, check=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (first / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes(), name

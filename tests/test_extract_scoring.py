@@ -13,9 +13,14 @@ from tokweight.pipeline.bucketing import bucket, padded_fraction, plan_batches
 from tokweight.pipeline.checkpoint import load_checkpoint
 from tokweight.pipeline.extract import ShardBatches, encode, read_samples, score_batch, score_shard
 from tokweight.pipeline.shards import resolve_shards, shard_name
-from tokweight.pipeline.templates import Layout, collate, zfree_ids
+from tokweight.pipeline.templates import Layout, collate, template_ids
 from tokweight.store.baseline_store import BaselineStore
 from tokweight.training.export_hf import export_hf
+
+
+def zfree(vocab, x, y, **kw) -> list[int]:
+    """The z-free template's ids."""
+    return template_ids(vocab, x, y, **kw)[0]
 
 TOL = 1e-5
 
@@ -28,7 +33,7 @@ def _first_train_shard(world):
 
 def _reference(logits_fn, vocab, sample):
     """Per-example, unpadded: (b, entropy, argmax) over S from full-sequence logits, float64."""
-    ids = zfree_ids(vocab, sample.x, sample.y)
+    ids = zfree(vocab, sample.x, sample.y)
     lay = Layout(len(sample.x), len(sample.y))
     logits = logits_fn(torch.tensor([ids])).double()[0]  # (L, V)
     log_p = logits.log_softmax(-1)[list(lay.s_logit_positions())]  # (T, V)
@@ -56,7 +61,7 @@ def test_b_equals_unbatched_float64(world):
             np.testing.assert_allclose(row["b"], b, rtol=0, atol=TOL)
             np.testing.assert_allclose(entropy[sample.key], h, rtol=0, atol=TOL)
             assert top1[sample.key] == hit.tolist()
-            assert row["target_id"].tolist() == zfree_ids(ckpt.vocab, sample.x, sample.y)[-len(b) - 1:-1]
+            assert row["target_id"].tolist() == zfree(ckpt.vocab, sample.x, sample.y)[-len(b) - 1:-1]
 
 
 def _scores_by_key(ckpt, samples, shard, batch_tokens):
@@ -84,7 +89,7 @@ def test_b_invariant_to_padding_and_mixed_lengths(world):
     reference = BaselineStore(world.store).open().rows_for_shard(path)
     rng = np.random.default_rng(0)
     order = rng.permutation(len(samples))  # unbucketed: lengths mixed inside the batch
-    seqs = [zfree_ids(ckpt.vocab, samples[i].x, samples[i].y) for i in order]
+    seqs = [zfree(ckpt.vocab, samples[i].x, samples[i].y) for i in order]
     layouts = [Layout(len(samples[i].x), len(samples[i].y)) for i in order]
     batch = collate(seqs, layouts, pad_to=ckpt.model.cfg.block_size)  # padded to the full context
     b, _, _ = score_batch(ckpt.model, batch)

@@ -169,9 +169,9 @@ def test_the_native_path_never_imports_transformers(tiny, tiny_store, tmp_path):
 
     data, ckpt = tiny
     code = ("import sys, torch; torch.set_num_threads(1)\n"
-            "from pipeline.extract import ExtractConfig, run as extract\n"
-            "from training.train import run\n"
-            "from training.train_config import IOConfig, OptimConfig, LogConfig, TrainConfig\n"
+            "from tokweight.pipeline.extract import ExtractConfig, run as extract\n"
+            "from tokweight.training.train import run\n"
+            "from tokweight.training.train_config import IOConfig, OptimConfig, LogConfig, TrainConfig\n"
             f"extract(ExtractConfig(checkpoint={str(ckpt)!r}, data={str(data)!r}, store={str(tmp_path / 's')!r}, "
             "progress=False, reader_process=False))\n"
             f"run(TrainConfig(IOConfig(checkpoint={str(ckpt)!r}, data={str(data)!r}, store={str(tiny_store)!r}, "

@@ -2,11 +2,16 @@
 
 import json
 
-from tokweight.pipeline.convert import convert_jsonl
+from tokweight.pipeline.convert import ConvertConfig, run as convert
 from tokweight.pipeline.labels import load_labels, shard_labels
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
 from tokweight.pipeline.synth import load_synth_config
+
+
+def convert_jsonl(jsonl, out, **options) -> dict:
+    """`tokweight convert` of ``jsonl`` into ``out``."""
+    return convert(ConvertConfig(str(jsonl), str(out), **options))
 
 
 def test_synthetic_data_says_what_each_strategy_outputs(tiny):

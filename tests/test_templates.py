@@ -2,9 +2,20 @@ import pytest
 import torch
 
 from tokweight.pipeline.errors import SampleError
-from tokweight.pipeline.templates import (Layout, check_length, collate, gather_s, s_targets, token_surprisal, zcond_ids,
-                                zfree_ids)
+from tokweight.pipeline.templates import (Layout, check_length, collate, gather_s, s_targets, template_ids,
+                                          token_surprisal)
 from tokweight.pipeline.vocab import SPECIALS, Vocab
+
+
+def zfree(vocab, x, y, **kw) -> list[int]:
+    """The z-free template's ids."""
+    return template_ids(vocab, x, y, **kw)[0]
+
+
+def zcond(vocab, x, y, slot_ids, **kw) -> list[int]:
+    """The z-conditioned template's ids, ``slot_ids`` in its latent slots."""
+    return template_ids(vocab, x, y, slot_ids, **kw)[0]
+
 
 VOCAB = Vocab(("a", "b", "c", "d"), k_max=4)
 
@@ -22,8 +33,8 @@ def test_vocab_order_and_round_trip():
 def test_s_aligns_between_templates(m, n, slots):
     x = ["abcd"[i % 4] for i in range(m)]
     y = ["dcba"[i % 4] for i in range(n)]
-    free = zfree_ids(VOCAB, x, y)
-    cond = zcond_ids(VOCAB, x, y, [VOCAB.latent_id(1)] * slots)
+    free = zfree(VOCAB, x, y)
+    cond = zcond(VOCAB, x, y, [VOCAB.latent_id(1)] * slots)
     lf, lc = Layout(m, n), Layout(m, n, slots)
     assert lf.length == len(free) and lc.length == len(cond)
     expected = VOCAB.encode_symbols(y) + [VOCAB.id("</y>")]
@@ -38,13 +49,13 @@ def test_s_aligns_between_templates(m, n, slots):
 
 def test_bad_samples_name_the_key():
     with pytest.raises(SampleError, match="'k1'") as e:
-        zfree_ids(VOCAB, ["a"], ["z"], key="k1")
+        zfree(VOCAB, ["a"], ["z"], key="k1")
     assert e.value.reason == "unknown-symbol"
     with pytest.raises(SampleError, match="k2") as e:
-        zfree_ids(VOCAB, ["a"], [], key="k2")
+        zfree(VOCAB, ["a"], [], key="k2")
     assert e.value.reason == "empty-y"
     with pytest.raises(SampleError, match="k3") as e:
-        zfree_ids(VOCAB, ["<z_0>"], ["a"], key="k3")
+        zfree(VOCAB, ["<z_0>"], ["a"], key="k3")
     with pytest.raises(SampleError, match="k4") as e:
         check_length(70, 64, key="k4")
     assert e.value.reason == "too-long"
@@ -53,7 +64,7 @@ def test_bad_samples_name_the_key():
 def test_collate_gather_and_surprisal_match_cross_entropy():
     torch.manual_seed(0)
     samples = [(["a", "b"], ["c"]), (["a"], ["d", "c", "b"]), (["b", "b", "c"], ["a", "a"])]
-    seqs = [zfree_ids(VOCAB, x, y) for x, y in samples]
+    seqs = [zfree(VOCAB, x, y) for x, y in samples]
     lays = [Layout(len(x), len(y)) for x, y in samples]
     batch = collate(seqs, lays)
     assert batch.mask.sum().item() == sum(lay.T for lay in lays)
@@ -70,7 +81,7 @@ def test_collate_gather_and_surprisal_match_cross_entropy():
 def test_text_needs_a_tokenizer():
     """A string x is a valid sample (docs/contract.md §5), but a symbol vocabulary cannot encode it: named, by key."""
     with pytest.raises(SampleError, match="x is a string, but this vocabulary has no tokenizer") as info:
-        zfree_ids(VOCAB, "a b", ["a"], key="k9")
+        zfree(VOCAB, "a b", ["a"], key="k9")
     assert (info.value.reason, info.value.key) == ("wrong-type", "k9")
 
 
