@@ -129,7 +129,8 @@ def convert(jsonl, out, shard_size, on_bad, val_fraction, test_fraction, seed, s
 @click.option("--steps", type=int, default=None)
 @click.option("--seed", type=int, default=0)
 @click.option("--k-max", type=int, default=8,
-              help="Latent tokens <z_0>..<z_{N-1}> in the vocabulary: the largest --k a discrete CVAE can train.")
+              help="Latent tokens <z_0>..<z_{N-1}> the base model learns to read as \"a z goes here\" (train appends "
+                   "more when a CVAE's --k needs them).")
 @click.option("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N.")
 @threads_option
 def train_base(data, out, preset, steps, seed, k_max, device, threads):
