@@ -108,6 +108,8 @@ def test_label_free_control_by_hand():
     assert (free["best_of_k_exact_match"], free["base_exact_match"], free["own_exact_match"]) == (1.0, 0.5, 0.75)
     assert free["diverse_share"] == 1.0 and free["above_base"]  # gain 0.5 > 2 SE = 0.38
     assert not label_free_control(diverse[:4], ref[:4], base[:4], [0] * 4)["above_base"]  # 4 examples: 2 SE = 0.58
+    z_free = label_free_control([[r, r] for r in ref], ref, base, own_values=[0] * 8)  # beats the base, ignores z
+    assert z_free["best_of_k_exact_match"] == 1.0 > z_free["base_exact_match"] and not z_free["above_base"]
     same = label_free_control([[("a", "e")] * 2] * 8, ref, base, own_values=[0, 1] * 4)
     assert same["best_of_k_exact_match"] == 0.5 and same["diverse_share"] == 0.0 and not same["above_base"]
 
