@@ -8,6 +8,11 @@ import os
 
 import click
 
+from tokweight.training.configs import COND_MODES, POLICIES, WEIGHTINGS, CVAEConfig
+from tokweight.training.convergence import StopRule
+from tokweight.training.schedules import BetaSchedule
+from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+
 
 def echo_skips(result: dict) -> None:
     """The one stderr line saying which samples the run left out, if it left any out."""
@@ -31,6 +36,11 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def shown(text: str, default) -> str:
+    """A flag's help with the config dataclass's default: the CLI shows a default, it never sets one."""
+    return f"{text}  [default: {default}]".strip()
+
+
 threads_option = click.option("--threads", type=int, default=None,
                               help="torch threads (default: torch's own choice for this machine).")
 
@@ -42,49 +52,51 @@ threads_option = click.option("--threads", type=int, default=None,
 @click.option("--store", type=click.Path(file_okay=False), default=None,
               help="Baseline store root (`tokweight extract` wrote it); needed by the default policy.")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Run directory (resumed if present).")
-@click.option("--latent", type=click.Choice(["discrete", "continuous"]), default=None, help="[default: discrete]")
-@click.option("--k", type=int, default=None, help="Latent values (discrete); clusters for continuous evaluation.  "
-                                                  "[default: 4]")
-@click.option("--z-dim", type=int, default=None, help="Continuous latent dimensions.  [default: 8]")
-@click.option("--cond", type=click.Choice(["token", "prefix", "layernorm"]), default=None,
-              help="z pathway.  [default: prefix]")
-@click.option("--slots", type=int, default=None, help="Latent slots of the prefix pathway.  [default: 4]")
-@click.option("--weighting", type=click.Choice(["uniform", "sum", "surprisal-share", "inverse-surprisal",
-                                                "example-inverse", "distribution-rescale"]), default=None,
-              help="Reconstruction weighting.  [default: surprisal-share]")
+@click.option("--latent", type=click.Choice(["discrete", "continuous"]), default=None,
+              help=shown("", CVAEConfig.latent))
+@click.option("--k", type=int, default=None,
+              help=shown("Latent values (discrete); clusters for continuous evaluation.", CVAEConfig.k))
+@click.option("--z-dim", type=int, default=None, help=shown("Continuous latent dimensions.", CVAEConfig.z_dim))
+@click.option("--cond", type=click.Choice(COND_MODES), default=None, help=shown("z pathway.", CVAEConfig.cond))
+@click.option("--slots", type=int, default=None,
+              help=shown("Latent slots of the prefix pathway.", CVAEConfig(cond="prefix").slots))
+@click.option("--weighting", type=click.Choice(WEIGHTINGS), default=None,
+              help=shown("Reconstruction weighting.", LossConfig.weighting))
 @click.option("--token-weighted-reconstruction-weight", "lam", type=float, default=None,
-              help="lambda in (1 - lambda) * uniform + lambda * weighting.  [default: 1]")
-@click.option("--policy", type=click.Choice(["precomputed", "frozen", "dynamic"]), default=None,
-              help="Where b comes from: the store, an extra frozen pass, or the current backbone.  "
-                   "[default: precomputed]")
+              help=shown("lambda in (1 - lambda) * uniform + lambda * weighting.",
+                         LossConfig.token_weighted_reconstruction_weight))
+@click.option("--policy", type=click.Choice(POLICIES), default=None,
+              help=shown("Where b comes from: the store, an extra frozen pass, or the current backbone.",
+                         LossConfig.policy))
 @click.option("--baseline-checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
               help="Checkpoint b came from (default: --checkpoint).")
-@click.option("--beta", type=float, default=None, help="KL weight after the warm-up.  [default: 0.3]")
-@click.option("--warmup-steps", type=int, default=None, help="Steps of beta's linear warm-up from 0.  [default: 100]")
+@click.option("--beta", type=float, default=None, help=shown("KL weight after the warm-up.", BetaSchedule.beta))
+@click.option("--warmup-steps", type=int, default=None,
+              help=shown("Steps of beta's linear warm-up from 0.", BetaSchedule.warmup_steps))
 @click.option("--anchor-weight", type=float, default=None,
-              help="Weight of the anchor term that keeps every token within 0.05 nats of the base model, from the "
-                   "end of the warm-up (0: off).  [default: 1]")
+              help=shown(f"Weight of the anchor term that keeps every token within {LossConfig.anchor_margin} nats of "
+                         "the base model, from the end of the warm-up (0: off).", LossConfig.anchor_weight))
 @click.option("--steps", type=int, default=None,
-              help="Cap on optimizer steps; the run stops earlier once validation says it converged.  "
-                   "[default: 6000]")
-@click.option("--batch-size", type=int, default=None, help="Per rank.  [default: 32]")
-@click.option("--lr", type=float, default=None, help="AdamW learning rate.  [default: 3e-4]")
-@click.option("--num-workers", type=int, default=None, help="Loader worker processes.  [default: 1]")
+              help=shown("Cap on optimizer steps; the run stops earlier once validation says it converged.",
+                         OptimConfig.steps))
+@click.option("--batch-size", type=int, default=None, help=shown("Per rank.", OptimConfig.batch_size))
+@click.option("--lr", type=float, default=None, help=shown("AdamW learning rate.", OptimConfig.lr))
+@click.option("--num-workers", type=int, default=None, help=shown("Loader worker processes.", IOConfig.num_workers))
 @click.option("--lanes", type=int, default=None,
               help="Sample streams of the global batch (default: one per rank); the data order depends on it.")
 @click.option("--on-bad-sample", type=click.Choice(["error", "skip"]), default=None,
-              help="A bad sample the store does not record as skipped: stop naming it, or skip and count it.  "
-                   "[default: error]")
+              help=shown("A bad sample the store does not record as skipped: stop naming it, or skip and count it.",
+                         IOConfig.on_bad_sample))
 @click.option("--eval-every", type=int, default=None,
-              help="Steps between validations on 256 val examples, which the stop rule reads (0: none, the run "
-                   "trains to --steps).  [default: 50]")
+              help=shown(f"Steps between validations on {LogConfig.eval_examples} val examples, which the stop rule "
+                         "reads (0: none, the run trains to --steps).", LogConfig.eval_every))
 @click.option("--patience", type=int, default=None,
-              help="Validations without an improvement of the val objective or the MI before the run stops as "
-                   "converged (0: never, the run trains to --steps).  [default: 10]")
-@click.option("--log-every", type=int, default=None, help="Steps between metrics lines.  [default: 10]")
-@click.option("--ckpt-every", type=int, default=None, help="Steps between checkpoints.  [default: 100]")
-@click.option("--seed", type=int, default=None, help="[default: 0]")
-@click.option("--device", default=None, help="auto (CUDA when present), cpu, cuda or cuda:N.  [default: auto]")
+              help=shown("Validations without an improvement of the val objective or the MI before the run stops as "
+                         "converged (0: never, the run trains to --steps).", StopRule.patience))
+@click.option("--log-every", type=int, default=None, help=shown("Steps between metrics lines.", LogConfig.log_every))
+@click.option("--ckpt-every", type=int, default=None, help=shown("Steps between checkpoints.", LogConfig.ckpt_every))
+@click.option("--seed", type=int, default=None, help=shown("", OptimConfig.seed))
+@click.option("--device", default=None, help=shown("auto (CUDA when present), cpu, cuda or cuda:N.", IOConfig.device))
 @threads_option
 def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting, lam, policy, baseline_checkpoint,
           beta, warmup_steps, anchor_weight, steps, batch_size, lr, num_workers, lanes, on_bad_sample, eval_every,
@@ -95,12 +107,8 @@ def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting
     surprisal-share, beta 0.3 warmed up over 100 steps, the anchor term after the warm-up, the exact
     E-step with centred latent rows (discrete), lr 3e-4. The run stops once its periodic validations stop
     improving, or at --steps, and says which."""
-    from tokweight.training.configs import CVAEConfig
-    from tokweight.training.convergence import StopRule
-    from tokweight.training.schedules import BetaSchedule
     from tokweight.training.run_dir import CheckpointWriteError
     from tokweight.training.train import run
-    from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     set_threads(threads)
     try:
