@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from tests.fixtures_train import tiny, tiny_store, two_regime  # noqa: F401  (fixtures)
 from tokweight.cli import main
 from tokweight.pipeline.shards import iter_shard, write_shards
 from tokweight.training import evaluate
@@ -50,7 +49,7 @@ def trained_and_evaluated(data, ckpt, store, out, cvae: CVAEConfig, split: str =
 
 
 @pytest.fixture(scope="module")
-def runs(tiny, tiny_store, tmp_path_factory):  # noqa: F811
+def runs(tiny, tiny_store, tmp_path_factory):
     """latent kind -> (run dir, eval's records of the test split)."""
     data, ckpt = tiny
     root = tmp_path_factory.mktemp("use")
@@ -59,7 +58,7 @@ def runs(tiny, tiny_store, tmp_path_factory):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def confident_runs(two_regime, tmp_path_factory):  # noqa: F811
+def confident_runs(two_regime, tmp_path_factory):
     """latent kind -> run dir evaluated on val, over a base model sure of y after its first two tokens (so that
     decodes are whole sequences, not the one or two tokens the tiny base model emits)."""
     data, ckpt = two_regime
@@ -86,7 +85,7 @@ def generated(path) -> list[dict]:
 
 
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])
-def test_greedy_outputs_are_evals_decodes(confident_runs, two_regime, tmp_path, kind):  # noqa: F811
+def test_greedy_outputs_are_evals_decodes(confident_runs, two_regime, tmp_path, kind):
     run_dir, data = confident_runs[kind], two_regime[0]
     samples = first_test_samples(data, DECODED, "val")
     max_new = max(len(s.y) for s in samples) + 2  # eval's own bound on these examples
@@ -103,7 +102,7 @@ def test_greedy_outputs_are_evals_decodes(confident_runs, two_regime, tmp_path, 
     assert min(len(y) for line in lines for y in line["outputs"]) >= 5  # sequences (y has 12 symbols), not a token
 
 
-def test_sampling_is_seeded_and_a_high_temperature_differs_across_seeds(runs, tiny, tmp_path):  # noqa: F811
+def test_sampling_is_seeded_and_a_high_temperature_differs_across_seeds(runs, tiny, tmp_path):
     run_dir, _ = runs["discrete"]
     inputs = write_inputs(tmp_path / "in.jsonl", first_test_samples(tiny[0], 4), with_y=False)
 
@@ -118,7 +117,7 @@ def test_sampling_is_seeded_and_a_high_temperature_differs_across_seeds(runs, ti
     assert len({tuple(y) for outs in first for y in outs}) > 4  # near-uniform draws: the outputs vary
 
 
-def test_encode_rows_are_evals_posteriors_by_key(runs, tiny):  # noqa: F811
+def test_encode_rows_are_evals_posteriors_by_key(runs, tiny):
     for kind, (run_dir, records) in runs.items():
         result = encode(EncodeConfig(run=str(run_dir), data=str(tiny[0]), split="test", batch_size=32, device="cpu"))
         table = pq.read_table(run_dir / "posteriors-test.parquet").to_pylist()
@@ -138,7 +137,7 @@ def test_encode_rows_are_evals_posteriors_by_key(runs, tiny):  # noqa: F811
                 np.testing.assert_allclose(np.log(np.square(row["sigma"])), records.rows["logvar"][i], atol=1e-5)
 
 
-def test_sql_joins_the_posteriors_with_the_store_by_key(runs, tiny, tiny_store, tmp_path):  # noqa: F811
+def test_sql_joins_the_posteriors_with_the_store_by_key(runs, tiny, tiny_store, tmp_path):
     run_dir, _ = runs["discrete"]
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -173,7 +172,7 @@ def invoke_generate(run_dir, path, out, *extra):
     ("{x", "line 2: not JSON"),
     (json.dumps({"x": ["a"] * 4096}), "line 2: x makes a prompt of 4106 tokens, and the backbone's context is"),
 ])
-def test_bad_input_is_one_line_naming_the_file_and_line(runs, tiny, tmp_path, line, message):  # noqa: F811
+def test_bad_input_is_one_line_naming_the_file_and_line(runs, tiny, tmp_path, line, message):
     run_dir, _ = runs["discrete"]
     good = json.dumps({"x": list(first_test_samples(tiny[0], 1)[0].x)})
     path = tmp_path / "in.jsonl"
@@ -184,7 +183,7 @@ def test_bad_input_is_one_line_naming_the_file_and_line(runs, tiny, tmp_path, li
     assert not (tmp_path / "out.jsonl").exists()
 
 
-def test_a_run_without_a_checkpoint_and_missing_centres_say_what_to_do(runs, tiny, tmp_path):  # noqa: F811
+def test_a_run_without_a_checkpoint_and_missing_centres_say_what_to_do(runs, tiny, tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text(json.dumps({"x": list(first_test_samples(tiny[0], 1)[0].x)}) + "\n")
     empty = tmp_path / "empty-run"
@@ -199,7 +198,7 @@ def test_a_run_without_a_checkpoint_and_missing_centres_say_what_to_do(runs, tin
     assert result.exit_code == 1 and "no checkpoint/state.json" in result.output
 
 
-def test_a_tokenizer_run_on_string_data_generates_strings(two_regime, tmp_path):  # noqa: F811
+def test_a_tokenizer_run_on_string_data_generates_strings(two_regime, tmp_path):
     """The confident base model exported as a GPT-2 with its tokenizer, a CVAE trained on x and y as strings: a
     string x gets detokenized strings, a list x token lists, and both are eval's decodes."""
     pytest.importorskip("transformers")

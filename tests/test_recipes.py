@@ -8,7 +8,7 @@ import torch
 from tokweight.pipeline.checkpoint import load_checkpoint
 from tokweight.training.configs import CVAEConfig, EStepConfig
 from tokweight.training.cvae import build_cvae, spread_latent_embeddings
-from tokweight.training.experiments.recipes import RECIPES, check_recipe, with_recipe
+from tokweight.training.experiments.recipes import check_recipe, with_recipe
 from tokweight.training.run_dir import load_run
 from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig

@@ -1,7 +1,6 @@
 import json
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch

@@ -37,7 +37,6 @@ from tokweight.pipeline.labels import load_labels
 from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.vocab import Vocab
 from tokweight.training.baselines import Baseline, make_baseline
-from tokweight.training.configs import CVAEConfig
 from tokweight.training.convergence import Convergence, converged, observe, val_mi, val_objective
 from tokweight.training.cvae import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed, objective,
                                      spread_latent_embeddings)
