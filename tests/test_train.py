@@ -101,3 +101,18 @@ def test_beta_schedules():
     assert [lin.at(s) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
     with pytest.raises(ValueError):
         BetaSchedule(1.0, warmup_steps=-1)
+
+
+def test_a_bfloat16_forward_trains_close_to_float32(tiny, tmp_path):
+    """--dtype bfloat16 (autocast; parameters and the head's log-softmax stay float32): the same run's first
+    losses within bfloat16's precision of float32's, every step finite, the parameters still float32."""
+    base = config(tiny, tmp_path / "f32", steps=3)
+    run(base)
+    run(replace(elsewhere(base, tmp_path / "bf16"), io=replace(elsewhere(base, tmp_path / "bf16").io, dtype="bfloat16")))
+    f32, bf16 = ([r for r in lines(tmp_path / name / "metrics.jsonl") if "loss" in r] for name in ("f32", "bf16"))
+    assert [r["step"] for r in f32] == [r["step"] for r in bf16] and all(math.isfinite(r["loss"]) for r in bf16)
+    assert abs(bf16[0]["loss"] - f32[0]["loss"]) < 0.02 * abs(f32[0]["loss"])
+    assert bf16[0]["loss"] != f32[0]["loss"]  # the forward did run in bfloat16
+    assert all(t.dtype == torch.float32 for t in load_file(tmp_path / "bf16" / "checkpoint" / "model.safetensors").values())
+    with pytest.raises(ValueError, match="dtype"):
+        replace(base, io=replace(base.io, dtype="float16"))

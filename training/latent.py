@@ -21,6 +21,12 @@ from tokweight.training.global_batch import LOCAL, GlobalBatch
 from tokweight.training.losses import categorical_kl, gaussian_kl
 
 
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 if it is in a lower precision (a bfloat16 autocast's head outputs): the posterior, the
+    prior and their KL stay in full precision; float64 stays float64."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
 class CategoricalLatent(nn.Module):
     """K values, summed over exactly (no sampling): every example runs K decoder copies.
 
@@ -45,14 +51,14 @@ class CategoricalLatent(nn.Module):
         return self.k
 
     def posterior(self, h: torch.Tensor) -> torch.Tensor:
-        return F.log_softmax(self.head(h), -1)  # (B, K) log q
+        return F.log_softmax(at_least_float32(self.head(h)), -1)  # (B, K) log q
 
     @property
     def prior_tokens(self) -> torch.Tensor:
         return self.latent_ids  # (K,) the tokens whose logits at <z> the prior reads
 
     def prior(self, z_logits: torch.Tensor, z_hidden: torch.Tensor) -> torch.Tensor:
-        return F.log_softmax(z_logits, -1)  # (B, K) log p
+        return F.log_softmax(at_least_float32(z_logits), -1)  # (B, K) log p
 
     def decoder_inputs(self, log_q: torch.Tensor, generator=None,
                        global_batch: GlobalBatch = LOCAL) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,14 +97,14 @@ class GaussianLatent(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def posterior(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mu, logvar = self.head(h).chunk(2, -1)
+        mu, logvar = at_least_float32(self.head(h)).chunk(2, -1)
         return mu, logvar  # (B, D) each
 
     def prior(self, z_logits: None, z_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.prior_head is None:
-            zeros = z_hidden.new_zeros(z_hidden.shape[0], self.features)
+            zeros = z_hidden.new_zeros(z_hidden.shape[0], self.features, dtype=at_least_float32(z_hidden).dtype)
             return zeros, zeros
-        mu, logvar = self.prior_head(z_hidden).chunk(2, -1)
+        mu, logvar = at_least_float32(self.prior_head(z_hidden)).chunk(2, -1)
         return mu, logvar
 
     def decoder_inputs(self, post, generator=None, global_batch: GlobalBatch = LOCAL) -> tuple[torch.Tensor, None]:

@@ -256,7 +256,8 @@ def diagnostics(state: State, batch: TrainBatch, terms: StepTerms, gradient_norm
 def forward_backward(state: State, batch: TrainBatch, cfg: TrainConfig, logged: bool) -> dict | None:
     """One step's objective and its gradients (not yet averaged across ranks); the step's metrics record on a
     logged step, else None."""
-    terms = step_terms(state, batch, cfg.loss, cfg.remedies, cfg.optim)
+    with torch.autocast(state.device.type, dtype=torch.bfloat16, enabled=cfg.io.dtype == "bfloat16"):
+        terms = step_terms(state, batch, cfg.loss, cfg.remedies, cfg.optim)
     every = cfg.log.grad_diag_every
     record = diagnostics(state, batch, terms, bool(every and state.step % every == 0)) if logged else None
     state.opt.zero_grad(set_to_none=True)

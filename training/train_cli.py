@@ -97,10 +97,13 @@ threads_option = click.option("--threads", type=int, default=None,
 @click.option("--ckpt-every", type=int, default=None, help=shown("Steps between checkpoints.", LogConfig.ckpt_every))
 @click.option("--seed", type=int, default=None, help=shown("", OptimConfig.seed))
 @click.option("--device", default=None, help=shown("auto (CUDA when present), cpu, cuda or cuda:N.", IOConfig.device))
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
+              help=shown("The training forward's precision (bfloat16: autocast, for large models on a GPU).",
+                         IOConfig.dtype))
 @threads_option
 def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting, lam, policy, baseline_checkpoint,
           beta, warmup_steps, anchor_weight, steps, batch_size, lr, num_workers, lanes, on_bad_sample, eval_every,
-          patience, log_every, ckpt_every, seed, device, threads):
+          patience, log_every, ckpt_every, seed, device, dtype, threads):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready).
 
     The defaults are the recipe that keeps z from scratch with the decoder whole: a 4-slot prefix,
@@ -114,7 +117,8 @@ def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting
     try:
         cfg = TrainConfig(
             io=IOConfig(checkpoint=checkpoint, data=data, out=out, store=store, baseline_checkpoint=baseline_checkpoint,
-                        lanes=lanes, **given(num_workers=num_workers, device=device, on_bad_sample=on_bad_sample)),
+                        lanes=lanes, **given(num_workers=num_workers, device=device, dtype=dtype,
+                                               on_bad_sample=on_bad_sample)),
             cvae=CVAEConfig(**given(latent=latent, k=k, z_dim=z_dim, cond=cond, slots=slots)),
             loss=LossConfig(beta=BetaSchedule(**given(beta=beta, warmup_steps=warmup_steps)),
                             **given(weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,

@@ -48,11 +48,16 @@ class IOConfig:
     device: str = "auto"
     """torch device of the model: "auto" (CUDA when present, else CPU), "cpu", "cuda", "cuda:N"; "cuda"
     under torchrun is cuda:LOCAL_RANK on each rank."""
+    dtype: str = "float32"
+    """The training forward's precision: "float32", or "bfloat16" autocast (parameters, optimizer state and
+    the head's log-softmax stay float32; for large backbones on a GPU)."""
     on_bad_sample: str = "error"
     """A bad sample the store does not already record as skipped: "error" (named by key and shard) or
     "skip" (counted by reason). What extraction skipped is skipped whatever this says."""
 
     def __post_init__(self):
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
         if self.on_bad_sample not in ("error", "skip"):
             raise ValueError(f"on_bad_sample must be 'error' or 'skip', got {self.on_bad_sample!r}")
         if self.lanes is not None and self.lanes < 1:
