@@ -261,6 +261,7 @@ class HFBackbone(nn.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
+        self.checkpointing = False  # gradient checkpointing (``enable_checkpointing``)
         forward = inspect.signature(model.base_model.forward).parameters
         self.cache_kwarg = "cache" if "cache" in forward else "past_key_values"  # renamed in transformers 5.2x
         c = model.config
@@ -271,6 +272,16 @@ class HFBackbone(nn.Module):
     @property
     def wte(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
+
+    def enable_checkpointing(self) -> None:
+        """transformers' gradient checkpointing. It runs its layers without a key/value cache in training, so
+        the CVAE gives up the shared x prefix (``prefix_shareable``) and runs its K + 1 passes whole."""
+        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.checkpointing = True
+
+    @property
+    def prefix_shareable(self) -> bool:
+        return not self.checkpointing
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         return self.wte(idx)

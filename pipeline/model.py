@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.checkpointing = False  # recompute each block in the backward instead of keeping its activations
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
             if name.endswith("c_proj.weight"):
@@ -180,6 +182,15 @@ class GPT(nn.Module):
         """(B, L) token ids -> (B, L, d) token embeddings (no positions)."""
         return self.wte(idx)
 
+    def enable_checkpointing(self) -> None:
+        """Gradient checkpointing: each block's activations are recomputed in the backward (memory for time);
+        the shared x prefix's keys and values are outputs of the recomputed blocks, so sharing stays on."""
+        self.checkpointing = True
+
+    @property
+    def prefix_shareable(self) -> bool:
+        return True
+
     def _blocks(self, idx, tok_emb, ln_cond, prefix: SharedPrefix | None) -> tuple[torch.Tensor, list]:
         """(B, L, d) final hidden states and every layer's (keys, values)."""
         L = idx.shape[1]
@@ -191,8 +202,10 @@ class GPT(nn.Module):
         past = [None] * self.cfg.n_layer if prefix is None else prefix.cache.layers
         valid = None if prefix is None else prefix.valid
         kvs = []
+        recompute = self.checkpointing and torch.is_grad_enabled()
         for i, block in enumerate(self.h):
-            x, kv = block(x, conds[2 * i], conds[2 * i + 1], past[i], valid)
+            args = (x, conds[2 * i], conds[2 * i + 1], past[i], valid)
+            x, kv = checkpoint(block, *args, use_reentrant=False) if recompute else block(*args)
             kvs.append(kv)
         return _modulate(self.ln_f(x), conds[-1]), kvs
 

@@ -95,7 +95,7 @@ class CVAE(nn.Module):
 
     @property
     def shares_prefix(self) -> bool:
-        return self.share_prefix and not self.conditioning.modulates_prefix
+        return self.share_prefix and not self.conditioning.modulates_prefix and self.backbone.prefix_shareable
 
     @property
     def posterior_parameters(self) -> list[nn.Parameter]:

@@ -89,6 +89,8 @@ def setup(cfg: TrainConfig, ranks: Ranks, hooks: Hooks = NO_HOOKS) -> State:
     baseline = make_baseline(cfg.loss.policy, base.model.to(device))  # copies the checkpoint before any re-init
     vocab = add_latent_tokens(init.model, init.vocab, latent_tokens_needed(cfg.cvae))  # the trainable copy's
     model = build_cvae(init.model.train(), vocab, cfg.cvae).to(device)
+    if cfg.io.grad_checkpointing:
+        model.backbone.enable_checkpointing()
     spread_latents(model, cfg.remedies, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
     store, dataset_mean_b = open_store(cfg, init.vocab, base.fingerprint)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,

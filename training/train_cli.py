@@ -100,10 +100,12 @@ threads_option = click.option("--threads", type=int, default=None,
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
               help=shown("The training forward's precision (bfloat16: autocast, for large models on a GPU).",
                          IOConfig.dtype))
+@click.option("--grad-checkpointing", is_flag=True, default=None,
+              help="Recompute activations in the backward instead of keeping them: less memory, more time.")
 @threads_option
 def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting, lam, policy, baseline_checkpoint,
           beta, warmup_steps, anchor_weight, steps, batch_size, lr, num_workers, lanes, on_bad_sample, eval_every,
-          patience, log_every, ckpt_every, seed, device, dtype, threads):
+          patience, log_every, ckpt_every, seed, device, dtype, grad_checkpointing, threads):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready).
 
     The defaults are the recipe that keeps z from scratch with the decoder whole: a 4-slot prefix,
@@ -118,7 +120,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting
         cfg = TrainConfig(
             io=IOConfig(checkpoint=checkpoint, data=data, out=out, store=store, baseline_checkpoint=baseline_checkpoint,
                         lanes=lanes, **given(num_workers=num_workers, device=device, dtype=dtype,
-                                               on_bad_sample=on_bad_sample)),
+                                               grad_checkpointing=grad_checkpointing, on_bad_sample=on_bad_sample)),
             cvae=CVAEConfig(**given(latent=latent, k=k, z_dim=z_dim, cond=cond, slots=slots)),
             loss=LossConfig(beta=BetaSchedule(**given(beta=beta, warmup_steps=warmup_steps)),
                             **given(weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,

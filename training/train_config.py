@@ -51,6 +51,9 @@ class IOConfig:
     dtype: str = "float32"
     """The training forward's precision: "float32", or "bfloat16" autocast (parameters, optimizer state and
     the head's log-softmax stay float32; for large backbones on a GPU)."""
+    grad_checkpointing: bool = False
+    """Recompute the backbone's activations in the backward instead of keeping them: less memory, about one
+    more forward of time (a Hugging Face backbone then runs the K + 1 passes whole, without the shared prefix)."""
     on_bad_sample: str = "error"
     """A bad sample the store does not already record as skipped: "error" (named by key and shard) or
     "skip" (counted by reason). What extraction skipped is skipped whatever this says."""
