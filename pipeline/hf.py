@@ -13,6 +13,7 @@ tokenizer's own if it has them (a run appends what it lacks). transformers is th
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import inspect
 import json
@@ -354,16 +355,23 @@ def hf_fingerprint(path: Path, renames: dict[str, str], template: Template = TOK
     """Config, every weight file's bytes (so every tensor), the tokenizer's files and the template (the
     built-in one's renames; another's description, which the built-in one leaves out so that a checkpoint
     extracted before templates were recorded keeps its fingerprint)."""
-    h = hashlib.sha256()
     own = {} if template.builtin else {"format": template.to_json()}
-    h.update(canonical_json({"kind": "huggingface", "template_version": TEMPLATE_VERSION, "template": renames,
-                             "config": json.loads((path / "config.json").read_text()), **own}))
-    for file in [*weight_files(path), *(path / name for name in TOKENIZER_FILES)]:
-        if file.is_file():
-            h.update(canonical_json({"file": file.name, "size": file.stat().st_size}))
-            with file.open("rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
+    header = canonical_json({"kind": "huggingface", "template_version": TEMPLATE_VERSION, "template": renames,
+                             "config": json.loads((path / "config.json").read_text()), **own})
+    files = [f for f in [*weight_files(path), *(path / name for name in TOKENIZER_FILES)] if f.is_file()]
+    return _hashed(header, tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+
+
+@functools.lru_cache(maxsize=16)
+def _hashed(header: bytes, files: tuple[tuple[str, int, int], ...]) -> str:
+    """sha256 over ``header`` and every file's name, size and bytes. Memoised on the files' sizes and modification
+    times: finding a store's template and loading the checkpoint both ask, and a weight file is gigabytes."""
+    h = hashlib.sha256(header)
+    for name, size, _ in files:
+        h.update(canonical_json({"file": Path(name).name, "size": size}))
+        with open(name, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
     return "hf-" + h.hexdigest()[:29]
 
 
