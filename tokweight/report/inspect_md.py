@@ -16,7 +16,14 @@ def render_report(store: str, summary: dict, profiles: dict, confusion: list[dic
     """The report over ``store`` (as the user named it, for the `tokweight sql` line): ``summary`` and the
     records of the profile and confusion queries (``store.inspection``); ``plots``: the PNG files saved."""
     fps = summary["fingerprints"]
-    p = summary["params"]
+    sections = _introduction(store, summary) + _profiles(profiles, plots)
+    sections += _t0_sections(fps, confusion, plots) + _concentration_and_beta_c(fps, summary, plots)
+    return "\n\n".join(s for s in sections if s) + "\n"
+
+
+def _introduction(store: str, summary: dict) -> list[str]:
+    """The title, the definitions and the stores' table."""
+    fps, p = summary["fingerprints"], summary["params"]
     sections = [
         f"# Baseline-store inspection: `{summary['store']}`",
         "Per-token surprisal `b_t = -log p(y_t | x, y_<t)` (nats) of the frozen base model, over the supervised "
@@ -44,25 +51,35 @@ def render_report(store: str, summary: dict, profiles: dict, confusion: list[dic
     ]
     if any(not f["complete"] for f in fps):
         sections.append("**Incomplete store**: extraction has not finished; the numbers cover the parts written so far.")
-    sections += ["## Surprisal profile by position", _plot_md("profile.png", plots),
+    return sections
+
+
+def _profiles(profiles: dict, plots: list[str]) -> list[str]:
+    return ["## Surprisal profile by position", _plot_md("profile.png", plots),
                  _profile_table(profiles["profile_by_position"]),
                  "Full tables: `profile_by_position.csv`, `profile_by_strategy.csv`, `profile_by_T.csv`.",
                  "### Mean b by position, per strategy",
                  _wide_profile(profiles["profile_by_strategy"], "strategy"),
                  "### Mean b by position, per length T",
                  _wide_profile(profiles["profile_by_T"], "T")]
-    sections += ["## t0 estimates against the ground truth", _t0_table(fps), _plot_md("t0_confusion.png", plots)]
+
+
+def _t0_sections(fps: list[dict], confusion: list[dict], plots: list[str]) -> list[str]:
+    sections = ["## t0 estimates against the ground truth", _t0_table(fps), _plot_md("t0_confusion.png", plots)]
     if not any(f.get("with_true_t0") for f in fps):
         sections.append("No example carries a ground-truth t0 (pass `--data` if the dataset has it).")
-    sections += ["Full confusion counts: `t0_confusion.csv`." if confusion else "",
-                 "## Dilution and predicted amplification",
+    return sections + ["Full confusion counts: `t0_confusion.csv`." if confusion else "",
+                       "## Dilution and predicted amplification",
                  records_table(fps, {"fingerprint": "fingerprint", "mean_dilution": "mean (t0_share+1)/T",
                                      "mean_amplification": "mean T/(t0_share+1)",
                                      "median_amplification": "median T/(t0_share+1)",
                                      "mean_amplification_true": "mean T/(t0+1), true",
                                      "median_amplification_true": "median T/(t0+1), true"}),
-                 _plot_md("amplification.png", plots),
-                 "## Weight concentration",
+                       _plot_md("amplification.png", plots)]
+
+
+def _concentration_and_beta_c(fps: list[dict], summary: dict, plots: list[str]) -> list[str]:
+    return ["## Weight concentration",
                  records_table(fps, {"fingerprint": "fingerprint", "mean_share_entropy": "entropy of pi (nats)",
                                      "mean_effective_tokens": "effective tokens",
                                      "mean_effective_fraction": "effective tokens / T", "mean_max_share": "max share",
@@ -82,7 +99,6 @@ def render_report(store: str, summary: dict, profiles: dict, confusion: list[dic
                  "No example carries a strategy label, so the cost is unknown (pass `--data` if the dataset has it).",
                  "## Files", "`summary.json` (headline numbers), `config.json` (this run's settings), the CSV tables "
                  "and PNG plots above."]
-    return "\n\n".join(s for s in sections if s) + "\n"
 
 
 def _plot_md(name: str, plots: list[str]) -> str:
