@@ -32,14 +32,17 @@ def hand(name):
             out.append(sum(wt * x for wt, x in zip(w, l)) / (sum(w) + P.eps))
         elif name == "distribution-rescale":
             out.append(uniform / P.dataset_mean_b)
+        elif name == "excess-share":
+            floor = sorted(b)[(T - 1) // 2]  # the lower median
+            w = [max(bt - floor, 0.0) for bt in b]
+            out.append(sum(wt * x for wt, x in zip(w, l)) / (sum(w) + P.eps))
         elif name == "example-inverse":
             v = [1 / (sum(B_[j, :int(MASK[j].sum())].tolist()) / int(MASK[j].sum()) + P.eps) for j in range(2)]
             out.append(uniform * v[i] / (sum(v) / 2))
     return torch.tensor(out, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("name", ["uniform", "sum", "surprisal-share", "inverse-surprisal",
-                                  "example-inverse", "distribution-rescale"])
+@pytest.mark.parametrize("name", WEIGHTINGS)
 def test_each_weighting_against_hand_computation(name):
     pi, degenerate = reconstruction_weights(name, B_, MASK, P)
     R = weighted_reconstruction(NLL, pi)
@@ -142,6 +145,25 @@ def test_anchor_penalty_against_hand_computation():
     anchor_penalty(nll, b.requires_grad_(True), mask, 0.1).sum().backward()
     torch.testing.assert_close(nll.grad, torch.tensor([[[0.0, 0.5, 0.0], [0.5, 0.0, 0.0]]]))
     assert b.grad is None  # b is the stop-gradient baseline
+
+
+def test_excess_share_gives_the_decision_its_share_back_from_a_noise_floor():
+    """One decision token (b 0.69) among 16 tokens at the base's residual 0.3 +- 0.05 nats: surprisal-share
+    gives the decision about 1/8, excess-share most of it; padding beyond S does not move the median."""
+    g = torch.Generator().manual_seed(0)
+    b = torch.cat([torch.tensor([[0.69]]), 0.3 + 0.05 * torch.randn(1, 16, generator=g), torch.full((1, 8), 5.0)], 1)
+    mask = torch.arange(25)[None] < 17
+    share = surprisal_share_weights(b, mask, P.eps)[0, 0].item()
+    excess = reconstruction_weights("excess-share", b, mask, P)[0][0]
+    assert share < 0.15 and excess[0].item() > 0.6
+    assert (excess[~mask[0]] == 0).all() and excess.sum().item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_excess_share_of_a_flat_example_is_surprisal_share():
+    b, mask = torch.full((1, 5), 0.4), torch.ones(1, 5, dtype=torch.bool)
+    pi, degenerate = reconstruction_weights("excess-share", b, mask, P)
+    torch.testing.assert_close(pi, surprisal_share_weights(b, mask, P.eps))
+    assert not degenerate.any()
 
 
 def test_every_configured_weighting_has_a_function():

@@ -16,7 +16,8 @@ COND_MODES = ("token", "prefix", "layernorm")
 """z pathways (``conditioning.py``)."""
 POLICIES = ("precomputed", "frozen", "dynamic")
 """Where b comes from each step (``baselines.py``)."""
-WEIGHTINGS = ("uniform", "sum", "surprisal-share", "inverse-surprisal", "example-inverse", "distribution-rescale")
+WEIGHTINGS = ("uniform", "sum", "surprisal-share", "inverse-surprisal", "example-inverse", "distribution-rescale",
+              "excess-share")
 """Reconstruction weightings (``losses.WEIGHT_FUNCTIONS`` computes each)."""
 ESTEP_MODES = ("off", "soft", "hard", "label")
 ESTEP_PRIORS = ("uniform", "learned")

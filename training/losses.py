@@ -13,6 +13,7 @@ weighted mean of each example is formed as one weighted sum over one weight sum,
 | inverse-surprisal    | w_t / (sum_s w_s + eps),  w_t = 1 / (b_t + eps_inv)       |
 | example-inverse      | v_i / T,  v_i = 1/(mean_t b_t + eps), batch mean of v = 1 |
 | distribution-rescale | 1 / (T * B_data),  B_data = dataset mean of mean_t b_t    |
+| excess-share         | w_t / (sum_s w_s + eps),  w_t = relu(b_t - median_S b)    |
 
 Mixing: ``pi = (1 - lam) * pi_uniform + lam * pi_weighting``. For the weightings that
 read an example's own b, an example with ``sum_t b_t < eps`` is degenerate: it gets
@@ -53,6 +54,24 @@ def surprisal_share_weights(b: torch.Tensor, mask: torch.Tensor, eps: float = 1e
     return _normalised(b.detach() * mask, eps)
 
 
+def excess_share_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams,
+                         batch: GlobalBatch = LOCAL) -> torch.Tensor:
+    """The share of each token's surprisal above the example's median over S: (B, T), 0 where masked.
+
+    Why: an imperfect base model leaves a floor of surprisal on every token after t0 (its residual
+    error, which z cannot remove), and with T tokens after t0 that floor takes a share T times a
+    token's from the few tokens where the strategy is decided. The median of an example's b is that
+    floor when most of its tokens are strategy-free; subtracting it gives the decision its share back.
+    An example with no token above its median (flat b) keeps surprisal-share's weights, which are
+    then near uniform. The median of an even count is the lower of the middle two (``nanmedian``).
+    """
+    b = b.detach()
+    floor = b.masked_fill(~mask, float("nan")).nanmedian(-1, keepdim=True).values
+    excess = torch.relu(b - floor) * mask
+    flat = excess.sum(-1, keepdim=True) < params.eps
+    return torch.where(flat, surprisal_share_weights(b, mask, params.eps), _normalised(excess, params.eps))
+
+
 def inverse_surprisal_weights(b: torch.Tensor, mask: torch.Tensor, params: WeightingParams,
                               batch: GlobalBatch = LOCAL) -> torch.Tensor:
     return _normalised(mask / (b.detach().clamp_min(0.0) + params.eps_inv), params.eps)
@@ -90,6 +109,7 @@ WEIGHT_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {  # one per name of 
     "inverse-surprisal": inverse_surprisal_weights,
     "example-inverse": example_inverse_weights,
     "distribution-rescale": distribution_rescale_weights,
+    "excess-share": excess_share_weights,
 }
 
 
