@@ -5,6 +5,12 @@ eval's verdict (z used with the decoder whole / damaged, z not used).
 
     python scripts/defaults_table.py OUT [--jobs 2] [--seeds 0,1,2]
 
+The imperfect-base sweep runs the K = 2 task over base models trained 700-2200 steps (b after t0 from
+about 0.05 to 0.4 nats) with the weightings that differ in how they treat a floor of surprisal:
+
+    python scripts/defaults_table.py OUT --blocks k2-base2200,k2,k2-base1000,k2-base700 \
+        --weightings uniform,sum,surprisal-share,excess-share --cap 300
+
 Writes OUT/<block>/ (data, base models, stores, runs; reused when their keys match), OUT/cells.csv and
 OUT/defaults_table.md, and prints the table. The walk-through on converted JSON lines is the user path
 of the same K = 4 task: `tokweight experiment --checkpoint ... --data ...` (README, "Your own data").
@@ -36,17 +42,19 @@ SMALL = PRESETS["small"]
 BLOCKS = {  # name -> (task, setting): the data and the base model of each row group
     "k2": (TaskConfig(settings=(H0,), base=base_model(1500)), H0),
     "k2-imperfect": (TaskConfig(settings=(H0,), base=base_model(900)), H0),
+    **{f"k2-base{steps}": (TaskConfig(settings=(H0,), base=base_model(steps)), H0) for steps in (700, 1000, 2200)},
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),
 }
 
 
-def run_block(name: str, root: Path, seeds: tuple[int, ...], jobs: int, cap: int, echo=print) -> list[dict]:
+def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], jobs: int, cap: int,
+              echo=print) -> list[dict]:
     task, setting = BLOCKS[name]
     prep = prepare_setting(task, setting, root / name, echo)
     plan = CellPlan(task.k, None, CellBudget(steps=cap, decode_examples=256), "default")
-    cells = [Cell(setting.name, "discrete", "prefix", w, BETA, s) for w in WEIGHTINGS for s in seeds]
+    cells = [Cell(setting.name, "discrete", "prefix", w, BETA, s) for w in weightings for s in seeds]
     rows = run_cells(cells, {setting.name: prep}, plan, root / name, echo, jobs)
     return [{"block": name, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"], **r} for r in rows]
 
@@ -84,19 +92,22 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--blocks", default=",".join(BLOCKS))
+    ap.add_argument("--blocks", default="k2,k2-imperfect,k4")
+    ap.add_argument("--weightings", default=",".join(WEIGHTINGS))
     ap.add_argument("--cap", type=int, default=OptimConfig.steps, help="step cap per cell (the stop rule ends most "
                     "runs before it)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # small models on a shared 2-core machine: more threads oversubscribe it
     seeds = tuple(int(s) for s in args.seeds.split(","))
     start = time.perf_counter()
-    rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, args.jobs, args.cap)]
+    weightings = tuple(args.weightings.split(","))
+    rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, weightings, args.jobs,
+                                                                    args.cap)]
     wall = time.perf_counter() - start
     write_csv(args.out / "cells.csv", rows)
     text = (f"{table(rows)}\n\nSeeds {list(seeds)}, beta {BETA}, cap {args.cap} steps, "
             f"{len(rows)} cells; wall time {wall / 60:.1f} min (`python scripts/defaults_table.py {args.out}"
-            f" --jobs {args.jobs} --cap {args.cap} --blocks {args.blocks}`).\n")
+            f" --jobs {args.jobs} --cap {args.cap} --blocks {args.blocks} --weightings {args.weightings}`).\n")
     (args.out / "defaults_table.md").write_text(text)
     print(text)
 
