@@ -13,7 +13,7 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
 from tokweight.report.eval_md import eval_markdown, write_eval_md
 from tokweight.training.configs import CVAEConfig
-from tokweight.training.control import label_free_control, reference_control, z_use
+from tokweight.training.control import label_free_control, reference_control, strategy_execution, z_use
 from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.metrics import EvalRecords, gaussian_mi
 from tokweight.training.experiments.recipes import with_recipe
@@ -98,6 +98,29 @@ def test_reference_control_by_hand():
     assert flat["exact_match"] == flat["chance_exact_match"] == 0.5 and not flat["above_chance"]
     unlabelled = reference_control(ignores_z, ref, [-1] * 4, {})
     assert not unlabelled["measured"] and unlabelled["exact_match_by_latent"] == [0.5, 0.5]
+
+
+class TwoStrategyLabels:
+    """s(x) for two strategies: copy and reverse."""
+
+    @staticmethod
+    def outputs(x):
+        return {"copy": tuple(x), "reverse": tuple(reversed(x))}
+
+
+def test_strategy_execution_tells_a_strategy_code_from_a_per_input_assignment():
+    """Two inputs, two latent values. A code: value 0 copies and 1 reverses on both inputs (coverage 2,
+    control accuracy 1). A per-input assignment: value 0 copies on the first input and reverses on the
+    second (coverage still 2, control accuracy 0.5). A collapsed z: both values copy (coverage 1)."""
+    samples = [Sample(key="a", x=("p", "q"), y=("p", "q")), Sample(key="b", x=("r", "s"), y=("r", "s"))]
+    code = [[("p", "q"), ("q", "p")], [("r", "s"), ("s", "r")]]
+    per_input = [[("p", "q"), ("q", "p")], [("s", "r"), ("r", "s")]]
+    collapsed = [[("p", "q"), ("p", "q")], [("r", "s"), ("r", "s")]]
+    result = {name: strategy_execution(samples, outputs, TwoStrategyLabels())[0]
+              for name, outputs in (("code", code), ("per_input", per_input), ("collapsed", collapsed))}
+    assert [result[n]["coverage"] for n in result] == [2.0, 2.0, 1.0]
+    assert [result[n]["control_accuracy"] for n in result] == [1.0, 0.5, 0.5]
+    assert result["code"]["coverage_max"] == 2
 
 
 def test_label_free_control_by_hand():

@@ -104,8 +104,11 @@ def gain_errors(gains: dict) -> dict:
 
 def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabels) -> tuple[dict, list]:
     """Synthetic data: the share of decodes under each latent value that execute each strategy s (equal s(x)),
-    and control accuracy = matched executions / (examples x V) under the Hungarian map latent value ->
-    strategy; with, per example and latent value, the strategy its decode executes (or None)."""
+    control accuracy = matched executions / (examples x V) under the Hungarian map latent value -> strategy
+    (whether a value means the same strategy across inputs), and coverage = the mean number of distinct
+    strategies an input's V decodes execute (whether z selects among them per input; a conditional prior
+    can assign them per input, which covers every strategy while naming none); with, per example and
+    latent value, the strategy its decode executes (or None)."""
     V, names = len(outputs[0]), sorted(labels.outputs(samples[0].x))
     counts = np.zeros((V, len(names) + 1))  # last column: executes no strategy
     hits = []
@@ -117,7 +120,9 @@ def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabe
     executes = {str(v): {n: float(counts[v, j] / len(samples)) for j, n in enumerate(names + ["none"])}
                 for v in range(V)}
     accuracy = hungarian_accuracy(counts[:, :-1]) * counts[:, :-1].sum() / counts.sum()
-    return {"executes": executes, "control_accuracy": float(accuracy)}, hits
+    coverage = float(np.mean([len(set(row) - {None}) for row in hits]))
+    return {"executes": executes, "control_accuracy": float(accuracy), "coverage": coverage,
+            "coverage_max": min(V, len(names))}, hits
 
 
 def label_free_control(outputs: list, refs: list, base_outputs: list, own_values: list[int]) -> dict:

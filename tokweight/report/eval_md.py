@@ -42,7 +42,9 @@ def eval_markdown(metrics: dict, decode: dict, verdict: dict) -> str:
         parts += ["## Strategy execution (synthetic data: does a decode equal s(x) for a strategy s?)",
                   markdown_table(["latent", *names], [[v, *(f"{row[n]:.2f}" for n in names)]
                                                       for v, row in decode["executes"].items()]),
-                  f"control accuracy: {decode['control_accuracy']:.3f}"]
+                  f"control accuracy (a latent value means one strategy across inputs): "
+                  f"{decode['control_accuracy']:.3f}; coverage (distinct strategies among an input's decodes): "
+                  f"{decode['coverage']:.2f} of {decode['coverage_max']}"]
     return "\n\n".join(parts) + "\n"
 
 
