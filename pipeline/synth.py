@@ -52,12 +52,31 @@ def rotate_left(x: tuple) -> tuple:
     return tuple(x[1:]) + tuple(x[:1])
 
 
+def rotate_right(x: tuple) -> tuple:
+    return tuple(x[-1:]) + tuple(x[:-1])
+
+
+def swap_pairs(x: tuple) -> tuple:
+    """x1 x0 x3 x2 ...; an odd length keeps its last symbol in place."""
+    out = list(x)
+    out[0:len(x) - 1:2], out[1::2] = x[1::2], x[0:len(x) - 1:2]
+    return tuple(out)
+
+
+def evens_odds(x: tuple) -> tuple:
+    """The symbols at even positions, then those at odd positions."""
+    return tuple(x[0::2]) + tuple(x[1::2])
+
+
 STRATEGIES: dict[str, Callable[[tuple], tuple]] = {
     "copy": copy,
     "reverse": reverse,
     "sort": sort,
     "sort-desc": sort_desc,
     "rotate-left": rotate_left,
+    "rotate-right": rotate_right,
+    "swap-pairs": swap_pairs,
+    "evens-odds": evens_odds,
 }
 DEFAULT_STRATEGIES = ("copy", "reverse", "sort", "sort-desc")
 

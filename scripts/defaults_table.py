@@ -11,6 +11,12 @@ about 0.05 to 0.4 nats) with the weightings that differ in how they treat a floo
     python scripts/defaults_table.py OUT --blocks k2-base2200,k2,k2-base1000,k2-base700 \
         --weightings uniform,sum,surprisal-share,excess-share --cap 300
 
+Four and eight strategies at T/(t0+1) of about 8 or more (the default preset's x of 12-16 symbols; K = 8
+adds rotate-right, swap-pairs and evens-odds), where eval also reports how many strategies an input's K
+decodes cover and whether a latent value means one strategy across inputs:
+
+    python scripts/defaults_table.py OUT --blocks k4-long,k8-long --cap 1500
+
 Writes OUT/<block>/ (data, base models, stores, runs; reused when their keys match), OUT/cells.csv and
 OUT/defaults_table.md, and prints the table. The walk-through on converted JSON lines is the user path
 of the same K = 4 task: `tokweight experiment --checkpoint ... --data ...` (README, "Your own data").
@@ -27,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tokweight.pipeline.synth import PRESETS
+from tokweight.pipeline.synth import DEFAULT_STRATEGIES, PRESETS, STRATEGIES
 from tokweight.report.tables import markdown_table
 from tokweight.training.control import OUTCOMES
 from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting
@@ -38,11 +44,15 @@ from tokweight.training.train_config import OptimConfig
 WEIGHTINGS = ("uniform", "surprisal-share")
 BETA = 0.3  # the default's beta (BetaSchedule)
 H0 = Setting("h0-n16", 0, 16, 16)
+LONG = Setting("n12-16", 0, 12, 16)  # the default preset's x: T/(t0+1) about 8-12
 SMALL = PRESETS["small"]
 BLOCKS = {  # name -> (task, setting): the data and the base model of each row group
     "k2": (TaskConfig(settings=(H0,), base=base_model(1500)), H0),
     "k2-imperfect": (TaskConfig(settings=(H0,), base=base_model(900)), H0),
     **{f"k2-base{steps}": (TaskConfig(settings=(H0,), base=base_model(steps)), H0) for steps in (700, 1000, 2200)},
+    **{f"k{len(names)}-long": (TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=names),
+                                          base=base_model(3000, lr=2e-3)), LONG)
+       for names in (DEFAULT_STRATEGIES, tuple(STRATEGIES))},
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),
@@ -73,10 +83,12 @@ def table(rows: list[dict]) -> str:
         out.append([block, str(first["k"]), f"{first['ratio_true']:.1f}", f"{first['b_after_t0']:.3f}", weighting,
                     " / ".join(str(count.get(o, 0)) for o in OUTCOMES),
                     ", ".join(f"{n} {reason}" for reason, n in sorted(stops.items())), ms("mi"), ms("strategy_mi"),
+                    ms("coverage"), ms("control_accuracy"),
                     f"{ms('own_exact_match')} ({ms('base_exact_match')})",
                     f"{ms('nll_token_mean')} ({ms('base_nll_token_mean')})"])
     headers = ["block", "K", "T/(t0+1)", "base b after t0", "weighting", "seeds whole / damaged / z not used", "stopped",
-               "exact MI", "I(z; strategy)", "exact match (base)", "NLL nats/token (base)"]
+               "exact MI", "I(z; strategy)",
+               "strategies covered by an input's K decodes", "control accuracy", "exact match (base)", "NLL nats/token (base)"]
     return markdown_table(headers, out)
 
 

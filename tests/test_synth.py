@@ -21,6 +21,9 @@ REFERENCE = {  # written independently of pipeline.synth
     "sort": lambda x: sorted(x),
     "sort-desc": lambda x: sorted(x)[::-1],
     "rotate-left": lambda x: list(x[1:]) + list(x[:1]),
+    "rotate-right": lambda x: [x[(i - 1) % len(x)] for i in range(len(x))],
+    "swap-pairs": lambda x: [x[i ^ 1] if (i ^ 1) < len(x) else x[i] for i in range(len(x))],
+    "evens-odds": lambda x: [x[i] for i in range(len(x)) if i % 2 == 0] + [x[i] for i in range(len(x)) if i % 2],
 }
 
 TINY = replace(PRESETS["tiny"], n_train=40, n_val=10, n_test=10, shard_size=16)

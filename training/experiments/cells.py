@@ -201,7 +201,7 @@ def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
             "base_exact_match": free.get("base_exact_match"), "best_of_k_exact_match": free.get("best_of_k_exact_match"),
             "nll_token_mean": metrics.get("nll_token_mean"), "base_nll_token_mean": metrics.get("base_nll_token_mean"),
             "control_accuracy": evaluated["decode"].get("control_accuracy"),
-            "strategy_accuracy": metrics.get("strategy_accuracy"),
+            "coverage": evaluated["decode"].get("coverage"), "strategy_accuracy": metrics.get("strategy_accuracy"),
             "usage_perplexity": metrics.get("usage_perplexity"), "val_mi": trained.get("mi"),
             **init_gradients(Path(tcfg.io.out)), "train_wall_s": trained["train_wall_s"],
             "wall_s": time.perf_counter() - start, **{m: reference.get(m) for m in CONTROL},
