@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "store", "training", "tokweight")  # folders of the installed package
 # Imports an extra may satisfy: only inside a function, so that the commands that do
 # not need them import without them.
-OPTIONAL = {"transformers": "hf", "tokenizers": "hf"}
+OPTIONAL = {"transformers": "hf", "tokenizers": "hf", "peft": "lora"}
 
 
 def project() -> dict:

@@ -1,7 +1,8 @@
 """Where b_t comes from each step (docs/contract.md §3 `policy`); every policy returns (B, T_max) nats over S, detached.
 
 - precomputed: the store's row, joined into the batch by the data stream (no forward pass);
-- frozen:      a frozen copy of the baseline (entangled) model, one extra z-free forward;
+- frozen:      a frozen copy of the baseline (entangled) model, one extra z-free forward; in a LoRA run
+               on that model, the run's own backbone with its adapters off (``AdaptersOff``), no copy;
 - dynamic:     the current backbone's z-free surprisal, taken from the posterior's z-free
                pass (the backbone is shared, so no extra pass).
 """
@@ -9,6 +10,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -41,6 +43,32 @@ class Frozen:
     def __call__(self, batch: TrainBatch, out: CVAEOutput | None = None) -> torch.Tensor:
         with torch.no_grad():
             return s_nll(self.model, batch.zfree)
+
+
+class AdaptersOff:
+    """b from the trained backbone itself with its LoRA adapters and latent rows off (``lora.Adapters.off``):
+    the baseline checkpoint the adapters sit on, without a second copy of its weights. As ``Frozen`` reads its
+    copy: in eval mode, without gradients, and over the checkpoint's own ``vocab_size`` tokens (the latent
+    rows the run appended after them are left out of the softmax)."""
+
+    def __init__(self, backbone, adapters, vocab_size: int):
+        self.backbone, self.adapters = backbone, adapters
+        self.cfg = replace(backbone.cfg, vocab_size=vocab_size)  # what head.nll_over_s reads
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.backbone.hidden(idx)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.backbone.head(hidden)[..., : self.cfg.vocab_size]
+
+    def __call__(self, batch: TrainBatch, out: CVAEOutput | None = None) -> torch.Tensor:
+        training = self.backbone.training
+        self.backbone.eval()
+        try:
+            with torch.no_grad(), self.adapters.off():
+                return s_nll(self, batch.zfree)
+        finally:
+            self.backbone.train(training)
 
 
 def make_baseline(policy: str, baseline_model: GPT | None) -> Baseline:

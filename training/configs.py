@@ -136,3 +136,20 @@ def check_free_bits(free_bits: float, latent: str, k: int) -> None:
     if latent == "discrete" and free_bits >= math.log(k):
         raise ValueError(f"free bits {free_bits} >= log K = {math.log(k):.4f}: for a categorical latent "
                          "with a uniform prior the KL can never exceed log K, so the KL term would be constant")
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """Low-rank adapters on a frozen backbone (``lora.py``), for backbones too large to train whole."""
+
+    rank: int = 0
+    """Rank r of the LoRA adapters on every linear layer of the backbone (attention and MLP; not the output
+    head). Their scale alpha / r is 1 (alpha = r: a larger rank adds capacity, not step size), dropout 0, and
+    B starts at 0, so that step 0 is the full model's. 0: no adapters, every parameter trains."""
+
+    def __post_init__(self):
+        if self.rank < 0:
+            raise ValueError(f"lora rank must be >= 0 (0: no adapters), got {self.rank}")
+
+    def to_json(self) -> dict:
+        return asdict(self)

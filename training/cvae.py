@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.nn.utils import parametrize
 
 from tokweight.pipeline.head import nll_over_s
 from tokweight.pipeline.model import GPT, SharedPrefix
@@ -243,7 +244,17 @@ def spread_latent_embeddings(backbone: GPT, latent_ids: list[int], norm: float, 
             directions = torch.linalg.qr(torch.cat([mean[:, None], directions], 1))[0][:, 1:]
         else:
             directions = torch.linalg.qr(directions)[0]  # (d, K) orthonormal
-        weight[ids] = (mean[None] + norm * directions.T).to(weight.dtype)
+        write_rows(backbone.wte, ids, (mean[None] + norm * directions.T).to(weight.dtype))
+
+
+def write_rows(embedding: nn.Module, ids: torch.Tensor, rows: torch.Tensor) -> None:
+    """Set an embedding's rows ``ids`` to ``rows``: in its weight, or where a LoRA run keeps them, trainable
+    over its frozen weight (``lora.LatentRows``), which keeps the checkpoint's rows for the base model."""
+    if parametrize.is_parametrized(embedding, "weight"):
+        for parametrization in embedding.parametrizations.weight:
+            parametrization.write(ids, rows)
+    else:
+        embedding.weight[ids] = rows
 
 
 @dataclass

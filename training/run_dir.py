@@ -2,7 +2,9 @@
 
 RUN/config.json    the resolved TrainConfig (``to_json``)
 RUN/metrics.jsonl  one line per logged step and per validation, then the run's stop line ({"stop": ...})
-RUN/checkpoint/    model.safetensors, optimizer.safetensors (AdamW's state as "<param>.<name>"),
+RUN/checkpoint/    model.safetensors (the trained parameters and the buffers; a LoRA run's frozen backbone is
+                   left out: its init checkpoint's, ``load_run`` reads it again), optimizer.safetensors
+                   (AdamW's state as "<param>.<name>"),
                    rng.safetensors (each rank's torch RNG states as "<generator>.<rank>"),
                    vocab.json (with the latent tokens the run appended, if any) and state.json (step,
                    the CVAE config, the fingerprints, template and model config the run started from,
@@ -28,6 +30,7 @@ from tokweight.pipeline.vocab import Vocab, load_vocab
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.cvae import CVAE, add_latent_tokens, build_cvae, latent_tokens_needed
 from tokweight.training.faults import nothing
+from tokweight.training.lora import attach as attach_lora, latent_row_ids
 from tokweight.training.train_config import TrainConfig
 
 
@@ -87,7 +90,7 @@ def write_checkpoint_files(tmp: Path, model: CVAE, opt: torch.optim.Optimizer, v
     tmp.mkdir(parents=True)
     # cloned: a backbone with tied input and output embeddings holds one tensor under two names,
     # which safetensors refuses to write twice
-    model_tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    model_tensors = {k: v.detach().cpu().contiguous().clone() for k, v in trained_state(model).items()}
     opt_state = opt.state_dict()
     opt_tensors = {f"{i}.{name}": t.detach().cpu().contiguous()
                    for i, s in opt_state["state"].items() for name, t in s.items()}
@@ -100,6 +103,28 @@ def write_checkpoint_files(tmp: Path, model: CVAE, opt: torch.optim.Optimizer, v
     for name, write in writes:
         before_write(tmp / name)
         write(tmp / name)
+
+
+def frozen_parameter_names(model: torch.nn.Module) -> set[str]:
+    """The state-dict names of the parameters that do not train (a LoRA run's backbone; none otherwise)."""
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+def trained_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state but its frozen parameters: those are the init checkpoint's, which a LoRA run's
+    checkpoint does not store a second time."""
+    frozen = frozen_parameter_names(model)
+    return {name: t for name, t in model.state_dict().items() if name not in frozen}
+
+
+def load_trained_state(model: torch.nn.Module, path: Path) -> None:
+    """``trained_state``'s tensors from ``path`` into ``model``, whose frozen parameters already hold the init
+    checkpoint's; anything else left out, or any tensor the model lacks, is refused."""
+    missing, unexpected = model.load_state_dict(load_file(path), strict=False)
+    untrained = sorted(set(missing) - frozen_parameter_names(model))
+    if untrained or unexpected:
+        raise ValueError(f"{path} does not fit the run's model: it lacks {untrained[:3]} and has unexpected "
+                         f"{sorted(unexpected)[:3]} (of {len(untrained)} and {len(unexpected)})")
 
 
 def committed_checkpoint(run: str | Path) -> Path:
@@ -140,7 +165,7 @@ def resume(cfg: TrainConfig, model: CVAE, opt: torch.optim.Optimizer, init_finge
     if meta.get("world", world) != world:
         raise ValueError(f"{ckpt} was written by {meta['world']} ranks, this run has {world}: resume it with "
                          f"{meta['world']} (torchrun --nproc-per-node {meta['world']}) or use a new --out")
-    model.load_state_dict(load_file(ckpt / "model.safetensors"))
+    load_trained_state(model, ckpt / "model.safetensors")
     load_optimizer(opt, ckpt / "optimizer.safetensors", meta["param_groups"])
     rng = load_file(ckpt / "rng.safetensors") if (ckpt / "rng.safetensors").is_file() else {}
     meta["rng"] = {name.split(".")[0]: t for name, t in rng.items() if name.endswith(f".{rank}")}
@@ -175,15 +200,18 @@ def load_run(run: str | Path, device: str = "cpu") -> tuple[TrainConfig, CVAE, V
     cvae = CVAEConfig(**meta["cvae"])
     backbone, vocab = run_backbone(run, cfg, meta, cvae)
     model = build_cvae(backbone, vocab, cvae)
-    model.load_state_dict(load_file(run / "checkpoint" / "model.safetensors"))
+    if cfg.lora.rank:
+        attach_lora(model.backbone, cfg.lora.rank, latent_row_ids(vocab, cvae), cfg.optim.seed)
+    load_trained_state(model, run / "checkpoint" / "model.safetensors")
     return cfg, model.to(device).eval(), vocab, meta
 
 
 def run_backbone(run: Path, cfg: TrainConfig, meta: dict, cvae: CVAEConfig):
-    """(backbone architecture, vocabulary) of a run, with the latent tokens it appended: the built-in GPT
-    from its recorded (grown) config and vocab.json; a Hugging Face backbone (architecture and tokenizer)
-    from the run's init checkpoint directory, read in the run's template, grown as ``train`` grew it."""
-    if meta.get("backbone", "tokweight") == "tokweight":
+    """(backbone, vocabulary) of a run, with the latent tokens it appended: the built-in GPT's architecture
+    from its recorded (grown) config and vocab.json, its weights all in the run's checkpoint; else (a Hugging
+    Face backbone, or a LoRA run's, whose checkpoint holds no frozen weight) the run's init checkpoint
+    directory, read in the run's template and grown as ``train`` grew it."""
+    if meta.get("backbone", "tokweight") == "tokweight" and not cfg.lora.rank:
         return GPT(ModelConfig(**meta["model_config"])), load_vocab(run / "checkpoint" / "vocab.json")
     init = load_backbone(cfg.io.checkpoint, template=Template.from_json(meta.get("template")))
     if init.fingerprint != meta["init_fingerprint"]:

@@ -23,6 +23,7 @@ and the same lanes. Rank 0 writes everything.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,7 +37,7 @@ from tokweight.pipeline.errors import Skips
 from tokweight.pipeline.labels import load_labels
 from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.vocab import Vocab
-from tokweight.training.baselines import Baseline, make_baseline
+from tokweight.training.baselines import AdaptersOff, Baseline, make_baseline
 from tokweight.training.convergence import Convergence, converged, observe, val_mi, val_objective
 from tokweight.training.cvae import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed, objective,
                                      spread_latent_embeddings)
@@ -44,6 +45,7 @@ from tokweight.training.data import StoreRef, StreamSpec, TrainBatch, extract_co
 from tokweight.training.estep import EStepConfig, em_objective, strategy_indices
 from tokweight.training.faults import NO_HOOKS, Hooks
 from tokweight.training.global_batch import GlobalBatch
+from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
 from tokweight.training.losses import (WeightingParams, anchor_penalty, example_kl, reconstruction_weights,
                              weighted_reconstruction)
 from tokweight.training.metrics import entropy, informative_token_spread, posterior_gradient_norms
@@ -83,18 +85,30 @@ def data_seed(seed: int) -> int:
 
 
 def setup(cfg: TrainConfig, ranks: Ranks, hooks: Hooks = NO_HOOKS) -> State:
+    if cfg.lora.rank:
+        require_peft()  # before any checkpoint is read
     torch.manual_seed(cfg.optim.seed)
     device = ranks.device(cfg.io.device)
     init, base = load_checkpoints(cfg.io)
-    baseline = make_baseline(cfg.loss.policy, base.model.to(device))  # copies the checkpoint before any re-init
+    base_vocab_size = base.model.cfg.vocab_size
+    adapters_on_base = cfg.lora.rank > 0 and base is init and cfg.loss.policy == "frozen"
+    # the frozen copy, taken before any re-init; with adapters on the baseline checkpoint, that checkpoint is
+    # the trained backbone with its adapters off (AdaptersOff, below)
+    baseline = None if adapters_on_base else make_baseline(cfg.loss.policy, base.model.to(device))
     vocab = add_latent_tokens(init.model, init.vocab, latent_tokens_needed(cfg.cvae))  # the trainable copy's
     model = build_cvae(init.model.train(), vocab, cfg.cvae).to(device)
+    adapters = (attach_lora(model.backbone, cfg.lora.rank, latent_row_ids(vocab, cfg.cvae), cfg.optim.seed)
+                if cfg.lora.rank else None)
+    if adapters_on_base:
+        baseline = AdaptersOff(model.backbone, adapters, base_vocab_size)
     if cfg.io.grad_checkpointing:
         model.backbone.enable_checkpointing()
     spread_latents(model, cfg.remedies, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
     store, dataset_mean_b = open_store(cfg, init.vocab, base.fingerprint)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
-                            betas=(0.9, 0.95))
+    trained = [p for p in model.parameters() if p.requires_grad]
+    if ranks.is_main:
+        print(trainable_line(model), file=sys.stderr, flush=True)
+    opt = torch.optim.AdamW(trained, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.95))
     meta = {"cvae": cfg.cvae.to_json(), "init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
             "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b,
             "backbone": init.meta.get("kind", "tokweight"), "template": init.vocab.template.to_json()}
@@ -109,6 +123,30 @@ def setup(cfg: TrainConfig, ranks: Ranks, hooks: Hooks = NO_HOOKS) -> State:
     return State(model, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
                  GlobalBatch(ranks.rank, ranks.world), ranks, device, meta, saved.get("step", 0), label_names(cfg),
                  convergence=Convergence(**saved.get("convergence", {})), hooks=hooks)
+
+
+def trainable_line(model: CVAE) -> str:
+    """The line a run starts with: how many parameters train, of how many, and where they are."""
+    groups: dict[str, int] = {}
+    total = 0
+    for name, p in model.named_parameters():
+        total += p.numel()
+        if p.requires_grad:
+            groups[parameter_group(name)] = groups.get(parameter_group(name), 0) + p.numel()
+    trained = sum(groups.values())
+    parts = ", ".join(f"{group} {n:,}" for group, n in groups.items())
+    return f"training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%): {parts}"
+
+
+def parameter_group(name: str) -> str:
+    """Which part of the CVAE a parameter belongs to, for ``trainable_line``."""
+    if not name.startswith("backbone."):
+        return "posterior, prior and z pathway"
+    if ".lora_" in name:
+        return "LoRA adapters"
+    if ".parametrizations." in name:
+        return "latent token rows"
+    return "backbone"
 
 
 def rng_states(device: torch.device) -> dict[str, torch.Tensor]:

@@ -8,7 +8,7 @@ import os
 
 import click
 
-from tokweight.training.configs import COND_MODES, POLICIES, WEIGHTINGS, CVAEConfig
+from tokweight.training.configs import COND_MODES, POLICIES, WEIGHTINGS, CVAEConfig, LoRAConfig
 from tokweight.training.convergence import StopRule
 from tokweight.training.schedules import BetaSchedule
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
@@ -102,10 +102,14 @@ threads_option = click.option("--threads", type=int, default=None,
                          IOConfig.dtype))
 @click.option("--grad-checkpointing", is_flag=True, default=None,
               help="Recompute activations in the backward instead of keeping them: less memory, more time.")
+@click.option("--lora-rank", type=int, default=None,
+              help=shown("Train LoRA adapters of this rank on every linear layer of a frozen backbone (alpha = rank), "
+                         "with the latent token rows and the CVAE's heads; needs pip install 'tokweight[lora]' "
+                         "(0: train every parameter).", LoRAConfig.rank))
 @threads_option
 def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting, lam, policy, baseline_checkpoint,
           beta, warmup_steps, anchor_weight, steps, batch_size, lr, num_workers, lanes, on_bad_sample, eval_every,
-          patience, log_every, ckpt_every, seed, device, dtype, grad_checkpointing, threads):
+          patience, log_every, ckpt_every, seed, device, dtype, grad_checkpointing, lora_rank, threads):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready).
 
     The defaults are the recipe that keeps z from scratch with the decoder whole: a 4-slot prefix,
@@ -127,7 +131,8 @@ def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting
                                     anchor_weight=anchor_weight)),
             optim=OptimConfig(stop=StopRule(**given(patience=patience)),
                               **given(steps=steps, batch_size=batch_size, lr=lr, seed=seed)),
-            log=LogConfig(**given(eval_every=eval_every, log_every=log_every, ckpt_every=ckpt_every)))
+            log=LogConfig(**given(eval_every=eval_every, log_every=log_every, ckpt_every=ckpt_every)),
+            lora=LoRAConfig(**given(rank=lora_rank)))
         result = run(cfg)
     except (ValueError, CheckpointWriteError) as e:
         raise click.ClickException(str(e)) from e

@@ -2,8 +2,8 @@
 
 ``io`` (paths, loading, device), ``cvae`` (the model and its latent), ``loss`` (weighting,
 where b comes from, beta, the anchor term), ``remedies`` (what makes a discrete latent
-learnable from scratch), ``optim`` (steps, batch, AdamW, seed) and ``log`` (metrics lines,
-validations, checkpoints). Each group checks its own fields; TrainConfig checks what spans two.
+learnable from scratch), ``optim`` (steps, batch, AdamW, seed), ``log`` (metrics lines,
+validations, checkpoints) and ``lora`` (adapters on a frozen backbone). Each group checks its own fields; TrainConfig checks what spans two.
 
 The defaults are the recipe that keeps z from scratch with the decoder whole
 (docs/results/from-scratch/): a 4-slot prefix (``CVAEConfig``), surprisal-share with beta 0.3
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from tokweight.training.configs import (POLICIES, WEIGHTINGS, CVAEConfig, EStepConfig, WeightingParams,
+from tokweight.training.configs import (POLICIES, WEIGHTINGS, CVAEConfig, EStepConfig, LoRAConfig, WeightingParams,
                                        check_free_bits)
 from tokweight.training.convergence import StopRule
 from tokweight.training.schedules import BetaSchedule
@@ -217,7 +217,7 @@ class LogConfig:
 
 
 GROUPS = {"io": IOConfig, "cvae": CVAEConfig, "loss": LossConfig, "remedies": RemedyConfig, "optim": OptimConfig,
-          "log": LogConfig}
+          "log": LogConfig, "lora": LoRAConfig}
 
 
 def default_remedies(latent: str) -> RemedyConfig:
@@ -246,6 +246,8 @@ class TrainConfig:
     """Steps, batch size, AdamW, seed."""
     log: LogConfig = field(default_factory=LogConfig)
     """Metrics lines, diagnostics, validations and checkpoints."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapters on a frozen backbone; rank 0 (the default): every parameter trains."""
 
     def __post_init__(self):
         for name, group in GROUPS.items():  # from_json hands the groups over as dicts
