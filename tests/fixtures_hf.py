@@ -3,8 +3,9 @@
 A GPT-2 and a Llama over the tiny dataset's symbols, each with a word-level tokenizer made
 with the ``tokenizers`` library whose vocabulary holds the template and latent tokens; and
 checkpoints as users have them, over string data (``text_data``): a Qwen2 chat model whose
-byte-level BPE tokenizer (trained here) has a ChatML chat template and no tokweight token, and a
-GPT-2 with a plain prompt/answer string template (``text_template``).
+byte-level BPE tokenizer (trained on that data) has a ChatML chat template and no tokweight token
+(``training/experiments/chat_model.py`` builds it), and a GPT-2 with a plain prompt/answer string
+template (``text_template``).
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ import torch
 from tokweight.pipeline.checkpoint import load_checkpoint
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
+from tokweight.training.experiments.chat_model import CHATML, bpe_tokenizer, save_chat_model
 
 ARCHITECTURES = ("gpt2", "llama")
-CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-          "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-CHAT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEXT_TEMPLATE = {"text": "Question: {x}\nAnswer: {y}", "end": "<|endoftext|>"}
 
 
@@ -88,45 +87,21 @@ def write_text_data(out: Path) -> Path:
     return out
 
 
-def bpe_tokenizer(out: Path, specials: list[str], chat_template: str | None = None, vocab_size: int = 320):
-    """A byte-level BPE tokenizer trained on the text samples, saved to ``out`` (with ``chat_template``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    corpus = [f"Question: {s.x}\nAnswer: {s.y}" for s in text_samples(64)]
-    tok.train_from_iterator(corpus * 4, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=specials[-1], pad_token=specials[0])
-    if chat_template is not None:
-        fast.chat_template = chat_template
-    fast.save_pretrained(out)
-    return fast
+def text_corpus() -> list[str]:
+    """What the tests' BPE tokenizers are trained on: the text samples in the plain string template."""
+    return [f"Question: {s.x}\nAnswer: {s.y}" for s in text_samples(64)] * 4
 
 
 def save_chat_checkpoint(out: Path, chat_template: str | None = CHATML) -> Path:
-    """A Qwen2 (Llama if this transformers has none) with a ChatML tokenizer: a stock chat model, in small."""
-    import transformers
-
-    tokenizer = bpe_tokenizer(out, CHAT_SPECIALS, chat_template)
-    torch.manual_seed(0)
-    ids = dict(bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    arch = "Qwen2" if hasattr(transformers, "Qwen2Config") else "Llama"
-    config = getattr(transformers, f"{arch}Config")(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False, **ids)
-    getattr(transformers, f"{arch}ForCausalLM")(config).save_pretrained(out)
-    return out
+    """A Qwen2 with a ChatML tokenizer: a stock chat model, in small."""
+    return save_chat_model(out, text_corpus(), chat_template=chat_template)
 
 
 def save_text_checkpoint(out: Path) -> Path:
     """A GPT-2 fine-tuned (in principle) on ``Question: x / Answer: y<|endoftext|>``: no chat template."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    tokenizer = bpe_tokenizer(out, ["<|endoftext|>"])
+    tokenizer = bpe_tokenizer(out, text_corpus(), ["<|endoftext|>"])
     torch.manual_seed(0)
     eos = tokenizer.eos_token_id
     GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=4,
