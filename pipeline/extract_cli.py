@@ -10,6 +10,7 @@ import json
 import click
 
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
+from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.store.formats import PARQUET, PART_FORMATS
 
 
@@ -36,14 +37,16 @@ from tokweight.store.formats import PARQUET, PART_FORMATS
               help="Read and batch shards in a separate process ahead of the model, or in this one. Default: a "
                    "reader process only with CPUs to spare, at least torch's threads + 2 on CPU (so not on 2 "
                    "cores), 2 on CUDA, and 2+ shards; the summary's reader_process says which ran. Same parts either way.")
+@threads_option
 def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, template, on_bad_sample, wait_lock, progress,
-            reader_process):
+            reader_process, threads):
     """Compute per-token baselines b_t of CHECKPOINT once and store them under STORE/fingerprint=<fp>/."""
     from tokweight.pipeline.errors import SampleError, Skips
     from tokweight.pipeline.extract import ExtractConfig, run
     from tokweight.pipeline.ranks import RankFailed
     from tokweight.store.lock import StoreLockedError
 
+    set_threads(threads)
     cfg = ExtractConfig(checkpoint=checkpoint, data=data, store=store, format=fmt, batch_tokens=batch_tokens,
                         device=device, dtype=dtype, template=template, on_bad_sample=on_bad_sample,
                         lock_wait_s=wait_lock, progress=progress, reader_process=reader_process)

@@ -2,6 +2,7 @@
 train command's line saying why a run stopped."""
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -84,3 +85,23 @@ def test_train_says_why_it_stopped(tiny, tmp_path):
     assert "1 consecutive validations (every 1 steps" in last["rule"]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["optim"]["stop"]["patience"] == 1 and config["log"]["eval_every"] == 1
+
+
+def test_a_run_resumes_whatever_its_paths_are_spelt_as(tiny, tmp_path, monkeypatch):
+    """The run's config records absolute paths, so the same run named relative to another working directory
+    is resumed, not refused as another config."""
+    data, ckpt = tiny
+    common = ["--policy", "frozen", "--steps", "2", "--batch-size", "8", "--num-workers", "0", "--device", "cpu",
+              "--threads", "1", "--log-every", "1", "--ckpt-every", "1"]
+    first = CliRunner().invoke(train, ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(tmp_path / "run"),
+                                       *common])
+    assert first.exit_code == 0, first.output
+    monkeypatch.chdir(tmp_path)
+    again = CliRunner().invoke(train, ["--checkpoint", os.path.relpath(ckpt), "--data", os.path.relpath(data),
+                                       "--out", "run", *common[:3], "3", *common[4:]])
+    assert again.exit_code == 0, again.output
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["io"]["out"] == str(tmp_path / "run") and config["io"]["data"] == str(data.resolve())
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(line)]
+    assert steps == [0, 1, 2]  # resumed at step 2, not started again

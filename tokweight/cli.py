@@ -16,7 +16,8 @@ from tokweight.pipeline.extract_cli import extract
 from tokweight.report.cli import evaluate as eval_cmd, inspect_cmd
 from tokweight.store.cli import store
 from tokweight.store.inspect_cli import sql_cmd
-from tokweight.training.train_cli import set_threads, threads_option, train as train_cmd
+from tokweight.pipeline.threads import set_threads, threads_option
+from tokweight.training.train_cli import train as train_cmd
 from tokweight.training.experiment_cli import experiment
 from tokweight.training.use_cli import encode as encode_cmd, generate as generate_cmd
 

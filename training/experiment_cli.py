@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from tokweight.training.train_cli import set_threads, threads_option
+from tokweight.pipeline.threads import set_threads, threads_option
 
 
 def _ints(text: str | None) -> tuple[int, ...] | None:

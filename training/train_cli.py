@@ -1,5 +1,5 @@
-"""`tokweight train`: build the config, call run. Heavy imports stay inside. The threads option and
-the skipped-samples line serve `tokweight eval` (``tokweight.report.cli``) too."""
+"""`tokweight train`: build the config, call run. Heavy imports stay inside. The skipped-samples line
+serves `tokweight eval` (``tokweight.report.cli``) too."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 
 import click
 
+from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.training.configs import COND_MODES, POLICIES, WEIGHTINGS, CVAEConfig, LoRAConfig
 from tokweight.training.convergence import StopRule
 from tokweight.training.schedules import BetaSchedule
@@ -27,31 +28,18 @@ def given(**options) -> dict:
     return {k: v for k, v in options.items() if v is not None}
 
 
-def set_threads(threads: int | None) -> None:
-    """torch's intra-op threads: its own choice unless --threads is given (1 is fastest for tiny models on a
-    shared 2-core machine; a larger model or machine wants more)."""
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
 def shown(text: str, default) -> str:
     """A flag's help with the config dataclass's default: the CLI shows a default, it never sets one."""
     return f"{text}  [default: {default}]".strip()
 
 
-threads_option = click.option("--threads", type=int, default=None,
-                              help="torch threads (default: torch's own choice for this machine).")
-
-
 @click.command("train")
-@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), required=True,
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, resolve_path=True), required=True,
               help="Entangled checkpoint to initialise the CVAE from.")
-@click.option("--data", type=click.Path(exists=True, file_okay=False), required=True)
-@click.option("--store", type=click.Path(file_okay=False), default=None,
+@click.option("--data", type=click.Path(exists=True, file_okay=False, resolve_path=True), required=True)
+@click.option("--store", type=click.Path(file_okay=False, resolve_path=True), default=None,
               help="Baseline store root (`tokweight extract` wrote it); needed by the default policy.")
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="Run directory (resumed if present).")
+@click.option("--out", type=click.Path(file_okay=False, resolve_path=True), required=True, help="Run directory (resumed if present).")
 @click.option("--latent", type=click.Choice(["discrete", "continuous"]), default=None,
               help=shown("", CVAEConfig.latent))
 @click.option("--k", type=int, default=None,
@@ -68,7 +56,7 @@ threads_option = click.option("--threads", type=int, default=None,
 @click.option("--policy", type=click.Choice(POLICIES), default=None,
               help=shown("Where b comes from: the store, an extra frozen pass, or the current backbone.",
                          LossConfig.policy))
-@click.option("--baseline-checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
+@click.option("--baseline-checkpoint", type=click.Path(exists=True, file_okay=False, resolve_path=True), default=None,
               help="Checkpoint b came from (default: --checkpoint).")
 @click.option("--beta", type=float, default=None, help=shown("KL weight after the warm-up.", BetaSchedule.beta))
 @click.option("--warmup-steps", type=int, default=None,

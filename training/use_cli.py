@@ -7,7 +7,8 @@ import json
 
 import click
 
-from tokweight.training.train_cli import echo_skips, given, set_threads, threads_option
+from tokweight.pipeline.threads import set_threads, threads_option
+from tokweight.training.train_cli import echo_skips, given
 
 run_option = click.option("--run", "run_dir", type=click.Path(exists=True, file_okay=False), required=True,
                           help="The train run directory (its checkpoint/).")

@@ -11,7 +11,8 @@ import json
 import click
 
 from tokweight.store.inspect_cli import estimator_options, exact_quantiles_option, fingerprint_option, store_argument
-from tokweight.training.train_cli import echo_skips, given, set_threads, threads_option
+from tokweight.pipeline.threads import set_threads, threads_option
+from tokweight.training.train_cli import echo_skips, given
 
 
 @click.command("inspect")
