@@ -65,5 +65,5 @@ def test_a_gpt2_run_trains_evaluates_and_resumes(tiny, hf_checkpoints, hf_stores
 
 def test_the_layernorm_pathway_is_refused_naming_the_architecture(tiny, hf_checkpoints, hf_stores, tmp_path):
     cfg = config(tiny, hf_checkpoints["llama"], hf_stores["llama"], tmp_path / "run", cvae=CVAEConfig(cond="layernorm"))
-    with pytest.raises(ValueError, match="the 'llama' backbone has none: use --cond token or --cond prefix"):
+    with pytest.raises(ValueError, match="the 'llama' backbone has none: use --cond token, prefix or memory"):
         run(cfg)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-COND_MODES = ("token", "prefix", "layernorm")
+COND_MODES = ("token", "prefix", "layernorm", "memory")
 """z pathways (``conditioning.py``)."""
 POLICIES = ("precomputed", "frozen", "dynamic")
 """Where b comes from each step (``baselines.py``)."""
@@ -33,7 +33,8 @@ class CVAEConfig:
     prior: str = "learned"
     """Continuous prior: "learned" (conditional, from the decoder at <z>) or "standard" N(0, I)."""
     cond: str = "prefix"
-    """z pathway: "token" (one slot), "prefix" (`slots` slots) or "layernorm" (one slot + LayerNorm modulation).
+    """z pathway: "token" (one slot), "prefix" (`slots` slots), "layernorm" (one slot + LayerNorm modulation)
+    or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder).
     From scratch one slot collapsed under every weighting; a 4-slot prefix kept z on 12 of 12 seeds."""
     slots: int | None = None
     """Latent slots of the z-conditioned template (prefix only; 1 otherwise); None: 4 for the prefix."""
