@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
-from tokweight.pipeline.model import SharedPrefix, suffix_positions
+from tokweight.pipeline.model import SharedPrefix, memory_alone, memory_layers, suffix_positions
 from tokweight.pipeline.templates import TEMPLATE_VERSION, TOKWEIGHT, Rendered, Template, cut_at_y, text_parts
 from tokweight.pipeline.vocab import SPECIALS, latent_token
 from tokweight.store.fingerprint import canonical_json
@@ -287,26 +287,54 @@ class HFBackbone(nn.Module):
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         return self.wte(idx)
 
+    @property
+    def memory_shape(self) -> tuple[int, int, int]:
+        """(layers, key/value heads, head dim) of a ``memory``, from the config: GQA's num_key_value_heads
+        and an explicit head_dim where the architecture has them."""
+        c = self.model.config.get_text_config(decoder=True)
+        heads = c.num_attention_heads
+        return (c.num_hidden_layers, getattr(c, "num_key_value_heads", None) or heads,
+                getattr(c, "head_dim", None) or c.hidden_size // heads)
+
     def hidden(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
-               ln_cond: torch.Tensor | None = None, prefix: SharedPrefix | None = None) -> torch.Tensor:
+               ln_cond: torch.Tensor | None = None, prefix: SharedPrefix | None = None,
+               memory: torch.Tensor | None = None) -> torch.Tensor:
         """(B, L) ids (or their (B, L, d) embeddings ``tok_emb``) -> (B, L, d) final hidden states.
         Right-padded batches need no attention mask: attention is causal, padding comes last. With a
         ``prefix`` (``self.prefix``), the L tokens continue it: its cache, a mask of the prefix positions
-        each row sees, and positions from the row's prefix length."""
+        each row sees, and positions from the row's prefix length. With a ``memory`` (``GPT.hidden``),
+        they continue a cache holding its one position per layer (``memory_cache``), positions from 0."""
         if ln_cond is not None:
             raise ValueError(f"the layernorm z pathway is not available on a {self.cfg.model_type!r} Hugging Face "
-                             "backbone; use --cond token or --cond prefix")
+                             "backbone; use --cond token, prefix or memory")
         B, L = idx.shape
         if L > self.cfg.block_size:
             raise ValueError(f"sequence length {L} exceeds the model's context of {self.cfg.block_size}")
         inputs = {"inputs_embeds": tok_emb} if tok_emb is not None else {"input_ids": idx}
-        if prefix is None:
+        if prefix is None and memory is None:
             return self.model.base_model(**inputs, use_cache=False).last_hidden_state
+        cache, seen, positions = self._past(prefix, memory, L)
+        inputs[self.cache_kwarg] = cache
         own = torch.ones(B, L, dtype=torch.long, device=idx.device)
-        inputs[self.cache_kwarg] = prefix.cache.repeated(1).cache
-        return self.model.base_model(**inputs, use_cache=True, attention_mask=torch.cat([prefix.valid.long(), own], 1),
-                                     position_ids=suffix_positions(prefix, L, self.cfg.block_size, idx.device),
-                                     ).last_hidden_state
+        return self.model.base_model(**inputs, use_cache=True, attention_mask=torch.cat([seen.long(), own], 1),
+                                     position_ids=positions).last_hidden_state
+
+    def _past(self, prefix: SharedPrefix | None, memory: torch.Tensor | None, L: int) -> tuple:
+        """What L tokens continue: (a cache, the (B, P) positions of it each row sees, the tokens' (B, L) positions)."""
+        if memory is None:
+            return (prefix.cache.repeated(1).cache, prefix.valid,
+                    suffix_positions(prefix, L, self.cfg.block_size, prefix.valid.device))
+        seen = memory_alone(memory, prefix)
+        return self.memory_cache(memory), seen, torch.arange(L, device=seen.device).expand(len(seen), L)
+
+    def memory_cache(self, memory: torch.Tensor):
+        """A ``DynamicCache`` pre-filled with the memory's one key/value position per layer (its layers typed by the
+        config, so a sliding-window layer stays one). transformers' gradient checkpointing drops a training pass's
+        cache, and the memory with it: refused."""
+        if self.checkpointing:
+            raise ValueError("the memory z pathway passes z through the key/value cache, which transformers' gradient "
+                             "checkpointing drops: train without --grad-checkpointing, or use --cond token or prefix")
+        return _transformers().DynamicCache(memory_layers(memory), config=self.model.config)
 
     def prefix(self, idx: torch.Tensor, lengths: torch.Tensor) -> SharedPrefix:
         """The model's key/value cache of prefixes idx (B, P), row i's own being its first lengths[i] tokens."""
@@ -321,8 +349,9 @@ class HFBackbone(nn.Module):
         return F.linear(hidden, out.weight[ids], None if out.bias is None else out.bias[ids])
 
     def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
-                prefix: SharedPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix)
+                prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory)
         return self.head(hidden), hidden
 
     def grow_vocab(self, n: int) -> None:

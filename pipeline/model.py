@@ -8,7 +8,9 @@ The CVAE hooks are optional arguments of `forward`:
 - `tok_emb` replaces the token embeddings (a continuous z written into latent slots);
 - `ln_cond` modulates every LayerNorm's scale and shift (z-conditioned LayerNorm);
 - `prefix` (from `GPT.prefix`) is a shared prefix's keys and values: the sequences given
-  continue it, so several continuations of one prefix compute it once.
+  continue it, so several continuations of one prefix compute it once;
+- `memory` is one extra key/value position per layer that every position attends to (z as
+  memory, Optimus-style): given directly as keys and values, it has no position of its own.
 The model returns logits and the final hidden states, never a loss; ``hidden`` returns the
 states alone, for callers that run the head on some positions only (``pipeline/head.py``).
 """
@@ -87,6 +89,21 @@ class SharedPrefix:
         if n == 1:
             return self
         return SharedPrefix(self.cache.repeated(n), self.valid.repeat_interleave(n, 0))
+
+
+def memory_layers(memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(N, n_layer, 2, kv_heads, head_dim) memory -> per layer (keys, values), each (N, kv_heads, 1, head_dim):
+    one cached position, in the layout of a key/value cache."""
+    return [(layer[:, 0, :, None], layer[:, 1, :, None]) for layer in memory.unbind(1)]
+
+
+def memory_alone(memory: torch.Tensor, prefix: SharedPrefix | None) -> torch.Tensor:
+    """(N, 1) bool: the memory's one position, which every row sees. Refuses a memory over a shared prefix,
+    whose keys were computed without it."""
+    if prefix is not None:
+        raise ValueError("a memory and a shared prefix cannot be combined: the prefix's keys were computed "
+                         "without the memory")
+    return torch.ones(len(memory), 1, dtype=torch.bool, device=memory.device)
 
 
 def suffix_positions(prefix: SharedPrefix | None, L: int, block_size: int, device) -> torch.Tensor:
@@ -191,7 +208,19 @@ class GPT(nn.Module):
     def prefix_shareable(self) -> bool:
         return True
 
-    def _blocks(self, idx, tok_emb, ln_cond, prefix: SharedPrefix | None) -> tuple[torch.Tensor, list]:
+    @property
+    def memory_shape(self) -> tuple[int, int, int]:
+        """(layers, key/value heads, head dim) of a ``memory``: one key and one value per layer and head."""
+        return self.cfg.n_layer, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head
+
+    def _past(self, prefix: SharedPrefix | None, memory: torch.Tensor | None) -> tuple[list, torch.Tensor | None]:
+        """Per layer the (keys, values) the sequences continue, and the (N, P) positions of them each row sees."""
+        if memory is not None:
+            return memory_layers(memory), memory_alone(memory, prefix)
+        return ([None] * self.cfg.n_layer, None) if prefix is None else (prefix.cache.layers, prefix.valid)
+
+    def _blocks(self, idx, tok_emb, ln_cond, prefix: SharedPrefix | None,
+                memory: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
         """(B, L, d) final hidden states and every layer's (keys, values)."""
         L = idx.shape[1]
         if L > self.cfg.block_size:
@@ -199,8 +228,7 @@ class GPT(nn.Module):
         x = self.embed(idx) if tok_emb is None else tok_emb
         x = self.drop(x + self.wpe(suffix_positions(prefix, L, self.cfg.block_size, idx.device)))
         conds = [None] * self.cfg.n_layernorms if ln_cond is None else ln_cond.unbind(1)
-        past = [None] * self.cfg.n_layer if prefix is None else prefix.cache.layers
-        valid = None if prefix is None else prefix.valid
+        past, valid = self._past(prefix, memory)
         kvs = []
         recompute = self.checkpointing and torch.is_grad_enabled()
         for i, block in enumerate(self.h):
@@ -210,14 +238,17 @@ class GPT(nn.Module):
         return _modulate(self.ln_f(x), conds[-1]), kvs
 
     def hidden(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
-               ln_cond: torch.Tensor | None = None, prefix: SharedPrefix | None = None) -> torch.Tensor:
+               ln_cond: torch.Tensor | None = None, prefix: SharedPrefix | None = None,
+               memory: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, L) -> final hidden states (B, L, d), after the last LayerNorm.
 
         tok_emb: (B, L, d) replaces `embed(idx)` when given.
         ln_cond: (B, n_layernorms, 2, d) scale/shift deltas, LayerNorms in forward order.
         prefix:  a ``SharedPrefix`` of B rows that idx continues (positions from ``prefix.start``).
+        memory:  (B, layers, 2, heads, head_dim) (``memory_shape``): per layer one key and one value that
+                 every position attends to; the tokens' positions still start at 0.
         """
-        return self._blocks(idx, tok_emb, ln_cond, prefix)[0]
+        return self._blocks(idx, tok_emb, ln_cond, prefix, memory)[0]
 
     def prefix(self, idx: torch.Tensor, lengths: torch.Tensor) -> SharedPrefix:
         """The keys and values of prefixes idx (B, P), row i's own being its first lengths[i] tokens."""
@@ -230,7 +261,8 @@ class GPT(nn.Module):
         return hidden @ weight.T
 
     def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
-                prefix: SharedPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """idx (B, L) -> logits (B, L, V) and final hidden states (B, L, d); see ``hidden``."""
-        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix)
+        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory)
         return self.head(hidden), hidden

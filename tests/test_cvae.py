@@ -39,6 +39,15 @@ def hand_nll(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
     return torch.stack([-torch.log_softmax(logits[j + t], -1)[ids[j + 1 + t]] for t in range(T)])
 
 
+def beyond_slots(cond, z: torch.Tensor) -> dict:
+    """The GPT keyword arguments by which z (1, F) reaches the decoder other than through its slots."""
+    if cond.ln_proj is not None:
+        return {"ln_cond": cond.ln_proj(z).view(1, -1, 2, 16)}
+    if cond.memory_proj is not None:
+        return {"memory": cond.memory_proj(z).view(1, 2, 2, 2, 8)}  # 2 layers, keys and values, 2 heads of 8
+    return {}
+
+
 def brute_force(model, cfg, b_rows, beta, noise=None):
     """mean_i [ E_q R_i + beta KL_i ] by loops over examples and latent values."""
     bb, lat, cond = model.backbone, model.latent, model.conditioning
@@ -51,10 +60,9 @@ def brute_force(model, cfg, b_rows, beta, noise=None):
             log_q = torch.log_softmax(lat.head(hidden[0, -1]), -1)
             R = []
             for k in range(cfg.k):
-                ids = hand_ids(s, [VOCAB.latent_id(k)] * cfg.slots)
+                ids = hand_ids(s, [VOCAB.latent_id(k if cond.writes_slots else 0)] * cfg.slots)
                 onehot = torch.eye(cfg.k, dtype=torch.float64)[k][None]
-                ln = cond.ln_proj(onehot).view(1, -1, 2, 16) if cond.ln_proj is not None else None
-                logits, _ = bb(torch.tensor([ids]), ln_cond=ln)
+                logits, _ = bb(torch.tensor([ids]), **beyond_slots(cond, onehot))
                 l = hand_nll(logits[0], ids)
                 R.append((w * l).sum() / (w.sum() + EPS))
             zpos = ids.index(VOCAB.id("<z>"))
@@ -68,10 +76,12 @@ def brute_force(model, cfg, b_rows, beta, noise=None):
             ids = hand_ids(s, [VOCAB.latent_id(0)] * cfg.slots)
             zpos = ids.index(VOCAB.id("<z>"))
             emb = bb.wte(torch.tensor([ids])).clone()
-            emb[0, zpos + 1: zpos + 1 + cfg.slots] = cond.slot_proj(z).view(cfg.slots, 16)
-            logits, hid = bb(torch.tensor([ids]), tok_emb=emb)
+            if cond.writes_slots:
+                emb[0, zpos + 1: zpos + 1 + cfg.slots] = cond.slot_proj(z).view(cfg.slots, 16)
+            logits, _ = bb(torch.tensor([ids]), tok_emb=emb, **beyond_slots(cond, z[None]))
             l = hand_nll(logits[0], ids)
             R = (w * l).sum() / (w.sum() + EPS)
+            _, hid = bb(torch.tensor([ids[: zpos + 1]]))  # has not seen z
             mu_p, lv_p = lat.prior_head(hid[0, zpos]).chunk(2)
             kl = 0.5 * (lv_p - logvar + (logvar.exp() + (mu - mu_p) ** 2) / lv_p.exp() - 1).sum()
             total = total + R + beta * kl
@@ -82,9 +92,10 @@ LAST = dict(posterior_pool="last")  # the brute force's posterior reads the stat
 
 
 @pytest.mark.parametrize("cfg", [CVAEConfig(k=3, cond="token", **LAST), CVAEConfig(k=2, cond="prefix", slots=2, **LAST),
-                                 CVAEConfig(k=3, cond="layernorm", **LAST),
+                                 CVAEConfig(k=3, cond="layernorm", **LAST), CVAEConfig(k=3, cond="memory", **LAST),
                                  CVAEConfig(latent="continuous", z_dim=3, cond="token", **LAST),
-                                 CVAEConfig(latent="continuous", z_dim=2, cond="prefix", slots=3, **LAST)])
+                                 CVAEConfig(latent="continuous", z_dim=2, cond="prefix", slots=3, **LAST),
+                                 CVAEConfig(latent="continuous", z_dim=2, cond="memory", **LAST)])
 def test_exact_objective_against_brute_force(cfg):
     model, batch = make(cfg)
     b = torch.rand(batch.zfree.mask.shape, generator=torch.Generator().manual_seed(1)) * batch.zfree.mask

@@ -63,7 +63,20 @@ def test_a_gpt2_run_trains_evaluates_and_resumes(tiny, hf_checkpoints, hf_stores
     assert [r["step"] for r in read_metrics(out) if "loss" in r] == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("cvae", [CVAEConfig(cond="memory", k=2), CVAEConfig(latent="continuous", cond="memory")],
+                         ids=["discrete", "continuous"])
+def test_the_memory_pathway_trains_through_the_cache(tiny, hf_checkpoints, hf_stores, tmp_path, arch, cvae):
+    """Where layernorm modulation cannot reach (no LayerNorms to modulate), z reaches every layer as memory."""
+    out = tmp_path / "run"
+    run(config(tiny, hf_checkpoints[arch], hf_stores[arch], out, steps=2, cvae=cvae))
+    losses = step_losses(out)
+    assert len(losses) == 2 and np.isfinite(losses).all()
+    _, model, _, _ = load_run(out)
+    assert model.conditioning.memory_proj.out_features == 2 * 2 * (4 if arch == "gpt2" else 2) * 8  # GQA: 2 kv heads
+
+
 def test_the_layernorm_pathway_is_refused_naming_the_architecture(tiny, hf_checkpoints, hf_stores, tmp_path):
     cfg = config(tiny, hf_checkpoints["llama"], hf_stores["llama"], tmp_path / "run", cvae=CVAEConfig(cond="layernorm"))
-    with pytest.raises(ValueError, match="the 'llama' backbone has none: use --cond token or --cond prefix"):
+    with pytest.raises(ValueError, match="the 'llama' backbone has none: use --cond token, prefix or memory"):
         run(cfg)

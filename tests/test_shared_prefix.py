@@ -25,7 +25,9 @@ SAMPLES = [Sample("k0", ("a", "b"), ("b", "a", "c")), Sample("k1", ("c",), ("d",
 CONFIGS = [CVAEConfig(k=4, cond="token"), CVAEConfig(k=3, cond="prefix", slots=4),
            CVAEConfig(k=2, cond="layernorm"), CVAEConfig(latent="continuous", z_dim=3, cond="token"),
            CVAEConfig(latent="continuous", z_dim=2, cond="prefix", slots=3),
-           CVAEConfig(k=3, posterior_pool="mean"), CVAEConfig(k=2, posterior_encoder="separate")]
+           CVAEConfig(k=3, posterior_pool="mean"), CVAEConfig(k=2, posterior_encoder="separate"),
+           CVAEConfig(k=3, cond="memory"), CVAEConfig(latent="continuous", z_dim=2, cond="memory")]
+REACH_PREFIX = ("layernorm", "memory")  # z pathways that reach the prefix: it is not shared
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor, name: str = "") -> None:
@@ -63,7 +65,7 @@ def test_shared_prefix_equals_full_passes(kind, cfg):
     batch = collate_examples(list(encode([("shard.tar", s) for s in SAMPLES], VOCAB, cfg.slots, 40)))
     b = torch.rand(batch.zfree.mask.shape, generator=torch.Generator().manual_seed(1)) * batch.zfree.mask
     assert len(set(batch.z_pos.tolist())) > 1  # mixed prefix lengths
-    assert model.shares_prefix == (cfg.cond != "layernorm")
+    assert model.shares_prefix == (cfg.cond not in REACH_PREFIX)
     shared, full = step(model, batch, b, True), step(model, batch, b, False)
     for got, want, name in zip(shared[:3], full[:3], ("nll", "zfree_nll", "loss")):
         assert_same(got, want, name)

@@ -17,7 +17,7 @@ from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
 
 
-@pytest.mark.parametrize("cond", ["token", "prefix", "layernorm"])
+@pytest.mark.parametrize("cond", ["token", "prefix", "layernorm", "memory"])
 def test_greedy_decode_per_latent_follows_the_base_model(two_regime, cond):
     _, ckpt_dir = two_regime
     ckpt = load_checkpoint(ckpt_dir)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-COND_MODES = ("token", "prefix", "layernorm")
+COND_MODES = ("token", "prefix", "layernorm", "memory")
 """z pathways (``conditioning.py``)."""
 POLICIES = ("precomputed", "frozen", "dynamic")
 """Where b comes from each step (``baselines.py``)."""
@@ -34,8 +34,11 @@ class CVAEConfig:
     prior: str = "learned"
     """Continuous prior: "learned" (conditional, from the decoder at <z>) or "standard" N(0, I)."""
     cond: str = "prefix"
-    """z pathway: "token" (one slot), "prefix" (`slots` slots) or "layernorm" (one slot + LayerNorm modulation).
-    From scratch one slot collapsed under every weighting; a 4-slot prefix kept z on 12 of 12 seeds."""
+    """z pathway: "token" (one slot), "prefix" (`slots` slots), "layernorm" (one slot + LayerNorm modulation)
+    or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder).
+    From scratch one slot collapsed under every weighting; a 4-slot prefix kept z on 12 of 12 seeds. Memory,
+    on the demo's data and budget (h0-n16, 300 steps, seed 0), did not find the strategy (exact MI 0.09, strategy
+    MI 0.000; prefix: 0.68): at lr 3e-4 its keys and values stayed at their init scale, a tenth of a token's."""
     slots: int | None = None
     """Latent slots of the z-conditioned template (prefix only; 1 otherwise); None: 4 for the prefix."""
     posterior_pool: str = "mean"

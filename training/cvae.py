@@ -15,7 +15,7 @@ B * (copies + 1) * L * V floats, most of them never read.
 
 That common prefix (the tokens before ``<z>``) runs once (``SharedPrefix``: its keys and values), and the z-free pass and
 the copies continue it: the same per-token NLLs and gradients as full passes, without K + 1
-copies of the prefix's work. Not with the layernorm pathway, whose z modulates the prefix too.
+copies of the prefix's work. Not with the layernorm and memory pathways, whose z reaches the prefix too.
 
 Posterior input: the z-free hidden state at the last position (``<eos>``), which has
 attended to all of x and y, or the mean of the states that predict S (``posterior_pool``).
@@ -161,7 +161,7 @@ def check_backbone(backbone, cfg: CVAEConfig) -> None:
     kind = getattr(backbone.cfg, "model_type", "") or "tokweight"
     if cfg.cond == "layernorm" and not backbone.cfg.n_layernorms:
         raise ValueError(f"the layernorm z pathway needs a backbone whose LayerNorms it can modulate; the {kind!r} "
-                         "backbone has none: use --cond token or --cond prefix")
+                         "backbone has none: use --cond token, prefix or memory")
     if cfg.posterior_encoder == "separate" and not isinstance(backbone, GPT):
         raise ValueError(f"a separate posterior encoder copies the built-in GPT's config; the {kind!r} backbone "
                          "is not one: use the shared posterior")
@@ -182,7 +182,8 @@ def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
         latent = CategoricalLatent(cfg.k, d_post, [vocab.latent_id(k) for k in range(cfg.k)])
     else:
         latent = GaussianLatent(cfg.z_dim, d_post, cfg.prior)
-    conditioning = Conditioning(cfg.cond, cfg.slots, d, n_ln, latent.features, continuous=cfg.latent == "continuous")
+    conditioning = Conditioning(cfg.cond, cfg.slots, d, n_ln, latent.features, continuous=cfg.latent == "continuous",
+                                memory_shape=backbone.memory_shape)
     return CVAE(backbone, latent, conditioning, encoder, cfg.posterior_pool)
 
 
