@@ -247,6 +247,10 @@ class HFCache:
     def __init__(self, cache):
         self.cache = cache
 
+    def key_values(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (keys, values), each (N, kv heads, P, head dim); keys already rotated (RoPE)."""
+        return [(layer.keys, layer.values) for layer in self.cache.layers]
+
     def repeated(self, n: int) -> HFCache:
         cache = copy.copy(self.cache)
         cache.layers = [copy.copy(layer) for layer in self.cache.layers]

@@ -61,6 +61,9 @@ class KVCache:
     def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]]):
         self.layers = layers
 
+    def key_values(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return self.layers
+
     def repeated(self, n: int) -> KVCache:
         return KVCache([tuple(t.repeat_interleave(n, 0) for t in kv) for kv in self.layers])
 

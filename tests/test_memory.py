@@ -19,6 +19,7 @@ from tokweight.pipeline.model import GPT, ModelConfig
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.vocab import Vocab
 from tests.fixtures_hf import tiny_hf_model
+from tokweight.training.conditioning import token_key_values
 from tokweight.training.cvae import CVAEConfig, build_cvae, objective
 from tokweight.training.data import collate_examples, encode
 from tokweight.training.evaluate import EvalConfig, run_eval
@@ -161,6 +162,25 @@ def test_a_gradient_reaches_the_memory_projection(kind, cfg):
     objective(model.latent, out, pi, beta=0.7).loss.backward()
     grad = model.conditioning.memory_proj.weight.grad
     assert grad is not None and grad.abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_the_memory_starts_at_the_scale_of_the_backbones_keys_and_values_distinct_per_latent_value(kind):
+    backbone = with_reference(kind)[0]
+    model = build_cvae(backbone, VOCAB, CVAEConfig(k=3, cond="memory")).double().eval()
+    batch = collate_examples(list(encode([("shard.tar", s) for s in SAMPLES], VOCAB, 1, BLOCK)))
+    ids, lengths = batch.zcond.input_ids[:, : int(batch.z_pos.max())], batch.z_pos
+    mean, spread = token_key_values(backbone, ids, lengths)
+    tokens = torch.stack([torch.stack(kv, 1) for kv in backbone.prefix(ids, lengths).cache.key_values()], 1)
+    tokens = tokens.permute(0, 4, 1, 2, 3, 5)[torch.arange(ids.shape[1]) < lengths[:, None]]  # (P, layers, 2, H, dh)
+    torch.testing.assert_close(tokens.norm(dim=-1).pow(2).mean(0), mean.norm(dim=-1).pow(2) + spread.pow(2))
+    model.conditioning.init_memory(mean, spread, torch.Generator().manual_seed(0))
+    memory = model.conditioning.memory_proj(torch.eye(3, dtype=torch.float64)).view(3, *mean.shape)
+    torch.testing.assert_close(model.conditioning.memory_proj.bias.view(mean.shape), mean)  # z-free: the mean token
+    off_mean = memory - mean  # (k, layers, 2, H, dh): each value's own direction at the tokens' spread
+    torch.testing.assert_close(off_mean.norm(dim=-1), spread.expand(3, *spread.shape))
+    cosine = torch.nn.functional.cosine_similarity(off_mean[:, None], off_mean[None], dim=-1)  # (k, k, ...)
+    assert cosine[~torch.eye(3, dtype=torch.bool)].abs().max() < 0.99
 
 
 def test_transformers_gradient_checkpointing_is_refused_as_it_drops_the_memory():

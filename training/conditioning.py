@@ -14,7 +14,8 @@
                  learns of z it learns through the memory alone, and the mode measures that pathway
                  rather than the slot's (``token``) plus something. The keys are given as cached keys,
                  i.e. already rotated: with RoPE that is a key at position 0 (whose rotation is the
-                 identity); the tokens' positions start at 0 as without the memory.
+                 identity); the tokens' positions start at 0 as without the memory. Its projection starts
+                 at the scale of the backbone's own keys and values (``Conditioning.init_memory``).
 
 ``layernorm`` and ``memory`` reach the positions before ``<z>`` too (``modulates_prefix``), so the
 prior is then read from an unconditioned pass over the prefix, and the prefix is not shared.
@@ -40,6 +41,7 @@ class Conditioning(nn.Module):
         if mode != "prefix" and slots != 1:
             raise ValueError(f"{mode!r} conditioning uses one slot, got slots={slots}")
         self.mode, self.slots, self.d_model, self.n_layernorms = mode, slots, d_model, n_layernorms
+        self.continuous = continuous
         self.memory_shape = tuple(memory_shape)
         self.slot_proj = nn.Linear(features, slots * d_model) if continuous and self.writes_slots else None
         self.ln_proj = nn.Linear(features, n_layernorms * 2 * d_model) if mode == "layernorm" else None
@@ -47,6 +49,24 @@ class Conditioning(nn.Module):
         for lin in filter(None, (self.slot_proj, self.ln_proj, self.memory_proj)):  # GPT-2's embedding scale
             nn.init.normal_(lin.weight, std=0.02)
             nn.init.zeros_(lin.bias)
+
+    def init_memory(self, mean: torch.Tensor, spread: torch.Tensor, generator: torch.Generator) -> None:
+        """Start each latent value's memory as one more token of the backbone's: at the mean of its keys and
+        values (the bias), plus per head a random direction as long as their spread about that mean
+        (``token_key_values``). A discrete z's one-hot picks one such column; a continuous z's F standard-normal
+        features sum F of them, so its columns are 1/sqrt(F) as long.
+
+        Why: at GPT-2's 0.02 the memory was a tenth of a token's keys and values, and AdamW at lr 3e-4 moves a
+        weight by about lr a step, so after 300 steps it still was (docs/results.md, "The memory pathway").
+        """
+        layers, heads, head_dim = self.memory_shape
+        features = self.memory_proj.in_features
+        directions = torch.randn(layers, 2, heads, head_dim, features, generator=generator, dtype=torch.float64)
+        directions = directions / directions.norm(dim=3, keepdim=True)
+        column_norm = spread.double().cpu() / (math.sqrt(features) if self.continuous else 1.0)
+        with torch.no_grad():
+            self.memory_proj.weight.copy_((directions * column_norm[..., None, None]).reshape(-1, features))
+            self.memory_proj.bias.copy_(mean.reshape(-1))
 
     @property
     def writes_slots(self) -> bool:
@@ -76,3 +96,13 @@ class Conditioning(nn.Module):
             layers, heads, head_dim = self.memory_shape
             kwargs["memory"] = self.memory_proj(z).view(N, layers, 2, heads, head_dim)
         return ids, kwargs
+
+
+def token_key_values(backbone, prefix_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backbone's keys and values at z-free positions, prefix_ids (N, P), row i's own its first lengths[i]:
+    their mean (layers, 2, kv heads, head dim) and per head their RMS distance from it (layers, 2, kv heads)."""
+    prefix = backbone.prefix(prefix_ids, lengths)
+    kv = torch.stack([torch.stack(pair, 1) for pair in prefix.cache.key_values()], 1)  # (N, layers, 2, H, P, dh)
+    seen = kv.permute(0, 4, 1, 2, 3, 5)[prefix.valid]  # (positions, layers, 2, H, dh)
+    mean = seen.mean(0)
+    return mean, (seen - mean).norm(dim=-1).pow(2).mean(0).sqrt()

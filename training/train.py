@@ -39,6 +39,7 @@ from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.vocab import Vocab
 from tokweight.training.baselines import AdaptersOff, Baseline, make_baseline
 from tokweight.training.convergence import Convergence, converged, observe, val_mi, val_objective
+from tokweight.training.conditioning import token_key_values
 from tokweight.training.cvae import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed, objective,
                                      spread_latent_embeddings)
 from tokweight.training.data import StoreRef, StreamSpec, TrainBatch, extract_command, shards_without_rows, split_urls
@@ -105,6 +106,12 @@ def setup(cfg: TrainConfig, ranks: Ranks, hooks: Hooks = NO_HOOKS) -> State:
         model.backbone.enable_checkpointing()
     spread_latents(model, cfg.remedies, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
     store, dataset_mean_b = open_store(cfg, init.vocab, base.fingerprint)
+    spec = StreamSpec(urls=split_urls(cfg.io.data, "train"), vocab=vocab, slots=cfg.cvae.slots,
+                      block_size=init.model.cfg.block_size, batch_size=cfg.optim.batch_size,
+                      store=store if cfg.loss.policy == "precomputed" else None,
+                      seed=data_seed(cfg.optim.seed), shuffle_buffer=cfg.io.shuffle_buffer,
+                      lanes=cfg.io.lanes or ranks.world, root=cfg.io.data, on_bad_sample=cfg.io.on_bad_sample)
+    init_memory(model, TrainStream(spec, ranks.rank, ranks.world), device, cfg.optim.seed)  # before resume too
     trained = [p for p in model.parameters() if p.requires_grad]
     if ranks.is_main:
         print(trainable_line(model), file=sys.stderr, flush=True)
@@ -115,11 +122,6 @@ def setup(cfg: TrainConfig, ranks: Ranks, hooks: Hooks = NO_HOOKS) -> State:
     saved = resume(cfg, model, opt, init.fingerprint, ranks.rank, ranks.world) or {}
     ranks.broadcast_tensors(model.parameters())  # identical starting points, whatever the ranks computed alone
     set_rng_states(saved.get("rng", {}), device)
-    spec = StreamSpec(urls=split_urls(cfg.io.data, "train"), vocab=vocab, slots=cfg.cvae.slots,
-                      block_size=init.model.cfg.block_size, batch_size=cfg.optim.batch_size,
-                      store=store if cfg.loss.policy == "precomputed" else None,
-                      seed=data_seed(cfg.optim.seed), shuffle_buffer=cfg.io.shuffle_buffer,
-                      lanes=cfg.io.lanes or ranks.world, root=cfg.io.data, on_bad_sample=cfg.io.on_bad_sample)
     return State(model, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
                  GlobalBatch(ranks.rank, ranks.world), ranks, device, meta, saved.get("step", 0), label_names(cfg),
                  convergence=Convergence(**saved.get("convergence", {})), hooks=hooks)
@@ -183,6 +185,21 @@ def spread_latents(model: CVAE, remedies: RemedyConfig, seed: int) -> None:
     if remedies.latent_embedding_norm > 0:
         spread_latent_embeddings(model.backbone, model.latent.latent_ids.tolist(), remedies.latent_embedding_norm,
                                  torch.Generator().manual_seed(seed), center=remedies.latent_embedding_center)
+
+
+def init_memory(model: CVAE, stream: TrainStream, device: torch.device, seed: int) -> None:
+    """The memory pathway's projection at the scale of the backbone's keys and values, measured on the z-free
+    positions (the tokens before <z>) of the first training batch (``Conditioning.init_memory``). Ranks
+    measure their own rows; the broadcast after resume makes the parameters rank 0's."""
+    if model.conditioning.memory_proj is None:
+        return
+    batch = next(stream.batches(0)).to(device)
+    model.backbone.eval()  # no dropout draw: the run's random stream stays as without the measurement
+    with torch.no_grad():
+        mean, spread = token_key_values(model.backbone, batch.zcond.input_ids[:, : int(batch.z_pos.max())],
+                                        batch.z_pos)
+    model.backbone.train()
+    model.conditioning.init_memory(mean, spread, torch.Generator().manual_seed(seed))
 
 
 def open_store(cfg: TrainConfig, vocab: Vocab, fingerprint: str) -> tuple[StoreRef | None, float | None]:
