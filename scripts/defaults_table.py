@@ -17,6 +17,10 @@ decodes cover and whether a latent value means one strategy across inputs:
 
     python scripts/defaults_table.py OUT --blocks k4-long,k8-long --cap 1500
 
+The longest dilution, T/(t0+1) about 64 (x of 64 symbols, K = 2):
+
+    python scripts/defaults_table.py OUT --blocks k2-n64 --cap 300
+
 Writes OUT/<block>/ (data, base models, stores, runs; reused when their keys match), OUT/cells.csv and
 OUT/defaults_table.md, and prints the table. The walk-through on converted JSON lines is the user path
 of the same K = 4 task: `tokweight experiment --checkpoint ... --data ...` (README, "Your own data").
@@ -45,6 +49,7 @@ WEIGHTINGS = ("uniform", "surprisal-share")
 BETA = 0.3  # the default's beta (BetaSchedule)
 H0 = Setting("h0-n16", 0, 16, 16)
 LONG = Setting("n12-16", 0, 12, 16)  # the default preset's x: T/(t0+1) about 8-12
+H0_N64 = Setting("h0-n64", 0, 64, 64)  # one decision among 65 supervised tokens
 SMALL = PRESETS["small"]
 BLOCKS = {  # name -> (task, setting): the data and the base model of each row group
     "k2": (TaskConfig(settings=(H0,), base=base_model(1500)), H0),
@@ -53,6 +58,7 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
     **{f"k{len(names)}-long": (TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=names),
                                           base=base_model(3000, lr=2e-3)), LONG)
        for names in (DEFAULT_STRATEGIES, tuple(STRATEGIES))},
+    "k2-n64": (TaskConfig(settings=(H0_N64,), base=base_model(1500)), H0_N64),
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),
