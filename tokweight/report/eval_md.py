@@ -30,6 +30,7 @@ def eval_markdown(metrics: dict, decode: dict, verdict: dict) -> str:
                   markdown_table(["", "CVAE", "base model"], [
                       ["exact match (CVAE: each example's own latent value)", f"{free['own_exact_match']:.3f}",
                        f"{free['base_exact_match']:.3f}"],
+                      ["exact match, the other latent values (their mean)", f"{free['others_exact_match']:.3f}", ""],
                       ["exact match, best of the K latent values", f"{free['best_of_k_exact_match']:.3f}", ""],
                       ["examples decoded differently under different values", f"{free['diverse_share']:.3f}", ""],
                       ["token-mean NLL (nats)", f"{metrics['nll_token_mean']:.4f}",
