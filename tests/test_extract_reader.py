@@ -26,7 +26,7 @@ def test_reader_process_store_is_byte_identical(world, tmp_path, monkeypatch):
 
 
 def test_the_default_reads_in_process_without_cpus_to_spare(world, tmp_path, monkeypatch):
-    monkeypatch.setattr(extract, "cpus_per_process", lambda: torch.get_num_threads() + 1)
+    monkeypatch.setattr(extract, "cpus_per_process", lambda: torch.get_num_threads())  # every CPU in the forward
     summary = run(world.config(tmp_path / "s", reader_process=None))
     assert summary["reader_process"] is False
     assert part_bytes(tmp_path / "s") == part_bytes(world.store)
@@ -35,10 +35,11 @@ def test_the_default_reads_in_process_without_cpus_to_spare(world, tmp_path, mon
 
 
 @pytest.mark.parametrize("device, cpus, threads, pays", [
-    ("cpu", 2, 1, False),  # the 2-core VM: one spare CPU is not enough
+    ("cpu", 2, 1, True),  # the 2-core VM with one torch thread: the other CPU reads
     ("cpu", 2, 2, False),  # torch's default there: both CPUs in the forward
-    ("cpu", 3, 1, True),
-    ("cpu", 16, 15, False),
+    ("cpu", 1, 1, False),
+    ("cpu", 16, 16, False),
+    ("cpu", 16, 15, True),
     ("cpu", 16, 8, True),
     ("cuda", 2, 2, True),  # the forward runs on the device: one CPU beside the main thread is enough
     ("cuda", 1, 1, False),
