@@ -5,10 +5,10 @@ eval's verdict (z used with the decoder whole / damaged, z not used).
 
     python scripts/defaults_table.py OUT [--jobs 2] [--seeds 0,1,2]
 
-The imperfect-base sweep runs the K = 2 task over base models trained 700-2200 steps (b after t0 from
+The imperfect-base sweep runs the K = 2 task over base models trained 400-2200 steps (b after t0 from
 about 0.05 to 0.4 nats) with the weightings that differ in how they treat a floor of surprisal:
 
-    python scripts/defaults_table.py OUT --blocks k2-base2200,k2,k2-base1000,k2-base700 \
+    python scripts/defaults_table.py OUT --blocks k2-base2200,k2,k2-base1000,k2-base700,k2-base400 \
         --weightings uniform,sum,surprisal-share,excess-share --cap 300
 
 Four and eight strategies at T/(t0+1) of about 8 or more (the default preset's x of 12-16 symbols; K = 8
@@ -54,7 +54,7 @@ SMALL = PRESETS["small"]
 BLOCKS = {  # name -> (task, setting): the data and the base model of each row group
     "k2": (TaskConfig(settings=(H0,), base=base_model(1500)), H0),
     "k2-imperfect": (TaskConfig(settings=(H0,), base=base_model(900)), H0),
-    **{f"k2-base{steps}": (TaskConfig(settings=(H0,), base=base_model(steps)), H0) for steps in (700, 1000, 2200)},
+    **{f"k2-base{steps}": (TaskConfig(settings=(H0,), base=base_model(steps)), H0) for steps in (400, 700, 1000, 2200)},
     **{f"k{len(names)}-long": (TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=names),
                                           base=base_model(3000, lr=2e-3)), LONG)
        for names in (DEFAULT_STRATEGIES, tuple(STRATEGIES))},
