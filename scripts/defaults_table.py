@@ -58,21 +58,21 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
     **{f"k{len(names)}-long": (TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=names),
                                           base=base_model(3000, lr=2e-3)), LONG)
        for names in (DEFAULT_STRATEGIES, tuple(STRATEGIES))},
-    "k2-n64": (TaskConfig(settings=(H0_N64,), base=base_model(1500)), H0_N64),
+    "k2-n64": (TaskConfig(settings=(H0_N64,), base=base_model(3000)), H0_N64),  # 1500 steps: z-template broken
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),
 }
 
 
-def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], jobs: int, cap: int,
-              echo=print) -> list[dict]:
+def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], cond: str, jobs: int,
+              cap: int, echo=print) -> list[dict]:
     task, setting = BLOCKS[name]
     prep = prepare_setting(task, setting, root / name, echo)
     plan = CellPlan(task.k, None, CellBudget(steps=cap, decode_examples=256), "default")
-    cells = [Cell(setting.name, "discrete", "prefix", w, BETA, s) for w in weightings for s in seeds]
+    cells = [Cell(setting.name, "discrete", cond, w, BETA, s) for w in weightings for s in seeds]
     rows = run_cells(cells, {setting.name: prep}, plan, root / name, echo, jobs)
-    return [{"block": name, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"], **r} for r in rows]
+    return [{"block": name, "cond": cond, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"], **r} for r in rows]
 
 
 def table(rows: list[dict]) -> str:
@@ -86,7 +86,8 @@ def table(rows: list[dict]) -> str:
 
         first = group[0]
         stops = Counter(r.get("stop") or "cap" for r in group)
-        out.append([block, str(first["k"]), f"{first['ratio_true']:.1f}", f"{first['b_after_t0']:.3f}", weighting,
+        pathway = first.get("cond", "prefix")
+        out.append([block if pathway == "prefix" else f"{block}, {pathway}", str(first["k"]), f"{first['ratio_true']:.1f}", f"{first['b_after_t0']:.3f}", weighting,
                     " / ".join(str(count.get(o, 0)) for o in OUTCOMES),
                     ", ".join(f"{n} {reason}" for reason, n in sorted(stops.items())), ms("mi"), ms("strategy_mi"),
                     ms("coverage"), ms("control_accuracy"),
@@ -112,6 +113,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--blocks", default="k2,k2-imperfect,k4")
     ap.add_argument("--weightings", default=",".join(WEIGHTINGS))
+    ap.add_argument("--cond", default="prefix", help="z pathway (the default's: prefix)")
     ap.add_argument("--cap", type=int, default=OptimConfig.steps, help="step cap per cell (the stop rule ends most "
                     "runs before it)")
     args = ap.parse_args()
@@ -119,13 +121,13 @@ def main() -> None:
     seeds = tuple(int(s) for s in args.seeds.split(","))
     start = time.perf_counter()
     weightings = tuple(args.weightings.split(","))
-    rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, weightings, args.jobs,
-                                                                    args.cap)]
+    rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, weightings, args.cond,
+                                                                    args.jobs, args.cap)]
     wall = time.perf_counter() - start
     write_csv(args.out / "cells.csv", rows)
     text = (f"{table(rows)}\n\nSeeds {list(seeds)}, beta {BETA}, cap {args.cap} steps, "
             f"{len(rows)} cells; wall time {wall / 60:.1f} min (`python scripts/defaults_table.py {args.out}"
-            f" --jobs {args.jobs} --cap {args.cap} --blocks {args.blocks} --weightings {args.weightings}`).\n")
+            f" --jobs {args.jobs} --cap {args.cap} --blocks {args.blocks} --weightings {args.weightings} --cond {args.cond}`).\n")
     (args.out / "defaults_table.md").write_text(text)
     print(text)
 

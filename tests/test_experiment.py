@@ -195,3 +195,9 @@ def test_amplification_plot_skips_ratios_a_log_axis_cannot_show():
     fig = plot_amplification(amp[:1], "em-balanced")
     fig.savefig(io.BytesIO(), format="png")  # nothing positive: no log axis to fail on
 
+
+
+def test_a_base_that_has_not_learnt_the_z_template_is_flagged():
+    assert artefacts.zcond_gap({"base_val_nll": 0.238, "base_val_nll_zcond": 3.188}) > artefacts.ZCOND_TOLERANCE
+    assert artefacts.zcond_gap({"base_val_nll": 0.121, "base_val_nll_zcond": 0.121}) < artefacts.ZCOND_TOLERANCE
+    assert artefacts.zcond_gap({"base_val_nll": 0.121}) is None  # a base trained before the figure existed

@@ -137,7 +137,9 @@ class EncodedSplit:
 
 @torch.inference_mode()
 def evaluate(model: GPT, split: EncodedSplit, device, batch_size: int = 256) -> dict:
-    """Mean NLL per S token, and the base model's surprisal around the ground-truth t0.
+    """Mean NLL per S token in the z-free template and in the z-conditioned one (which the CVAE's decoder
+    starts from: a base that has not learnt it starts every CVAE damaged), and the base model's surprisal
+    around the ground-truth t0.
 
     b_at_t0 is compared with log_consistent_at_t0, the surprisal of a Bayes-optimal
     z-free model there (log of the number of strategies still consistent).
@@ -159,8 +161,13 @@ def evaluate(model: GPT, split: EncodedSplit, device, batch_size: int = 256) -> 
             n_at += 1
             after += b[row, t0 + 1:T].sum().item()
             n_after += T - t0 - 1
+    zcond = 0.0
+    for start in range(0, len(split), batch_size):  # the template the CVAE decoder reads: one slot of <z_0>
+        idx = list(range(start, min(start + batch_size, len(split))))
+        batch = split.batch(idx, [1] * len(idx), [0] * len(idx)).to(device)
+        zcond += s_nll(model, batch).sum().item()
     model.train()
-    out = {"val_nll": tot / max(n, 1)}
+    out = {"val_nll": tot / max(n, 1), "val_nll_zcond": zcond / max(n, 1)}
     if n_at:
         out |= {"b_at_t0": at_t0 / n_at, "b_after_t0": after / max(n_after, 1)}
         if any(r is not None for r in split.log_consistent):
