@@ -66,14 +66,16 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
 }
 
 
-def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], cond: str, jobs: int,
-              cap: int, echo=print) -> list[dict]:
+def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], cond: str, latent: str,
+              jobs: int, cap: int, echo=print) -> list[dict]:
     task, setting = BLOCKS[name]
     prep = prepare_setting(task, setting, root / name, echo)
     plan = CellPlan(task.k, None, CellBudget(steps=cap, decode_examples=256), "default")
-    cells = [Cell(setting.name, "discrete", cond, w, BETA, s) for w in weightings for s in seeds]
+    cells = [Cell(setting.name, latent, cond, w, BETA, s, group="grid" if latent == "discrete" else "continuous")
+             for w in weightings for s in seeds]
     rows = run_cells(cells, {setting.name: prep}, plan, root / name, echo, jobs)
-    return [{"block": name, "cond": cond, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"], **r} for r in rows]
+    return [{"block": name, "cond": cond, "latent": latent, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"],
+             **r} for r in rows]
 
 
 def table(rows: list[dict]) -> str:
@@ -87,16 +89,17 @@ def table(rows: list[dict]) -> str:
 
         first = group[0]
         stops = Counter(r.get("stop") or "cap" for r in group)
-        pathway = first.get("cond", "prefix")
-        out.append([block if pathway == "prefix" else f"{block}, {pathway}", str(first["k"]), f"{first['ratio_true']:.1f}", f"{first['b_after_t0']:.3f}", weighting,
+        label = ", ".join([block] + [first[k] for k in ("cond", "latent")
+                                     if first.get(k) not in (None, "prefix", "discrete")])
+        out.append([label, str(first["k"]), f"{first['ratio_true']:.1f}", f"{first['b_after_t0']:.3f}", weighting,
                     " / ".join(str(count.get(o, 0)) for o in OUTCOMES),
                     ", ".join(f"{n} {reason}" for reason, n in sorted(stops.items())), ms("mi"), ms("strategy_mi"),
                     ms("coverage"), ms("control_accuracy"),
                     f"{ms('own_exact_match')} ({ms('base_exact_match')})",
                     f"{ms('nll_token_mean')} ({ms('base_nll_token_mean')})"])
-    headers = ["block", "K", "T/(t0+1)", "base b after t0", "weighting", "seeds whole / damaged / z not used", "stopped",
-               "exact MI", "I(z; strategy)",
-               "strategies covered by an input's K decodes", "control accuracy", "exact match (base)", "NLL nats/token (base)"]
+    headers = ["block", "K", "T/(t0+1)", "base b after t0", "weighting", "seeds whole / damaged / z not used",
+               "stopped", "exact MI", "I(z; strategy)", "strategies covered by an input's K decodes",
+               "control accuracy", "exact match (base)", "NLL nats/token (base)"]
     return markdown_table(headers, out)
 
 
@@ -115,6 +118,7 @@ def main() -> None:
     ap.add_argument("--blocks", default="k2,k2-imperfect,k4")
     ap.add_argument("--weightings", default=",".join(WEIGHTINGS))
     ap.add_argument("--cond", default="prefix", help="z pathway (the default's: prefix)")
+    ap.add_argument("--latent", default="discrete", choices=("discrete", "continuous"))
     ap.add_argument("--cap", type=int, default=OptimConfig.steps, help="step cap per cell (the stop rule ends most "
                     "runs before it)")
     args = ap.parse_args()
@@ -123,12 +127,13 @@ def main() -> None:
     start = time.perf_counter()
     weightings = tuple(args.weightings.split(","))
     rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, weightings, args.cond,
-                                                                    args.jobs, args.cap)]
+                                                                    args.latent, args.jobs, args.cap)]
     wall = time.perf_counter() - start
     write_csv(args.out / "cells.csv", rows)
     text = (f"{table(rows)}\n\nSeeds {list(seeds)}, beta {BETA}, cap {args.cap} steps, "
             f"{len(rows)} cells; wall time {wall / 60:.1f} min (`python scripts/defaults_table.py {args.out}"
-            f" --jobs {args.jobs} --cap {args.cap} --blocks {args.blocks} --weightings {args.weightings} --cond {args.cond}`).\n")
+            f" --jobs {args.jobs} --cap {args.cap} --blocks {args.blocks} --weightings {args.weightings}"
+            f" --cond {args.cond} --latent {args.latent}`).\n")
     (args.out / "defaults_table.md").write_text(text)
     print(text)
 

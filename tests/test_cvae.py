@@ -190,3 +190,21 @@ def test_centred_latent_rows_keep_the_mean_and_offset_it_orthogonally():
     spread_latent_embeddings(model.backbone, ids, 2.0, torch.Generator().manual_seed(0))  # replaced, not offset
     rows = weight[ids].detach()
     assert torch.allclose(rows @ rows.T, 4.0 * torch.eye(3, dtype=rows.dtype), atol=1e-10)
+
+
+def test_continuous_slots_start_at_the_mean_latent_row_spread_by_the_norm():
+    """A continuous z's slot projection (``Conditioning.init_slots``): its bias is the mean latent row, its
+    columns orthogonal to that row and to each other, 1/sqrt(F) long, so a standard-normal z moves each slot by
+    a mean squared norm of norm^2."""
+    from tokweight.training.conditioning import Conditioning
+
+    cond = Conditioning("prefix", 4, 32, 0, 8, True, memory_shape=(2, 2, 16))
+    mean = torch.randn(32, generator=torch.Generator().manual_seed(1))
+    cond.init_slots(mean, 1.0, torch.Generator().manual_seed(0))
+    weight = cond.slot_proj.weight.detach().double().view(4, 32, 8)
+    torch.testing.assert_close(cond.slot_proj.bias.detach().view(4, 32), mean.expand(4, 32))
+    torch.testing.assert_close(weight.transpose(1, 2) @ weight, torch.eye(8, dtype=torch.float64).expand(4, 8, 8) / 8)
+    assert (mean.double() @ weight).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="orthogonal"):
+        Conditioning("prefix", 1, 8, 0, 8, True, memory_shape=(1, 1, 8)).init_slots(torch.ones(8), 1.0,
+                                                                                      torch.Generator())

@@ -68,6 +68,25 @@ class Conditioning(nn.Module):
             self.memory_proj.weight.copy_((directions * column_norm[..., None, None]).reshape(-1, features))
             self.memory_proj.bias.copy_(mean.reshape(-1))
 
+    def init_slots(self, mean_row: torch.Tensor, norm: float, generator: torch.Generator) -> None:
+        """Start a continuous z's slots where the discrete latent's centred rows start: at the checkpoint's mean
+        latent row (the bias), offset per slot by random directions orthogonal to it, each column 1/sqrt(F)
+        long, so that a standard-normal z of F features moves a slot by about ``norm``.
+
+        Why: at GPT-2's 0.02 the projection gives the slots near-zero embeddings, inputs the base never read,
+        which AdamW at lr 3e-4 grows by about lr a step (the memory pathway's projection stayed at init scale
+        for 300 steps)."""
+        slots, d, features = self.slots, self.d_model, self.slot_proj.in_features
+        if features >= d:
+            raise ValueError(f"cannot make {features} directions orthogonal to the mean row in d_model={d}")
+        mean = mean_row.double().cpu()
+        directions = torch.randn(slots, d, features, generator=generator, dtype=torch.float64)
+        directions = directions - mean[None, :, None] * (mean @ directions)[:, None] / mean.dot(mean)  # off the mean
+        directions = torch.linalg.qr(directions)[0]  # (slots, d, F) orthonormal columns
+        with torch.no_grad():
+            self.slot_proj.weight.copy_((directions * norm / math.sqrt(features)).reshape(slots * d, features))
+            self.slot_proj.bias.copy_(mean.repeat(slots))
+
     @property
     def writes_slots(self) -> bool:
         return self.mode != "memory"

@@ -104,7 +104,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, hooks: Hooks = NO_HOOKS) -> State:
         baseline = AdaptersOff(model.backbone, adapters, base_vocab_size)
     if cfg.io.grad_checkpointing:
         model.backbone.enable_checkpointing()
-    spread_latents(model, cfg.remedies, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
+    spread_latents(model, vocab, cfg.remedies, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
     store, dataset_mean_b = open_store(cfg, init.vocab, base.fingerprint)
     spec = StreamSpec(urls=split_urls(cfg.io.data, "train"), vocab=vocab, slots=cfg.cvae.slots,
                       block_size=init.model.cfg.block_size, batch_size=cfg.optim.batch_size,
@@ -181,10 +181,20 @@ def load_checkpoints(io: IOConfig):
     return init, base
 
 
-def spread_latents(model: CVAE, remedies: RemedyConfig, seed: int) -> None:
-    if remedies.latent_embedding_norm > 0:
+def spread_latents(model: CVAE, vocab: Vocab, remedies: RemedyConfig, seed: int) -> None:
+    """The latent rows (discrete), or the slots a continuous z is projected into, spread from the checkpoint's
+    mean latent row (``RemedyConfig.latent_embedding_norm``; a continuous z's: the mean of every latent token's
+    row, the tokens its base saw in the slots)."""
+    if not remedies.latent_embedding_norm > 0:
+        return
+    generator = torch.Generator().manual_seed(seed)
+    if model.conditioning.slot_proj is not None:
+        ids = torch.tensor([vocab.latent_id(k) for k in range(vocab.k_max)], device=model.backbone.wte.weight.device)
+        model.conditioning.init_slots(model.backbone.wte.weight[ids].detach().mean(0), remedies.latent_embedding_norm,
+                                      generator)
+    else:
         spread_latent_embeddings(model.backbone, model.latent.latent_ids.tolist(), remedies.latent_embedding_norm,
-                                 torch.Generator().manual_seed(seed), center=remedies.latent_embedding_center)
+                                 generator, center=remedies.latent_embedding_center)
 
 
 def init_memory(model: CVAE, stream: TrainStream, device: torch.device, seed: int) -> None:

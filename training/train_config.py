@@ -140,7 +140,9 @@ class RemedyConfig:
     """EM-style E-step from the decoder's own K passes (discrete latent; ``estep.py``)."""
     latent_embedding_norm: float = 0.0
     """> 0: re-initialise the K latent token embeddings as orthogonal vectors of this norm before
-    training (``cvae.spread_latent_embeddings``); 0 keeps the checkpoint's (nearly parallel) rows."""
+    training (``cvae.spread_latent_embeddings``); 0 keeps the checkpoint's (nearly parallel) rows. A
+    continuous z's slot projection starts at the mean latent row, offset by about this norm
+    (``Conditioning.init_slots``); 0 keeps GPT-2's 0.02 init, near-zero slots."""
     latent_embedding_center: bool = False
     """With latent_embedding_norm: offset the orthogonal rows from the checkpoint's mean latent row
     (kept out of their span) instead of replacing the rows. The base model has learnt to read that
@@ -157,8 +159,7 @@ class RemedyConfig:
     @property
     def discrete_only(self) -> list[str]:
         """The remedies switched on that only a discrete latent has."""
-        on = {"estep": self.estep.mode != "off", "latent_embedding_norm": self.latent_embedding_norm > 0}
-        return [name for name, used in on.items() if used]
+        return ["estep"] if self.estep.mode != "off" else []
 
 
 @dataclass(frozen=True)
@@ -226,8 +227,8 @@ def default_remedies(latent: str) -> RemedyConfig:
     centred on the checkpoint's mean latent row at norm 1 (distinct, yet read by the base as "a z": the
     decoder starts intact); found z from scratch on 12 of 12 seeds with a 4-slot prefix. The continuous
     latent has none."""
-    if latent != "discrete":
-        return RemedyConfig()
+    if latent != "discrete":  # its slots start spread from the mean latent row (Conditioning.init_slots)
+        return RemedyConfig(latent_embedding_norm=1.0, latent_embedding_center=True)
     return RemedyConfig(estep=EStepConfig(mode="soft", follow_beta=True, prior="learned", balance_iters=3),
                         latent_embedding_norm=1.0, latent_embedding_center=True)
 
