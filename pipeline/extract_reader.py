@@ -83,8 +83,9 @@ def reader_pays(device_type: str, cpus: int, torch_threads: int) -> bool:
     Reading in-process puts the shard's tar scan, JSON, validation and encoding (about 7% of the
     forward's time here) in series with the forward; a reader process overlaps them on another CPU,
     after about 2 s to start and import torch. Measured by ``scripts/bench_extract.py`` on the
-    2-CPU VM with one torch thread and nothing else running: in-process 0.890 of the bare forward,
-    reader process 0.966 (within-round medians). With the CPUs shared by other jobs the order turns
+    2-CPU VM with one torch thread and nothing else running, three runs: reader process 0.966, 1.017
+    and 0.916 of the bare forward, in-process 0.890, 0.982 and 0.841 (within-round medians; the bare
+    forward itself moves by 6% between rounds). With the CPUs shared by other jobs the order turns
     (0.80-0.94 in-process, 0.70-0.89 with the reader): the rule serves a machine doing this job. On
     CPU a free CPU means ``cpus >= torch_threads + 1`` (the forward's threads keep theirs busy); on an
     accelerator the forward runs on the device, which reading in the main thread would leave idle:

@@ -192,7 +192,7 @@ def spread_latents(model: CVAE, vocab: Vocab, remedies: RemedyConfig, seed: int)
         ids = torch.tensor([vocab.latent_id(k) for k in range(vocab.k_max)], device=model.backbone.wte.weight.device)
         model.conditioning.init_slots(model.backbone.wte.weight[ids].detach().mean(0), remedies.latent_embedding_norm,
                                       generator)
-    else:
+    elif model.latent.kind == "discrete":  # a continuous z through the memory writes no slot: nothing to spread
         spread_latent_embeddings(model.backbone, model.latent.latent_ids.tolist(), remedies.latent_embedding_norm,
                                  generator, center=remedies.latent_embedding_center)
 
