@@ -42,7 +42,7 @@ from tokweight.report.tables import markdown_table
 from tokweight.training.control import OUTCOMES
 from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from tokweight.training.experiments.results import write_csv
+from tokweight.training.experiments.results import write_table_run
 from tokweight.training.train_config import OptimConfig
 
 WEIGHTINGS = ("uniform", "surprisal-share")
@@ -129,13 +129,11 @@ def main() -> None:
     rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, weightings, args.cond,
                                                                     args.latent, args.jobs, args.cap)]
     wall = time.perf_counter() - start
-    write_csv(args.out / "cells.csv", rows)
-    text = (f"{table(rows)}\n\nSeeds {list(seeds)}, beta {BETA}, cap {args.cap} steps, "
-            f"{len(rows)} cells; wall time {wall / 60:.1f} min (`python scripts/defaults_table.py {args.out}"
-            f" --jobs {args.jobs} --cap {args.cap} --blocks {args.blocks} --weightings {args.weightings}"
-            f" --cond {args.cond} --latent {args.latent}`).\n")
-    (args.out / "defaults_table.md").write_text(text)
-    print(text)
+    write_table_run(args.out, "defaults_table", rows, table(rows),
+                    f"Seeds {list(seeds)}, beta {BETA}, cap {args.cap} steps, {len(rows)} cells; wall time "
+                    f"{wall / 60:.1f} min (`python scripts/defaults_table.py {args.out} --jobs {args.jobs} --cap "
+                    f"{args.cap} --blocks {args.blocks} --weightings {args.weightings} --cond {args.cond} "
+                    f"--latent {args.latent}`).")
 
 
 if __name__ == "__main__":

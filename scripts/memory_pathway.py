@@ -22,7 +22,7 @@ from tokweight.report.tables import fixed, markdown_table
 from tokweight.training.demo import PRESETS
 from tokweight.training.experiments.artefacts import prepare_setting
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from tokweight.training.experiments.results import write_csv
+from tokweight.training.experiments.results import write_table_run
 
 DEMO = PRESETS["default"]
 BETA = 0.3  # the default's beta (BetaSchedule)
@@ -60,12 +60,10 @@ def main() -> None:
     start = time.perf_counter()
     rows = run(args.out, tuple(args.conds.split(",")), seeds, args.jobs)
     wall = time.perf_counter() - start
-    write_csv(args.out / "cells.csv", rows)
-    text = (f"{table(rows)}\n\n{len(rows)} cells, {args.jobs} at a time; wall time {wall / 60:.1f} min "
-            f"(`python scripts/memory_pathway.py {args.out} --jobs {args.jobs} --seeds {args.seeds} "
-            f"--conds {args.conds}`).\n")
-    (args.out / "memory_pathway.md").write_text(text)
-    print(text)
+    write_table_run(args.out, "memory_pathway", rows, table(rows),
+                    f"{len(rows)} cells, {args.jobs} at a time; wall time {wall / 60:.1f} min (`python "
+                    f"scripts/memory_pathway.py {args.out} --jobs {args.jobs} --seeds {args.seeds} "
+                    f"--conds {args.conds}`).")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,15 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     tmp.replace(path)
 
 
+def write_table_run(out: Path, name: str, rows: list[dict], table: str, note: str) -> None:
+    """A table script's outputs: OUT/cells.csv (every cell's record), OUT/<name>.md (the table and the note: seeds,
+    wall time, the command that made it), and the same markdown printed."""
+    write_csv(out / "cells.csv", rows)
+    text = f"{table}\n\n{note}\n"
+    (out / f"{name}.md").write_text(text)
+    print(text)
+
+
 def write_config(path: Path, cfg, recipe: dict) -> None:
     """A job's resolved config (a dataclass) and its recipe's overrides, next to its outputs."""
     write_json_atomic(path, {"config": asdict(cfg), "recipe_overrides": recipe})
