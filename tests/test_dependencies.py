@@ -1,6 +1,6 @@
 """Every third-party module the installed packages import comes from ``dependencies``.
 
-The test extras (``[dev,hf]``) are installed wherever tests run, so an import that only
+The test extras (``[dev,hf,lora]``) are installed wherever tests run, so an import that only
 an extra satisfies passes every test and still crashes a user's plain ``pip install .``
 (scipy in the Hungarian matching once did, at the demo's first validation). This reads
 the imports of every module, function-level ones included, instead of importing them.
