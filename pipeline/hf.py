@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
+from tokweight.pipeline.extras import require
 from tokweight.pipeline.model import SharedPrefix, memory_alone, memory_layers, suffix_positions
 from tokweight.pipeline.templates import TEMPLATE_VERSION, TOKWEIGHT, Rendered, Template, cut_at_y, text_parts
 from tokweight.pipeline.vocab import SPECIALS, latent_token
@@ -377,11 +378,7 @@ class HFBackbone(nn.Module):
 
 
 def _transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise ImportError("a Hugging Face checkpoint needs transformers: pip install 'tokweight[hf]'") from None
-    return transformers
+    return require("transformers", "hf", "a Hugging Face checkpoint")
 
 
 def hf_fingerprint(path: Path, renames: dict[str, str], template: Template = TOKWEIGHT) -> str:

@@ -20,21 +20,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import click
 from safetensors.torch import save_file
 
 from tokweight.pipeline.checkpoint import load_checkpoint
+from tokweight.pipeline.extras import require
 from tokweight.pipeline.model import GPT
 from tokweight.pipeline.vocab import SPECIALS, Vocab
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-HF_EXTRA = "pip install 'tokweight[hf]'"
-
-
-class MissingExtra(click.ClickException, ImportError):
-    """An optional package is not installed: an ImportError to callers, one line on the CLI."""
-
-
 def hf_state_dict(model: GPT) -> dict:
     out = {}
     for name, t in model.state_dict().items():
@@ -83,10 +76,8 @@ def build_tokenizer(vocab: Vocab):
     SampleError: a plain ``Exception("WordLevel error: Missing [UNK] token from the
     vocabulary")`` from the tokenizer, for a caller to turn into its own error.
     """
-    try:
-        from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    except ImportError as e:
-        raise MissingExtra(f"export-hf writes a tokenizer and needs the tokenizers package: {HF_EXTRA}") from e
+    require("tokenizers", "hf", "export-hf, which writes a tokenizer,")
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab.tokens)}))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # symbols never hold whitespace (Vocab checks)

@@ -22,21 +22,15 @@ import torch
 import torch.nn as nn
 from torch.nn.utils import parametrize
 
+from tokweight.pipeline.extras import require
 from tokweight.pipeline.hf import HFBackbone
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.cvae import latent_tokens_needed
-from tokweight.training.export_hf import MissingExtra
-
-LORA_EXTRA = "pip install 'tokweight[lora]'"
 
 
 def require_peft():
     """The peft module, or a one-line error naming the extra that installs it."""
-    try:
-        import peft
-    except ImportError as e:
-        raise MissingExtra(f"--lora-rank needs the peft package: {LORA_EXTRA}") from e
-    return peft
+    return require("peft", "lora", "--lora-rank")
 
 
 class LatentRows(nn.Module):

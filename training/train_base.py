@@ -145,13 +145,15 @@ def evaluate(model: GPT, split: EncodedSplit, device, batch_size: int = 256) -> 
     z-free model there (log of the number of strategies still consistent).
     """
     model.eval()
-    tot = n = at_t0 = n_at = after = n_after = ref = 0.0
+    tot = zcond = n = at_t0 = n_at = after = n_after = ref = 0.0
     for start in range(0, len(split), batch_size):
         idx = list(range(start, min(start + batch_size, len(split))))
         batch = split.batch(idx).to(device)
         b = s_nll(model, batch).cpu()
         tot += b.sum().item()
         n += batch.mask.sum().item()
+        # the template the CVAE decoder reads: one slot of <z_0>
+        zcond += s_nll(model, split.batch(idx, [1] * len(idx), [0] * len(idx)).to(device)).sum().item()
         for row, i in enumerate(idx):
             t0, T = split.samples[i].t0, split.layouts[i].T
             if t0 is None or t0 >= T:
@@ -161,11 +163,6 @@ def evaluate(model: GPT, split: EncodedSplit, device, batch_size: int = 256) -> 
             n_at += 1
             after += b[row, t0 + 1:T].sum().item()
             n_after += T - t0 - 1
-    zcond = 0.0
-    for start in range(0, len(split), batch_size):  # the template the CVAE decoder reads: one slot of <z_0>
-        idx = list(range(start, min(start + batch_size, len(split))))
-        batch = split.batch(idx, [1] * len(idx), [0] * len(idx)).to(device)
-        zcond += s_nll(model, batch).sum().item()
     model.train()
     out = {"val_nll": tot / max(n, 1), "val_nll_zcond": zcond / max(n, 1)}
     if n_at:

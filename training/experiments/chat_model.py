@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from tokweight.pipeline.extras import require
+
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
           "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 CHAT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # pad, turn start, end of turn (eos)
@@ -21,8 +23,10 @@ def bpe_tokenizer(out: Path, corpus: list[str], specials: list[str], chat_templa
                   vocab_size: int = 320):
     """A byte-level BPE tokenizer trained on ``corpus``, eos the last special and pad the first, saved to
     ``out`` (with ``chat_template``)."""
+    require("tokenizers", "hf", "the chat model's tokenizer")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast = require("transformers", "hf", "the chat model's tokenizer").PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -41,7 +45,7 @@ def save_chat_model(out: Path, corpus: list[str], *, chat_template: str | None =
                     layers: int = 2, vocab_size: int = 320, context: int = 128, seed: int = 0) -> Path:
     """A randomly initialised chat model and its tokenizer (trained on ``corpus``) saved to ``out``: 4
     attention heads over 2 key/value heads, an MLP twice ``hidden_size``, untied output embeddings."""
-    import transformers
+    transformers = require("transformers", "hf", "the chat model")
 
     tokenizer = bpe_tokenizer(out, corpus, CHAT_SPECIALS, chat_template, vocab_size)
     torch.manual_seed(seed)
