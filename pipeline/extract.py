@@ -48,7 +48,7 @@ from tokweight.pipeline.extract_plan import Plan, Task, cross_shard_duplicates, 
 from tokweight.pipeline.ranks import RankFailed, Ranks
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name, tar_keys
-from tokweight.pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate, gather_s,
+from tokweight.pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate,
                                          template_ids, template_option)
 from tokweight.pipeline.vocab import Vocab
 from tokweight.store.derived import derived_columns, scalar_arrays
@@ -206,32 +206,32 @@ LOGIT_CHUNK_ELEMENTS = 1 << 26
 
 
 def score_positions(logits_s: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(b, entropy, top1) of (N, V) logits in float32 (whatever the model's dtype) against (N,) targets."""
-    logits_s = logits_s.float()
-    b = torch.logsumexp(logits_s, dim=-1) - logits_s.gather(-1, targets[:, None]).squeeze(-1)  # nats
-    log_p = logits_s.log_softmax(dim=-1)
-    return b, -(log_p.exp() * log_p).sum(dim=-1), logits_s.argmax(dim=-1) == targets
+    """(b, entropy, top1) of (N, V) logits in float32 (whatever the model's dtype) against (N,) targets.
+
+    One log-softmax serves all three: b is its negated target entry, so the normaliser is
+    computed once (on a small vocabulary each pass over (N, V) costs as much as the head).
+    """
+    log_p = logits_s.float().log_softmax(dim=-1)
+    b = -log_p.gather(-1, targets[:, None]).squeeze(-1)  # nats
+    return b, -(log_p.exp() * log_p).sum(dim=-1), log_p.argmax(dim=-1) == targets
 
 
 @torch.inference_mode()
 def score_batch(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(b, entropy, top1), each (B, T_max) over S; 0 / False where masked.
+    """(b, entropy, top1), each (N,): the batch's S positions in row-major order of ``batch.mask``.
 
     The input is cut after the last position that predicts S (the tail </y> <eos> changes
     nothing); the output head runs only on the hidden states that predict S, in chunks of
     positions, so memory stays bounded whatever the vocabulary.
     """
     length = int(batch.logit_pos.max()) + 1
-    hidden_s = gather_s(model.hidden(batch.input_ids[:, :length]), batch.logit_pos)[batch.mask]  # (N, d)
+    hidden = model.hidden(batch.input_ids[:, :length])  # (B, L, d)
+    rows = torch.arange(hidden.shape[0], device=hidden.device)[:, None].expand_as(batch.logit_pos)
+    hidden_s = hidden.reshape(-1, hidden.shape[-1])[(rows * length + batch.logit_pos)[batch.mask]]  # (N, d)
     targets = batch.targets[batch.mask]  # (N,)
     chunk = max(1, LOGIT_CHUNK_ELEMENTS // model.cfg.vocab_size)
     scored = [score_positions(model.head(h), t) for h, t in zip(hidden_s.split(chunk), targets.split(chunk))]
-    out = []
-    for values, fill in zip(zip(*scored), (0.0, 0.0, False)):
-        full = torch.full(batch.mask.shape, fill, dtype=values[0].dtype, device=batch.mask.device)
-        full[batch.mask] = torch.cat(values)
-        out.append(full)
-    return tuple(out)
+    return tuple(torch.cat(values) for values in zip(*scored))
 
 
 def score_shard(rows: ShardBatches, model, device: torch.device,
@@ -245,15 +245,15 @@ def score_shard(rows: ShardBatches, model, device: torch.device,
     b, entropy = np.zeros(n, np.float32), np.zeros(n, np.float32)  # flat, row after row, nats
     top1, target_id = np.zeros(n, np.bool_), np.zeros(n, np.int32)
     for index, batch in rows.batches:
-        b_bt, entropy_bt, top1_bt = (t.cpu().numpy() for t in score_batch(model, batch.to(device)))  # (B, T_max)
-        finite = np.isfinite(b_bt) & np.isfinite(entropy_bt)  # masked positions hold 0
+        b_n, entropy_n, top1_n = (t.cpu().numpy() for t in score_batch(model, batch.to(device)))  # (N,)
+        mask = batch.mask.numpy()  # (B, T_max), True on each row's first T positions
+        finite = np.isfinite(b_n) & np.isfinite(entropy_n)
         if not finite.all():
-            bad = rows.keys[int(index[np.argwhere(~finite)[0, 0]])]
+            bad = rows.keys[int(index[np.nonzero(mask)[0][np.argmin(finite)]])]
             raise FloatingPointError(f"non-finite surprisal or entropy for key {bad!r} in shard {rows.shard!r}: "
                                      "the checkpoint is broken; nothing was written")
-        mask = batch.mask.numpy()  # (B, T_max), True on each row's first T positions
         dest = (starts[index][:, None] + np.arange(mask.shape[1]))[mask]  # flat positions, row-major like [mask]
-        b[dest], entropy[dest], top1[dest] = b_bt[mask], entropy_bt[mask], top1_bt[mask]
+        b[dest], entropy[dest], top1[dest] = b_n, entropy_n, top1_n
         target_id[dest] = batch.targets.numpy()[mask]
         on_tokens(len(dest))
     offsets = pa.array(starts.astype(np.int32))
