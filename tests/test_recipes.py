@@ -7,7 +7,7 @@ import torch
 
 from tokweight.pipeline.checkpoint import load_checkpoint
 from tokweight.training.configs import CVAEConfig, EStepConfig
-from tokweight.training.cvae import build_cvae, spread_latent_embeddings
+from tokweight.training.cvae import build_cvae, spread_latent_embeddings, token_row_spread
 from tokweight.training.experiments.recipes import check_recipe, with_recipe
 from tokweight.training.run_dir import load_run
 from tokweight.training.train import run
@@ -134,9 +134,17 @@ def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
     assert cfg.cvae.posterior_pool == "mean"
     state = setup(cfg, Ranks())
     assert state.strategy_names == tuple(load_synth_config(tiny[0]).strategies)
-    before = load_checkpoint(tiny[1]).model.wte.weight[state.model.latent.latent_ids]
+    ckpt = load_checkpoint(tiny[1])
+    weight = ckpt.model.wte.weight.detach()
+    before = weight[state.model.latent.latent_ids]
+    every_latent = torch.tensor([ckpt.vocab.latent_id(k) for k in range(ckpt.vocab.k_max)])
+    spread = token_row_spread(weight, every_latent, chunk_rows=5)  # in which the recipe's norm 1 is given
+    keep = torch.ones(len(weight), dtype=torch.bool)
+    keep[every_latent] = False
+    rows = weight[keep].double()
+    assert spread == pytest.approx((rows - rows.mean(0)).norm(dim=1).pow(2).mean().sqrt().item(), rel=1e-9)
     offsets = state.model.backbone.wte.weight[state.model.latent.latent_ids].detach() - before.mean(0)
-    assert torch.allclose(offsets.norm(dim=1), torch.ones(len(offsets)), atol=1e-5)  # mean row + unit offsets
+    assert torch.allclose(offsets.norm(dim=1), torch.full((len(offsets),), spread), atol=1e-5)  # mean row + offsets
     assert torch.allclose(offsets @ before.mean(0), torch.zeros(len(offsets)), atol=1e-5)
     (tmp_path / "foreign").mkdir()
     with pytest.raises(ValueError, match="foreign/dataset.json"):

@@ -41,7 +41,7 @@ from tokweight.training.baselines import AdaptersOff, Baseline, make_baseline
 from tokweight.training.convergence import Convergence, converged, observe, val_mi, val_objective
 from tokweight.training.conditioning import token_key_values
 from tokweight.training.cvae import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed, objective,
-                                     spread_latent_embeddings)
+                                     spread_latent_embeddings, token_row_spread)
 from tokweight.training.data import StoreRef, StreamSpec, TrainBatch, extract_command, shards_without_rows, split_urls
 from tokweight.training.estep import EStepConfig, em_objective, strategy_indices
 from tokweight.training.faults import NO_HOOKS, Hooks
@@ -183,18 +183,19 @@ def load_checkpoints(io: IOConfig):
 
 def spread_latents(model: CVAE, vocab: Vocab, remedies: RemedyConfig, seed: int) -> None:
     """The latent rows (discrete), or the slots a continuous z is projected into, spread from the checkpoint's
-    mean latent row (``RemedyConfig.latent_embedding_norm``; a continuous z's: the mean of every latent token's
-    row, the tokens its base saw in the slots)."""
+    mean latent row (``RemedyConfig.latent_embedding_norm``, in units of the checkpoint's token-row spread; a
+    continuous z's: the mean of every latent token's row, the tokens its base saw in the slots)."""
     if not remedies.latent_embedding_norm > 0:
         return
     generator = torch.Generator().manual_seed(seed)
+    weight = model.backbone.wte.weight.detach()
+    ids = torch.tensor([vocab.latent_id(k) for k in range(vocab.k_max)], device=weight.device)
+    norm = remedies.latent_embedding_norm * token_row_spread(weight, ids)
     if model.conditioning.slot_proj is not None:
-        ids = torch.tensor([vocab.latent_id(k) for k in range(vocab.k_max)], device=model.backbone.wte.weight.device)
-        model.conditioning.init_slots(model.backbone.wte.weight[ids].detach().mean(0), remedies.latent_embedding_norm,
-                                      generator)
+        model.conditioning.init_slots(weight[ids].mean(0), norm, generator)
     elif model.latent.kind == "discrete":  # a continuous z through the memory writes no slot: nothing to spread
-        spread_latent_embeddings(model.backbone, model.latent.latent_ids.tolist(), remedies.latent_embedding_norm,
-                                 generator, center=remedies.latent_embedding_center)
+        spread_latent_embeddings(model.backbone, model.latent.latent_ids.tolist(), norm, generator,
+                                 center=remedies.latent_embedding_center)
 
 
 def init_memory(model: CVAE, stream: TrainStream, device: torch.device, seed: int) -> None:

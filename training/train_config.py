@@ -142,7 +142,9 @@ class RemedyConfig:
     """> 0: re-initialise the K latent token embeddings as orthogonal vectors of this norm before
     training (``cvae.spread_latent_embeddings``); 0 keeps the checkpoint's (nearly parallel) rows. A
     continuous z's slot projection starts at the mean latent row, offset by about this norm
-    (``Conditioning.init_slots``); 0 keeps GPT-2's 0.02 init, near-zero slots."""
+    (``Conditioning.init_slots``); 0 keeps GPT-2's 0.02 init, near-zero slots. In units of the
+    checkpoint's token-row spread (``cvae.token_row_spread``: the RMS distance of its rows from their
+    mean), so that one value means the same input perturbation on any backbone."""
     latent_embedding_center: bool = False
     """With latent_embedding_norm: offset the orthogonal rows from the checkpoint's mean latent row
     (kept out of their span) instead of replacing the rows. The base model has learnt to read that
@@ -224,13 +226,14 @@ GROUPS = {"io": IOConfig, "cvae": CVAEConfig, "loss": LossConfig, "remedies": Re
 def default_remedies(latent: str) -> RemedyConfig:
     """The remedies a run gets unless it names its own: for a discrete latent, the exact E-step of J at the
     step's beta (q* = softmax(log p(k|x) - R(k) / beta), Sinkhorn-balanced over the batch) and latent rows
-    centred on the checkpoint's mean latent row at norm 1 (distinct, yet read by the base as "a z": the
-    decoder starts intact); found z from scratch on 12 of 12 seeds with a 4-slot prefix. The continuous
-    latent has none."""
-    if latent != "discrete":  # its slots start spread from the mean latent row (Conditioning.init_slots)
+    centred on the checkpoint's mean latent row, offset by half the token-row spread (distinct, yet read by
+    the base as "a z": 4 slots of them cost the h0-n16 decoder 0.33-0.41 nats at step 0, where offsets of 0.92
+    of the spread cost 4.3-4.5, and z was kept alike on 3 of 3 seeds; scripts/latent_row_norm.py). The continuous latent: its slots spread
+    from the mean latent row by one token-row spread (Conditioning.init_slots), no E-step."""
+    if latent != "discrete":
         return RemedyConfig(latent_embedding_norm=1.0, latent_embedding_center=True)
     return RemedyConfig(estep=EStepConfig(mode="soft", follow_beta=True, prior="learned", balance_iters=3),
-                        latent_embedding_norm=1.0, latent_embedding_center=True)
+                        latent_embedding_norm=0.5, latent_embedding_center=True)
 
 
 @dataclass(frozen=True)

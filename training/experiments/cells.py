@@ -36,6 +36,8 @@ PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # i
 
 Loss = tuple[tuple[str, float], ...]
 """LossConfig fields as (name, value) pairs."""
+Remedies = tuple[tuple[str, float], ...]
+"""RemedyConfig fields as (name, value) pairs."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,8 @@ class Cell:
     """The user task's name of the compared objective: the weighting and its repair; None in the synthetic jobs."""
     loss: Loss = ()
     """The arm's LossConfig fields, on top of the plan's."""
+    remedies: Remedies = ()
+    """RemedyConfig fields on top of the recipe's: a remedy's setting compared (scripts/latent_row_norm.py)."""
 
     @property
     def label(self) -> str:
@@ -106,9 +110,10 @@ class Cell:
 
     @property
     def columns(self) -> dict:
-        """Its columns in a job's cells.csv: the arm where there is one, what is compared, the arm's loss fields."""
-        axes = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("arm", "loss")}
-        return ({} if self.arm is None else {"arm": self.arm}) | axes | dict(self.loss)
+        """Its columns in a job's cells.csv: the arm where there is one, what is compared, the arm's loss and remedy
+        fields."""
+        axes = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("arm", "loss", "remedies")}
+        return ({} if self.arm is None else {"arm": self.arm}) | axes | dict(self.loss) | dict(self.remedies)
 
 
 def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
@@ -127,7 +132,8 @@ def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
                         **(dict(plan.loss) | dict(cell.loss))),
         optim=OptimConfig(steps=b.steps, batch_size=b.batch_size, lr=b.lr, seed=cell.seed),
         log=LogConfig(grad_diag_every=b.steps, ckpt_every=b.steps))
-    return with_recipe(cfg, plan.recipe)
+    cfg = with_recipe(cfg, plan.recipe)
+    return replace(cfg, remedies=replace(cfg.remedies, **dict(cell.remedies))) if cell.remedies else cfg
 
 
 def cell_spec(tcfg, prep: Prepared, decode_examples: int) -> dict:
@@ -144,14 +150,15 @@ def cell_key(tcfg, prep: Prepared, decode_examples: int) -> str:
 
 
 def init_gradients(run_dir: Path) -> dict:
-    """grad_recon / grad_kl of the posterior head at step 0 (training.metrics.posterior_gradient_norms), and
-    the decoder's response to z at the most surprising token (l_t0_spread) at step 0 and the last logged step."""
+    """grad_recon / grad_kl of the posterior head at step 0 (training.metrics.posterior_gradient_norms), the
+    decoder's token-mean NLL at step 0 (how much the z pathway's init costs it), and the decoder's response to z
+    at the most surprising token (l_t0_spread) at step 0 and the last logged step."""
     from tokweight.training.run_dir import read_metrics
 
     train = [r for r in read_metrics(run_dir) if "loss" in r]
     first = next((r for r in train if r.get("step") == 0 and "grad_recon" in r), {})
     return {"grad_recon_init": first.get("grad_recon"), "grad_kl_init": first.get("grad_kl"),
-            "l_t0_spread_init": first.get("l_t0_spread"),
+            "nll_init": first.get("recon_uniform"), "l_t0_spread_init": first.get("l_t0_spread"),
             "l_t0_spread_end": train[-1].get("l_t0_spread") if train else None}
 
 
