@@ -66,6 +66,8 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
                               base=base_model(BASE_PRESETS["default"]["steps"], **DEFAULT_BASE)), LONG),
     # its base reads the z-conditioned template at 3.19 nats per token (2.49 at 3000 steps): docs/results.md
     "k2-n64": (TaskConfig(settings=(H0_N64,), base=base_model(1500)), H0_N64),
+    # the same with a base trained on the z-conditioned template at the CVAE's 4 slots only
+    "k2-n64-slots4": (TaskConfig(settings=(H0_N64,), base=base_model(3000, min_slots=4)), H0_N64),
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),

@@ -109,3 +109,29 @@ def test_the_base_reports_its_nll_on_the_z_conditioned_template(tiny_data, tmp_p
         result = run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / str(rate)), zcond_rate=rate, **kw))
         gap[rate] = result["val_nll_zcond"] - result["val_nll"]
     assert gap[0.0] > gap[1.0] + 0.05
+
+
+def test_min_slots_trains_only_the_counts_from_it_to_max_slots(tiny_data, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tokweight.cli import main
+    from tokweight.training import train_base
+
+    drawn = []
+    batch = train_base.EncodedSplit.batch
+
+    def spy(self, idx, slots=None, latent=None):
+        drawn.extend(slots or [])
+        return batch(self, idx, slots, latent)
+
+    monkeypatch.setattr(train_base.EncodedSplit, "batch", spy)
+    args = ["train-base", "--data", str(tiny_data / "data"), "--preset", "tiny", "--steps", "20"]
+    result = CliRunner().invoke(main, args + ["--out", str(tmp_path / "s4"), "--min-slots", "4"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "s4" / "train_config.json").read_text())["min_slots"] == 4
+    assert set(drawn) == {0, 4}  # z-free or the 4 slots the prefix reads; evaluation reads 4 too
+    drawn.clear()
+    run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / "s1"), **{**BASE_PRESETS["tiny"], "steps": 20}))
+    assert set(drawn) == {0, 1, 2, 3, 4}
+    bad = CliRunner().invoke(main, args + ["--out", str(tmp_path / "s5"), "--min-slots", "5"])
+    assert bad.exit_code != 0 and "min_slots <= max_slots" in bad.output and not (tmp_path / "s5").exists()
