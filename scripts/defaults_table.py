@@ -17,9 +17,14 @@ decodes cover and whether a latent value means one strategy across inputs:
 
     python scripts/defaults_table.py OUT --blocks k4-long,k8-long --cap 1500
 
-The longest dilution, T/(t0+1) about 64 (x of 64 symbols, K = 2):
+The same K = 4 task with `train-base --preset default`'s base, which executes every strategy:
 
-    python scripts/defaults_table.py OUT --blocks k2-n64 --cap 300
+    python scripts/defaults_table.py OUT --blocks k4-default --cap 1500
+
+The longest dilution, T/(t0+1) about 64 (x of 64 symbols, K = 2), with a base trained the usual way and
+one trained on the z-conditioned template at 4 slots only (`train-base --min-slots 4`):
+
+    python scripts/defaults_table.py OUT --blocks k2-n64,k2-n64-slots4 --weightings uniform,surprisal-share --cap 300
 
 Writes OUT/<block>/ (data, base models, stores, runs; reused when their keys match), OUT/cells.csv and
 OUT/defaults_table.md, and prints the table. The walk-through on converted JSON lines is the user path
