@@ -33,7 +33,11 @@ def test_the_sentence_says_whether_the_claim_shows():
     shown = summary(16.7, 2, [row("uniform", "z not used", 0.01), row("surprisal-share", "z used, decoder whole", 0.68)])
     assert shown.startswith("With the strategy decided by 1 of about 17 supervised tokens (T/(t0+1) = 16.7), "
                             "surprisal-share: z used, decoder whole (exact MI 0.68 of log 2 = 0.69 nats)")
-    assert shown.endswith("is what let z be learnt here.")
+    assert shown.endswith("is what let z be learnt here (z counts as learnt at an exact MI of 0.5 log 2 = 0.35 nats).")
+    trace = summary(16.7, 2, [row("uniform", "z used, decoder damaged", 0.02),  # a trace of use is not a learnt z
+                              row("surprisal-share", "z used, decoder whole", 0.68)])
+    assert "uniform: z used, decoder damaged (exact MI 0.02" in trace and "is what let z be learnt here" in trace
     both = summary(16.7, 2, [row("uniform", "z used, decoder whole", 0.6), row("surprisal-share", "z used, decoder whole", 0.68)])
     damaged = summary(16.7, 2, [row("uniform", "z not used", 0.0), row("surprisal-share", "z used, decoder damaged", 0.6)])
-    assert both.endswith("does not show the method's claim.") and damaged.endswith("does not show the method's claim.")
+    weak = summary(16.7, 2, [row("uniform", "z not used", 0.0), row("surprisal-share", "z used, decoder whole", 0.2)])
+    assert all(s.endswith("does not show the method's claim.") for s in (both, damaged, weak))
