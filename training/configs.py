@@ -37,8 +37,9 @@ class CVAEConfig:
     """z pathway: "token" (one slot), "prefix" (`slots` slots), "layernorm" (one slot + LayerNorm modulation)
     or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder).
     From scratch one slot collapsed under every weighting; a 4-slot prefix kept z on 12 of 12 seeds. On the demo's
-    data and budget (h0-n16, default recipe, 300 steps; `python scripts/memory_pathway.py OUT --jobs 2`, 6 cells
-    in 3.4 min), seeds 0 / 1 / 2, exact MI (I(z; strategy)), decoder NLL vs the base's 0.133:
+    data and budget (h0-n16, default recipe with the latent rows then at norm 1, 300 steps; `python
+    scripts/demo_variants.py OUT --jobs 2`, 6 cells in 3.4 min), seeds 0 / 1 / 2, exact MI (I(z; strategy)), decoder
+    NLL vs the base's 0.133:
       prefix-4                             0.683 / 0.686 / 0.665 (same), whole, NLL 0.003-0.008
       memory, projection at 0.02 (GPT-2)   0.093 / 0.049 / 0.030 (0.000 / 0.012 / 0.015), damaged, NLL 0.19-0.21
       memory, at the keys' scale (now)     0.670 / 0.677 / 0.675 (0.669 / 0.677 / 0.674), whole, NLL 0.006-0.010

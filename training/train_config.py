@@ -228,8 +228,9 @@ def default_remedies(latent: str) -> RemedyConfig:
     step's beta (q* = softmax(log p(k|x) - R(k) / beta), Sinkhorn-balanced over the batch) and latent rows
     centred on the checkpoint's mean latent row, offset by half the token-row spread (distinct, yet read by
     the base as "a z": 4 slots of them cost the h0-n16 decoder 0.33-0.41 nats at step 0, where offsets of 0.92
-    of the spread cost 4.3-4.5, and z was kept alike on 3 of 3 seeds; scripts/latent_row_norm.py). The continuous latent: its slots spread
-    from the mean latent row by one token-row spread (Conditioning.init_slots), no E-step."""
+    of the spread cost 4.3-4.5, and z was kept alike on 3 of 3 seeds; scripts/demo_variants.py --norms). The
+    continuous latent: its slots spread from the mean latent row by one token-row spread (Conditioning.init_slots),
+    no E-step."""
     if latent != "discrete":
         return RemedyConfig(latent_embedding_norm=1.0, latent_embedding_center=True)
     return RemedyConfig(estep=EStepConfig(mode="soft", follow_beta=True, prior="learned", balance_iters=3),

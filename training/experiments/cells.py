@@ -102,7 +102,7 @@ class Cell:
     loss: Loss = ()
     """The arm's LossConfig fields, on top of the plan's."""
     remedies: Remedies = ()
-    """RemedyConfig fields on top of the recipe's: a remedy's setting compared (scripts/latent_row_norm.py)."""
+    """RemedyConfig fields on top of the recipe's: a remedy's setting compared (scripts/demo_variants.py --norms)."""
 
     @property
     def label(self) -> str:
