@@ -57,7 +57,7 @@ H0 = Setting("h0-n16", 0, 16, 16)
 LONG = Setting("n12-16", 0, 12, 16)  # the default preset's x: T/(t0+1) about 8-12
 H0_N64 = Setting("h0-n64", 0, 64, 64)  # one decision among 65 supervised tokens
 SMALL = PRESETS["small"]
-DEFAULT_BASE = {k: v for k, v in BASE_PRESETS["default"].items() if k not in ("steps", "eval_every")}
+DEFAULT_BASE = {k: v for k, v in BASE_PRESETS["default"].items() if k != "eval_every"}  # base_model sets it
 BLOCKS = {  # name -> (task, setting): the data and the base model of each row group
     "k2": (TaskConfig(settings=(H0,), base=base_model(1500)), H0),
     "k2-imperfect": (TaskConfig(settings=(H0,), base=base_model(900)), H0),
@@ -68,7 +68,7 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
     # the same K = 4 task with `train-base --preset default`'s base (3 layers, d 128: 0.025 nats after t0),
     # one that executes every strategy
     "k4-default": (TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=DEFAULT_STRATEGIES),
-                              base=base_model(BASE_PRESETS["default"]["steps"], **DEFAULT_BASE)), LONG),
+                              base=base_model(**DEFAULT_BASE)), LONG),
     # its base reads the z-conditioned template at 3.19 nats per token (2.49 at 3000 steps): docs/results.md
     "k2-n64": (TaskConfig(settings=(H0_N64,), base=base_model(1500)), H0_N64),
     # the same with a base trained on the z-conditioned template at the CVAE's 4 slots only

@@ -20,7 +20,7 @@ import click
 
 from tokweight.pipeline.synth import SynthConfig
 from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_model
-from tokweight.training.experiments.results import KEPT_FRACTION
+from tokweight.training.experiments.results import KEPT_FRACTION, kept_threshold
 
 WEIGHTINGS = ("uniform", "surprisal-share")
 """The two reconstructions the demo compares; everything else is the default configuration."""
@@ -143,7 +143,7 @@ def summary(ratio: float, k: int, rows: list[dict]) -> str:
         return "; ".join(said(r) for r in rows) + "."
     # learnt = kept, as the experiments count it: eval's "z used" also fires on a trace (a first-token gain of
     # 2 SE under an exact MI of 0.02), which is not the latent the claim is about
-    kept_at = KEPT_FRACTION * log_k
+    kept_at = kept_threshold(k)
     shown = ss["outcome"] == "z used, decoder whole" and ss["mi"] >= kept_at > uni["mi"]
     verdict = (f"so reweighting by the base model's surprisal is what let z be learnt here (z counts as learnt at "
                f"an exact MI of {KEPT_FRACTION:g} log {k} = {kept_at:.2f} nats)" if shown else

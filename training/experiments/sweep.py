@@ -26,7 +26,6 @@ plain data (rows, and the config as a dict: ``view``).
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -40,7 +39,7 @@ from tokweight.training.experiments.artefacts import Echo, TaskConfig, coerce_ne
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.training.experiments.recipes import recipe_overrides
 from tokweight.training.experiments.results import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, aggregate,
-                                                    beta_c, bracket, header_lines, log_grid, mean_std, midpoint, narrow,
+                                                    beta_c, bracket, header_lines, kept_threshold, log_grid, mean_std, midpoint, narrow,
                                                     pm, show, suffix, write_config, write_csv)
 from tokweight.training.metrics import entropy
 
@@ -98,7 +97,7 @@ class SweepConfig:
     @property
     def threshold(self) -> float:
         """KEPT_FRACTION * log S in nats: the MI at which z counts as kept."""
-        return KEPT_FRACTION * math.log(self.task.k)
+        return kept_threshold(self.task.k)
 
     @property
     def plan(self) -> CellPlan:

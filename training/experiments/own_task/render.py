@@ -14,7 +14,7 @@ import math
 from tokweight.report.plots import figure
 from tokweight.report.tables import MISSING, fixed, markdown_table
 from tokweight.training.experiments.cells import STATUSES
-from tokweight.training.experiments.results import KEPT_FRACTION, beta_c, machine, pm, show
+from tokweight.training.experiments.results import KEPT_FRACTION, beta_c, kept_threshold, machine, pm, show
 
 NOT_PREDICTED = "n/a"
 """A predicted beta_c the store cannot give (no example carries a label: the KL cost is unknown)."""
@@ -30,11 +30,6 @@ def delta(v) -> str:
 
 def show_beta(beta: float) -> str:
     return f"{beta:g}"
-
-
-def threshold(k: int) -> float:
-    """KEPT_FRACTION * log K nats: the exact MI at which z counts as kept (the sweep's definition)."""
-    return KEPT_FRACTION * math.log(k)
 
 
 def by_arm(agg: list[dict]) -> dict[str, dict[float, dict]]:
@@ -94,7 +89,7 @@ def arm_verdict(arm: str, rows: dict[float, dict], kept_at: float, stats: dict) 
 
 
 def verdict(agg: list[dict], k: int, stats: dict, seeds: tuple[int, ...]) -> list[str]:
-    kept_at = threshold(k)
+    kept_at = kept_threshold(k)
     head = (f"On this task (test split, mean over seeds {', '.join(map(str, seeds))}; z counts as kept where the "
             f"exact MI is at least {KEPT_FRACTION:g} log K = {num(kept_at)} nats):")
     return [head, ""] + [f"- {arm_verdict(arm, rows, kept_at, stats)}." for arm, rows in by_arm(agg).items()]
@@ -118,7 +113,7 @@ def beta_c_table(agg: list[dict], k: int, by_weighting: dict[str, float | None])
     """Per arm: the beta_c the store predicted beside the measured one, the largest beta of the grid whose
     seed-mean exact MI kept z."""
     rows = [[arm, show_predicted(predicted(next(iter(rs.values())), by_weighting)),
-             show(beta_c({b: r["mi_mean"] for b, r in rs.items()}, threshold(k)))] for arm, rs in by_arm(agg).items()]
+             show(beta_c({b: r["mi_mean"] for b, r in rs.items()}, kept_threshold(k)))] for arm, rs in by_arm(agg).items()]
     return markdown_table(["arm", "predicted β_c (store)", "measured β_c (grid)"], rows)
 
 
@@ -150,7 +145,7 @@ def results_table(agg: list[dict], base: float) -> str:
 
 def measured_note(k: int) -> str:
     return (f"Test split, mean ± population std over seeds; nats. z is kept where the exact MI is at least "
-            f"{KEPT_FRACTION:g} log K = {num(threshold(k))}. Control: decoding each test example under the latent "
+            f"{KEPT_FRACTION:g} log K = {num(kept_threshold(k))}. Control: decoding each test example under the latent "
             "value its label is matched to (Hungarian), the share that reproduces its reference y exactly and in "
             "its first token; chance: the same examples under the other values. z used: seeds where `tokweight "
             "eval`'s verdict says so. Token-mean NLL: the decoder's, under q, against the base model's.")
@@ -200,7 +195,7 @@ def plot_arms(agg: list[dict], k: int):
             betas = sorted(rows)
             ax.plot(betas, [gain(rows[b], metric) for b in betas], marker="o", label=arm)
         ax.set(xscale="log", xlabel="β", ylabel=label)
-    axes[0].axhline(threshold(k), color="grey", ls=":", lw=1, label=f"{KEPT_FRACTION:g} log K (z kept above)")
+    axes[0].axhline(kept_threshold(k), color="grey", ls=":", lw=1, label=f"{KEPT_FRACTION:g} log K (z kept above)")
     for ax in axes:
         ax.legend(fontsize=7)
     return fig
