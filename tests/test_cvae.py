@@ -72,15 +72,17 @@ def brute_force(model, cfg, b_rows, beta, noise=None):
             total = total + (q * torch.stack(R)).sum() + beta * (q * (log_q - log_p)).sum()
         else:
             mu, logvar = lat.head(hidden[0, -1]).chunk(2)
-            z = mu + (0.5 * logvar).exp() * noise[i]
             ids = hand_ids(s, [VOCAB.latent_id(0)] * cfg.slots)
             zpos = ids.index(VOCAB.id("<z>"))
-            emb = bb.wte(torch.tensor([ids])).clone()
-            if cond.writes_slots:
-                emb[0, zpos + 1: zpos + 1 + cfg.slots] = cond.slot_proj(z).view(cfg.slots, 16)
-            logits, _ = bb(torch.tensor([ids]), tok_emb=emb, **beyond_slots(cond, z[None]))
-            l = hand_nll(logits[0], ids)
-            R = (w * l).sum() / (w.sum() + EPS)
+            R = 0.0
+            for draw in noise[i]:  # E_q R as the mean over the example's draws
+                z = mu + (0.5 * logvar).exp() * draw
+                emb = bb.wte(torch.tensor([ids])).clone()
+                if cond.writes_slots:
+                    emb[0, zpos + 1: zpos + 1 + cfg.slots] = cond.slot_proj(z).view(cfg.slots, 16)
+                logits, _ = bb(torch.tensor([ids]), tok_emb=emb, **beyond_slots(cond, z[None]))
+                l = hand_nll(logits[0], ids)
+                R = R + (w * l).sum() / (w.sum() + EPS) / len(noise[i])
             _, hid = bb(torch.tensor([ids[: zpos + 1]]))  # has not seen z
             mu_p, lv_p = lat.prior_head(hid[0, zpos]).chunk(2)
             kl = 0.5 * (lv_p - logvar + (logvar.exp() + (mu - mu_p) ** 2) / lv_p.exp() - 1).sum()
@@ -103,7 +105,7 @@ def test_exact_objective_against_brute_force(cfg):
     pi, _ = reconstruction_weights("surprisal-share", b.double(), batch.zfree.mask, WeightingParams(eps=EPS))
     out = model(batch, generator=torch.Generator().manual_seed(7))
     got = objective(model.latent, out, pi, beta=0.7).loss
-    noise = torch.randn((3, cfg.z_dim), generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    noise = torch.randn((3, cfg.samples, cfg.z_dim), generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     want = brute_force(model, cfg, b_rows, 0.7, noise)
     # token_surprisal computes in float32 (templates.py), hence 1e-6 and not 1e-12
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)

@@ -130,3 +130,70 @@ def test_an_example_without_a_known_strategy_is_refused_by_key():
 
     with pytest.raises(ValueError, match=r"example 'k7': strategy None .*\(2 such examples"):
         strategy_indices(("copy", None, "reverse"), ("copy", "rotate-left"), ("k1", "k7", "k9"))
+
+
+def gaussian_out(R_per_copy, mu, logvar, prior_mu, prior_logvar, z):
+    """A continuous latent's CVAEOutput with one S token whose NLL per copy is R_per_copy (B, S)."""
+    return CVAEOutput((mu, logvar), (prior_mu, prior_logvar), R_per_copy[..., None], torch.zeros(R_per_copy.shape[0], 1),
+                      z=z)
+
+
+def test_gaussian_latent_draws_its_samples_as_copies_and_one_sample_is_the_old_draw():
+    from tokweight.training.latent import GaussianLatent
+
+    mu, logvar = torch.randn(3, 2), torch.randn(3, 2)
+    one, _ = GaussianLatent(2, 4, samples=1).decoder_inputs((mu, logvar), torch.Generator().manual_seed(5))
+    noise = torch.randn(3, 2, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(one, mu + (0.5 * logvar).exp() * noise)  # runs before the samples kept their noise
+    latent = GaussianLatent(2, 4, samples=4)
+    z, _ = latent.decoder_inputs((mu, logvar), torch.Generator().manual_seed(5))
+    assert z.shape == (12, 2) and latent.copies == 4
+    eps = torch.randn(3, 4, 2, generator=torch.Generator().manual_seed(5))
+    assert torch.allclose(z.view(3, 4, 2)[1, 2], mu[1] + (0.5 * logvar[1]).exp() * eps[1, 2])  # copy i*S + s
+    normal = torch.distributions.Normal(mu[:, None], (0.5 * logvar[:, None]).exp())
+    assert torch.allclose(latent.log_density((mu, logvar), z), normal.log_prob(z.view(3, 4, 2)).sum(-1), atol=1e-6)
+    assert latent.expectation(torch.tensor([[1.0, 2.0, 3.0, 6.0]]), None).item() == 3.0
+
+
+def test_continuous_e_step_weighs_draws_by_prior_over_proposal_and_distils_q_to_them():
+    from tokweight.training.latent import GaussianLatent
+
+    latent = GaussianLatent(1, 4, samples=2)
+    mu, logvar = torch.zeros(1, 1, requires_grad=True), torch.zeros(1, 1, requires_grad=True)
+    prior_mu, prior_logvar = torch.full((1, 1), 0.5, requires_grad=True), torch.zeros(1, 1)
+    z = torch.tensor([[1.0], [-1.0]])  # draw 0 at +1, draw 1 at -1
+    R = torch.tensor([[0.3, 0.5]], requires_grad=True)
+    beta = 0.4
+    obj = em_objective(latent, gaussian_out(R, mu, logvar, prior_mu, prior_logvar, z), torch.ones(1, 1), beta=beta,
+                       free_bits=0.0, cfg=EStepConfig(mode="soft", follow_beta=True, prior="learned"))
+    # q* = p exp(-R / beta) / Z with q as the proposal: w_s = p(z_s) / q(z_s) * exp(-R_s / beta)
+    log_w = torch.tensor([-0.5 * 0.25 + 0.5 - 0.3 / beta, -0.5 * 2.25 + 0.5 - 0.5 / beta])
+    a = torch.softmax(log_w, 0)
+    obj.loss.backward()
+    assert torch.allclose(R.grad[0], a)  # each draw's reconstruction by its weight
+    assert torch.allclose(mu.grad, -(a * z[:, 0]).sum().view(1, 1))  # d/dmu of -sum_s a_s log q(z_s)
+    assert torch.allclose(logvar.grad, (0.5 * (a * (1 - z[:, 0] ** 2)).sum()).view(1, 1))
+    assert torch.allclose(prior_mu.grad, -beta * (a * (z[:, 0] - 0.5)).sum().view(1, 1))  # the prior fits the draws
+    log_q = -0.5 * z[:, 0] ** 2 - 0.5 * math.log(2 * math.pi)
+    log_p = -0.5 * (z[:, 0] - 0.5) ** 2 - 0.5 * math.log(2 * math.pi)
+    assert obj.kl_term.item() == pytest.approx(float((a * (log_q + torch.log(2 * a) - log_p)).sum()), rel=1e-5)
+
+
+def test_a_continuous_e_step_is_refused_what_it_cannot_do():
+    from tokweight.training.configs import CVAEConfig
+    from tokweight.training.train_config import IOConfig, RemedyConfig, TrainConfig
+
+    io = IOConfig(checkpoint="c", data="d", out="o", store="s")
+    continuous = CVAEConfig(latent="continuous")
+    assert continuous.samples == 4 and CVAEConfig().samples == 1
+    assert TrainConfig(io=io, cvae=continuous).remedies.estep.mode == "hard"  # the default recipe
+    for estep, match in ((EStepConfig(mode="label"), "mode soft or hard"),
+                         (EStepConfig(mode="soft", prior="learned", balance_iters=3), "balance_iters 0"),
+                         (EStepConfig(mode="hard"), "prior 'learned'")):
+        with pytest.raises(ValueError, match=match):
+            TrainConfig(io=io, cvae=continuous, remedies=RemedyConfig(estep=estep))
+    with pytest.raises(ValueError, match="samples >= 2"):
+        TrainConfig(io=io, cvae=CVAEConfig(latent="continuous", samples=1))
+    TrainConfig(io=io, cvae=CVAEConfig(latent="continuous", samples=1), remedies=RemedyConfig())  # no E-step: fine
+    with pytest.raises(ValueError, match="needs a continuous latent"):
+        CVAEConfig(samples=2)

@@ -153,10 +153,11 @@ def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
         remedies(cfg, latent_embedding_norm=0.0)
 
 
-def test_the_continuous_latent_gets_spread_slots_and_no_e_step_by_default(tiny, tmp_path):
+def test_the_continuous_latent_gets_spread_slots_and_the_hard_e_step_over_its_draws_by_default(tiny, tmp_path):
     cfg = config(tiny, tmp_path, cvae=CVAEConfig(latent="continuous"))
-    assert cfg.remedies == RemedyConfig(latent_embedding_norm=1.0, latent_embedding_center=True)
-    assert cfg.remedies.estep.mode == "off" and cfg.cvae.cond == "prefix"
+    assert cfg.remedies == RemedyConfig(estep=EStepConfig(mode="hard", follow_beta=True, prior="learned"),
+                                        latent_embedding_norm=1.0, latent_embedding_center=True)
+    assert (cfg.cvae.cond, cfg.cvae.z_dim, cfg.cvae.samples) == ("prefix", 2, 4)
     assert config(tiny, tmp_path).remedies.estep.mode == "soft"
 
 

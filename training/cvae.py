@@ -51,6 +51,7 @@ class CVAEOutput:
     nll: torch.Tensor  # (B, copies, T_max) l_t(z) nats over S, 0 where masked
     zfree_nll: torch.Tensor  # (B, T_max) the current backbone's z-free surprisal, detached
     pooled: torch.Tensor | None = None  # (B, d_post) the posterior head's input
+    z: torch.Tensor | None = None  # (B * copies, F) the latent value of each decoder copy
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class CVAE(nn.Module):
         hidden = self.backbone.hidden(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', d): all copies at once
         nll = nll_over_s(self.backbone, hidden, rep(frame.pos(cond.logit_pos)), rep(cond.targets), rep(cond.mask))
         prior = self.latent.prior(*self._at_z(batch, hidden[::C], frame))
-        return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll, pooled)
+        return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll, pooled, z)
 
     def _at_z(self, batch: TrainBatch, hidden: torch.Tensor, frame: Frame):
         """What the prior reads at <z>, from a pass that has not seen z: the logits of the latent's
@@ -182,7 +183,7 @@ def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
                              "missing ones first (add_latent_tokens)")
         latent = CategoricalLatent(cfg.k, d_post, [vocab.latent_id(k) for k in range(cfg.k)])
     else:
-        latent = GaussianLatent(cfg.z_dim, d_post, cfg.prior)
+        latent = GaussianLatent(cfg.z_dim, d_post, cfg.prior, cfg.samples)
     conditioning = Conditioning(cfg.cond, cfg.slots, d, n_ln, latent.features, continuous=cfg.latent == "continuous",
                                 memory_shape=backbone.memory_shape)
     return CVAE(backbone, latent, conditioning, encoder, cfg.posterior_pool)

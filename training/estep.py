@@ -109,7 +109,7 @@ def assignment_kl(a: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
 
 def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig,
                  labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL):
-    """J_EM = mean_i [sum_k a_ik R_ik + w * CE(a_i, q_i)] + beta * KL term(a || p), a = assignment(R, p).
+    """J_EM = mean_i [sum_c a_ic R_ic + w * CE(a_i, q_i)] + beta * KL term(a || p), a = assignment(R, p).
 
     The M-step of each part against the E-step's a (detached): the decoder copies learn from
     a, the amortised posterior is distilled to a, and the prior fits a through beta * KL(a || p),
@@ -117,10 +117,24 @@ def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, c
     holds beta (under ``follow_beta``), and pulling q to p as well would count the prior twice.
     Reported: ``recon`` = E_q[R] and ``kl`` = KL(q || p) of the amortised posterior, as in
     the plain objective. ``labels`` (B,): strategy indices, for mode "label" only.
+
+    A continuous latent's copies are S draws z_s from q rather than every value, so a is the
+    self-normalised importance weight of q*(z) = p(z|x) exp(-R(z) / beta) / Z with q as the proposal
+    (reweighted wake-sleep, Bornschein & Bengio 2015): log p - log q enters where the discrete prior
+    does. q is distilled to the weighted draws (-sum_s a_s log q(z_s)), the prior fits them, and the
+    decoder learns most from the draws that explain y, as the discrete copy k learns from its examples.
     """
-    R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, K)
-    a = assignment(R, out.prior, cfg, beta, labels, batch)
-    fit = assigned_reconstruction(R, a).mean() + cfg.posterior_weight * distillation(out.post, a).mean()
-    kl_term = free_bits_kl(assignment_kl(a, out.prior), free_bits, batch)
+    R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, copies)
+    z = None if out.z is None else out.z.detach()  # each copy's value, a target: q and p fit it, not move it
+    log_p, log_q = latent.log_density(out.prior, z), latent.log_density(out.post, z)  # (B, copies) each
+    log_target = log_p - log_q.detach() if latent.sampled else log_p  # the E-step's p, by the proposal
+    a = assignment(R, log_target, cfg, beta, labels, batch)
+    fit = assigned_reconstruction(R, a).mean() + cfg.posterior_weight * distillation(log_q, a).mean()
+    if latent.sampled:  # q*'s density at its draws, log q + log(S a); the KL's gradient reaches the prior only
+        log_a = log_q.detach() + torch.log(a * a.shape[-1])
+        kl = (torch.where(a > 0, a * log_a, 0) - a * log_p).sum(-1)
+    else:
+        kl = assignment_kl(a, log_p)
+    kl_term = free_bits_kl(kl, free_bits, batch)
     recon = latent.expectation(R, out.post).mean().detach()
     return Objective(fit + beta * kl_term, recon, kl_term, latent.kl(out.post, out.prior).detach())

@@ -8,7 +8,11 @@ Two latents with one interface, so the CVAE composes either:
   with, as (N, F) features and (N,) slot token ids (discrete) or None (continuous);
   N = B * copies
 - ``expectation(R, post)``: (B, copies) reconstructions -> (B,) E_q[R]
+- ``log_density(params, z)``: each copy's latent value under a posterior's or prior's parameters, (B, copies)
 - ``kl(post, prior)``: (B,) or (B, D) nats
+
+``sampled`` says whether the copies are draws from the posterior (continuous) or enumerate every value
+(discrete): the E-step (``estep.py``) then corrects its weights by the proposal.
 """
 
 from __future__ import annotations
@@ -18,8 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tokweight.training.global_batch import LOCAL, GlobalBatch
-from tokweight.training.losses import categorical_kl, gaussian_kl
-
+from tokweight.training.losses import categorical_kl, gaussian_kl, gaussian_log_density
 
 
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
@@ -36,6 +39,7 @@ class CategoricalLatent(nn.Module):
     """
 
     kind = "discrete"
+    sampled = False
 
     def __init__(self, k: int, d_model: int, latent_ids: list[int]):
         super().__init__()
@@ -70,25 +74,32 @@ class CategoricalLatent(nn.Module):
     def expectation(self, R: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
         return (log_q.exp() * R).sum(-1)  # (B,) sum_k q(k) R(k)
 
+    def log_density(self, log_probs: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return log_probs  # (B, K): copy k carries value k
+
     def kl(self, log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
         return categorical_kl(log_q, log_p)  # (B,)
 
 
 class GaussianLatent(nn.Module):
-    """z in R^D, one reparameterised sample per example; N(0, I) or a learned conditional prior.
+    """z in R^D, ``samples`` reparameterised draws per example (each a decoder copy); N(0, I) or a
+    learned conditional prior.
 
     The learned prior p(z|x) is a head on the decoder's hidden state at ``<z>``, which
     has seen x only.
     """
 
     kind = "continuous"
-    copies = 1
+    sampled = True
     prior_tokens = None  # the prior reads the hidden state at <z>, no logits
 
-    def __init__(self, z_dim: int, d_model: int, prior: str = "learned"):
+    def __init__(self, z_dim: int, d_model: int, prior: str = "learned", samples: int = 1):
         super().__init__()
         if prior not in ("learned", "standard"):
             raise ValueError(f"prior must be 'learned' or 'standard', got {prior!r}")
+        if samples < 1:
+            raise ValueError(f"need samples >= 1, got {samples}")
+        self.copies = samples
         self.features = z_dim
         self.head = nn.Linear(d_model, 2 * z_dim)
         self.prior_head = nn.Linear(d_model, 2 * z_dim) if prior == "learned" else None
@@ -108,13 +119,19 @@ class GaussianLatent(nn.Module):
         return mu, logvar
 
     def decoder_inputs(self, post, generator=None, global_batch: GlobalBatch = LOCAL) -> tuple[torch.Tensor, None]:
+        """Copy i*S + s of example i carries its draw s: (B*S, D) reparameterised samples."""
         mu, logvar = post
-        shape = (global_batch.world * mu.shape[0], *mu.shape[1:])  # drawn for the global batch, then our rows
+        B, D = mu.shape
+        shape = (global_batch.world * B, self.copies, D)  # drawn for the global batch, then our rows
         noise = global_batch.rows(torch.randn(shape, generator=generator, dtype=mu.dtype, device="cpu")).to(mu.device)
-        return mu + (0.5 * logvar).exp() * noise, None  # (B, D) reparameterised sample
+        return (mu[:, None] + (0.5 * logvar[:, None]).exp() * noise).view(B * self.copies, D), None
 
     def expectation(self, R: torch.Tensor, post) -> torch.Tensor:
-        return R[:, 0]  # one sample: a Monte-Carlo estimate of E_q[R]
+        return R.mean(-1)  # (B,) a Monte-Carlo estimate of E_q[R] over the samples
+
+    def log_density(self, params, z: torch.Tensor) -> torch.Tensor:
+        mu, logvar = params  # (B, D) each; z (B*S, D) from decoder_inputs
+        return gaussian_log_density(z.view(mu.shape[0], self.copies, -1), mu[:, None], logvar[:, None])  # (B, S)
 
     def kl(self, post, prior) -> torch.Tensor:
         return gaussian_kl(*post, *prior)  # (B, D)

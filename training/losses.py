@@ -25,6 +25,8 @@ example-inverse reads it, to normalise v over the global batch rather than this 
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable
 
 import torch
@@ -176,6 +178,11 @@ def gaussian_kl(mu_q: torch.Tensor, logvar_q: torch.Tensor, mu_p: torch.Tensor,
     = 0.5 * (logvar_p - logvar_q + (var_q + (mu_q - mu_p)^2) / var_p - 1)
     """
     return 0.5 * (logvar_p - logvar_q + (logvar_q.exp() + (mu_q - mu_p) ** 2) / logvar_p.exp() - 1.0)
+
+
+def gaussian_log_density(z: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    """log N(z; mu, diag(exp(logvar))) summed over the last dimension: broadcastable (..., D) -> (...) nats."""
+    return -0.5 * (((z - mu) ** 2) / logvar.exp() + logvar + math.log(2 * math.pi)).sum(-1)
 
 
 def example_kl(kl: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,9 @@ def shown(text: str, default) -> str:
 @click.option("--k", type=int, default=None,
               help=shown("Latent values (discrete); clusters for continuous evaluation.", CVAEConfig.k))
 @click.option("--z-dim", type=int, default=None, help=shown("Continuous latent dimensions.", CVAEConfig.z_dim))
+@click.option("--samples", type=int, default=None,
+              help=shown("Draws of a continuous latent per example, each a decoder pass, among which its E-step "
+                         "chooses.", CVAEConfig(latent="continuous").samples))
 @click.option("--cond", type=click.Choice(COND_MODES), default=None, help=shown("z pathway.", CVAEConfig.cond))
 @click.option("--slots", type=int, default=None,
               help=shown("Latent slots of the prefix pathway.", CVAEConfig(cond="prefix").slots))
@@ -95,14 +98,15 @@ def shown(text: str, default) -> str:
                          "with the latent token rows and the CVAE's heads; needs pip install 'tokweight[lora]' "
                          "(0: train every parameter).", LoRAConfig.rank))
 @threads_option
-def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting, lam, policy, baseline_checkpoint,
+def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, weighting, lam, policy, baseline_checkpoint,
           beta, warmup_steps, anchor_weight, steps, batch_size, lr, num_workers, lanes, on_bad_sample, eval_every,
           patience, log_every, ckpt_every, seed, device, dtype, grad_checkpointing, lora_rank, threads):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready).
 
     The defaults are the recipe that keeps z from scratch with the decoder whole: a 4-slot prefix,
     surprisal-share, beta 0.3 warmed up over 100 steps, the anchor term after the warm-up, the exact
-    E-step with centred latent rows (discrete), lr 3e-4. The run stops once its periodic validations stop
+    E-step with centred latent rows (discrete; a continuous latent: the hard E-step over 4 draws of a 2-dimensional
+    z), lr 3e-4. The run stops once its periodic validations stop
     improving, or at --steps, and says which."""
     from tokweight.training.run_dir import CheckpointWriteError
     from tokweight.training.train import run
@@ -113,7 +117,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, cond, slots, weighting
             io=IOConfig(checkpoint=checkpoint, data=data, out=out, store=store, baseline_checkpoint=baseline_checkpoint,
                         lanes=lanes, **given(num_workers=num_workers, device=device, dtype=dtype,
                                                grad_checkpointing=grad_checkpointing, on_bad_sample=on_bad_sample)),
-            cvae=CVAEConfig(**given(latent=latent, k=k, z_dim=z_dim, cond=cond, slots=slots)),
+            cvae=CVAEConfig(**given(latent=latent, k=k, z_dim=z_dim, samples=samples, cond=cond, slots=slots)),
             loss=LossConfig(beta=BetaSchedule(**given(beta=beta, warmup_steps=warmup_steps)),
                             **given(weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,
                                     anchor_weight=anchor_weight)),
