@@ -82,7 +82,7 @@ COUPLED = {  # objectives with a term over the whole batch, and what couples it
     # v normalised to batch mean 1
     "example-inverse": lambda cfg: replace(cfg, loss=replace(cfg.loss, weighting="example-inverse")),
     "free-bits": lambda cfg: replace(cfg, loss=replace(cfg.loss, free_bits=0.5)),  # floor on the batch-mean KL
-    # remedies=None: the continuous latent's own defaults (the discrete E-step is refused there)
+    # remedies=None: the continuous latent's own defaults (the hard E-step over its draws, per example)
     "free-bits-continuous": lambda cfg: replace(cfg, cvae=CVAEConfig(latent="continuous"), remedies=None,
                                                 loss=replace(cfg.loss, free_bits=0.1)),
 }
