@@ -134,8 +134,8 @@ def test_an_example_without_a_known_strategy_is_refused_by_key():
 
 def gaussian_out(R_per_copy, mu, logvar, prior_mu, prior_logvar, z):
     """A continuous latent's CVAEOutput with one S token whose NLL per copy is R_per_copy (B, S)."""
-    return CVAEOutput((mu, logvar), (prior_mu, prior_logvar), R_per_copy[..., None], torch.zeros(R_per_copy.shape[0], 1),
-                      z=z)
+    return CVAEOutput((mu, logvar), (prior_mu, prior_logvar), R_per_copy[..., None],
+                      torch.zeros(R_per_copy.shape[0], 1), z=z)
 
 
 def test_gaussian_latent_draws_its_samples_as_copies_and_one_sample_is_the_old_draw():

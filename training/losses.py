@@ -26,7 +26,6 @@ example-inverse reads it, to normalise v over the global batch rather than this 
 from __future__ import annotations
 
 import math
-
 from typing import Callable
 
 import torch

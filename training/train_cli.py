@@ -98,9 +98,10 @@ def shown(text: str, default) -> str:
                          "with the latent token rows and the CVAE's heads; needs pip install 'tokweight[lora]' "
                          "(0: train every parameter).", LoRAConfig.rank))
 @threads_option
-def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, weighting, lam, policy, baseline_checkpoint,
-          beta, warmup_steps, anchor_weight, steps, batch_size, lr, num_workers, lanes, on_bad_sample, eval_every,
-          patience, log_every, ckpt_every, seed, device, dtype, grad_checkpointing, lora_rank, threads):
+def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, weighting, lam, policy,
+          baseline_checkpoint, beta, warmup_steps, anchor_weight, steps, batch_size, lr, num_workers, lanes,
+          on_bad_sample, eval_every, patience, log_every, ckpt_every, seed, device, dtype, grad_checkpointing,
+          lora_rank, threads):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready).
 
     The defaults are the recipe that keeps z from scratch with the decoder whole: a 4-slot prefix,

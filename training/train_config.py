@@ -241,8 +241,8 @@ def default_remedies(latent: str) -> RemedyConfig:
     of the spread cost 4.3-4.5, and z was kept alike on 3 of 3 seeds; scripts/demo_variants.py --norms). The
     continuous latent: its slots spread from the mean latent row by one token-row spread (Conditioning.init_slots),
     and the hard E-step over its draws (each example's draw of least R / beta - log p / q; no balancing): with 4
-    draws the soft one left the decoder ignoring z (h0-n16, 300 steps: exact-MI estimate 0.22), the hard one
-    kept it (0.68; soft needed 8 draws)."""
+    draws of a 2-dimensional z the soft one left the decoder ignoring z (h0-n16, 300 steps: MI estimate 0.22),
+    the hard one kept it (0.68; soft needed 8 draws)."""
     if latent != "discrete":
         return RemedyConfig(estep=EStepConfig(mode="hard", follow_beta=True, prior="learned"),
                             latent_embedding_norm=1.0, latent_embedding_center=True)
