@@ -69,7 +69,8 @@ def main() -> None:
     start = time.perf_counter()
     rows = run(args.out, tuple(args.conds.split(",")), norms, seeds, args.jobs)
     wall = time.perf_counter() - start
-    command = " ".join(["python scripts/demo_variants.py", str(args.out), f"--jobs {args.jobs}", f"--seeds {args.seeds}",
+    command = " ".join(["python scripts/demo_variants.py", str(args.out), f"--jobs {args.jobs}",
+                        f"--seeds {args.seeds}",
                         f"--conds {args.conds}", *([f"--norms {args.norms}"] if args.norms else [])])
     write_table_run(args.out, "demo_variants", rows, table(rows),
                     f"{len(rows)} cells, {args.jobs} at a time; wall time {wall / 60:.1f} min (`{command}`).")

@@ -131,7 +131,8 @@ def test_min_slots_trains_only_the_counts_from_it_to_max_slots(tiny_data, tmp_pa
     assert json.loads((tmp_path / "s4" / "train_config.json").read_text())["min_slots"] == 4
     assert set(drawn) == {0, 4}  # z-free or the 4 slots the prefix reads; evaluation reads 4 too
     drawn.clear()
-    run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / "s1"), **{**BASE_PRESETS["tiny"], "steps": 20}))
+    run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / "s1"),
+                        **{**BASE_PRESETS["tiny"], "steps": 20}))
     assert set(drawn) == {0, 1, 2, 3, 4}
     bad = CliRunner().invoke(main, args + ["--out", str(tmp_path / "s5"), "--min-slots", "5"])
     assert bad.exit_code != 0 and "min_slots <= max_slots" in bad.output and not (tmp_path / "s5").exists()

@@ -132,10 +132,10 @@ def convert(jsonl, out, shard_size, on_bad, val_fraction, test_fraction, seed, s
 @click.option("--k-max", type=int, default=8,
               help="Latent tokens <z_0>..<z_{N-1}> the base model learns to read as \"a z goes here\" (train appends "
                    "more when a CVAE's --k needs them).")
-@click.option("--min-slots", type=int, default=1, show_default=True,
-              help="Fewest latent slots of the z-conditioned sequences (drawn from here to the slots reserved, 4): 4 "
-                   "trains only the count train's prefix reads, which a long y needs (docs/results.md, "
-                   "\"T/(t0+1) = 64\").")
+@click.option("--min-slots", type=int, default=None,
+              help="Fewest latent slots of the z-conditioned sequences, drawn from here to the slots reserved (default: "
+                   "from 1, every count): 4 trains only the count train's prefix reads, which a long y needs "
+                   "(docs/results.md, \"T/(t0+1) = 64\").")
 @click.option("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N.")
 @threads_option
 def train_base(data, out, preset, steps, seed, k_max, min_slots, device, threads):
@@ -143,9 +143,9 @@ def train_base(data, out, preset, steps, seed, k_max, min_slots, device, threads
     from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig, run
 
     set_threads(threads)
-    overrides = {"steps": steps} if steps else {}
+    overrides = ({"steps": steps} if steps else {}) | ({"min_slots": min_slots} if min_slots is not None else {})
     try:
-        cfg = BaseTrainConfig(data=data, out=out, seed=seed, k_max=k_max, min_slots=min_slots, device=device,
+        cfg = BaseTrainConfig(data=data, out=out, seed=seed, k_max=k_max, device=device,
                               **{**BASE_PRESETS[preset], **overrides})
     except ValueError as e:
         raise click.ClickException(str(e)) from e

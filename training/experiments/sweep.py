@@ -39,8 +39,8 @@ from tokweight.training.experiments.artefacts import Echo, TaskConfig, coerce_ne
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.training.experiments.recipes import recipe_overrides
 from tokweight.training.experiments.results import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, aggregate,
-                                                    beta_c, bracket, header_lines, kept_threshold, log_grid, mean_std, midpoint, narrow,
-                                                    pm, show, suffix, write_config, write_csv)
+                                                    beta_c, bracket, header_lines, kept_threshold, log_grid, mean_std,
+                                                    midpoint, narrow, pm, show, suffix, write_config, write_csv)
 from tokweight.training.metrics import entropy
 
 

@@ -112,8 +112,9 @@ def prediction_table(stats: dict) -> str:
 def beta_c_table(agg: list[dict], k: int, by_weighting: dict[str, float | None]) -> str:
     """Per arm: the beta_c the store predicted beside the measured one, the largest beta of the grid whose
     seed-mean exact MI kept z."""
+    kept_at = kept_threshold(k)
     rows = [[arm, show_predicted(predicted(next(iter(rs.values())), by_weighting)),
-             show(beta_c({b: r["mi_mean"] for b, r in rs.items()}, kept_threshold(k)))] for arm, rs in by_arm(agg).items()]
+             show(beta_c({b: r["mi_mean"] for b, r in rs.items()}, kept_at))] for arm, rs in by_arm(agg).items()]
     return markdown_table(["arm", "predicted β_c (store)", "measured β_c (grid)"], rows)
 
 
