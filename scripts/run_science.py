@@ -135,9 +135,9 @@ def decoder_summary(rows: list[dict], base: dict[str, float]) -> str:
 
 # ---------------------------------------------------------------- point 2: the map
 
-MAP_PATHWAYS = (("token", 1), ("prefix", 2), ("prefix", 4), ("layernorm", 1))
-"""No 8-slot prefix: the base models reserve context for 4 slots (BaseTrainConfig.max_slots), 8 exceed the h1-n8
-block of 32 tokens, and where they fit the base never saw them (h3-n5, surprisal-share: control 0.000, NLL 3.385)."""
+MAP_PATHWAYS = (("token", 1), ("prefix", 2), ("prefix", 4), ("layernorm", 1), ("memory", 1))
+"""The memory pathway writes no slot (its one slot keeps a placeholder). No 8-slot prefix: the base models
+reserve context for 4 slots (BaseTrainConfig.max_slots), 8 exceed the h1-n8 block of 32 tokens, and where they fit the base never saw them (h3-n5, surprisal-share: control 0.000, NLL 3.385)."""
 MAP_WEIGHTINGS = ("uniform", "surprisal-share")
 MAP_SEEDS = (0, 1, 2)
 """Seeds of the map; --seeds runs the first few (the budget ran seed 0 first)."""
