@@ -17,7 +17,7 @@ REMEDY_FIELDS = frozenset({f.name for f in fields(RemedyConfig)} | {"cvae"})  # 
 CVAE_REMEDY_FIELDS = frozenset({"posterior_pool", "posterior_encoder", "encoder_layers", "encoder_d_model"})
 
 RECIPES: dict[str, dict | None] = {
-    # The default: train_config.default_remedies (the exact E-step of J, centred latent rows at norm 1).
+    # The default: train_config.default_remedies (the exact E-step of J, centred latent rows).
     "default": None,
     # No remedy: the plain exact-expectation objective on the checkpoint's latent embeddings.
     "baseline": {},
