@@ -1,4 +1,5 @@
-"""One writer per store fingerprint directory: an advisory ``flock`` on ``.lock``.
+"""One writer per directory (a store's fingerprint directory, an experiment's setting or cell): an advisory
+``flock`` on ``.lock``.
 
 The kernel drops a ``flock`` when its holder dies (even by SIGKILL), so a crashed
 extraction never leaves a stale lock behind; the pid/host written into the file only
@@ -15,6 +16,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 LOCK_NAME = ".lock"
@@ -27,20 +29,22 @@ class StoreLockedError(RuntimeError):
 class StoreLock:
     """``with StoreLock(dir, wait_s=0):`` holds ``dir/.lock`` exclusively or raises StoreLockedError.
 
-    wait_s: seconds to wait for the holder to finish; 0 fails at once.
+    wait_s: seconds to wait for the holder to finish; 0 fails at once, ``math.inf`` waits as long as it holds.
+    waiting: told (once, with the holder) when the lock is held by another and this one waits.
     """
 
-    def __init__(self, directory: str | Path, *, wait_s: float = 0.0, poll_s: float = 0.2):
+    def __init__(self, directory: str | Path, *, wait_s: float = 0.0, poll_s: float = 0.2,
+                 waiting: Callable[[str], None] | None = None):
         if wait_s < 0:
             raise ValueError(f"wait_s must be >= 0, got {wait_s}")
         self.path = Path(directory) / LOCK_NAME
-        self.wait_s, self.poll_s = wait_s, poll_s
+        self.wait_s, self.poll_s, self.waiting = wait_s, poll_s, waiting
         self._fd: int | None = None
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + self.wait_s
+        deadline, told = time.monotonic() + self.wait_s, False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -52,7 +56,10 @@ class StoreLock:
                     raise StoreLockedError(
                         f"{self.path.parent} is being written by another process ({holder}); "
                         f"waited {self.wait_s:g} s. Wait for it to finish, or remove {self.path} "
-                        "only if you are sure no extract is running") from None
+                        "only if you are sure no tokweight process is writing it") from None
+                if self.waiting is not None and not told:
+                    self.waiting(f"{self.path.parent} is being written by another process ({self.holder()}): waiting")
+                    told = True
                 time.sleep(self.poll_s)
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),

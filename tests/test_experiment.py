@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tokweight.store.lock import StoreLock, StoreLockedError
 from tokweight.training.experiments import artefacts, cells, grid as exp
 from tokweight.training.experiments.artefacts import Setting, TaskConfig, synth_config
 from tokweight.training.experiments.grid import plot_amplification
@@ -78,6 +79,34 @@ def test_rerun_reuses_every_artefact_and_gives_the_same_table(quick_run):
     assert all(r["reused"] for r in again["cells"])
     assert sum("reused: data, base, store" in line for line in lines) == 2
     assert [r["mi_mean"] for r in again["results"]] == [r["mi_mean"] for r in first["results"]]
+
+
+def test_a_cell_another_job_is_training_is_waited_for_then_reused(quick_run, monkeypatch):
+    """Two jobs on one root: the second finds the cell's run locked, waits (the waiting message is the fault
+    hook: there the first job finishes and lets go), then reuses its record instead of training it again."""
+    root, first, _ = quick_run
+    cfg = quick_cfg(root)
+    cell = exp.experiment_cells(cfg)[0]
+    prep = artefacts.prepare_all(cfg.task, root, lambda line: None, (cell.setting,))[cell.setting]
+    run_dir = root / "runs" / first["cells"][0]["run"]
+    record = (run_dir / "cell.json").read_text()
+    other_job = StoreLock(run_dir)
+    other_job.acquire()
+    (run_dir / "cell.json").unlink()  # still training
+    monkeypatch.setattr(cells, "LOCK_WAIT_S", 0.0)
+    with pytest.raises(StoreLockedError, match=run_dir.name):
+        cells.run_cell(cell, prep, cfg.plan, root)
+    told = []
+
+    def other_job_finishes(message: str) -> None:
+        told.append(message)
+        (run_dir / "cell.json").write_text(record)
+        other_job.release()
+
+    monkeypatch.setattr(cells, "LOCK_WAIT_S", math.inf)
+    monkeypatch.setattr(cells, "print", other_job_finishes, raising=False)
+    done, reused = cells.run_cell(cell, prep, cfg.plan, root)
+    assert reused and done == json.loads(record) and len(told) == 1 and "waiting" in told[0]
 
 
 def test_continuous_and_every_weighting_give_finite_numbers(experiment_root):  # noqa: F811

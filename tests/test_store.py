@@ -1,6 +1,7 @@
 """The store: both part formats, the reader API, verify and repair, fingerprint isolation, the lock, the CLI."""
 
 import json
+import math
 import shutil
 
 import numpy as np
@@ -256,3 +257,18 @@ def test_lock_excludes_a_second_writer(world, tmp_path):
         with pytest.raises(StoreLockedError):
             StoreLock(fp_dir(store)).acquire()
     assert run(world.config(store))["parts_written"] == 1  # released on exit
+
+
+def test_a_waiting_lock_is_told_once_then_takes_the_lock_when_the_holder_lets_go(tmp_path):
+    holder = StoreLock(tmp_path)
+    holder.acquire()
+    told = []
+
+    def holder_finishes(message: str) -> None:  # the deterministic hook: no timing
+        told.append(message)
+        holder.release()
+
+    with StoreLock(tmp_path, wait_s=math.inf, poll_s=0, waiting=holder_finishes):
+        with pytest.raises(StoreLockedError, match="no tokweight process is writing it"):
+            StoreLock(tmp_path).acquire()
+    assert len(told) == 1 and "waiting" in told[0] and "pid" in told[0]

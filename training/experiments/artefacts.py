@@ -22,6 +22,7 @@ from typing import Callable
 from tokweight.pipeline.synth import SynthConfig
 from tokweight.store.fingerprint import canonical_json
 from tokweight.store.durable import write_json_atomic
+from tokweight.store.lock import StoreLock
 from tokweight.report.tables import fixed
 from tokweight.training.train_base import BaseTrainConfig
 
@@ -217,15 +218,24 @@ def setting_stats(setting: Setting, info: dict, store: Path, base_result: dict) 
             "base_wall_s": base_result.get("wall_s")}
 
 
+LOCK_WAIT_S = 24 * 3600.0
+"""Seconds a job waits for another job on the same root that is preparing a setting or training a cell it
+needs, then reuses what that job made: a day, in effect as long as it holds the lock (a lock dies with its
+process). Finite, because extraction records its config as JSON."""
+
+
 def prepare_setting(task: TaskConfig, setting: Setting, root: Path, echo: Echo) -> Prepared:
+    """The setting's data, base model and store under ``root``, each reused when its key matches; one job at a
+    time prepares a root (the others wait, then reuse what it made)."""
     from tokweight.pipeline.extract import ExtractConfig
     from tokweight.pipeline.extract import run as extract
 
     start = time.perf_counter()
-    data, data_key, info, data_reused = prepare_data(task, setting, root)
-    base, base_result, base_reused = prepare_base(task, setting, data, data_key, root)
-    store = root / "store"
-    extracted = extract(ExtractConfig(checkpoint=str(base), data=str(data), store=str(store), progress=False))
+    with StoreLock(root, wait_s=LOCK_WAIT_S, waiting=echo):
+        data, data_key, info, data_reused = prepare_data(task, setting, root)
+        base, base_result, base_reused = prepare_base(task, setting, data, data_key, root)
+        store = root / "store"
+        extracted = extract(ExtractConfig(checkpoint=str(base), data=str(data), store=str(store), progress=False))
     stats = setting_stats(setting, info, store, base_result)
     reused = [name for name, r in (("data", data_reused), ("base", base_reused),
                                    ("store", extracted["nothing_to_do"])) if r]

@@ -4,7 +4,9 @@ runner that takes a list of cells through a process pool. The one cell cache of 
 A cell is reused when runs/<setting>-<key>/cell.json names its key, which hashes the resolved train
 config without its paths, the base fingerprint it was trained from, the data's key and the
 evaluation; an interrupted cell's run resumes (training.train). The record holds every number any
-job reads of the cell, so no job reads the run directory's files besides it.
+job reads of the cell, so no job reads the run directory's files besides it. A cell's run directory is
+locked while it trains, so two jobs on one root that share a cell train it once: the second waits, then
+reuses its record.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 
 from tokweight.report.tables import fixed
 from tokweight.store.durable import write_json_atomic
-from tokweight.training.experiments.artefacts import Echo, Prepared, key_of, read_json
+from tokweight.store.lock import StoreLock
+from tokweight.training.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, key_of, read_json
 from tokweight.training.experiments.recipes import with_recipe
 from tokweight.training.schedules import BetaSchedule
 from tokweight.training.train_config import OptimConfig
@@ -167,13 +170,14 @@ def run_cell(cell: Cell, prep: Prepared, plan: CellPlan, root: Path) -> tuple[di
     probe = train_config(cell, prep, plan, Path())
     key = cell_key(probe, prep, plan.budget.decode_examples)
     run_dir = root / "runs" / f"{cell.setting}-{key}"
-    done = read_json(run_dir / "cell.json")
-    if done is not None and done.get("key") == key:  # the key holds the base fingerprint
-        return done, True
-    record = {"key": key, "init_fingerprint": prep.fingerprint, "run": run_dir.name,
-              **train_and_evaluate(replace(probe, io=replace(probe.io, out=str(run_dir))), prep,
-                                   plan.budget.decode_examples)}
-    write_json_atomic(run_dir / "cell.json", record)
+    with StoreLock(run_dir, wait_s=LOCK_WAIT_S, waiting=print):
+        done = read_json(run_dir / "cell.json")
+        if done is not None and done.get("key") == key:  # the key holds the base fingerprint
+            return done, True
+        record = {"key": key, "init_fingerprint": prep.fingerprint, "run": run_dir.name,
+                  **train_and_evaluate(replace(probe, io=replace(probe.io, out=str(run_dir))), prep,
+                                       plan.budget.decode_examples)}
+        write_json_atomic(run_dir / "cell.json", record)
     return record, False
 
 

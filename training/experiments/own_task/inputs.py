@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tokweight.report.tables import fixed
 from tokweight.store.parts import sha256_path
-from tokweight.training.experiments.artefacts import Echo, Prepared, key_of
+from tokweight.training.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, key_of
 
 SPLITS = ("train", "val", "test")
 """The CVAE trains on train, validates on val and is reported on test."""
@@ -68,12 +68,13 @@ def check_store(store: Path, fingerprint: str, checkpoint: str) -> None:
 
 
 def extract_store(checkpoint: Checkpoint, data: Path, store: Path) -> bool:
-    """Write (or finish) the checkpoint's store over every split; True if it was complete already."""
+    """Write (or finish) the checkpoint's store over every split; True if it was complete already. Another job
+    extracting the same store is waited for (``LOCK_WAIT_S``)."""
     from tokweight.pipeline.extract import ExtractConfig
     from tokweight.pipeline.extract import run as extract
 
     done = extract(ExtractConfig(checkpoint=checkpoint.path, data=str(data), store=str(store),
-                                 template=checkpoint.template, progress=False))
+                                 template=checkpoint.template, progress=False, lock_wait_s=LOCK_WAIT_S))
     return done["nothing_to_do"]
 
 
