@@ -141,23 +141,29 @@ def pathway(cond: str, slots: int) -> str:
     return f"prefix-{slots}" if cond == "prefix" else cond
 
 
-def map_grid(root: Path, steps: int, seeds: int = 1) -> None:
-    """Point 2, reduced: pathway x 4 settings x {uniform, surprisal-share}, beta 0.3, the first ``seeds`` seeds."""
+def map_grid(root: Path, steps: int, seeds: int = 1, pathways: tuple[str, ...] = ()) -> None:
+    """Point 2, reduced: pathway x 4 settings x {uniform, surprisal-share}, beta 0.3, the first ``seeds`` seeds;
+    ``pathways`` (names as ``pathway`` gives them) runs some of MAP_PATHWAYS, into map-<their names>/."""
+    chosen = [(c, k) for c, k in MAP_PATHWAYS if not pathways or pathway(c, k) in pathways]
+    if not chosen:
+        raise SystemExit(f"--pathways: none of {list(pathways)} is a map pathway "
+                         f"({', '.join(pathway(c, k) for c, k in MAP_PATHWAYS)})")
     rows = []
-    for cond, slots in MAP_PATHWAYS:
+    for cond, slots in chosen:
         cells = [Cell(s.name, "discrete", cond, w, 0.3, seed) for seed in MAP_SEEDS[:seeds] for s in TASK.settings
                  for w in MAP_WEIGHTINGS]
         rows += [{**r, "pathway": pathway(cond, slots)}
                  for r in run_plan(cells, CellPlan(TASK.k, slots, budget(steps), RECIPE), root, "map")]
-    write_table(MAP_TABLE, rows, DOCS / "map")
-    (DOCS / "map" / "summary.md").write_text(map_summary(rows) + "\n")
-    print(map_summary(rows))
+    dest = DOCS / ("map" if len(chosen) == len(MAP_PATHWAYS) else "-".join(["map", *(pathway(*p) for p in chosen)]))
+    write_table(MAP_TABLE, rows, dest)
+    (dest / "summary.md").write_text(map_summary(rows, chosen) + "\n")
+    print(map_summary(rows, chosen))
     from tokweight.report.plots import save_figures
 
-    save_figures({"strategy_mi_map.png": plot_map(rows)}, DOCS / "map")
+    save_figures({"strategy_mi_map.png": plot_map(rows, chosen)}, dest)
 
 
-def map_summary(rows: list[dict]) -> str:
+def map_summary(rows: list[dict], pathways: list[tuple[str, int]]) -> str:
     """Per pathway and weighting, per setting: the seeds that kept z (I(z; strategy) >= ½ log S) and the
     mean I(z; strategy); then the mean l_t0 spread at step 0 and at the end."""
     from tokweight.report.tables import markdown_table
@@ -166,7 +172,7 @@ def map_summary(rows: list[dict]) -> str:
     settings = [s.name for s in TASK.settings]
     kept = 0.5 * math.log(TASK.k)
     lines = []
-    for cond, slots in MAP_PATHWAYS:
+    for cond, slots in pathways:
         for w in MAP_WEIGHTINGS:
             cells = {s: [r for r in rows if (r["pathway"], r["weighting"], r["setting"]) == (pathway(cond, slots), w, s)]
                      for s in settings}
@@ -179,13 +185,13 @@ def map_summary(rows: list[dict]) -> str:
                            "mean l_t0 spread, step 0 -> end (same order)"], lines)
 
 
-def plot_map(rows: list[dict]):
+def plot_map(rows: list[dict], pathways: list[tuple[str, int]]):
     """I(z; strategy) as a pathway x T/(t0+1) image (mean over the seeds run), one panel per weighting."""
     from tokweight.report.plots import figure
     from tokweight.training.experiments.results import mean_std
 
     ratios = sorted({(r["ratio_true"], r["setting"]) for r in rows})
-    names = [pathway(c, k) for c, k in MAP_PATHWAYS]
+    names = [pathway(c, k) for c, k in pathways]
     fig, axes = figure(len(MAP_WEIGHTINGS), width=4.8, height=3.8)
     for ax, w in zip(axes, MAP_WEIGHTINGS):
         value = {(p, s): mean_std([r["strategy_mi"] for r in rows if (r["weighting"], r["pathway"], r["setting"])
@@ -248,11 +254,16 @@ def main() -> None:
     parser.add_argument("phase", choices=sorted(PHASES))
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--seeds", type=int, default=1, help="map: how many of its seeds to run")
+    parser.add_argument("--pathways", default="", help="map: run only these of its pathways (comma-separated, "
+                        "e.g. memory,prefix-4)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
     run = PHASES[args.phase]
-    run(args.root, args.steps, args.seeds) if args.phase == "map" else run(args.root, args.steps)
+    if args.phase == "map":
+        run(args.root, args.steps, args.seeds, tuple(filter(None, args.pathways.split(","))))
+    else:
+        run(args.root, args.steps)
     print(f"[science] {args.phase} done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
