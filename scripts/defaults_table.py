@@ -21,6 +21,12 @@ The same K = 4 task with `train-base --preset default`'s base, which executes ev
 
     python scripts/defaults_table.py OUT --blocks k4-default --cap 1500
 
+What the merge of two strategies into two shared latent values at K = 4 responds to, one remedy field on
+top of the default per invocation (``estep.FIELD`` for the E-step's):
+
+    python scripts/defaults_table.py OUT --blocks k4-default --weightings surprisal-share --cap 600 \
+        --seeds 2,0,1 --remedy estep.prior=uniform
+
 The longest dilution, T/(t0+1) about 64 (x of 64 symbols, K = 2), with a base trained the usual way and
 one trained on the z-conditioned template at 4 slots only (`train-base --min-slots 4`):
 
@@ -34,6 +40,7 @@ of the same K = 4 task: `tokweight experiment --checkpoint ... --data ...` (READ
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections import Counter
 from dataclasses import replace
@@ -49,7 +56,7 @@ from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_m
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.training.experiments.results import write_table_run
 from tokweight.training.train_base import BASE_PRESETS
-from tokweight.training.train_config import OptimConfig
+from tokweight.training.train_config import OptimConfig, default_remedies
 
 WEIGHTINGS = ("uniform", "surprisal-share")
 BETA = 0.3  # the default's beta (BetaSchedule)
@@ -79,16 +86,41 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
 }
 
 
+def remedy_fields(specs: list[str], latent: str) -> tuple[tuple[str, object], ...]:
+    """``--remedy FIELD=VALUE`` options as a cell's RemedyConfig fields over the default's; VALUE is read as JSON
+    (a number, true, ...) or else taken as a string; ``estep.FIELD`` sets a field of the E-step's config."""
+    default = default_remedies(latent)
+    fields, estep = {}, {}
+    for spec in specs:
+        key, sep, text = spec.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--remedy {spec!r}: expected FIELD=VALUE, e.g. estep.prior=uniform")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        into, owner, name = (estep, default.estep, key[6:]) if key.startswith("estep.") else (fields, default, key)
+        into[name] = float(value) if isinstance(getattr(owner, name, None), float) and type(value) is int else value
+    try:
+        if estep:
+            fields["estep"] = replace(default.estep, **estep)
+        replace(default, **fields)  # checked here, not in a worker process
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"--remedy {' '.join(specs)}: {e}") from None
+    return tuple(fields.items())
+
+
 def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], cond: str, latent: str,
-              jobs: int, cap: int, echo=print) -> list[dict]:
+              jobs: int, cap: int, remedy: tuple[str, ...] = (), echo=print) -> list[dict]:
     task, setting = BLOCKS[name]
     prep = prepare_setting(task, setting, root / name, echo)
     plan = CellPlan(task.k, None, CellBudget(steps=cap, decode_examples=256), "default")
-    cells = [Cell(setting.name, latent, cond, w, BETA, s, group="grid" if latent == "discrete" else "continuous")
-             for w in weightings for s in seeds]
+    remedies = remedy_fields(list(remedy), latent)
+    cells = [Cell(setting.name, latent, cond, w, BETA, s, group="grid" if latent == "discrete" else "continuous",
+                  remedies=remedies) for w in weightings for s in seeds]
     rows = run_cells(cells, {setting.name: prep}, plan, root / name, echo, jobs)
     return [{"block": name, "cond": cond, "latent": latent, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"],
-             **r} for r in rows]
+             **{k: v for k, v in r.items() if k != "estep"}, "remedy": " ".join(remedy)} for r in rows]
 
 
 def table(rows: list[dict]) -> str:
@@ -102,8 +134,8 @@ def table(rows: list[dict]) -> str:
 
         first = group[0]
         stops = Counter(r.get("stop") or "cap" for r in group)
-        label = ", ".join([block] + [first[k] for k in ("cond", "latent")
-                                     if first.get(k) not in (None, "prefix", "discrete")])
+        label = ", ".join([block] + [first[k] for k in ("cond", "latent", "remedy")
+                                     if first.get(k) not in (None, "", "prefix", "discrete")])
         out.append([label, str(first["k"]), f"{first['ratio_true']:.1f}", f"{first['b_after_t0']:.3f}", weighting,
                     " / ".join(str(count.get(o, 0)) for o in OUTCOMES),
                     ", ".join(f"{n} {reason}" for reason, n in sorted(stops.items())), ms("mi"), ms("strategy_mi"),
@@ -132,6 +164,8 @@ def main() -> None:
     ap.add_argument("--weightings", default=",".join(WEIGHTINGS))
     ap.add_argument("--cond", default="prefix", help="z pathway (the default's: prefix)")
     ap.add_argument("--latent", default="discrete", choices=("discrete", "continuous"))
+    ap.add_argument("--remedy", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a RemedyConfig field over the default's, estep.FIELD for the E-step's (repeatable)")
     ap.add_argument("--cap", type=int, default=OptimConfig.steps, help="step cap per cell (the stop rule ends most "
                     "runs before it)")
     args = ap.parse_args()
@@ -140,13 +174,14 @@ def main() -> None:
     start = time.perf_counter()
     weightings = tuple(args.weightings.split(","))
     rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, weightings, args.cond,
-                                                                    args.latent, args.jobs, args.cap)]
+                                                                    args.latent, args.jobs, args.cap,
+                                                                    tuple(args.remedy))]
     wall = time.perf_counter() - start
     write_table_run(args.out, "defaults_table", rows, table(rows),
                     f"Seeds {list(seeds)}, beta {BETA}, cap {args.cap} steps, {len(rows)} cells; wall time "
                     f"{wall / 60:.1f} min (`python scripts/defaults_table.py {args.out} --jobs {args.jobs} --cap "
                     f"{args.cap} --blocks {args.blocks} --weightings {args.weightings} --cond {args.cond} "
-                    f"--latent {args.latent}`).")
+                    f"--latent {args.latent}{''.join(f' --remedy {r}' for r in args.remedy)}`).")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # i
 
 Loss = tuple[tuple[str, float], ...]
 """LossConfig fields as (name, value) pairs."""
-Remedies = tuple[tuple[str, float], ...]
+Remedies = tuple[tuple[str, object], ...]  # RemedyConfig fields and values (estep: an EStepConfig)
 """RemedyConfig fields as (name, value) pairs."""
 
 
