@@ -39,8 +39,8 @@ PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # i
 
 Loss = tuple[tuple[str, float], ...]
 """LossConfig fields as (name, value) pairs."""
-Remedies = tuple[tuple[str, object], ...]  # RemedyConfig fields and values (estep: an EStepConfig)
-"""RemedyConfig fields as (name, value) pairs."""
+Remedies = tuple[tuple[str, object], ...]
+"""RemedyConfig fields as (name, value) pairs (the E-step's value an EStepConfig)."""
 
 
 @dataclass(frozen=True)
