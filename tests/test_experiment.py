@@ -82,7 +82,7 @@ def test_rerun_reuses_every_artefact_and_gives_the_same_table(quick_run):
 
 
 def test_a_cell_another_job_is_training_is_waited_for_then_reused(quick_run, monkeypatch):
-    """Two jobs on one root: the second finds the cell's run locked, waits (the waiting message is the fault
+    """Two jobs on one root: the second finds the cell's run locked, waits (its waiting message is the fault
     hook: there the first job finishes and lets go), then reuses its record instead of training it again."""
     root, first, _ = quick_run
     cfg = quick_cfg(root)
@@ -104,7 +104,7 @@ def test_a_cell_another_job_is_training_is_waited_for_then_reused(quick_run, mon
         other_job.release()
 
     monkeypatch.setattr(cells, "LOCK_WAIT_S", math.inf)
-    monkeypatch.setattr(cells, "print", other_job_finishes, raising=False)
+    monkeypatch.setattr(cells, "tell_waiting", other_job_finishes)
     done, reused = cells.run_cell(cell, prep, cfg.plan, root)
     assert reused and done == json.loads(record) and len(told) == 1 and "waiting" in told[0]
 

@@ -165,12 +165,17 @@ def init_gradients(run_dir: Path) -> dict:
             "l_t0_spread_end": train[-1].get("l_t0_spread") if train else None}
 
 
+def tell_waiting(message: str) -> None:
+    """What a cell waiting for another job's lock prints: it runs in a pool worker, which has no echo."""
+    print(message, flush=True)
+
+
 def run_cell(cell: Cell, prep: Prepared, plan: CellPlan, root: Path) -> tuple[dict, bool]:
     """(the cell's record, reused). Trains (or resumes) and evaluates unless a record with its key exists."""
     probe = train_config(cell, prep, plan, Path())
     key = cell_key(probe, prep, plan.budget.decode_examples)
     run_dir = root / "runs" / f"{cell.setting}-{key}"
-    with StoreLock(run_dir, wait_s=LOCK_WAIT_S, waiting=print):
+    with StoreLock(run_dir, wait_s=LOCK_WAIT_S, waiting=tell_waiting):
         done = read_json(run_dir / "cell.json")
         if done is not None and done.get("key") == key:  # the key holds the base fingerprint
             return done, True
