@@ -17,9 +17,10 @@ decodes cover and whether a latent value means one strategy across inputs:
 
     python scripts/defaults_table.py OUT --blocks k4-long,k8-long --cap 1500
 
-The same K = 4 task with `train-base --preset default`'s base, which executes every strategy:
+The same K = 4 and K = 8 tasks with `train-base --preset default`'s base, which executes the strategies:
 
     python scripts/defaults_table.py OUT --blocks k4-default --cap 1500
+    python scripts/defaults_table.py OUT --blocks k8-default --weightings surprisal-share,uniform --cap 600
 
 What the merge of two strategies into two shared latent values at K = 4 responds to, one remedy field on
 top of the default per invocation (``estep.FIELD`` for the E-step's):
@@ -72,10 +73,11 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
     **{f"k{len(names)}-long": (TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=names),
                                           base=base_model(3000, lr=2e-3)), LONG)
        for names in (DEFAULT_STRATEGIES, tuple(STRATEGIES))},
-    # the same K = 4 task with `train-base --preset default`'s base (3 layers, d 128: 0.025 nats after t0),
+    # the same tasks with `train-base --preset default`'s base (3 layers, d 128: 0.025 nats after t0 at K = 4),
     # one that executes every strategy
-    "k4-default": (TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=DEFAULT_STRATEGIES),
-                              base=base_model(**DEFAULT_BASE)), LONG),
+    **{f"k{len(names)}-default": (TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=names),
+                                             base=base_model(**DEFAULT_BASE)), LONG)
+       for names in (DEFAULT_STRATEGIES, tuple(STRATEGIES))},
     # its base reads the z-conditioned template at 3.19 nats per token (2.49 at 3000 steps): docs/results.md
     "k2-n64": (TaskConfig(settings=(H0_N64,), base=base_model(1500)), H0_N64),
     # the same with a base trained on the z-conditioned template at the CVAE's 4 slots only
