@@ -210,3 +210,26 @@ def test_continuous_slots_start_at_the_mean_latent_row_spread_by_the_norm():
     with pytest.raises(ValueError, match="orthogonal"):
         Conditioning("prefix", 1, 8, 0, 8, True, memory_shape=(1, 1, 8)).init_slots(torch.ones(8), 1.0,
                                                                                       torch.Generator())
+
+
+def test_continuous_nll_under_the_own_value_is_at_the_posterior_mean_whatever_its_spread():
+    """eval's token-mean NLL (``validation.matched_nll``) for a Gaussian z is the decoder's at mu, one copy per
+    example, as written in by hand; widening q moves the draws' NLL but not it."""
+    from tokweight.training.validation import matched_nll
+    cfg = CVAEConfig(latent="continuous", z_dim=2, cond="prefix", slots=2, samples=3, **LAST)
+    model, batch = make(cfg)
+    out = model(batch, generator=torch.Generator().manual_seed(0))
+    own = matched_nll(model, batch, out)
+    bb, cond = model.backbone, model.conditioning
+    for i, s in enumerate(SAMPLES):
+        ids = hand_ids(s, [VOCAB.latent_id(0)] * cfg.slots)
+        zpos = ids.index(VOCAB.id("<z>"))
+        emb = bb.wte(torch.tensor([ids])).clone()
+        emb[0, zpos + 1: zpos + 1 + cfg.slots] = cond.slot_proj(out.post[0][i]).view(cfg.slots, 16)
+        logits, _ = bb(torch.tensor([ids]), tok_emb=emb)
+        torch.testing.assert_close(own[i].double(), hand_nll(logits[0], ids).sum(), rtol=1e-6, atol=1e-6)  # float32 l_t
+    with torch.no_grad():
+        model.latent.head.bias[cfg.z_dim:] += 4.0  # log-variance up by 4: the draws scatter e^2 times as far
+    wide = model(batch, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(matched_nll(model, batch, wide), own)
+    assert (wide.nll.sum(-1) - out.nll.sum(-1)).abs().max() > 1e-3  # the draws' NLL did move

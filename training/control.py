@@ -37,9 +37,9 @@ greedy decode under every value alike; only a z that the decoder uses and the po
 value the edge."""
 NLL_TOLERANCE = 0.05
 """Nats per token the decoder may lose against the base model and still count as whole."""
-WHOLE_RULE = (f"decoder whole: under each example's own latent value (argmax q; continuous: its cluster) the exact "
-              f"match is at least the base model's greedy exact match on the same examples, and the token-mean NLL "
-              f"is within {NLL_TOLERANCE} nats of the base's")
+WHOLE_RULE = (f"decoder whole: under each example's own latent value (argmax q; continuous: its cluster's centre for "
+              f"the decode, its posterior mean for the NLL) the exact match is at least the base model's greedy exact "
+              f"match on the same examples, and the token-mean NLL is within {NLL_TOLERANCE} nats of the base's")
 OUTCOMES = ("z used, decoder whole", "z used, decoder damaged", "z not used")
 
 

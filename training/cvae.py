@@ -122,9 +122,11 @@ class CVAE(nn.Module):
         return hidden_free[rows, frame.pos(batch.last_pos)]
 
     def forward(self, batch: TrainBatch, generator: torch.Generator | None = None,
-                global_batch: GlobalBatch = LOCAL) -> CVAEOutput:
+                global_batch: GlobalBatch = LOCAL, *, at_posterior_mean: bool = False) -> CVAEOutput:
         """``generator`` draws a continuous latent's noise for the whole ``global_batch``, so an
-        example's noise does not depend on how many ranks share the step."""
+        example's noise does not depend on how many ranks share the step. ``at_posterior_mean``: a
+        continuous latent's decoder runs one copy per example at its posterior's mean instead of the draws
+        (eval's NLL under the example's own latent value)."""
         free, cond = batch.zfree, batch.zcond
         B = len(batch)
         frame = Frame.shared(self.backbone, batch) if self.shares_prefix else Frame()
@@ -135,8 +137,9 @@ class CVAE(nn.Module):
         with torch.no_grad():
             zfree_nll = nll_over_s(self.backbone, hidden_free, frame.pos(free.logit_pos), free.targets, free.mask)
 
-        C = self.latent.copies  # example i's copies are rows i*C .. i*C + C-1
-        z, slot_ids = self.latent.decoder_inputs(post, generator, global_batch)
+        z, slot_ids = (self.latent.mean_inputs(post) if at_posterior_mean
+                       else self.latent.decoder_inputs(post, generator, global_batch))
+        C = len(z) // B  # example i's copies are rows i*C .. i*C + C-1
         rep = lambda t: t.repeat_interleave(C, 0)
         cond_ids = frame.ids(cond.input_ids, free_len + batch.slot_pos.shape[1] + 2)  # + <z> slots </z>
         ids, kwargs = self.conditioning.decoder_inputs(self.backbone, rep(cond_ids), rep(frame.pos(batch.slot_pos)),

@@ -126,6 +126,10 @@ class GaussianLatent(nn.Module):
         noise = global_batch.rows(torch.randn(shape, generator=generator, dtype=mu.dtype, device="cpu")).to(mu.device)
         return (mu[:, None] + (0.5 * logvar[:, None]).exp() * noise).view(B * self.copies, D), None
 
+    def mean_inputs(self, post) -> tuple[torch.Tensor, None]:
+        """One copy per example at the posterior's mean: (B, D)."""
+        return post[0], None
+
     def expectation(self, R: torch.Tensor, post) -> torch.Tensor:
         return R.mean(-1)  # (B,) a Monte-Carlo estimate of E_q[R] over the samples
 

@@ -81,17 +81,18 @@ def evaluate_pass(model: CVAE, batches: Iterable[TrainBatch | Skips], scoring: S
         post, logvar = (out.post.exp(), None) if discrete else out.post  # q (B, K), or mu and logvar (B, D)
         mask = batch.zfree.mask
         records.add(recon, recon_u, example_kl(kl), post, list(batch.strategies), degenerate, logvar,
-                    nll_matched=matched_nll(out, discrete), b_sum=(b * mask).sum(1), tokens=mask.sum(1),
+                    nll_matched=matched_nll(model, batch, out), b_sum=(b * mask).sum(1), tokens=mask.sum(1),
                     keys=list(batch.keys))
     model.train()
     return records
 
 
-def matched_nll(out, discrete: bool) -> torch.Tensor:
+def matched_nll(model: CVAE, batch: TrainBatch, out) -> torch.Tensor:
     """(B,) nats: sum over S of l_t under each example's own latent value, the one its posterior picks
-    (discrete: argmax q; continuous: the posterior sample the pass drew). Masked positions hold 0."""
-    if not discrete:
-        return out.nll[:, 0].sum(-1)
+    (discrete: argmax q; continuous: the posterior's mean, one more decoder pass). Not a draw: a draw's
+    NLL measures how far q's noise carries z, not the decoder eval's decodes judge. Masked positions hold 0."""
+    if model.latent.kind == "continuous":
+        return model(batch, at_posterior_mean=True).nll[:, 0].sum(-1)
     k = out.post.argmax(1)  # (B,)
     return out.nll[torch.arange(len(k)), k].sum(-1)
 
