@@ -5,6 +5,7 @@ import runpy
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "scripts").glob("*.py"))
@@ -28,3 +29,19 @@ def test_defaults_table_reads_a_remedy_over_the_default_and_refuses_a_bad_one():
                          (["estep.nope=1"], "nope")):
         with pytest.raises(SystemExit, match=message):
             remedy_fields(bad, "discrete")
+
+
+def test_merge_probe_recovers_a_planted_order_and_finds_the_shared_values():
+    probe = runpy.run_path(str(SCRIPTS[0].parent / "merge_probe.py"))
+    rng = np.random.default_rng(0)
+    rank = rng.permutation(16)  # the planted order: symbol i scores rank[i]
+    first_a, first_b = rng.integers(0, 16, 400), rng.integers(0, 16, 400)
+    keep = first_a != first_b
+    first_a, first_b = first_a[keep], first_b[keep]
+    chose_a = rank[first_a] > rank[first_b]
+    accuracy, scores = probe["order_accuracy"](first_a, first_b, chose_a, 16)
+    assert accuracy > 0.95 and np.corrcoef(scores, rank)[0, 1] > 0.9
+    coin = rng.random(len(chose_a)) < 0.5  # a choice no order predicts
+    assert probe["order_accuracy"](first_a, first_b, coin, 16)[0] < 0.65
+    hits = [["copy", "reverse", "sort"], ["reverse", "copy", None], ["copy", "copy", "sort"], ["reverse", None, "sort"]]
+    assert probe["shared_pairs"](hits, ["copy", "reverse", "sort"]) == [(0, "copy", "reverse"), (1, "copy", "reverse")]

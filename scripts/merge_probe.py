@@ -1,0 +1,120 @@
+"""What two latent values that share two strategies decode (docs/results.md, "What the merge is"). For a
+trained run on synthetic data: each latent value's greedy decodes of a split's inputs and the strategy each
+executes (eval's ``strategy_execution``); then, for every value whose decodes execute both strategies a and b
+of a pair, on at least a fifth of its a-or-b decodes each:
+
+- how often another value executes the other one of the pair on the same input (the two values split the
+  pair between them per input);
+- whether the value chooses by an order of the symbols: a logistic regression of "executes a" on
+  one-hot(a(x)[0]) - one-hot(b(x)[0]), a score per symbol (a when its first symbol scores higher), its
+  accuracy on the held-out half of the inputs (2-fold), and the order of the scores fitted on all of them.
+
+    python scripts/merge_probe.py RUN DATA [--split test] [--examples 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.optimize import minimize
+
+from tokweight.pipeline.labels import load_labels
+from tokweight.training.control import strategy_execution
+from tokweight.training.generate import GenerateConfig, run as generate
+from tokweight.training.train_base import load_split
+
+SHARED = 0.2  # the smaller strategy's least share of a value's a-or-b decodes for the value to count as shared
+L2 = 0.1  # on the symbol scores: a symbol seen on one side only would otherwise score without bound
+
+
+def fit_scores(first_a: np.ndarray, first_b: np.ndarray, chose_a: np.ndarray, n_symbols: int) -> np.ndarray:
+    """(n_symbols + 1,) symbol scores and a bias: the L2-penalised logistic regression of chose_a on
+    one-hot(first_a) - one-hot(first_b)."""
+    X = np.c_[np.eye(n_symbols)[first_a] - np.eye(n_symbols)[first_b], np.ones(len(first_a))]
+    sign = np.where(chose_a, 1.0, -1.0)
+
+    def loss(w):
+        margin = sign * (X @ w)
+        grad = -(X * (sign / (1 + np.exp(margin)))[:, None]).sum(0) + L2 * np.r_[w[:-1], 0]
+        return np.logaddexp(0, -margin).sum() + 0.5 * L2 * w[:-1] @ w[:-1], grad
+
+    return minimize(loss, np.zeros(n_symbols + 1), jac=True, method="L-BFGS-B").x
+
+
+def predicts(w: np.ndarray, first_a: np.ndarray, first_b: np.ndarray) -> np.ndarray:
+    return w[first_a] - w[first_b] + w[-1] > 0
+
+
+def order_accuracy(first_a, first_b, chose_a, n_symbols: int, seed: int = 0) -> tuple[float, np.ndarray]:
+    """(held-out accuracy of the fit, 2-fold mean; the symbol scores fitted on every input)."""
+    halves = np.array_split(np.random.default_rng(seed).permutation(len(chose_a)), 2)
+    accuracy = [np.mean(predicts(fit_scores(first_a[fit], first_b[fit], chose_a[fit], n_symbols),
+                                 first_a[held], first_b[held]) == chose_a[held])
+                for fit, held in (halves, halves[::-1])]
+    return float(np.mean(accuracy)), fit_scores(first_a, first_b, chose_a, n_symbols)[:-1]
+
+
+def shared_pairs(hits: list[list[str | None]], names: list[str]) -> list[tuple[int, str, str]]:
+    """(value, a, b) for each value whose a-or-b decodes are each at least ``SHARED`` of them."""
+    out = []
+    for v in range(len(hits[0])):
+        for a, b in combinations(names, 2):
+            n_a, n_b = (sum(row[v] == s for row in hits) for s in (a, b))
+            if n_a + n_b and min(n_a, n_b) >= SHARED * (n_a + n_b):
+                out.append((v, a, b))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("data", type=Path)
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--examples", type=int, default=512)
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # a small model on a shared machine
+    labels = load_labels(args.data)
+    if labels.synth is None:
+        raise SystemExit(f"{args.data}/dataset.json: not a tokweight synth dataset; the probe needs s(x) for "
+                         f"every strategy s (run it on data made by `tokweight synth`)")
+    samples = load_split(args.data, args.split)[: args.examples]
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs, outputs = Path(tmp, "in.jsonl"), Path(tmp, "out.jsonl")
+        inputs.write_text("".join(json.dumps({"key": s.key, "x": list(s.x)}) + "\n" for s in samples))
+        continuous = json.loads((args.run / "config.json").read_text())["cvae"]["latent"] == "continuous"
+        generate(GenerateConfig(str(args.run), str(inputs), str(outputs), data=str(args.data) if continuous else None,
+                                split=args.split))
+        decodes = [[tuple(y) for y in json.loads(line)["outputs"]] for line in outputs.read_text().splitlines()]
+    execution, hits = strategy_execution(samples, decodes, labels)
+    names = sorted(labels.outputs(samples[0].x))
+    print(f"{args.run}: {len(samples)} inputs of {args.data} ({args.split}), {len(decodes[0])} latent values")
+    for v, shares in execution["executes"].items():
+        print(f"value {v}: " + ", ".join(f"{n} {share:.2f}" for n, share in shares.items() if share >= 0.01))
+    symbols = {s: i for i, s in enumerate(sorted({t for s in samples for t in s.x}))}
+    for v, a, b in shared_pairs(hits, names):
+        rows = [(s, row) for s, row in zip(samples, hits) if row[v] in (a, b)]
+        for w in range(len(decodes[0])):
+            both = [row for _, row in rows if w != v and row[w] in (a, b)]
+            if len(both) >= 0.1 * len(samples):
+                print(f"value {v} ({a} or {b}) and value {w}: on the {len(both)} inputs where both execute one, "
+                      f"different ones on {np.mean([row[v] != row[w] for row in both]):.2f}")
+        cands = [labels.outputs(s.x) for s, _ in rows]
+        apart = [i for i, c in enumerate(cands) if c[a][0] != c[b][0]]  # a and b begin alike: no choice at t0
+        first_a = np.array([symbols[cands[i][a][0]] for i in apart])
+        first_b = np.array([symbols[cands[i][b][0]] for i in apart])
+        chose_a = np.array([rows[i][1][v] == a for i in apart])
+        accuracy, scores = order_accuracy(first_a, first_b, chose_a, len(symbols))
+        order = " > ".join(sorted(symbols, key=lambda s: -scores[symbols[s]]))
+        print(f"value {v} executes {a} on {chose_a.mean():.2f} of its {len(apart)} {a}-or-{b} decodes whose first "
+              f"symbols differ; an order of the two first symbols predicts which on {accuracy:.3f} of held-out "
+              f"inputs ({a} when its first symbol ranks higher: {order})")
+
+
+if __name__ == "__main__":
+    main()
