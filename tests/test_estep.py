@@ -125,6 +125,29 @@ def test_label_mode_assigns_the_true_strategy_whatever_r_says():
         assignment(R, torch.zeros(3, 2), EStepConfig(mode="label"))
 
 
+def test_labelled_examples_take_their_label_and_the_rest_the_e_step():
+    from tokweight.training.estep import labelled_indices
+
+    keys = [f"k{i}" for i in range(2000)]
+    strategies = ["copy" if i % 2 else "reverse" for i in range(2000)]
+    strategies[7] = None  # no label: never labelled, whatever its key
+    share = labelled_indices(strategies, ("copy", "reverse"), keys, 0.1)
+    assert 0.08 < (share >= 0).float().mean() < 0.12 and share[7] == -1
+    assert all(share[i] == (0 if i % 2 else 1) for i in range(2000) if share[i] >= 0)
+    assert torch.equal(labelled_indices(strategies[::-1], ("copy", "reverse"), keys[::-1], 0.1), share.flip(0))
+    assert (labelled_indices(strategies, ("copy", "reverse"), keys, 0.0) == -1).all()
+    with pytest.raises(ValueError, match="example 'k0': strategy 'sort'"):  # a picked label must be a strategy
+        labelled_indices(["sort"] * 4, ("copy", "reverse"), ["k0", "k1", "k2", "k3"], 1.0)
+    R = torch.tensor([[5.0, 0.0], [9.0, 0.0], [0.0, 1.0]])  # the E-step prefers k = 1, 1, 0
+    for mode in ("soft", "hard"):
+        cfg = EStepConfig(mode=mode, temperature=0.1, labelled=0.5)
+        a = assignment(R, torch.zeros(3, 2), cfg, labels=torch.tensor([0, -1, -1]))
+        assert a[0].tolist() == [1.0, 0.0]  # labelled: its label, against R
+        torch.testing.assert_close(a[1:], assignment(R, torch.zeros(3, 2), cfg)[1:])
+    with pytest.raises(ValueError, match="only in mode soft or hard"):
+        EStepConfig(mode="label", labelled=0.1)
+
+
 def test_an_example_without_a_known_strategy_is_refused_by_key():
     from tokweight.training.estep import strategy_indices
 
@@ -189,7 +212,8 @@ def test_a_continuous_e_step_is_refused_what_it_cannot_do():
     assert TrainConfig(io=io, cvae=continuous).remedies.estep.mode == "hard"  # the default recipe
     for estep, match in ((EStepConfig(mode="label"), "mode soft or hard"),
                          (EStepConfig(mode="soft", prior="learned", balance_iters=3), "balance_iters 0"),
-                         (EStepConfig(mode="hard"), "prior 'learned'")):
+                         (EStepConfig(mode="hard"), "prior 'learned'"),
+                         (EStepConfig(mode="hard", prior="learned", labelled=0.1), "labelled 0")):
         with pytest.raises(ValueError, match=match):
             TrainConfig(io=io, cvae=continuous, remedies=RemedyConfig(estep=estep))
     with pytest.raises(ValueError, match="samples >= 2"):

@@ -183,3 +183,18 @@ def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):
         LossConfig(anchor_weight=-1.0)
     late = LossConfig(anchor_weight=2.0, anchor_start_step=3)
     assert [late.anchor_weight_at(s) for s in (0, 2, 3, 9)] == [0.0, 0.0, 2.0, 2.0]
+
+
+def test_labelled_examples_reach_the_e_step_as_their_strategies_index(tiny, tmp_path, monkeypatch):
+    from tokweight.pipeline.synth import load_synth_config
+    from tokweight.training import estep
+
+    cfg = config(tiny, tmp_path)
+    cfg = remedies(cfg, estep=replace(cfg.remedies.estep, labelled=1.0))
+    names = tuple(load_synth_config(tiny[0]).strategies)
+    seen, real = [], estep.strategy_indices
+    monkeypatch.setattr(estep, "strategy_indices", lambda s, n, k: seen.append((list(s), n)) or real(s, n, k))
+    run(replace(cfg, optim=replace(cfg.optim, steps=2)))
+    assert len(seen) == 2 and all(n == names for _, n in seen)  # every example of both steps, in the data's order
+    assert sum(map(len, (s for s, _ in seen))) == 2 * cfg.optim.batch_size
+    assert json.loads((tmp_path / "config.json").read_text())["remedies"]["estep"]["labelled"] == 1.0

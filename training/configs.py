@@ -117,6 +117,11 @@ class EStepConfig:
     """Weight of the distillation cross-entropy -sum_k a(k) log q(k) training the amortised posterior."""
     until_step: int = 0
     """E-step objective for steps < until_step, then the plain objective (a warm start); 0: every step."""
+    labelled: float = 0.0
+    """Soft and hard modes: the share of the examples with a strategy label (picked by a hash of the key, the
+    same ones every step) whose assignment is their label's value (the one-hot of its index in the dataset's
+    strategies) instead of q*'s; 0: none. A few labels tie each value to one strategy, which the objective
+    alone cannot (docs/results.md, "What the merge is")."""
 
     def __post_init__(self):
         if self.mode not in ESTEP_MODES:
@@ -125,6 +130,9 @@ class EStepConfig:
             raise ValueError(f"estep prior must be one of {ESTEP_PRIORS}, got {self.prior!r}")
         if not self.temperature > 0 or self.balance_iters < 0 or self.posterior_weight < 0 or self.until_step < 0:
             raise ValueError("need temperature > 0, balance_iters >= 0, posterior_weight >= 0, until_step >= 0")
+        if not 0 <= self.labelled <= 1 or (self.labelled and self.mode not in ("soft", "hard")):
+            raise ValueError(f"estep labelled must be a share in [0, 1], and only in mode soft or hard (mode "
+                             f"{self.mode!r}, labelled {self.labelled})")
 
     def active(self, step: int) -> bool:
         return self.mode != "off" and (self.until_step == 0 or step < self.until_step)

@@ -26,6 +26,7 @@ be *found* (the collapse-threshold sweep, training/experiments/sweep.py).
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,8 @@ def sinkhorn(log_scores: torch.Tensor, iters: int) -> torch.Tensor:
 def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float = 0.0,
                labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL) -> torch.Tensor:
     """The E-step's (B, K) weights of the decoder copies, detached: soft q*, its hard argmax, or
-    (mode "label") the one-hot of ``labels`` (B,) strategy indices.
+    (mode "label") the one-hot of ``labels`` (B,) strategy indices. In the other modes ``labels`` (B,), when
+    given, fixes the rows whose index is >= 0 to its one-hot (the labelled examples); -1: q*'s.
 
     R (B, K) nats per copy; log_prior (B, K) the learned prior (ignored under prior "uniform");
     beta: the step's KL weight, the temperature under ``follow_beta`` (hard at beta = 0).
@@ -76,6 +78,9 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
     a = batch.rows(sinkhorn(batch.gather(log_q), cfg.balance_iters)) if cfg.balance_iters else log_q.exp()
     if hard:
         a = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
+    if labels is not None:
+        labels = labels.to(R.device)
+        a = torch.where(labels[:, None] >= 0, F.one_hot(labels.clamp(min=0), R.shape[-1]).to(R.dtype), a)
     return a
 
 
@@ -89,6 +94,18 @@ def strategy_indices(strategies, names: tuple[str, ...], keys) -> torch.Tensor:
         raise ValueError(f"example {key!r}: strategy {s!r} is not one of the dataset's {list(names)} "
                          f"({len(bad)} such examples in the batch)")
     return torch.tensor([index[s] for s in strategies])
+
+
+def labelled_indices(strategies, names: tuple[str, ...], keys, share: float) -> torch.Tensor:
+    """(B,) the strategy index of each labelled example, -1 for the rest. Labelled: it has a strategy and its
+    key hashes into the first ``share`` of [0, 1) (the same examples every step, on every rank); a strategy
+    not in ``names`` is refused by its key, as in ``strategy_indices``."""
+    picked = [s is not None and zlib.crc32(str(key).encode()) < share * 2 ** 32 for key, s in zip(keys, strategies)]
+    out = torch.full((len(picked),), -1, dtype=torch.long)
+    if any(picked):
+        rows = [i for i, p in enumerate(picked) if p]
+        out[rows] = strategy_indices([strategies[i] for i in rows], names, [keys[i] for i in rows])
+    return out
 
 
 def distillation(log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

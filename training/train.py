@@ -43,7 +43,7 @@ from tokweight.training.conditioning import token_key_values
 from tokweight.training.cvae import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed, objective,
                                      spread_latent_embeddings, token_row_spread)
 from tokweight.training.data import StoreRef, StreamSpec, TrainBatch, extract_command, shards_without_rows, split_urls
-from tokweight.training.estep import EStepConfig, em_objective, strategy_indices
+from tokweight.training.estep import EStepConfig, em_objective, labelled_indices, strategy_indices
 from tokweight.training.faults import NO_HOOKS, Hooks
 from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
@@ -72,7 +72,7 @@ class State:
     device: torch.device
     meta: dict  # the run's part of the checkpoint's state.json (run_dir.save_checkpoint)
     step: int = 0
-    strategy_names: tuple[str, ...] = ()  # estep mode "label": latent value k is strategy_names[k]
+    strategy_names: tuple[str, ...] = ()  # an E-step that reads labels: latent value k is strategy_names[k]
     skips: Skips = field(default_factory=Skips)  # samples this rank's streams left out (train and val), per shard
     convergence: Convergence = field(default_factory=Convergence)  # the stop rule's state
     stop: str | None = None  # why the run stopped: "converged" or "step cap"; None while it trains
@@ -237,15 +237,17 @@ def check_store_holds(io: IOConfig, policy: str, view, urls) -> None:
 
 
 def label_names(cfg: TrainConfig) -> tuple[str, ...]:
-    """The dataset's strategies in its labels' order (estep mode "label" only; empty otherwise)."""
-    if cfg.remedies.estep.mode != "label":
+    """The dataset's strategies in its labels' order (an E-step that reads labels only; empty otherwise)."""
+    estep = cfg.remedies.estep
+    if estep.mode != "label" and not estep.labelled:
         return ()
+    what = 'estep mode "label"' if estep.mode == "label" else f"estep labelled {estep.labelled}"
     strategies = load_labels(cfg.io.data).strategies
     if not strategies:
-        raise ValueError(f'estep mode "label" needs a dataset whose {Path(cfg.io.data) / "dataset.json"} '
+        raise ValueError(f'{what} needs a dataset whose {Path(cfg.io.data) / "dataset.json"} '
                          "lists its strategies (tokweight synth, or tokweight convert of labelled lines)")
     if len(strategies) > cfg.cvae.k:
-        raise ValueError(f'estep mode "label": {len(strategies)} strategies {list(strategies)} '
+        raise ValueError(f"{what}: {len(strategies)} strategies {list(strategies)} "
                          f"need k >= {len(strategies)}, got k={cfg.cvae.k}")
     return strategies
 
@@ -302,7 +304,10 @@ def step_terms(state: State, batch: TrainBatch, loss: LossConfig, remedies: Reme
     out = model(batch, generator=sample_generator(optim.seed, step), global_batch=state.global_batch)
     b, pi, degenerate = step_weights(state, batch, out, loss)
     beta, em = loss.beta.at(step), remedies.estep.active(step)
-    labels = strategy_indices(batch.strategies, state.strategy_names, batch.keys) if em and state.strategy_names else None
+    labels = None
+    if em and state.strategy_names:
+        labels = (strategy_indices(batch.strategies, state.strategy_names, batch.keys) if remedies.estep.mode == "label"
+                  else labelled_indices(batch.strategies, state.strategy_names, batch.keys, remedies.estep.labelled))
     obj = step_objective(model.latent, out, pi=pi, beta=beta, free_bits=loss.free_bits,
                          estep=remedies.estep if em else None, labels=labels, batch=state.global_batch)
     return StepTerms(out, b, pi, degenerate, obj, anchored(model, out, b, batch.zfree.mask, loss), beta, em)

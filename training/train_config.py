@@ -161,15 +161,15 @@ class RemedyConfig:
 
     def check_latent(self, latent: str, samples: int) -> None:
         """Refuse what a continuous latent's E-step cannot do: it weighs draws of z, not values that mean
-        strategies (no label mode), nor values a batch can be balanced over (no Sinkhorn), and its
+        strategies (no label mode, no labelled examples), nor values a batch can be balanced over (no Sinkhorn), and its
         importance weights need the prior the model has, and more than one draw to choose among."""
         estep = self.estep
         if latent == "discrete" or estep.mode == "off":
             return
-        if estep.mode == "label" or estep.balance_iters or estep.prior != "learned":
+        if estep.mode == "label" or estep.labelled or estep.balance_iters or estep.prior != "learned":
             raise ValueError("a continuous latent's E-step weighs its draws of z: it takes mode soft or hard with "
-                             f"prior 'learned' and balance_iters 0, not mode {estep.mode!r}, prior {estep.prior!r}, "
-                             f"balance_iters {estep.balance_iters}")
+                             f"prior 'learned', balance_iters 0 and labelled 0, not mode {estep.mode!r}, prior "
+                             f"{estep.prior!r}, balance_iters {estep.balance_iters}, labelled {estep.labelled}")
         if samples < 2:
             raise ValueError(f"a continuous latent's E-step chooses among its draws: set samples >= 2, not {samples}")
 
