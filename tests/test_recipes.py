@@ -185,6 +185,26 @@ def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):
     assert [late.anchor_weight_at(s) for s in (0, 2, 3, 9)] == [0.0, 0.0, 2.0, 2.0]
 
 
+def test_train_labelled_sets_the_default_e_steps_share_and_refuses_a_bad_one(tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from tokweight.training.train_cli import train
+    from tokweight.training.train_config import default_remedies
+
+    data, ckpt = tiny
+    args = ["--checkpoint", str(ckpt), "--data", str(data), "--policy", "frozen", "--steps", "2", "--batch-size", "4",
+            "--num-workers", "0"]
+    result = CliRunner().invoke(train, args + ["--out", str(tmp_path / "a"), "--labelled", "0.2"])
+    assert result.exit_code == 0, result.output
+    saved = TrainConfig.from_json(json.loads((tmp_path / "a" / "config.json").read_text()))
+    default = default_remedies("discrete")
+    assert saved.remedies == replace(default, estep=replace(default.estep, labelled=0.2))
+    for bad, message in ((["--labelled", "1.5"], "labelled must be a share in [0, 1]"),
+                         (["--labelled", "0.2", "--latent", "continuous"], "labelled 0")):
+        refused = CliRunner().invoke(train, args + ["--out", str(tmp_path / "b")] + bad)
+        assert refused.exit_code != 0 and message in refused.output and "Traceback" not in refused.output
+
+
 def test_labelled_examples_reach_the_e_step_as_their_strategies_index(tiny, tmp_path, monkeypatch):
     from tokweight.pipeline.synth import load_synth_config
     from tokweight.training import estep

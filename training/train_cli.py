@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import click
 
 from tokweight.pipeline.threads import set_threads, threads_option
-from tokweight.training.configs import COND_MODES, POLICIES, WEIGHTINGS, CVAEConfig, LoRAConfig
+from tokweight.training.configs import COND_MODES, POLICIES, WEIGHTINGS, CVAEConfig, EStepConfig, LoRAConfig
 from tokweight.training.convergence import StopRule
 from tokweight.training.schedules import BetaSchedule
-from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+from tokweight.training.train_config import (IOConfig, LogConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig,
+                                             default_remedies)
 
 
 def echo_skips(result: dict) -> None:
@@ -31,6 +33,14 @@ def given(**options) -> dict:
 def shown(text: str, default) -> str:
     """A flag's help with the config dataclass's default: the CLI shows a default, it never sets one."""
     return f"{text}  [default: {default}]".strip()
+
+
+def with_labelled(latent: str | None, labelled: float | None) -> RemedyConfig | None:
+    """The latent's default remedies with ``--labelled`` set in its E-step; None (the default's) without it."""
+    if labelled is None:
+        return None
+    remedies = default_remedies(latent or CVAEConfig.latent)
+    return replace(remedies, estep=replace(remedies.estep, labelled=labelled))
 
 
 @click.command("train")
@@ -64,6 +74,10 @@ def shown(text: str, default) -> str:
 @click.option("--beta", type=float, default=None, help=shown("KL weight after the warm-up.", BetaSchedule.beta))
 @click.option("--warmup-steps", type=int, default=None,
               help=shown("Steps of beta's linear warm-up from 0.", BetaSchedule.warmup_steps))
+@click.option("--labelled", type=float, default=None,
+              help=shown("Share of the examples with a strategy label (the strategies listed in the data's dataset.json) "
+                         "whose latent value the E-step fixes to their label's: value k then means strategies[k] "
+                         "(discrete latent; about a fifth is needed, 0: none).", EStepConfig.labelled))
 @click.option("--anchor-weight", type=float, default=None,
               help=shown(f"Weight of the anchor term that keeps every token within {LossConfig.anchor_margin} nats of "
                          "the base model, from the end of the warm-up (0: off).", LossConfig.anchor_weight))
@@ -99,7 +113,7 @@ def shown(text: str, default) -> str:
                          "(0: train every parameter).", LoRAConfig.rank))
 @threads_option
 def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, weighting, lam, policy,
-          baseline_checkpoint, beta, warmup_steps, anchor_weight, steps, batch_size, lr, num_workers, lanes,
+          baseline_checkpoint, beta, warmup_steps, labelled, anchor_weight, steps, batch_size, lr, num_workers, lanes,
           on_bad_sample, eval_every, patience, log_every, ckpt_every, seed, device, dtype, grad_checkpointing,
           lora_rank, threads):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready).
@@ -125,7 +139,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, 
             optim=OptimConfig(stop=StopRule(**given(patience=patience)),
                               **given(steps=steps, batch_size=batch_size, lr=lr, seed=seed)),
             log=LogConfig(**given(eval_every=eval_every, log_every=log_every, ckpt_every=ckpt_every)),
-            lora=LoRAConfig(**given(rank=lora_rank)))
+            lora=LoRAConfig(**given(rank=lora_rank)), remedies=with_labelled(latent, labelled))
         result = run(cfg)
     except (ValueError, CheckpointWriteError) as e:
         raise click.ClickException(str(e)) from e
