@@ -66,21 +66,26 @@ LONG = Setting("n12-16", 0, 12, 16)  # the default preset's x: T/(t0+1) about 8-
 H0_N64 = Setting("h0-n64", 0, 64, 64)  # one decision among 65 supervised tokens
 SMALL = PRESETS["small"]
 DEFAULT_BASE = {k: v for k, v in BASE_PRESETS["default"].items() if k != "eval_every"}  # base_model sets it
+ALL_STRATEGIES = tuple(STRATEGIES)
+
+
+def long_task(names: tuple[str, ...], base) -> tuple[TaskConfig, Setting]:
+    """The default preset's x (12-16 symbols) under the strategies ``names``, with a base trained by ``base``."""
+    return TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=names), base=base), LONG
+
+
 BLOCKS = {  # name -> (task, setting): the data and the base model of each row group
     "k2": (TaskConfig(settings=(H0,), base=base_model(1500)), H0),
     "k2-imperfect": (TaskConfig(settings=(H0,), base=base_model(900)), H0),
     **{f"k2-base{steps}": (TaskConfig(settings=(H0,), base=base_model(steps)), H0) for steps in (400, 700, 1000, 2200)},
-    **{f"k{len(names)}-long": (TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=names),
-                                          base=base_model(3000, lr=2e-3)), LONG)
-       for names in (DEFAULT_STRATEGIES, tuple(STRATEGIES))},
+    **{f"k{len(names)}-long": long_task(names, base_model(3000, lr=2e-3))
+       for names in (DEFAULT_STRATEGIES, ALL_STRATEGIES)},
     # the same tasks with `train-base --preset default`'s base (3 layers, d 128: 0.025 nats after t0 at K = 4),
     # one that executes every strategy
-    **{f"k{len(names)}-default": (TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=names),
-                                             base=base_model(**DEFAULT_BASE)), LONG)
-       for names in (DEFAULT_STRATEGIES, tuple(STRATEGIES))},
+    **{f"k{len(names)}-default": long_task(names, base_model(**DEFAULT_BASE))
+       for names in (DEFAULT_STRATEGIES, ALL_STRATEGIES)},
     # the 8 strategies leave that base 0.30 nats after t0 at 3000 steps: the same model trained twice as long
-    "k8-default-base6000": (TaskConfig(settings=(LONG,), synth=replace(PRESETS["default"], strategies=tuple(STRATEGIES)),
-                                       base=base_model(**{**DEFAULT_BASE, "steps": 6000})), LONG),
+    "k8-default-base6000": long_task(ALL_STRATEGIES, base_model(**{**DEFAULT_BASE, "steps": 6000})),
     # its base reads the z-conditioned template at 3.19 nats per token (2.49 at 3000 steps): docs/results.md
     "k2-n64": (TaskConfig(settings=(H0_N64,), base=base_model(1500)), H0_N64),
     # the same with a base trained on the z-conditioned template at the CVAE's 4 slots only
