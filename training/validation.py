@@ -89,8 +89,9 @@ def evaluate_pass(model: CVAE, batches: Iterable[TrainBatch | Skips], scoring: S
 
 def matched_nll(model: CVAE, batch: TrainBatch, out) -> torch.Tensor:
     """(B,) nats: sum over S of l_t under each example's own latent value, the one its posterior picks
-    (discrete: argmax q; continuous: the posterior's mean, one more forward at one copy per example). Not a draw: a draw's
-    NLL measures how far q's noise carries z, not the decoder eval's decodes judge. Masked positions hold 0."""
+    (discrete: argmax q; continuous: the posterior's mean, one more forward at one copy per example). Not a
+    draw: a draw's NLL measures how far q's noise carries z, not the decoder eval's decodes judge. Masked
+    positions hold 0."""
     if model.latent.kind == "continuous":
         return model(batch, at_posterior_mean=True).nll[:, 0].sum(-1)
     k = out.post.argmax(1)  # (B,)
