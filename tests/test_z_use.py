@@ -13,7 +13,8 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
 from tokweight.report.eval_md import eval_markdown, write_eval_md
 from tokweight.training.configs import CVAEConfig
-from tokweight.training.control import label_free_control, reference_control, strategy_execution, z_use
+from tokweight.training.control import (CONTROL_FLOOR, label_free_control, reference_control, strategy_execution,
+                                        z_use)
 from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.metrics import EvalRecords, gaussian_mi
 from tokweight.training.experiments.recipes import with_recipe
@@ -99,6 +100,21 @@ def test_reference_control_by_hand():
     assert flat["exact_match"] == flat["chance_exact_match"] == 0.5 and not flat["above_chance"]
     unlabelled = reference_control(ignores_z, ref, [-1] * 4, {})
     assert not unlabelled["measured"] and unlabelled["exact_match_by_latent"] == [0.5, 0.5]
+
+
+def test_a_trace_of_control_is_not_control():
+    """The demo's uniform arm: under the value matched to each strategy the first token is right for 0.484 of
+    the examples against 0.469 under the other value, 2.0 SE, at an exact MI of 0.02. Here 2,000 examples, 40 of
+    whose first tokens follow the matched value (a gain of 0.02, 6 SE) and nothing else does: a trace that moves
+    1 example in 50, which a floor of 0.01 called control."""
+    ref = [("a", "e")] * 2000
+    outputs = [[("a", "f"), ("b", "f")] if i < 40 else [("b", "f")] * 2 for i in range(2000)]
+    control = reference_control(outputs, ref, [0] * 2000, {0: "lead-a", 1: "lead-b"})
+    gain = control["first_token_match"] - control["chance_first_token_match"]
+    assert gain == pytest.approx(0.02) and gain > 6 * control["first_token_match_gain_se"]
+    assert CONTROL_FLOOR > gain and not control["above_chance"]
+    strong = [[("a", "f"), ("b", "f")] if i < 2 * 2000 * CONTROL_FLOOR else [("b", "f")] * 2 for i in range(2000)]
+    assert reference_control(strong, ref, [0] * 2000, {0: "lead-a", 1: "lead-b"})["above_chance"]
 
 
 class TwoStrategyLabels:

@@ -19,8 +19,11 @@ from tokweight.pipeline.labels import DatasetLabels
 from tokweight.pipeline.samples import Sample
 from tokweight.training.metrics import POSTERIOR_RULES, hungarian_accuracy
 
-CONTROL_FLOOR = 0.01
-"""The least gain over chance (a share of the examples) that counts as control, besides 2 SE."""
+CONTROL_FLOOR = 0.05
+"""The least gain over chance (a share of the examples) that counts as control, besides 2 SE. Why 1 in 20: at
+0.01 a latent that moves 1 example in 50 passed (the demo's uniform arm: first token 0.484 against 0.469 at an
+exact MI of 0.02; a K = 8 uniform cell: exact match +0.021 at 0.017), while the weakest code measured, a K = 8
+value set with I(z; strategy) 0.26, gains 0.23 on the first token."""
 CONTROL_RULE = (f"control above chance: the exact-match or the first-token rate under the matched latent value "
                 f"exceeds chance by >= {CONTROL_FLOOR} and by > 2 SE (paired over examples)")
 CHANCE = "chance: the same examples decoded under each of the other latent values (their mean)"

@@ -141,8 +141,8 @@ def summary(ratio: float, k: int, rows: list[dict]) -> str:
 
     if ss is None or uni is None:
         return "; ".join(said(r) for r in rows) + "."
-    # learnt = kept, as the experiments count it: eval's "z used" also fires on a trace (a first-token gain of
-    # 2 SE under an exact MI of 0.02), which is not the latent the claim is about
+    # learnt = kept, as the experiments count it: eval's "z used" asks whether decoding moves with z at all
+    # (1 example in 20), which a partial code passes; the claim is about a latent that carries the strategy
     kept_at = kept_threshold(k)
     shown = ss["outcome"] == "z used, decoder whole" and ss["mi"] >= kept_at > uni["mi"]
     verdict = (f"so reweighting by the base model's surprisal is what let z be learnt here (z counts as learnt at "
