@@ -1,13 +1,13 @@
 """Synthetic strategy-ambiguous data: one input x, several strategies that could produce y.
 
 Each example draws x (a sequence of data symbols) and a strategy s, and writes
-``y = header + s(x)``. All strategies share the header and most of their outputs agree
-after the first few tokens, so only ``y_<=t0`` reveals s: the regime where a uniform
-token average dilutes the latent's signal by about ``t0 / T`` (docs/contract.md §1).
+``y = header + s(x) + trailer``. All strategies share the header and the trailer and most of
+their outputs agree after the first few tokens, so only ``y_<=t0`` reveals s: the regime where a
+uniform token average dilutes the latent's signal by about ``t0 / T`` (docs/contract.md §1).
 
 Symbols are handled as integer ids while generating (so ``sort`` means "by symbol
 index") and named only when a Sample is built: ids 0..25 are "a".."z", then "s26",
-"s27", ...; the header symbol is "#".
+"s27", ...; the header and the trailer repeat the filler symbol "#".
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import prepare_output_dir, shard_name, write_shards
 from tokweight.store.durable import write_json_atomic
 
-HEADER_SYMBOL = "#"
+FILLER_SYMBOL = "#"
 END_OF_Y = "</y>"  # closes S: S = y_1..y_n </y>, T = n + 1 (docs/contract.md §2)
 SPLITS = ("train", "val", "test")
 _SPLIT_IDS = {"train": 0, "val": 1, "test": 2}  # folded into the split's seed
@@ -102,7 +102,10 @@ class SynthConfig:
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     """Names from STRATEGIES that y may be generated with (the latent's K values)."""
     header_len: int = 0
-    """Copies of HEADER_SYMBOL before s(x) in every y; t0 moves later by this much."""
+    """Copies of FILLER_SYMBOL before s(x) in every y; t0 moves later by this much."""
+    trailer_len: int = 0
+    """Copies of FILLER_SYMBOL after s(x) in every y: T grows by this much with t0 unchanged, tokens a base
+    model predicts near-perfectly (a long fixed ending, as in templated answers)."""
     prior: str = "uniform"
     """p(s|x): "uniform", or "x-dependent": p(s|x) ∝ 1 + alpha·[s == id(x[0]) mod K]."""
     alpha: float = 3.0
@@ -128,8 +131,8 @@ class SynthConfig:
         if not self.strategies or unknown or len(set(self.strategies)) != len(self.strategies):
             raise ValueError(f"strategies must be distinct names from {sorted(STRATEGIES)}, "
                              f"got {self.strategies}")
-        if self.header_len < 0:
-            raise ValueError(f"header_len must be >= 0, got {self.header_len}")
+        if self.header_len < 0 or self.trailer_len < 0:
+            raise ValueError(f"header_len and trailer_len must be >= 0, got {self.header_len}, {self.trailer_len}")
         if self.prior not in ("uniform", "x-dependent"):
             raise ValueError(f"prior must be 'uniform' or 'x-dependent', got {self.prior!r}")
         if not self.alpha >= 0:
@@ -145,8 +148,9 @@ class SynthConfig:
         return {"train": self.n_train, "val": self.n_val, "test": self.n_test}[split]
 
     def symbols(self) -> list[str]:
-        """Every data symbol that can occur in x or y: the alphabet in id order, then the header."""
-        return [symbol_name(i) for i in range(self.alphabet_size)] + ([HEADER_SYMBOL] if self.header_len else [])
+        """Every data symbol that can occur in x or y: the alphabet in id order, then the filler."""
+        filler = [FILLER_SYMBOL] if self.header_len or self.trailer_len else []
+        return [symbol_name(i) for i in range(self.alphabet_size)] + filler
 
 
 PRESETS: dict[str, SynthConfig] = {
@@ -184,9 +188,9 @@ def compute_t0(candidates: dict[str, Sequence], strategy: str) -> int:
 
 
 def candidate_sequences(x: tuple, cfg: SynthConfig) -> dict[str, tuple]:
-    """Each configured strategy's S for input x (any comparable symbols): header + s(x) + </y>."""
-    header = (HEADER_SYMBOL,) * cfg.header_len
-    return {name: header + STRATEGIES[name](x) + (END_OF_Y,) for name in cfg.strategies}
+    """Each configured strategy's S for input x (any comparable symbols): header + s(x) + trailer + </y>."""
+    header, trailer = (FILLER_SYMBOL,) * cfg.header_len, (FILLER_SYMBOL,) * cfg.trailer_len
+    return {name: header + STRATEGIES[name](x) + trailer + (END_OF_Y,) for name in cfg.strategies}
 
 
 def load_synth_config(data: str | Path) -> SynthConfig | None:
@@ -238,7 +242,7 @@ def generate(cfg: SynthConfig, split: str) -> Iterator[Sample]:
         x_ids = tuple(flat[starts[i]: starts[i] + lengths[i]].tolist())
         candidates = candidate_sequences(x_ids, cfg)
         strategy = cfg.strategies[chosen[i]]
-        y = tuple(tok if tok == HEADER_SYMBOL else names[tok] for tok in candidates[strategy][:-1])
+        y = tuple(tok if tok == FILLER_SYMBOL else names[tok] for tok in candidates[strategy][:-1])
         yield Sample(key=f"{split}-{i:07d}", x=tuple(names[j] for j in x_ids), y=y,
                      strategy=strategy, t0=compute_t0(candidates, strategy))
 

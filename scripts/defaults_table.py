@@ -36,6 +36,10 @@ one trained on the z-conditioned template at 4 slots only (`train-base --min-slo
 
     python scripts/defaults_table.py OUT --blocks k2-n64,k2-n64-slots4 --weightings uniform,surprisal-share --cap 300
 
+and the same ratio with x of 16 symbols and y = s(x) followed by a fixed ending of 48 filler tokens:
+
+    python scripts/defaults_table.py OUT --blocks k2-trailer48 --weightings uniform,sum,surprisal-share --cap 300
+
 Writes OUT/<block>/ (data, base models, stores, runs; reused when their keys match), OUT/cells.csv and
 OUT/defaults_table.md, and prints the table. The walk-through on converted JSON lines is the user path
 of the same K = 4 task: `tokweight experiment --checkpoint ... --data ...` (README, "Your own data").
@@ -67,6 +71,7 @@ BETA = 0.3  # the default's beta (BetaSchedule)
 H0 = Setting("h0-n16", 0, 16, 16)
 LONG = Setting("n12-16", 0, 12, 16)  # the default preset's x: T/(t0+1) about 8-12
 H0_N64 = Setting("h0-n64", 0, 64, 64)  # one decision among 65 supervised tokens
+H0_N16_T48 = Setting("h0-n16-t48", 0, 16, 16, trailer_len=48)  # the same, the last 48 a fixed ending
 SMALL = PRESETS["small"]
 DEFAULT_BASE = {k: v for k, v in BASE_PRESETS["default"].items() if k != "eval_every"}  # base_model sets it
 ALL_STRATEGIES = tuple(STRATEGIES)
@@ -98,6 +103,9 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
     "k2-n64": (TaskConfig(settings=(H0_N64,), base=base_model(1500)), H0_N64),
     # the same with a base trained on the z-conditioned template at the CVAE's 4 slots only
     "k2-n64-slots4": (TaskConfig(settings=(H0_N64,), base=base_model(3000, min_slots=4)), H0_N64),
+    # neither base leaves under 0.02 nats after t0 on 64 symbols: x of 16 and y = s(x) + 48 fillers, which
+    # a base predicts near-perfectly
+    "k2-trailer48": (TaskConfig(settings=(H0_N16_T48,), base=base_model(1500)), H0_N16_T48),
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),

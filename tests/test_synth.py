@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokweight.pipeline.shards import iter_samples, resolve_shards, shard_name
-from tokweight.pipeline.synth import (END_OF_Y, HEADER_SYMBOL, PRESETS, STRATEGIES, SynthConfig, candidate_sequences,
+from tokweight.pipeline.synth import (END_OF_Y, FILLER_SYMBOL, PRESETS, STRATEGIES, SynthConfig, candidate_sequences,
                             compute_t0, consistent_at, generate, write_dataset)
 
 REFERENCE = {  # written independently of pipeline.synth
@@ -41,7 +41,7 @@ def test_strategies_match_reference(name):
 
 def _brute_t0(x, strategy, cfg):
     """t0 by definition: the shortest S prefix that only the true strategy produces."""
-    seqs = {s: [HEADER_SYMBOL] * cfg.header_len + REFERENCE[s](list(x)) + [END_OF_Y] for s in cfg.strategies}
+    seqs = {s: [FILLER_SYMBOL] * cfg.header_len + REFERENCE[s](list(x)) + [END_OF_Y] for s in cfg.strategies}
     true = seqs[strategy]
     for t in range(len(true)):
         if [s for s, seq in seqs.items() if seq[: t + 1] == true[: t + 1]] == [strategy]:
@@ -87,11 +87,34 @@ def test_generate_is_consistent_and_deterministic():
         assert cfg.min_len <= len(s.x) <= cfg.max_len and set(s.x) | set(s.y) <= alphabet
         ids = [cfg.symbols().index(tok) for tok in s.x]
         y_ids = [cfg.symbols().index(tok) for tok in s.y[1:]]
-        assert s.y[0] == HEADER_SYMBOL and y_ids == REFERENCE[s.strategy](ids)
+        assert s.y[0] == FILLER_SYMBOL and y_ids == REFERENCE[s.strategy](ids)
         assert s.t0 == _brute_t0(ids, s.strategy, cfg)
     assert samples == list(generate(cfg, "train"))
     assert samples != list(generate(replace(cfg, seed=1), "train"))
     assert [s.x for s in generate(cfg, "val")] != [s.x for s in samples[:10]]
+
+
+def test_a_trailer_lengthens_y_and_leaves_t0():
+    cfg = replace(TINY, n_train=40)
+    trailed = replace(cfg, trailer_len=5)
+    assert trailed.symbols() == cfg.symbols() + [FILLER_SYMBOL]
+    for plain, long in zip(generate(cfg, "train"), generate(trailed, "train")):
+        assert long.y == plain.y + (FILLER_SYMBOL,) * 5 and long.x == plain.x and long.strategy == plain.strategy
+        decided = plain.t0 < len(plain.y) + 1  # otherwise t0 = T, which the trailer lengthens
+        assert long.t0 == (plain.t0 if decided else len(long.y) + 1)
+
+
+def test_synth_cli_writes_the_trailer(tmp_path):
+    from click.testing import CliRunner
+
+    from tokweight.cli import main
+
+    result = CliRunner().invoke(main, ["synth", "--out", str(tmp_path / "d"), "--preset", "tiny", "--trailer-len", "3"])
+    assert result.exit_code == 0, result.output
+    info = json.loads((tmp_path / "d" / "dataset.json").read_text())
+    assert info["config"]["trailer_len"] == 3
+    samples = [s for _, s in iter_samples([str(u) for u in resolve_shards(tmp_path / "d" / "train")[1]])]
+    assert samples and all(s.y[-3:] == (FILLER_SYMBOL,) * 3 for s in samples)
 
 
 def test_x_dependent_prior_favours_x0_strategy():
@@ -112,7 +135,7 @@ def test_symbols_are_safe_and_distinct():
 
 @pytest.mark.parametrize("bad", [dict(alphabet_size=1), dict(min_len=0), dict(min_len=5, max_len=4),
                                  dict(strategies=("copy", "shuffle")), dict(strategies=()),
-                                 dict(strategies=("copy", "copy")), dict(header_len=-1), dict(prior="zipf"),
+                                 dict(strategies=("copy", "copy")), dict(header_len=-1), dict(trailer_len=-2), dict(prior="zipf"),
                                  dict(alpha=-1.0), dict(n_val=-1), dict(shard_size=0), dict(seed=-3)])
 def test_config_validation(bad):
     with pytest.raises(ValueError):

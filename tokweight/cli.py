@@ -76,16 +76,18 @@ def main(debug):
 @click.option("--preset", type=click.Choice(["tiny", "small", "default"]), default="default")
 @click.option("--seed", type=int, default=0)
 @click.option("--header-len", type=int, default=None, help="Shared header tokens before the strategy output.")
+@click.option("--trailer-len", type=int, default=None,
+              help="Shared trailer tokens after it: a longer y decided as early (T/(t0+1) grows).")
 @click.option("--min-len", type=int, default=None)
 @click.option("--max-len", type=int, default=None)
-def synth(out, preset, seed, header_len, min_len, max_len):
+def synth(out, preset, seed, header_len, trailer_len, min_len, max_len):
     """Write strategy-ambiguous synthetic WebDataset shards and dataset.json."""
     from dataclasses import replace
 
     from tokweight.pipeline.synth import PRESETS, write_dataset
 
-    overrides = {k: v for k, v in dict(header_len=header_len, min_len=min_len, max_len=max_len).items()
-                 if v is not None}
+    overrides = {k: v for k, v in dict(header_len=header_len, trailer_len=trailer_len, min_len=min_len,
+                                       max_len=max_len).items() if v is not None}
     info = write_dataset(replace(PRESETS[preset], seed=seed, **overrides), out)
     click.echo(json.dumps({"out": out, "splits": {k: v["samples"] for k, v in info["splits"].items()},
                            **info["stats"]}, indent=1))

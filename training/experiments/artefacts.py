@@ -36,15 +36,17 @@ class Setting:
     header_len: int
     """Header tokens before s(x): t0 moves later and T grows by this much."""
     min_len: int
-    """Shortest x; T = header_len + len(x) + 1."""
+    """Shortest x; T = header_len + len(x) + trailer_len + 1."""
     max_len: int
     """Longest x."""
+    trailer_len: int = 0
+    """Trailer tokens after s(x): T grows by this much, t0 does not."""
 
     def __post_init__(self):
         if not self.name or not all(c.isalnum() or c == "-" for c in self.name):
             raise ValueError(f"setting name must be non-empty [a-z0-9-], got {self.name!r}")
-        if self.header_len < 0 or not 1 <= self.min_len <= self.max_len:
-            raise ValueError(f"setting {self.name}: need header_len >= 0 and 1 <= min_len <= max_len")
+        if min(self.header_len, self.trailer_len) < 0 or not 1 <= self.min_len <= self.max_len:
+            raise ValueError(f"setting {self.name}: need header_len, trailer_len >= 0 and 1 <= min_len <= max_len")
 
 
 # x of one fixed length per setting, so T is the same for every example. Measured here with
@@ -76,7 +78,7 @@ class TaskConfig:
     """T/(t0+1) settings, smallest first; the last is 'the largest' for the z-pathway cells."""
     synth: SynthConfig = SynthConfig(alphabet_size=32, strategies=("copy", "rotate-left"), n_train=8000, n_val=512,
                                      n_test=512, shard_size=1000)
-    """The generator; each setting replaces its header_len, min_len and max_len. The discrete
+    """The generator; each setting replaces its header_len, trailer_len, min_len and max_len. The discrete
     latent has K = len(synth.strategies)."""
     base: BaseTrainConfig = field(default_factory=base_model)
     """The base model's training; each setting fills in data and out."""
@@ -99,7 +101,8 @@ class TaskConfig:
 
 
 def synth_config(task: TaskConfig, setting: Setting) -> SynthConfig:
-    return replace(task.synth, header_len=setting.header_len, min_len=setting.min_len, max_len=setting.max_len)
+    return replace(task.synth, header_len=setting.header_len, trailer_len=setting.trailer_len,
+                   min_len=setting.min_len, max_len=setting.max_len)
 
 
 def base_config(task: TaskConfig, data: Path, out: Path) -> BaseTrainConfig:
@@ -207,8 +210,8 @@ def zcond_gap(stats: dict) -> float | None:
 
 def setting_stats(setting: Setting, info: dict, store: Path, base_result: dict) -> dict:
     """The settings table's row: T/(t0+1) by the generator and by inspection, and the base model's quality."""
-    return {"setting": setting.name, "header_len": setting.header_len, "min_len": setting.min_len,
-            "max_len": setting.max_len, "mean_T": info["stats"]["mean_T"], "mean_t0": info["stats"]["mean_t0"],
+    return {"setting": setting.name, "header_len": setting.header_len, "trailer_len": setting.trailer_len,
+            "min_len": setting.min_len, "max_len": setting.max_len, "mean_T": info["stats"]["mean_T"], "mean_t0": info["stats"]["mean_t0"],
             "ratio_true": info["stats"]["mean_T_over_t0p1"],
             **inspection_estimate(store, base_result["fingerprint"]),
             "base_fingerprint": base_result["fingerprint"], "base_val_nll": base_result.get("val_nll"),
