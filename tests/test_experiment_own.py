@@ -165,7 +165,7 @@ def test_verdict_says_where_each_arm_keeps_z():
     assert lines[0].startswith("- uniform keeps z up to β = 0.1 (MI 0.900") and "loses it above (MI 0.100" in lines[0]
     assert "the store predicted β_c = 0.5;" in lines[0] and "(+0.100)" in lines[0]
     assert lines[1].startswith("- surprisal-share keeps z at every β up to 1 (MI 0.800")
-    assert ("of 1 seeds: 0 z kept, decoder whole, 0 z kept, decoder damaged, 1 collapsed at convergence, "
+    assert ("of 1 seeds: 0 z used, decoder whole, 0 z used, decoder damaged, 1 collapsed at convergence, "
             "0 not converged by the cap") in lines[1]
     assert lines[2].startswith("- surprisal-share λ=0.5 keeps z at no β of the grid (MI 0.200")
     assert "the store predicted β_c = 1;" in lines[2]  # (1 - 0.5) * 0.5 + 0.5 * 1.5
@@ -174,8 +174,8 @@ def test_verdict_says_where_each_arm_keeps_z():
 def test_a_cell_that_lost_z_says_whether_training_had_converged():
     from tokweight.training.experiments.cells import cell_status
 
-    assert cell_status("z used, decoder whole", "step cap") == "z kept, decoder whole"
-    assert cell_status("z used, decoder damaged", "converged") == "z kept, decoder damaged"
+    assert cell_status("z used, decoder whole", "step cap") == "z used, decoder whole"
+    assert cell_status("z used, decoder damaged", "converged") == "z used, decoder damaged"
     assert cell_status("z not used", "converged") == "collapsed at convergence"
     assert cell_status("z not used", "step cap") == "not converged by the cap"
     assert cell_status("z not used", None) == "not converged by the cap"  # no stop rule ran: the cap ended it

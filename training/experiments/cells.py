@@ -19,6 +19,7 @@ from pathlib import Path
 from tokweight.report.tables import fixed
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.lock import StoreLock
+from tokweight.training.control import OUTCOMES
 from tokweight.training.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, key_of, read_json
 from tokweight.training.experiments.recipes import with_recipe
 from tokweight.training.schedules import BetaSchedule
@@ -186,16 +187,16 @@ def run_cell(cell: Cell, prep: Prepared, plan: CellPlan, root: Path) -> tuple[di
     return record, False
 
 
-STATUSES = ("z kept, decoder whole", "z kept, decoder damaged", "collapsed at convergence",
-            "not converged by the cap")
+STATUSES = OUTCOMES[:2] + ("collapsed at convergence", "not converged by the cap")
 """What a cell ended as: eval's verdict where z is used; where it is not, whether training had converged (the
-stop rule ended it) or the step cap did, which says "train longer", not "collapsed"."""
+stop rule ended it) or the step cap did, which says "train longer", not "collapsed". "Used" is eval's word
+(decoding moves with z), not "kept" (exact MI >= KEPT_FRACTION log K), which a partial code is not."""
 
 
 def cell_status(outcome: str, stop_reason: str | None) -> str:
     """One of STATUSES from eval's outcome and the run's stop reason ("converged" or "step cap")."""
-    if outcome != "z not used":
-        return outcome.replace("z used", "z kept")
+    if outcome != OUTCOMES[2]:
+        return outcome
     return STATUSES[2] if stop_reason == "converged" else STATUSES[3]
 
 
