@@ -31,6 +31,11 @@ top of the default per invocation (``estep.FIELD`` for the E-step's):
     python scripts/defaults_table.py OUT --blocks k4-default --weightings surprisal-share --cap 600 \
         --seeds 2,0,1 --remedy estep.prior=uniform
 
+and to more latent slots, on a base that read the template at 1-8 slots (4 and 8 compared on it):
+
+    python scripts/defaults_table.py OUT --blocks k4-default-slots8 --weightings surprisal-share --cap 600 \
+        --seeds 2,0,1 --slots 8
+
 The longest dilution, T/(t0+1) about 64 (x of 64 symbols, K = 2), with a base trained the usual way and
 one trained on the z-conditioned template at 4 slots only (`train-base --min-slots 4`):
 
@@ -106,6 +111,8 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
     # neither base leaves under 0.02 nats after t0 on 64 symbols: x of 16 and y = s(x) + 48 fillers, which
     # a base predicts near-perfectly
     "k2-trailer48": (TaskConfig(settings=(H0_N16_T48,), base=base_model(1500)), H0_N16_T48),
+    # the K = 4 default block with a base that also reads the template at 5-8 slots, for --slots 8
+    "k4-default-slots8": long_task(DEFAULT_STRATEGIES, base_model(**{**DEFAULT_BASE, "max_slots": 8})),
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),
@@ -137,16 +144,17 @@ def remedy_fields(specs: list[str], latent: str) -> tuple[tuple[str, object], ..
 
 
 def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], cond: str, latent: str,
-              jobs: int, cap: int, remedy: tuple[str, ...] = (), echo=print) -> list[dict]:
+              jobs: int, cap: int, remedy: tuple[str, ...] = (), slots: int | None = None, echo=print) -> list[dict]:
     task, setting = BLOCKS[name]
     prep = prepare_setting(task, setting, root / name, echo)
-    plan = CellPlan(task.k, None, CellBudget(steps=cap, decode_examples=256), "default")
+    plan = CellPlan(task.k, slots, CellBudget(steps=cap, decode_examples=256), "default")
     remedies = remedy_fields(list(remedy), latent)
     cells = [Cell(setting.name, latent, cond, w, BETA, s, group="grid" if latent == "discrete" else "continuous",
                   remedies=remedies) for w in weightings for s in seeds]
     rows = run_cells(cells, {setting.name: prep}, plan, root / name, echo, jobs)
     return [{"block": name, "cond": cond, "latent": latent, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"],
-             **{k: v for k, v in r.items() if k != "estep"}, "remedy": " ".join(remedy)} for r in rows]
+             **{k: v for k, v in r.items() if k != "estep"}, "remedy": " ".join(remedy),
+             "slots": "" if slots is None else f"{slots} slots"} for r in rows]
 
 
 def table(rows: list[dict]) -> str:
@@ -160,7 +168,7 @@ def table(rows: list[dict]) -> str:
 
         first = group[0]
         stops = Counter(r.get("stop") or "cap" for r in group)
-        label = ", ".join([block] + [first[k] for k in ("cond", "latent", "remedy")
+        label = ", ".join([block] + [first[k] for k in ("cond", "slots", "latent", "remedy")
                                      if first.get(k) not in (None, "", "prefix", "discrete")])
         out.append([label, str(first["k"]), f"{first['ratio_true']:.1f}", f"{first['b_after_t0']:.3f}", weighting,
                     " / ".join(str(count.get(o, 0)) for o in OUTCOMES),
@@ -192,6 +200,8 @@ def main() -> None:
     ap.add_argument("--latent", default="discrete", choices=("discrete", "continuous"))
     ap.add_argument("--remedy", action="append", default=[], metavar="FIELD=VALUE",
                     help="a RemedyConfig field over the default's, estep.FIELD for the E-step's (repeatable)")
+    ap.add_argument("--slots", type=int, default=None, help="latent slots of the prefix pathway (default: "
+                    "CVAEConfig's); more than the base's max_slots start from a template it never read")
     ap.add_argument("--cap", type=int, default=OptimConfig.steps, help="step cap per cell (the stop rule ends most "
                     "runs before it)")
     args = ap.parse_args()
@@ -201,13 +211,14 @@ def main() -> None:
     weightings = tuple(args.weightings.split(","))
     rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, weightings, args.cond,
                                                                     args.latent, args.jobs, args.cap,
-                                                                    tuple(args.remedy))]
+                                                                    tuple(args.remedy), args.slots)]
     wall = time.perf_counter() - start
     write_table_run(args.out, "defaults_table", rows, table(rows),
                     f"Seeds {list(seeds)}, beta {BETA}, cap {args.cap} steps, {len(rows)} cells; wall time "
                     f"{wall / 60:.1f} min (`python scripts/defaults_table.py {args.out} --jobs {args.jobs} --cap "
                     f"{args.cap} --blocks {args.blocks} --weightings {args.weightings} --cond {args.cond} "
-                    f"--latent {args.latent}{''.join(f' --remedy {r}' for r in args.remedy)}`).")
+                    f"--latent {args.latent}{''.join(f' --remedy {r}' for r in args.remedy)}"
+                    f"{'' if args.slots is None else f' --slots {args.slots}'}`).")
 
 
 if __name__ == "__main__":
