@@ -135,8 +135,9 @@ def test_symbols_are_safe_and_distinct():
 
 @pytest.mark.parametrize("bad", [dict(alphabet_size=1), dict(min_len=0), dict(min_len=5, max_len=4),
                                  dict(strategies=("copy", "shuffle")), dict(strategies=()),
-                                 dict(strategies=("copy", "copy")), dict(header_len=-1), dict(trailer_len=-2), dict(prior="zipf"),
-                                 dict(alpha=-1.0), dict(n_val=-1), dict(shard_size=0), dict(seed=-3)])
+                                 dict(strategies=("copy", "copy")), dict(header_len=-1), dict(trailer_len=-2),
+                                 dict(prior="zipf"), dict(alpha=-1.0), dict(n_val=-1), dict(shard_size=0),
+                                 dict(seed=-3)])
 def test_config_validation(bad):
     with pytest.raises(ValueError):
         SynthConfig(**bad)

@@ -211,8 +211,8 @@ def zcond_gap(stats: dict) -> float | None:
 def setting_stats(setting: Setting, info: dict, store: Path, base_result: dict) -> dict:
     """The settings table's row: T/(t0+1) by the generator and by inspection, and the base model's quality."""
     return {"setting": setting.name, "header_len": setting.header_len, "trailer_len": setting.trailer_len,
-            "min_len": setting.min_len, "max_len": setting.max_len, "mean_T": info["stats"]["mean_T"], "mean_t0": info["stats"]["mean_t0"],
-            "ratio_true": info["stats"]["mean_T_over_t0p1"],
+            "min_len": setting.min_len, "max_len": setting.max_len, "mean_T": info["stats"]["mean_T"],
+            "mean_t0": info["stats"]["mean_t0"], "ratio_true": info["stats"]["mean_T_over_t0p1"],
             **inspection_estimate(store, base_result["fingerprint"]),
             "base_fingerprint": base_result["fingerprint"], "base_val_nll": base_result.get("val_nll"),
             "base_val_nll_zcond": base_result.get("val_nll_zcond"),
