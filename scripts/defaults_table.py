@@ -44,7 +44,8 @@ one trained on the z-conditioned template at 4 slots only (`train-base --min-slo
 and the same ratio with x of 16 symbols and y = s(x) followed by a fixed ending of 48 filler tokens, on a
 base trained 1500 steps (which has not learnt the copy) and one trained 4000 (`--cond` for the other pathways):
 
-    python scripts/defaults_table.py OUT --blocks k2-trailer48-base1500 --weightings uniform,sum,surprisal-share --cap 300
+    python scripts/defaults_table.py OUT --blocks k2-trailer48-base1500 --weightings uniform,sum,surprisal-share \
+        --cap 300
     python scripts/defaults_table.py OUT --blocks k2-trailer48 --weightings uniform,sum,surprisal-share --cap 1500
 
 Writes OUT/<block>/ (data, base models, stores, runs; reused when their keys match), OUT/cells.csv and
