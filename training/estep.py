@@ -108,6 +108,14 @@ def labelled_indices(strategies, names: tuple[str, ...], keys, share: float) -> 
     return out
 
 
+def step_labels(cfg: EStepConfig, strategies, names: tuple[str, ...], keys) -> torch.Tensor:
+    """(B,) what the E-step reads of the batch's labels: every example's strategy index (mode "label", which
+    refuses an example without one) or the labelled share's (``cfg.labelled``; -1 for the rest)."""
+    if cfg.mode == "label":
+        return strategy_indices(strategies, names, keys)
+    return labelled_indices(strategies, names, keys, cfg.labelled)
+
+
 def distillation(log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Cross-entropy -sum_k a(k) log q(k): amortised log q (B, K), target a (B, K) -> (B,) nats."""
     return -(target.detach() * log_q).sum(-1)

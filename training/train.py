@@ -43,7 +43,7 @@ from tokweight.training.conditioning import token_key_values
 from tokweight.training.cvae import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed, objective,
                                      spread_latent_embeddings, token_row_spread)
 from tokweight.training.data import StoreRef, StreamSpec, TrainBatch, extract_command, shards_without_rows, split_urls
-from tokweight.training.estep import EStepConfig, em_objective, labelled_indices, strategy_indices
+from tokweight.training.estep import EStepConfig, em_objective, step_labels
 from tokweight.training.faults import NO_HOOKS, Hooks
 from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
@@ -304,10 +304,8 @@ def step_terms(state: State, batch: TrainBatch, loss: LossConfig, remedies: Reme
     out = model(batch, generator=sample_generator(optim.seed, step), global_batch=state.global_batch)
     b, pi, degenerate = step_weights(state, batch, out, loss)
     beta, em = loss.beta.at(step), remedies.estep.active(step)
-    labels = None
-    if em and state.strategy_names:
-        labels = (strategy_indices(batch.strategies, state.strategy_names, batch.keys) if remedies.estep.mode == "label"
-                  else labelled_indices(batch.strategies, state.strategy_names, batch.keys, remedies.estep.labelled))
+    labels = (step_labels(remedies.estep, batch.strategies, state.strategy_names, batch.keys)
+              if em and state.strategy_names else None)
     obj = step_objective(model.latent, out, pi=pi, beta=beta, free_bits=loss.free_bits,
                          estep=remedies.estep if em else None, labels=labels, batch=state.global_batch)
     return StepTerms(out, b, pi, degenerate, obj, anchored(model, out, b, batch.zfree.mask, loss), beta, em)
