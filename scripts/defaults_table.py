@@ -31,7 +31,8 @@ top of the default per invocation (``estep.FIELD`` for the E-step's):
     python scripts/defaults_table.py OUT --blocks k4-default --weightings surprisal-share --cap 600 \
         --seeds 2,0,1 --remedy estep.prior=uniform
 
-and to more latent slots, on a base that read the template at 1-8 slots (4 and 8 compared on it):
+and to the base model's own seed (blocks k4-default-baseseed1, k4-default-baseseed2: the same recipe, another
+draw), and to more latent slots, on a base that read the template at 1-8 slots (4 and 8 compared on it):
 
     python scripts/defaults_table.py OUT --blocks k4-default-slots8 --weightings surprisal-share --cap 600 \
         --seeds 2,0,1 --slots 8
@@ -118,6 +119,9 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
        for suffix, steps in (("-base1500", 1500), ("", 4000))},
     # the K = 4 default block with a base that also reads the template at 5-8 slots, for --slots 8
     "k4-default-slots8": long_task(DEFAULT_STRATEGIES, base_model(**{**DEFAULT_BASE, "max_slots": 8})),
+    # the K = 4 default block's base recipe under other seeds: how much of the K = 4 result is the base's draw
+    **{f"k4-default-baseseed{seed}": long_task(DEFAULT_STRATEGIES, base_model(**{**DEFAULT_BASE, "seed": seed}))
+       for seed in (1, 2)},
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),
