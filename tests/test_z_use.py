@@ -13,8 +13,8 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
 from tokweight.report.eval_md import eval_markdown, write_eval_md
 from tokweight.training.configs import CVAEConfig
-from tokweight.training.control import (CONTROL_FLOOR, label_free_control, reference_control, strategy_execution,
-                                        z_use)
+from tokweight.training.control import (CONTROL_FLOOR, label_free_control, likelihood_control, reference_control,
+                                        strategy_execution, z_use)
 from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.metrics import EvalRecords, gaussian_mi
 from tokweight.training.experiments.recipes import with_recipe
@@ -80,6 +80,9 @@ def test_decode_control_on_converted_data_matches_the_references(lead_run):
     free = result["decode"]["label_free"]  # two strategies: the base's one greedy guess can be right for about half
     assert free["best_of_k_exact_match"] >= 0.9 and free["base_exact_match"] <= 0.7
     assert free["own_exact_match"] >= 0.9 and free["others_exact_match"] <= 0.1 and free["own_above_others"]
+    likelihood = result["likelihood"]  # every example of the split, y teacher-forced under each value
+    assert likelihood["measured"] and likelihood["examples"] == result["metrics"]["examples"]
+    assert likelihood["log_ratio"] >= 2.0 and likelihood["above_chance"]
     md = write_eval_md(run_dir, result).read_text()
     assert md.startswith(f"## Verdict\n\n**{verdict['outcome']}**") and "| 0 | lead-" in md
     assert "Strategy execution" not in md and "| token-mean NLL (nats) |" in md
@@ -115,6 +118,39 @@ def test_a_trace_of_control_is_not_control():
     assert CONTROL_FLOOR > gain and not control["above_chance"]
     strong = [[("a", "f"), ("b", "f")] if i < 2 * 2000 * CONTROL_FLOOR else [("b", "f")] * 2 for i in range(2000)]
     assert reference_control(strong, ref, [0] * 2000, {0: "lead-a", 1: "lead-b"})["above_chance"]
+
+
+def test_a_z_that_moves_likelihoods_without_flipping_a_decode_is_used():
+    """A base that reproduces nothing: every greedy decode is wrong under every latent value, so both decode
+    controls see nothing, while y is e times as likely under the value matched to its strategy. The likelihood
+    control sees it; likelihoods that differ between the values by as much but independently of the strategy
+    (a z that means nothing), or that follow it by less than the floor (the uniform cells' tilts of up to 0.25 nats),
+    do not."""
+    n, rng = 400, np.random.default_rng(0)
+    assigned = np.arange(n) % 2
+    matched = np.eye(2, dtype=bool)[assigned]
+    follows = np.where(matched, 20.0, 21.0)  # (n, 2) nats: 1 nat less under the matched value
+    control = likelihood_control(follows, assigned.tolist())
+    assert control["log_ratio"] == pytest.approx(1.0) and control["above_chance"]
+    noise = 20.0 + rng.normal(0.0, 1.0, (n, 2))  # as far apart, and unrelated to the label
+    assert not likelihood_control(noise, assigned.tolist())["above_chance"]
+    tilt = np.where(matched, 20.0, 20.15) + rng.normal(0.0, 0.2, (n, 2))  # 0.15 nats at 10 SE
+    trace = likelihood_control(tilt, assigned.tolist())
+    assert trace["log_ratio"] == pytest.approx(0.15, abs=0.03) and trace["log_ratio"] > 5 * trace["log_ratio_se"]
+    assert not trace["above_chance"] and not likelihood_control(follows, [-1] * n)["measured"]
+    three = np.array([[5.0, 5.0 + math.log(4), 5.0 + math.log(4) / 2]])  # p(y|k) proportional to 1, 1/4, 1/2
+    assert likelihood_control(three, [0])["log_ratio"] == pytest.approx(math.log(1 / ((1 / 4 + 1 / 2) / 2)))
+
+    metrics = {"posterior_informative": True, "posterior_values": "exact MI 0.369 nats", "nll_token_mean": 0.418,
+               "base_nll_token_mean": 0.44}
+    nothing = [[("c",), ("c",)]] * 8  # every decode wrong under both values
+    decode = {"reference": reference_control(nothing, [("a",)] * 8, [0, 1] * 4, {0: "copy", 1: "rotate-left"}),
+              "label_free": label_free_control(nothing, [("a",)] * 8, [("c",)] * 8, [0, 1] * 4)}
+    assert z_use(metrics, decode, "discrete")["outcome"] == "z not used"  # what eval said before
+    verdict = z_use(metrics, decode, "discrete", control)
+    assert verdict["outcome"] == "z used, decoder whole" and verdict["likelihood_above_chance"]
+    assert "1.000 nats more log-likelihood" in verdict["statement"]
+    assert z_use(metrics, decode, "discrete", trace)["outcome"] == "z not used"
 
 
 class TwoStrategyLabels:

@@ -5,13 +5,17 @@ under the latent value its strategy label is matched to (labelled data), against
 latent values. ``label_free_control``: no labels needed (users' labels are often missing or name no
 strategy consistently): best-of-K exact match, some latent value reproduces the reference, against
 the base model's own greedy exact match, and the share of examples whose K decodes differ.
+``likelihood_control``: labelled data, the reference's likelihood under the matched latent value
+against the others, which sees a z that moves probabilities without flipping a greedy decode.
 ``strategy_execution``: synthetic data only, whether a decode executes a known strategy. ``z_use``:
 one of three outcomes with the rules applied (``OUTCOMES``, ``metrics.POSTERIOR_RULES``,
-``CONTROL_RULE``, ``LABEL_FREE_RULE``, ``WHOLE_RULE``), the strategy NMI / accuracy marked not
-informative when the posterior is flat.
+``CONTROL_RULE``, ``LABEL_FREE_RULE``, ``LIKELIHOOD_RULE``, ``WHOLE_RULE``), the strategy NMI / accuracy
+marked not informative when the posterior is flat.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -43,6 +47,20 @@ NLL_TOLERANCE = 0.05
 WHOLE_RULE = (f"decoder whole: under each example's own latent value (argmax q; continuous: its cluster's centre for "
               f"the decode, its posterior mean for the NLL) the exact match is at least the base model's greedy exact "
               f"match on the same examples, and the token-mean NLL is within {NLL_TOLERANCE} nats of the base's")
+LIKELIHOOD_FLOOR = math.log(2)
+"""The least mean log-likelihood ratio (nats) that counts: the reference at least twice as likely under its matched
+latent value. Why not a share over chance like the decode controls' floor: a trace moves likelihoods long before it
+flips a decode. Eleven uniform K = 2 cells whose posterior carries nothing of the strategy (I(z; strategy) 0.000) tilt
+the reference's likelihood by -0.14 to +0.25 nats, five of them by a share over chance above 0.05 (0.527-0.562
+against 0.438-0.473); the cells whose decoder codes the strategy on a base that decodes nothing gain 39-61 nats."""
+LIKELIHOOD_RULE = (f"likelihood above chance: with y teacher-forced, log p(y|x,k) under the latent value k matched to "
+                   f"the example's strategy exceeds log of the other values' mean p(y|x,j) by >= log 2 = "
+                   f"{LIKELIHOOD_FLOOR:.3f} nats on average and by > 2 SE")
+"""Why beside the decodes: a greedy decode shows z only where z flips an argmax. On a base that reproduces nothing,
+a z that moves the likelihood of every token of y without flipping the first one is invisible to both decode
+controls (a K = 2 cell on a base that had not learnt the copy: I(z; strategy) 0.362, first-token gain 0.008, its
+NLL 0.18 nats per token below the uniform cells'). Why the label-matched value and not the posterior's own: argmax q
+has read y, so its value has the higher likelihood whenever q follows the decoder, also for a z that means nothing."""
 OUTCOMES = ("z used, decoder whole", "z used, decoder damaged", "z not used")
 
 
@@ -108,6 +126,25 @@ def gain_errors(gains: dict) -> dict:
     return {f"{name}_gain_se": standard_error(under - chance) for name, (under, chance) in gains.items()}
 
 
+def likelihood_control(nll_by_value: np.ndarray, assigned: list[int]) -> dict:
+    """``LIKELIHOOD_RULE`` over a split. nll_by_value[i, v]: nats, the decoder's NLL of example i's y under latent
+    value v (teacher-forced, summed over y); assigned[i]: the value its label is matched to (-1: none).
+    log_ratio: the mean over the assigned examples of log p(y|x,assigned) - log mean_{j != assigned} p(y|x,j)."""
+    from scipy.special import logsumexp
+
+    assigned, V = np.asarray(assigned), nll_by_value.shape[1]
+    mine = np.flatnonzero(assigned >= 0)
+    if V < 2 or not len(mine):
+        reason = "one latent value: no other to compare with" if V < 2 else "no example has a matched strategy label"
+        return {"measured": False, "reason": reason}
+    loglik, rows = -nll_by_value[mine], np.arange(len(mine))
+    others = np.where(np.arange(V) == assigned[mine, None], -np.inf, loglik)
+    ratio = loglik[rows, assigned[mine]] - (logsumexp(others, axis=1) - np.log(V - 1))
+    se = standard_error(ratio)
+    return {"measured": True, "above_chance": bool(ratio.mean() >= LIKELIHOOD_FLOOR and ratio.mean() > 2 * se),
+            "rule": LIKELIHOOD_RULE, "examples": len(mine), "log_ratio": float(ratio.mean()), "log_ratio_se": se}
+
+
 def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabels) -> tuple[dict, list]:
     """Synthetic data: the share of decodes under each latent value that execute each strategy s (equal s(x)),
     control accuracy = matched executions / (examples x V) under the Hungarian map latent value -> strategy
@@ -157,26 +194,29 @@ def label_free_control(outputs: list, refs: list, base_outputs: list, own_values
 # ---------------------------------------------------------------- the verdict
 
 
-def z_use(metrics: dict, decode: dict, latent: str) -> dict:
+def z_use(metrics: dict, decode: dict, latent: str, likelihood: dict | None = None) -> dict:
     """One of ``OUTCOMES``, in words with the rules applied. Used: the posterior is informative
-    (``POSTERIOR_RULES``) and decoding shows it: under the label-matched value above chance (``CONTROL_RULE``)
-    or, labels or not, under the example's own value above the others (``LABEL_FREE_RULE``); with no decode
-    measured the posterior
-    alone decides. Whole: ``WHOLE_RULE``, both figures measured. Strategy NMI / accuracy as reported: their
-    numbers, or "not informative (...)" when the posterior is flat."""
+    (``POSTERIOR_RULES``) and the decoder shows it: decoding under the label-matched value above chance
+    (``CONTROL_RULE``), or, labels or not, under the example's own value above the others (``LABEL_FREE_RULE``),
+    or the reference's likelihood under the label-matched value above chance (``LIKELIHOOD_RULE``); with
+    neither decode nor likelihood measured the posterior alone decides. Whole: ``WHOLE_RULE``, both figures
+    measured. Strategy NMI / accuracy as reported: their numbers, or "not informative (...)" when the
+    posterior is flat."""
     informative = bool(metrics.get("posterior_informative"))
-    control, free = decode.get("reference", {}), decode.get("label_free", {})
+    control, free, likelihood = decode.get("reference", {}), decode.get("label_free", {}), likelihood or {}
     above = control["above_chance"] if control.get("measured") else None
-    evidence = [e for e in (above, free.get("own_above_others")) if e is not None]
+    likely = likelihood["above_chance"] if likelihood.get("measured") else None
+    evidence = [e for e in (above, free.get("own_above_others"), likely) if e is not None]
     used = informative and (any(evidence) if evidence else True)
     whole, whole_reason = decoder_whole(metrics, free)
     outcome = OUTCOMES[2] if not used else OUTCOMES[0] if whole else OUTCOMES[1]
     out = {"outcome": outcome, "used": used, "whole": whole,
-           "statement": z_statement(outcome, metrics, control, free, whole_reason, latent),
+           "statement": z_statement(outcome, metrics, control, free, likelihood, whole_reason, latent),
            "posterior_rule": POSTERIOR_RULES[latent], "posterior_informative": informative,
            "posterior_values": metrics.get("posterior_values"), "control_rule": CONTROL_RULE,
-           "label_free_rule": LABEL_FREE_RULE, "whole_rule": WHOLE_RULE, "control_above_chance": above,
-           "own_above_others": free.get("own_above_others")}
+           "label_free_rule": LABEL_FREE_RULE, "likelihood_rule": LIKELIHOOD_RULE, "whole_rule": WHOLE_RULE,
+           "control_above_chance": above, "own_above_others": free.get("own_above_others"),
+           "likelihood_above_chance": likely}
     flat = f"not informative (posterior flat: {metrics.get('posterior_values')}; rule: {POSTERIOR_RULES[latent]})"
     return out | {m: metrics[m] if informative else flat for m in ("strategy_nmi", "strategy_accuracy") if m in metrics}
 
@@ -192,7 +232,8 @@ def decoder_whole(metrics: dict, free: dict) -> tuple[bool, str]:
                    f"model's greedy {base_exact:.3f}, at {nll:.3f} nats per token against the base's {base_nll:.3f}")
 
 
-def z_statement(outcome: str, metrics: dict, control: dict, free: dict, whole_reason: str, latent: str) -> str:
+def z_statement(outcome: str, metrics: dict, control: dict, free: dict, likelihood: dict, whole_reason: str,
+                latent: str) -> str:
     state = "carries information" if metrics.get("posterior_informative") else "is flat"
     parts = [f"the posterior {state} ({metrics.get('posterior_values')}; rule: {POSTERIOR_RULES[latent]})"]
     if control.get("measured"):
@@ -206,6 +247,10 @@ def z_statement(outcome: str, metrics: dict, control: dict, free: dict, whole_re
                      f"({'above' if free['own_above_others'] else 'not above'} them; best of K "
                      f"{free['best_of_k_exact_match']:.3f}, {free['diverse_share']:.3f} of the examples decode "
                      f"differently under different values)")
+    if likelihood.get("measured"):
+        parts.append(f"with y teacher-forced, the latent value matched to an example's strategy gives its reference "
+                     f"{likelihood['log_ratio']:.3f} nats more log-likelihood than the other values do (their mean "
+                     f"likelihood; {'above' if likelihood['above_chance'] else 'not above'} chance)")
     if not control.get("measured") and not free:
         parts.append(f"decode control not measured ({control.get('reason', 'no example decoded')})")
     if outcome != OUTCOMES[2]:

@@ -14,6 +14,9 @@ which ``tokweight generate`` shares).
   executes s when it equals s(x); control accuracy = matched executions / (examples x K) under the
   one-to-one map latent value -> strategy that maximises them (Hungarian).
 
+Likelihood (labelled data, discrete latent): the share of each example's likelihood, y teacher-forced, that falls
+under its matched latent value against the other values, over the whole split (``likelihood_control``).
+
 ``z_use`` gives the verdict, one of three outcomes with its rules (eval.json ``z_used``, the head of
 eval.md): z used with the decoder whole, z used with the decoder damaged, z not used; the base model's
 own greedy exact match and token-mean NLL on the same examples are measured here and printed beside
@@ -37,7 +40,8 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.templates import template_ids, y_ids
 from tokweight.training.baselines import make_baseline
 from tokweight.training.configs import WeightingParams
-from tokweight.training.control import label_free_control, reference_control, strategy_execution, z_use
+from tokweight.training.control import (label_free_control, likelihood_control, reference_control, strategy_execution,
+                                        z_use)
 from tokweight.training.cvae import CVAE
 from tokweight.training.data import StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows, split_urls
 from tokweight.training.decode import continue_until, greedy_decode, latent_values, until_end
@@ -164,11 +168,20 @@ def run_eval(cfg: EvalConfig) -> dict:
     own_value = dict(zip(records.rows["key"], clusters.tolist()))
     decode = decode_per_latent(model, base, vocab, samples, centres, load_labels(cfg.data), matched,
                                [own_value[s.key] for s in samples]) if samples else {}
-    verdict = z_use(metrics, decode, tcfg.cvae.latent)
+    likelihood = split_likelihood_control(records.rows, matched)
+    verdict = z_use(metrics, decode, tcfg.cvae.latent, likelihood)
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,
-              "metrics": metrics, "z_used": verdict, "decode": decode}
+              "metrics": metrics, "z_used": verdict, "likelihood": likelihood, "decode": decode}
     Path(cfg.run, "eval.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def split_likelihood_control(rows: dict, matched: dict) -> dict:
+    """``control.likelihood_control`` over every example of the split; the continuous latent's pass scores posterior
+    draws, not the K values it decodes, so it is not measured there."""
+    if len(rows["nll_by_value"]) != len(rows["strategy"]):
+        return {"measured": False, "reason": "continuous latent: the pass scores posterior draws, not the K values"}
+    return likelihood_control(np.stack(rows["nll_by_value"]), [matched.get(s, -1) for s in rows["strategy"]])
 
 
 def split_clusters(post: np.ndarray, cvae, seed: int) -> tuple[np.ndarray | None, np.ndarray]:

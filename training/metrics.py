@@ -196,17 +196,19 @@ class EvalRecords:
 
     def __init__(self):
         self.rows: dict[str, list] = {k: [] for k in ("recon", "recon_uniform", "kl", "post", "logvar", "strategy",
-                                                      "degenerate", "nll_matched", "b_sum", "tokens", "key")}
+                                                      "degenerate", "nll_matched", "nll_by_value", "b_sum", "tokens",
+                                                      "key")}
 
     def add(self, recon, recon_uniform, kl, post, strategies, degenerate, logvar=None, *, nll_matched=None,
-            b_sum=None, tokens=None, keys=()) -> None:
+            nll_by_value=None, b_sum=None, tokens=None, keys=()) -> None:
         """recon, recon_uniform, kl: (B,); post: (B, K) q or (B, D) mu; strategies: labels or None;
         logvar: (B, D) of a continuous posterior (its MI estimate), or None; nll_matched (B,) nats: sum over S
-        of l_t under the example's own latent value (argmax q; continuous: its posterior sample); b_sum (B,)
-        nats: the base model's sum over S; tokens (B,): |S|; keys: the examples' keys."""
+        of l_t under the example's own latent value (argmax q; continuous: its posterior sample); nll_by_value
+        (B, K) nats: the same under each latent value (discrete); b_sum (B,) nats: the base model's sum over S;
+        tokens (B,): |S|; keys: the examples' keys."""
         for name, value in (("recon", recon), ("recon_uniform", recon_uniform), ("kl", kl), ("post", post),
                             ("degenerate", degenerate), ("logvar", logvar), ("nll_matched", nll_matched),
-                            ("b_sum", b_sum), ("tokens", tokens)):
+                            ("nll_by_value", nll_by_value), ("b_sum", b_sum), ("tokens", tokens)):
             if value is not None:
                 self.rows[name].extend(value.detach().cpu().double().numpy())
         self.rows["strategy"].extend(strategies)

@@ -60,8 +60,8 @@ class PassRecords(EvalRecords):
 
 @torch.no_grad()
 def evaluate_pass(model: CVAE, batches: Iterable[TrainBatch | Skips], scoring: Scoring, device) -> PassRecords:
-    """Per-example recon (weighted and uniform), KL and posterior over the batches (this rank's), and the
-    samples the stream skipped (its ``Skips`` items)."""
+    """Per-example recon (weighted and uniform), KL, posterior and (discrete) y's NLL under each latent value over
+    the batches (this rank's), and the samples the stream skipped (its ``Skips`` items)."""
     model.eval()
     records, loss = PassRecords(), scoring.loss
     for batch in batches:
@@ -81,8 +81,8 @@ def evaluate_pass(model: CVAE, batches: Iterable[TrainBatch | Skips], scoring: S
         post, logvar = (out.post.exp(), None) if discrete else out.post  # q (B, K), or mu and logvar (B, D)
         mask = batch.zfree.mask
         records.add(recon, recon_u, example_kl(kl), post, list(batch.strategies), degenerate, logvar,
-                    nll_matched=matched_nll(model, batch, out), b_sum=(b * mask).sum(1), tokens=mask.sum(1),
-                    keys=list(batch.keys))
+                    nll_matched=matched_nll(model, batch, out), nll_by_value=out.nll.sum(-1) if discrete else None,
+                    b_sum=(b * mask).sum(1), tokens=mask.sum(1), keys=list(batch.keys))
     model.train()
     return records
 

@@ -22,7 +22,7 @@ def eval_markdown(metrics: dict, decode: dict, verdict: dict) -> str:
     cells = [[k, "not informative (posterior flat: rule above)" if isinstance(verdict.get(k), str) else general(v)]
              for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     rules = (f"Rules: posterior: {verdict['posterior_rule']}; {CONTROL_RULE}; {verdict['label_free_rule']}; "
-             f"{verdict['whole_rule']}.")
+             f"{verdict['likelihood_rule']}; {verdict['whole_rule']}.")
     parts = ["## Verdict", f"**{verdict['outcome']}**", verdict["statement"], rules]
     if decode.get("label_free") and "nll_token_mean" in metrics:
         free = decode["label_free"]

@@ -222,7 +222,10 @@ def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
             "usage_perplexity": metrics.get("usage_perplexity"), "val_mi": trained.get("mi"),
             **init_gradients(Path(tcfg.io.out)), "train_wall_s": trained["train_wall_s"],
             "wall_s": time.perf_counter() - start, **{m: reference.get(m) for m in CONTROL},
-            "control_above_chance": reference.get("above_chance"), "z_used": evaluated["z_used"]["used"]}
+            "control_above_chance": reference.get("above_chance"),
+            "likelihood_log_ratio": evaluated["likelihood"].get("log_ratio"),
+            "likelihood_above_chance": evaluated["likelihood"].get("above_chance"),
+            "z_used": evaluated["z_used"]["used"]}
 
 
 # ---------------------------------------------------------------- many cells
