@@ -9,6 +9,11 @@ of a pair, on at least a fifth of its a-or-b decodes each:
   one-hot(a(x)[0]) - one-hot(b(x)[0]), a score per symbol (a when its first symbol scores higher), its
   accuracy on the held-out half of the inputs (2-fold), and the order of the scores fitted on all of them.
 
+Before those, per value, which strategies its decodes begin like: the share of decodes whose first token, and
+whose first two tokens, equal those of s(x), by the set of strategies s that they match (strategies that begin
+alike on an input, such as copy and evens-odds with x[0], match together). A value that codes the first decision
+and not the second shows as one first-token set split between its strategies at the second token.
+
     python scripts/merge_probe.py RUN DATA [--split test] [--examples 512]
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from collections import Counter
 from itertools import combinations
 from pathlib import Path
 
@@ -60,6 +66,17 @@ def order_accuracy(first_a, first_b, chose_a, n_symbols: int, seed: int = 0) -> 
     return float(np.mean(accuracy)), fit_scores(first_a, first_b, chose_a, n_symbols)[:-1]
 
 
+def prefix_shares(samples, decodes: list, labels, tokens: int) -> list[Counter]:
+    """Per latent value: how many decodes begin (their first ``tokens`` tokens) like s(x), by the set of
+    strategies s they begin like ("none" when no strategy's output begins so)."""
+    counts = [Counter() for _ in decodes[0]]
+    for s, row in zip(samples, decodes):
+        outputs = labels.outputs(s.x)
+        for v, y in enumerate(row):
+            counts[v]["/".join(sorted(n for n, out in outputs.items() if out[:tokens] == y[:tokens])) or "none"] += 1
+    return counts
+
+
 def shared_pairs(hits: list[list[str | None]], names: list[str]) -> list[tuple[int, str, str]]:
     """(value, a, b) for each value whose a-or-b decodes are each at least ``SHARED`` of them."""
     out = []
@@ -96,6 +113,10 @@ def main() -> None:
     print(f"{args.run}: {len(samples)} inputs of {args.data} ({args.split}), {len(decodes[0])} latent values")
     for v, shares in execution["executes"].items():
         print(f"value {v}: " + ", ".join(f"{n} {share:.2f}" for n, share in shares.items() if share >= 0.01))
+    for tokens in (1, 2):
+        for v, count in enumerate(prefix_shares(samples, decodes, labels, tokens)):
+            shares = [f"{n} {m / len(samples):.2f}" for n, m in count.most_common() if m >= 0.02 * len(samples)]
+            print(f"value {v} begins (first {tokens} token{'s' * (tokens > 1)}) like: " + ", ".join(shares))
     symbols = {s: i for i, s in enumerate(sorted({t for s in samples for t in s.x}))}
     for v, a, b in shared_pairs(hits, names):
         rows = [(s, row) for s, row in zip(samples, hits) if row[v] in (a, b)]
@@ -106,6 +127,9 @@ def main() -> None:
                       f"different ones on {np.mean([row[v] != row[w] for row in both]):.2f}")
         cands = [labels.outputs(s.x) for s, _ in rows]
         apart = [i for i, c in enumerate(cands) if c[a][0] != c[b][0]]  # a and b begin alike: no choice at t0
+        if not apart:
+            print(f"value {v} ({a} or {b}): the two begin alike on every input; the choice is made at a later token")
+            continue
         first_a = np.array([symbols[cands[i][a][0]] for i in apart])
         first_b = np.array([symbols[cands[i][b][0]] for i in apart])
         chose_a = np.array([rows[i][1][v] == a for i in apart])

@@ -45,3 +45,24 @@ def test_merge_probe_recovers_a_planted_order_and_finds_the_shared_values():
     assert probe["order_accuracy"](first_a, first_b, coin, 16)[0] < 0.65
     hits = [["copy", "reverse", "sort"], ["reverse", "copy", None], ["copy", "copy", "sort"], ["reverse", None, "sort"]]
     assert probe["shared_pairs"](hits, ["copy", "reverse", "sort"]) == [(0, "copy", "reverse"), (1, "copy", "reverse")]
+
+
+def test_merge_probe_counts_what_each_value_begins_like():
+    """copy and evens-odds both begin with x[0] and part at the second token: a value that decodes one or the
+    other per input begins like both on its first token, like one of them on its first two."""
+    prefix_shares = runpy.run_path(str(SCRIPTS[0].parent / "merge_probe.py"))["prefix_shares"]
+
+    class Labels:
+        @staticmethod
+        def outputs(x):
+            return {"copy": tuple(x), "evens-odds": tuple(x[0::2] + x[1::2]), "reverse": tuple(x[::-1])}
+
+    class Sample:
+        def __init__(self, x):
+            self.x = x
+
+    samples = [Sample(("a", "b", "c", "d")), Sample(("e", "f", "g", "h"))]
+    decodes = [[("a", "b", "c", "d"), ("d", "c", "b", "a")], [("e", "g", "f", "h"), ("z", "z", "z", "z")]]
+    first, two = (prefix_shares(samples, decodes, Labels, n) for n in (1, 2))
+    assert first[0] == {"copy/evens-odds": 2} and two[0] == {"copy": 1, "evens-odds": 1}
+    assert first[1] == {"reverse": 1, "none": 1} and two[1] == first[1]
