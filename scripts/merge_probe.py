@@ -36,6 +36,7 @@ from tokweight.training.generate import GenerateConfig, run as generate
 from tokweight.training.train_base import load_split
 
 SHARED = 0.2  # the smaller strategy's least share of a value's a-or-b decodes for the value to count as shared
+PAIR_DECODES = 0.1  # and the least share of the inputs that its a-or-b decodes make up (K = 8: a few stray hits)
 L2 = 0.1  # on the symbol scores: a symbol seen on one side only would otherwise score without bound
 
 
@@ -78,12 +79,13 @@ def prefix_shares(samples, decodes: list, labels, tokens: int) -> list[Counter]:
 
 
 def shared_pairs(hits: list[list[str | None]], names: list[str]) -> list[tuple[int, str, str]]:
-    """(value, a, b) for each value whose a-or-b decodes are each at least ``SHARED`` of them."""
+    """(value, a, b) for each value whose a-or-b decodes are at least ``PAIR_DECODES`` of the inputs and each
+    strategy at least ``SHARED`` of them."""
     out = []
     for v in range(len(hits[0])):
         for a, b in combinations(names, 2):
             n_a, n_b = (sum(row[v] == s for row in hits) for s in (a, b))
-            if n_a + n_b and min(n_a, n_b) >= SHARED * (n_a + n_b):
+            if n_a + n_b >= max(PAIR_DECODES * len(hits), 1) and min(n_a, n_b) >= SHARED * (n_a + n_b):
                 out.append((v, a, b))
     return out
 

@@ -45,6 +45,8 @@ def test_merge_probe_recovers_a_planted_order_and_finds_the_shared_values():
     assert probe["order_accuracy"](first_a, first_b, coin, 16)[0] < 0.65
     hits = [["copy", "reverse", "sort"], ["reverse", "copy", None], ["copy", "copy", "sort"], ["reverse", None, "sort"]]
     assert probe["shared_pairs"](hits, ["copy", "reverse", "sort"]) == [(0, "copy", "reverse"), (1, "copy", "reverse")]
+    stray = hits + [["sort", "sort", "sort"]] * 36  # value 0's 2 + 2 are now a tenth of 40 inputs, value 1's 2 + 1 not
+    assert probe["shared_pairs"](stray, ["copy", "reverse", "sort"]) == [(0, "copy", "reverse")]
 
 
 def test_merge_probe_counts_what_each_value_begins_like():
