@@ -150,7 +150,11 @@ def test_a_z_that_moves_likelihoods_without_flipping_a_decode_is_used():
     verdict = z_use(metrics, decode, "discrete", control)
     assert verdict["outcome"] == "z used, decoder whole" and verdict["likelihood_above_chance"]
     assert "1.000 nats more log-likelihood" in verdict["statement"]
-    assert z_use(metrics, decode, "discrete", trace)["outcome"] == "z not used"
+    below_floor = z_use(metrics, decode, "discrete", trace)
+    assert below_floor["outcome"] == "z not used"
+    assert "not above chance, which asks >= 0.693 nats" in below_floor["statement"]
+    opposite = likelihood_control(follows, (1 - assigned).tolist())  # the matching the other way round
+    assert "1.000 nats less log-likelihood" in z_use(metrics, decode, "discrete", opposite)["statement"]
 
 
 class TwoStrategyLabels:

@@ -248,9 +248,12 @@ def z_statement(outcome: str, metrics: dict, control: dict, free: dict, likeliho
                      f"{free['best_of_k_exact_match']:.3f}, {free['diverse_share']:.3f} of the examples decode "
                      f"differently under different values)")
     if likelihood.get("measured"):
+        ratio, se = likelihood["log_ratio"], likelihood["log_ratio_se"]
+        rule = "above chance" if likelihood["above_chance"] else (
+            f"not above chance, which asks >= {LIKELIHOOD_FLOOR:.3f} nats and > 2 SE; SE {se:.3f}")
         parts.append(f"with y teacher-forced, the latent value matched to an example's strategy gives its reference "
-                     f"{likelihood['log_ratio']:.3f} nats more log-likelihood than the other values do (their mean "
-                     f"likelihood; {'above' if likelihood['above_chance'] else 'not above'} chance)")
+                     f"{abs(ratio):.3f} nats {'more' if ratio >= 0 else 'less'} log-likelihood than the other values "
+                     f"do (their mean likelihood, over {likelihood['examples']} examples; {rule})")
     if not control.get("measured") and not free:
         parts.append(f"decode control not measured ({control.get('reason', 'no example decoded')})")
     if outcome != OUTCOMES[2]:

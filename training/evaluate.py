@@ -14,8 +14,8 @@ which ``tokweight generate`` shares).
   executes s when it equals s(x); control accuracy = matched executions / (examples x K) under the
   one-to-one map latent value -> strategy that maximises them (Hungarian).
 
-Likelihood (labelled data, discrete latent): the share of each example's likelihood, y teacher-forced, that falls
-under its matched latent value against the other values, over the whole split (``likelihood_control``).
+Likelihood (labelled data, discrete latent): over the whole split, how much more likely each example's y,
+teacher-forced, is under its matched latent value than under the other values (``likelihood_control``).
 
 ``z_use`` gives the verdict, one of three outcomes with its rules (eval.json ``z_used``, the head of
 eval.md): z used with the decoder whole, z used with the decoder damaged, z not used; the base model's
@@ -168,7 +168,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     own_value = dict(zip(records.rows["key"], clusters.tolist()))
     decode = decode_per_latent(model, base, vocab, samples, centres, load_labels(cfg.data), matched,
                                [own_value[s.key] for s in samples]) if samples else {}
-    likelihood = split_likelihood_control(records.rows, matched)
+    likelihood = split_likelihood_control(records.rows, matched, tcfg.cvae.latent)
     verdict = z_use(metrics, decode, tcfg.cvae.latent, likelihood)
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,
               "metrics": metrics, "z_used": verdict, "likelihood": likelihood, "decode": decode}
@@ -176,11 +176,13 @@ def run_eval(cfg: EvalConfig) -> dict:
     return result
 
 
-def split_likelihood_control(rows: dict, matched: dict) -> dict:
+def split_likelihood_control(rows: dict, matched: dict, latent: str) -> dict:
     """``control.likelihood_control`` over every example of the split; the continuous latent's pass scores posterior
     draws, not the K values it decodes, so it is not measured there."""
-    if len(rows["nll_by_value"]) != len(rows["strategy"]):
+    if latent != "discrete":
         return {"measured": False, "reason": "continuous latent: the pass scores posterior draws, not the K values"}
+    if not rows["strategy"]:
+        return {"measured": False, "reason": "no example in the split"}
     return likelihood_control(np.stack(rows["nll_by_value"]), [matched.get(s, -1) for s in rows["strategy"]])
 
 
