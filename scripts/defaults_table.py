@@ -37,6 +37,11 @@ draw), and to more latent slots, on a base that read the template at 1-8 slots (
     python scripts/defaults_table.py OUT --blocks k4-default-slots8 --weightings surprisal-share --cap 600 \
         --seeds 2,0,1 --slots 8
 
+Two strategies that begin alike and part at the second token (copy and evens-odds, K = 2), the decision that
+no latent value made at K = 8:
+
+    python scripts/defaults_table.py OUT --blocks k2-copy-evens-odds --cap 300
+
 The longest dilution, T/(t0+1) about 64 (x of 64 symbols, K = 2), with a base trained the usual way and
 one trained on the z-conditioned template at 4 slots only (`train-base --min-slots 4`):
 
@@ -122,6 +127,9 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
     # the K = 4 default block's base recipe under other seeds: how much of the K = 4 result is the base's draw
     **{f"k4-default-baseseed{seed}": long_task(DEFAULT_STRATEGIES, base_model(**{**DEFAULT_BASE, "seed": seed}))
        for seed in (1, 2)},
+    # K = 2 with two strategies that begin alike (x[0]) and part at the second token, as three pairs do at K = 8
+    "k2-copy-evens-odds": (TaskConfig(settings=(H0,), base=base_model(1500),
+                                      synth=replace(TaskConfig().synth, strategies=("copy", "evens-odds"))), H0),
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),
