@@ -124,22 +124,22 @@ def test_a_z_that_moves_likelihoods_without_flipping_a_decode_is_used():
     """A base that reproduces nothing: every greedy decode is wrong under every latent value, so both decode
     controls see nothing, while y is e times as likely under the value matched to its strategy. The likelihood
     control sees it; likelihoods that differ between the values by as much but independently of the strategy
-    (a z that means nothing), or that follow it by less than the floor (the uniform cells' tilts of up to 0.25 nats),
-    do not."""
+    (a z that means nothing), that follow it by less than the floor (the uniform cells' tilts of up to 0.33 nats), or
+    that follow a matching made by a posterior that knows nothing of the strategy, do not."""
     n, rng = 400, np.random.default_rng(0)
     assigned = np.arange(n) % 2
     matched = np.eye(2, dtype=bool)[assigned]
     follows = np.where(matched, 20.0, 21.0)  # (n, 2) nats: 1 nat less under the matched value
-    control = likelihood_control(follows, assigned.tolist())
+    control = likelihood_control(follows, assigned.tolist(), 0.3)
     assert control["log_ratio"] == pytest.approx(1.0) and control["above_chance"]
     noise = 20.0 + rng.normal(0.0, 1.0, (n, 2))  # as far apart, and unrelated to the label
-    assert not likelihood_control(noise, assigned.tolist())["above_chance"]
+    assert not likelihood_control(noise, assigned.tolist(), 0.3)["above_chance"]
     tilt = np.where(matched, 20.0, 20.15) + rng.normal(0.0, 0.2, (n, 2))  # 0.15 nats at 10 SE
-    trace = likelihood_control(tilt, assigned.tolist())
+    trace = likelihood_control(tilt, assigned.tolist(), 0.3)
     assert trace["log_ratio"] == pytest.approx(0.15, abs=0.03) and trace["log_ratio"] > 5 * trace["log_ratio_se"]
-    assert not trace["above_chance"] and not likelihood_control(follows, [-1] * n)["measured"]
+    assert not trace["above_chance"] and not likelihood_control(follows, [-1] * n, 0.3)["measured"]
     three = np.array([[5.0, 5.0 + math.log(4), 5.0 + math.log(4) / 2]])  # p(y|k) proportional to 1, 1/4, 1/2
-    assert likelihood_control(three, [0])["log_ratio"] == pytest.approx(math.log(1 / ((1 / 4 + 1 / 2) / 2)))
+    assert likelihood_control(three, [0], 0.3)["log_ratio"] == pytest.approx(math.log(1 / ((1 / 4 + 1 / 2) / 2)))
 
     metrics = {"posterior_informative": True, "posterior_values": "exact MI 0.369 nats", "nll_token_mean": 0.418,
                "base_nll_token_mean": 0.44}
@@ -153,8 +153,13 @@ def test_a_z_that_moves_likelihoods_without_flipping_a_decode_is_used():
     below_floor = z_use(metrics, decode, "discrete", trace)
     assert below_floor["outcome"] == "z not used"
     assert "not above chance, which asks >= 0.693 nats" in below_floor["statement"]
-    opposite = likelihood_control(follows, (1 - assigned).tolist())  # the matching the other way round
+    opposite = likelihood_control(follows, (1 - assigned).tolist(), 0.3)  # the matching the other way round
     assert "1.000 nats less log-likelihood" in z_use(metrics, decode, "discrete", opposite)["statement"]
+    # a posterior that knows nothing of the strategy matches values to strategies at random: not counted
+    arbitrary = likelihood_control(follows, assigned.tolist(), 0.005)
+    assert arbitrary["log_ratio"] == pytest.approx(1.0) and not arbitrary["above_chance"]
+    verdict = z_use(metrics, decode, "discrete", arbitrary)
+    assert verdict["outcome"] == "z not used" and "I(z; strategy) 0.005 is under 0.01 nats" in verdict["statement"]
 
 
 class TwoStrategyLabels:

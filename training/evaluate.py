@@ -168,7 +168,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     own_value = dict(zip(records.rows["key"], clusters.tolist()))
     decode = decode_per_latent(model, base, vocab, samples, centres, load_labels(cfg.data), matched,
                                [own_value[s.key] for s in samples]) if samples else {}
-    likelihood = split_likelihood_control(records.rows, matched, tcfg.cvae.latent)
+    likelihood = split_likelihood_control(records.rows, matched, metrics, tcfg.cvae.latent)
     verdict = z_use(metrics, decode, tcfg.cvae.latent, likelihood)
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,
               "metrics": metrics, "z_used": verdict, "likelihood": likelihood, "decode": decode}
@@ -176,14 +176,15 @@ def run_eval(cfg: EvalConfig) -> dict:
     return result
 
 
-def split_likelihood_control(rows: dict, matched: dict, latent: str) -> dict:
+def split_likelihood_control(rows: dict, matched: dict, metrics: dict, latent: str) -> dict:
     """``control.likelihood_control`` over every example of the split; the continuous latent's pass scores posterior
     draws, not the K values it decodes, so it is not measured there."""
     if latent != "discrete":
         return {"measured": False, "reason": "continuous latent: the pass scores posterior draws, not the K values"}
-    if not rows["strategy"]:
-        return {"measured": False, "reason": "no example in the split"}
-    return likelihood_control(np.stack(rows["nll_by_value"]), [matched.get(s, -1) for s in rows["strategy"]])
+    if "strategy_mi" not in metrics:
+        return {"measured": False, "reason": "no example of the split has a strategy label"}
+    return likelihood_control(np.stack(rows["nll_by_value"]), [matched.get(s, -1) for s in rows["strategy"]],
+                              metrics["strategy_mi"])
 
 
 def split_clusters(post: np.ndarray, cvae, seed: int) -> tuple[np.ndarray | None, np.ndarray]:
