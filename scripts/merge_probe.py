@@ -6,8 +6,9 @@ of a pair, on at least a fifth of its a-or-b decodes each:
 - how often another value executes the other one of the pair on the same input (the two values split the
   pair between them per input);
 - whether the value chooses by an order of the symbols: a logistic regression of "executes a" on
-  one-hot(a(x)[0]) - one-hot(b(x)[0]), a score per symbol (a when its first symbol scores higher), its
-  accuracy on the held-out half of the inputs (2-fold), and the order of the scores fitted on all of them.
+  one-hot(a(x)[p]) - one-hot(b(x)[p]) at the first position p where the two outputs part (p = 0 unless they
+  begin alike), a score per symbol (a when its symbol there scores higher), its accuracy on the held-out half
+  of the inputs (2-fold), and the order of the scores fitted on all of them.
 
 Before those, per value, which strategies its decodes begin like: the share of decodes whose first token, and
 whose first two tokens, equal those of s(x), by the set of strategies s that they match (strategies that begin
@@ -78,6 +79,11 @@ def prefix_shares(samples, decodes: list, labels, tokens: int) -> list[Counter]:
     return counts
 
 
+def parting(a: tuple, b: tuple) -> int | None:
+    """The first position where two strategies' outputs for one x (permutations of it) differ; None: equal."""
+    return next((p for p, (u, w) in enumerate(zip(a, b)) if u != w), None)
+
+
 def shared_pairs(hits: list[list[str | None]], names: list[str]) -> list[tuple[int, str, str]]:
     """(value, a, b) for each value whose a-or-b decodes are at least ``PAIR_DECODES`` of the inputs and each
     strategy at least ``SHARED`` of them."""
@@ -128,18 +134,17 @@ def main() -> None:
                 print(f"value {v} ({a} or {b}) and value {w}: on the {len(both)} inputs where both execute one, "
                       f"different ones on {np.mean([row[v] != row[w] for row in both]):.2f}")
         cands = [labels.outputs(s.x) for s, _ in rows]
-        apart = [i for i, c in enumerate(cands) if c[a][0] != c[b][0]]  # a and b begin alike: no choice at t0
-        if not apart:
-            print(f"value {v} ({a} or {b}): the two begin alike on every input; the choice is made at a later token")
-            continue
-        first_a = np.array([symbols[cands[i][a][0]] for i in apart])
-        first_b = np.array([symbols[cands[i][b][0]] for i in apart])
-        chose_a = np.array([rows[i][1][v] == a for i in apart])
-        accuracy, scores = order_accuracy(first_a, first_b, chose_a, len(symbols))
+        parts = [(i, parting(c[a], c[b])) for i, c in enumerate(cands)]
+        parts = [(i, p) for i, p in parts if p is not None]  # a(x) = b(x): nothing to choose
+        part_a = np.array([symbols[cands[i][a][p]] for i, p in parts])
+        part_b = np.array([symbols[cands[i][b][p]] for i, p in parts])
+        chose_a = np.array([rows[i][1][v] == a for i, _ in parts])
+        accuracy, scores = order_accuracy(part_a, part_b, chose_a, len(symbols))
         order = " > ".join(sorted(symbols, key=lambda s: -scores[symbols[s]]))
-        print(f"value {v} executes {a} on {chose_a.mean():.2f} of its {len(apart)} {a}-or-{b} decodes whose first "
-              f"symbols differ; an order of the two first symbols predicts which on {accuracy:.3f} of held-out "
-              f"inputs ({a} when its first symbol ranks higher: {order})")
+        where = ", ".join(f"token {p + 1} on {n}" for p, n in sorted(Counter(p for _, p in parts).items()))
+        print(f"value {v} executes {a} on {chose_a.mean():.2f} of its {len(parts)} {a}-or-{b} decodes (the two part "
+              f"at {where}); an order of the two symbols where they part predicts which on {accuracy:.3f} of "
+              f"held-out inputs ({a} when its symbol there ranks higher: {order})")
 
 
 if __name__ == "__main__":

@@ -66,5 +66,9 @@ def test_merge_probe_counts_what_each_value_begins_like():
     samples = [Sample(("a", "b", "c", "d")), Sample(("e", "f", "g", "h"))]
     decodes = [[("a", "b", "c", "d"), ("d", "c", "b", "a")], [("e", "g", "f", "h"), ("z", "z", "z", "z")]]
     first, two = (prefix_shares(samples, decodes, Labels, n) for n in (1, 2))
+    parting = runpy.run_path(str(SCRIPTS[0].parent / "merge_probe.py"))["parting"]
+    outputs = Labels.outputs(("a", "b", "c", "d"))
+    assert parting(outputs["copy"], outputs["evens-odds"]) == 1 and parting(outputs["copy"], outputs["reverse"]) == 0
+    assert parting(outputs["copy"], outputs["copy"]) is None
     assert first[0] == {"copy/evens-odds": 2} and two[0] == {"copy": 1, "evens-odds": 1}
     assert first[1] == {"reverse": 1, "none": 1} and two[1] == first[1]
