@@ -52,7 +52,7 @@ def test_merge_probe_recovers_a_planted_order_and_finds_the_shared_values():
 def test_merge_probe_counts_what_each_value_begins_like():
     """copy and evens-odds both begin with x[0] and part at the second token: a value that decodes one or the
     other per input begins like both on its first token, like one of them on its first two."""
-    prefix_shares = runpy.run_path(str(SCRIPTS[0].parent / "merge_probe.py"))["prefix_shares"]
+    probe = runpy.run_path(str(SCRIPTS[0].parent / "merge_probe.py"))
 
     class Labels:
         @staticmethod
@@ -65,9 +65,8 @@ def test_merge_probe_counts_what_each_value_begins_like():
 
     samples = [Sample(("a", "b", "c", "d")), Sample(("e", "f", "g", "h"))]
     decodes = [[("a", "b", "c", "d"), ("d", "c", "b", "a")], [("e", "g", "f", "h"), ("z", "z", "z", "z")]]
-    first, two = (prefix_shares(samples, decodes, Labels, n) for n in (1, 2))
-    parting = runpy.run_path(str(SCRIPTS[0].parent / "merge_probe.py"))["parting"]
-    outputs = Labels.outputs(("a", "b", "c", "d"))
+    first, two = (probe["prefix_shares"](samples, decodes, Labels, n) for n in (1, 2))
+    parting, outputs = probe["parting"], Labels.outputs(("a", "b", "c", "d"))
     assert parting(outputs["copy"], outputs["evens-odds"]) == 1 and parting(outputs["copy"], outputs["reverse"]) == 0
     assert parting(outputs["copy"], outputs["copy"]) is None
     assert first[0] == {"copy/evens-odds": 2} and two[0] == {"copy": 1, "evens-odds": 1}
