@@ -107,10 +107,10 @@ def under_and_chance(match: np.ndarray, assigned: np.ndarray) -> tuple[np.ndarra
     return under, (match.sum(1) - under) / (match.shape[1] - 1)
 
 
-def passes(gain: np.ndarray) -> bool:
-    """The rule of ``CONTROL_RULE`` on the per-example gains over chance."""
+def passes(gain: np.ndarray, floor: float = CONTROL_FLOOR) -> bool:
+    """The per-example gains' mean is at least ``floor`` and above 2 SE (``CONTROL_RULE``'s floor by default)."""
     mean = gain.mean()
-    return bool(mean >= CONTROL_FLOOR and mean > 2 * standard_error(gain))
+    return bool(mean >= floor and mean > 2 * standard_error(gain))
 
 
 def standard_error(x: np.ndarray) -> float:
@@ -146,11 +146,11 @@ def likelihood_control(nll_by_value: np.ndarray, assigned: list[int], strategy_m
     loglik, rows = -nll_by_value[mine], np.arange(len(mine))
     others = np.where(np.arange(V) == assigned[mine, None], -np.inf, loglik)
     ratio = loglik[rows, assigned[mine]] - (logsumexp(others, axis=1) - np.log(V - 1))
-    se, matching_informative = standard_error(ratio), strategy_mi >= MI_FLOOR
-    above = matching_informative and ratio.mean() >= LIKELIHOOD_FLOOR and ratio.mean() > 2 * se
-    return {"measured": True, "above_chance": bool(above), "rule": LIKELIHOOD_RULE, "examples": len(mine),
-            "log_ratio": float(ratio.mean()), "log_ratio_se": se, "strategy_mi": strategy_mi,
-            "matching_informative": bool(matching_informative)}
+    matching_informative = bool(strategy_mi >= MI_FLOOR)
+    return {"measured": True, "above_chance": matching_informative and passes(ratio, LIKELIHOOD_FLOOR),
+            "rule": LIKELIHOOD_RULE, "examples": len(mine), "log_ratio": float(ratio.mean()),
+            "log_ratio_se": standard_error(ratio), "strategy_mi": strategy_mi,
+            "matching_informative": matching_informative}
 
 
 def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabels) -> tuple[dict, list]:
@@ -256,11 +256,15 @@ def z_statement(outcome: str, metrics: dict, control: dict, free: dict, likeliho
                      f"{free['best_of_k_exact_match']:.3f}, {free['diverse_share']:.3f} of the examples decode "
                      f"differently under different values)")
     if likelihood.get("measured"):
-        ratio, se = likelihood["log_ratio"], likelihood["log_ratio_se"]
-        rule = "above chance" if likelihood["above_chance"] else (
-            f"not counted: the posterior's I(z; strategy) {likelihood['strategy_mi']:.3f} is under {MI_FLOOR} nats, "
-            f"so the matching is arbitrary" if not likelihood["matching_informative"] else
-            f"not above chance, which asks >= {LIKELIHOOD_FLOOR:.3f} nats and > 2 SE; SE {se:.3f}")
+        ratio = likelihood["log_ratio"]
+        if not likelihood["matching_informative"]:
+            rule = (f"not counted: the posterior's I(z; strategy) {likelihood['strategy_mi']:.3f} is under {MI_FLOOR} "
+                    f"nats, so the matching is arbitrary")
+        elif likelihood["above_chance"]:
+            rule = "above chance"
+        else:
+            rule = (f"not above chance, which asks >= {LIKELIHOOD_FLOOR:.3f} nats and > 2 SE; "
+                    f"SE {likelihood['log_ratio_se']:.3f}")
         parts.append(f"with y teacher-forced, the latent value matched to an example's strategy gives its reference "
                      f"{abs(ratio):.3f} nats {'more' if ratio >= 0 else 'less'} log-likelihood than the other values "
                      f"do (their mean likelihood, over {likelihood['examples']} examples; {rule})")
