@@ -13,7 +13,11 @@ of a pair, on at least a fifth of its a-or-b decodes each:
 Before those, per value, which strategies its decodes begin like: the share of decodes whose first token, and
 whose first two tokens, equal those of s(x), by the set of strategies s that they match (strategies that begin
 alike on an input, such as copy and evens-odds with x[0], match together). A value that codes the first decision
-and not the second shows as one first-token set split between its strategies at the second token.
+and not the second shows as one first-token set split between its strategies at the second token. And per value,
+which of the base model's choices it executes: the strategies of each input ranked by the base's NLL of s(x)
+(the run's checkpoint, z-free): a value that means "the base's first choice" or "its second" codes the base's
+own per-x preference, not a strategy. For each shared pair, the base's preference between a and b (which of
+a(x), b(x) it finds likelier) is matched with the value's choice the same way.
 
     python scripts/merge_probe.py RUN DATA [--split test] [--examples 512]
 """
@@ -31,7 +35,9 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
+from tokweight.pipeline.backbone import load_backbone, s_nll
 from tokweight.pipeline.labels import load_labels
+from tokweight.pipeline.templates import collate, template_ids
 from tokweight.training.control import strategy_execution
 from tokweight.training.generate import GenerateConfig, run as generate
 from tokweight.training.train_base import load_split
@@ -84,6 +90,27 @@ def parting(a: tuple, b: tuple) -> int | None:
     return next((p for p, (u, w) in enumerate(zip(a, b)) if u != w), None)
 
 
+def base_nll(checkpoint: str, samples, labels, names: list[str], batch: int = 256) -> np.ndarray:
+    """(inputs, strategies) the base model's NLL of s(x) after x, z-free, nats."""
+    ckpt = load_backbone(checkpoint)
+    rows = [template_ids(ckpt.vocab, s.x, labels.outputs(s.x)[n]) for s in samples for n in names]
+    with torch.no_grad():
+        nll = torch.cat([s_nll(ckpt.model, collate(*zip(*rows[i: i + batch]))).sum(1)
+                         for i in range(0, len(rows), batch)])
+    return nll.view(len(samples), len(names)).numpy()
+
+
+def base_choice_shares(nll: np.ndarray, hits: list[list[str | None]], names: list[str]) -> list[np.ndarray]:
+    """Per latent value: the share of inputs on which its decode executes the base's first, second, ... choice
+    (strategies ranked by the base's NLL of s(x)); the shares sum to the value's executed share."""
+    rank = nll.argsort(1).argsort(1)  # rank[i, j]: strategy j's place in input i's ranking, 0 = likeliest
+    shares = []
+    for v in range(len(hits[0])):
+        placed = [rank[i, names.index(row[v])] for i, row in enumerate(hits) if row[v] is not None]
+        shares.append(np.bincount(placed, minlength=len(names)) / len(hits))
+    return shares
+
+
 def shared_pairs(hits: list[list[str | None]], names: list[str]) -> list[tuple[int, str, str]]:
     """(value, a, b) for each value whose a-or-b decodes are at least ``PAIR_DECODES`` of the inputs and each
     strategy at least ``SHARED`` of them."""
@@ -125,26 +152,32 @@ def main() -> None:
         for v, count in enumerate(prefix_shares(samples, decodes, labels, tokens)):
             shares = [f"{n} {m / len(samples):.2f}" for n, m in count.most_common() if m >= 0.02 * len(samples)]
             print(f"value {v} begins (first {tokens} token{'s' * (tokens > 1)}) like: " + ", ".join(shares))
+    checkpoint = json.loads((args.run / "config.json").read_text())["io"]["checkpoint"]
+    nll = base_nll(checkpoint, samples, labels, names)
+    for v, shares in enumerate(base_choice_shares(nll, hits, names)):
+        print(f"value {v} executes the base's choice " + ", ".join(f"{r + 1}: {share:.2f}" for r, share in enumerate(shares)))
     symbols = {s: i for i, s in enumerate(sorted({t for s in samples for t in s.x}))}
     for v, a, b in shared_pairs(hits, names):
-        rows = [(s, row) for s, row in zip(samples, hits) if row[v] in (a, b)]
+        chosen = [n for n, row in enumerate(hits) if row[v] in (a, b)]  # the inputs of the value's a-or-b decodes
         for w in range(len(decodes[0])):
-            both = [row for _, row in rows if w != v and row[w] in (a, b)]
+            both = [hits[n] for n in chosen if w != v and hits[n][w] in (a, b)]
             if len(both) >= 0.1 * len(samples):
                 print(f"value {v} ({a} or {b}) and value {w}: on the {len(both)} inputs where both execute one, "
                       f"different ones on {np.mean([row[v] != row[w] for row in both]):.2f}")
-        cands = [labels.outputs(s.x) for s, _ in rows]
+        cands = [labels.outputs(samples[n].x) for n in chosen]
         parts = [(i, parting(c[a], c[b])) for i, c in enumerate(cands)]
         parts = [(i, p) for i, p in parts if p is not None]  # a(x) = b(x): nothing to choose
         part_a = np.array([symbols[cands[i][a][p]] for i, p in parts])
         part_b = np.array([symbols[cands[i][b][p]] for i, p in parts])
-        chose_a = np.array([rows[i][1][v] == a for i, _ in parts])
+        chose_a = np.array([hits[chosen[i]][v] == a for i, _ in parts])
         accuracy, scores = order_accuracy(part_a, part_b, chose_a, len(symbols))
+        base_prefers_a = np.array([nll[chosen[i], names.index(a)] < nll[chosen[i], names.index(b)] for i, _ in parts])
         order = " > ".join(sorted(symbols, key=lambda s: -scores[symbols[s]]))
         where = ", ".join(f"token {p + 1} on {n}" for p, n in sorted(Counter(p for _, p in parts).items()))
         print(f"value {v} executes {a} on {chose_a.mean():.2f} of its {len(parts)} {a}-or-{b} decodes (the two part "
               f"at {where}); an order of the two symbols where they part predicts which on {accuracy:.3f} of "
-              f"held-out inputs ({a} when its symbol there ranks higher: {order})")
+              f"held-out inputs ({a} when its symbol there ranks higher: {order}); it executes the one the base finds "
+              f"likelier on {np.mean(chose_a == base_prefers_a):.3f}")
 
 
 if __name__ == "__main__":

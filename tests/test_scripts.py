@@ -71,3 +71,31 @@ def test_merge_probe_counts_what_each_value_begins_like():
     assert parting(outputs["copy"], outputs["copy"]) is None
     assert first[0] == {"copy/evens-odds": 2} and two[0] == {"copy": 1, "evens-odds": 1}
     assert first[1] == {"reverse": 1, "none": 1} and two[1] == first[1]
+
+
+def test_merge_probe_ranks_each_values_strategy_among_the_bases_choices(tiny):
+    """The base's NLL of every s(x), batched, equals each one scored alone; a value's executed strategies are
+    placed by that ranking, and a value that executes nothing on an input adds to no place."""
+    import torch
+
+    from tokweight.pipeline.backbone import load_backbone, s_nll
+    from tokweight.pipeline.labels import load_labels
+    from tokweight.pipeline.templates import collate, template_ids
+    from tokweight.training.train_base import load_split
+
+    probe = runpy.run_path(str(SCRIPTS[0].parent / "merge_probe.py"))
+    data, ckpt = tiny
+    labels, samples = load_labels(data), load_split(data, "test")[:5]
+    names = sorted(labels.outputs(samples[0].x))
+    nll = probe["base_nll"](str(ckpt), samples, labels, names, batch=3)  # batches cut across inputs
+    model = load_backbone(ckpt)
+    for i, s in enumerate(samples):
+        for j, n in enumerate(names):
+            with torch.no_grad():
+                alone = s_nll(model.model, collate(*zip(template_ids(model.vocab, s.x, labels.outputs(s.x)[n])))).sum()
+            assert nll[i, j] == pytest.approx(float(alone), rel=1e-5)
+    nll = np.array([[0.1, 2.0, 1.0], [3.0, 0.2, 0.5]])  # input 0 ranks a, c, b; input 1 ranks b, c, a
+    hits = [["a", "b", None], ["c", "b", "a"]]
+    shares = probe["base_choice_shares"](nll, hits, ["a", "b", "c"])
+    assert np.allclose(shares[0], [0.5, 0.5, 0.0])  # a: 1st choice on input 0; c: 2nd on input 1
+    assert np.allclose(shares[1], [0.5, 0.0, 0.5]) and np.allclose(shares[2], [0.0, 0.0, 0.5])
