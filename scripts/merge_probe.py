@@ -17,7 +17,11 @@ and not the second shows as one first-token set split between its strategies at 
 which of the base model's choices it executes: the strategies of each input ranked by the base's NLL of s(x)
 (the run's checkpoint, z-free): a value that means "the base's first choice" or "its second" codes the base's
 own per-x preference, not a strategy. For each shared pair, the base's preference between a and b (which of
-a(x), b(x) it finds likelier) is matched with the value's choice the same way.
+a(x), b(x) it finds likelier) is matched with the value's choice the same way. And per value, whether one order
+of the symbols accounts for its first tokens: a conditional logit of the decode's first token among the
+strategies' first tokens for that x (a score per symbol, 2-fold held-out accuracy), beside the share that one
+strategy's first token accounts for. A fixed preference over symbols is what sort and sort-desc are (the least
+and the greatest symbol first); copy and reverse begin at a position, which no order of the symbols picks.
 
     python scripts/merge_probe.py RUN DATA [--split test] [--examples 512]
 """
@@ -72,6 +76,38 @@ def order_accuracy(first_a, first_b, chose_a, n_symbols: int, seed: int = 0) -> 
                                  first_a[held], first_b[held]) == chose_a[held])
                 for fit, held in (halves, halves[::-1])]
     return float(np.mean(accuracy)), fit_scores(first_a, first_b, chose_a, n_symbols)[:-1]
+
+
+def fit_first_token_scores(cands: np.ndarray, unique: np.ndarray, chosen: np.ndarray, n_symbols: int) -> np.ndarray:
+    """(n_symbols,) scores w of the L2-penalised conditional logit: the first token is chosen among an input's
+    candidate first tokens (``cands`` (n, K) symbol ids, ``unique`` masking repeats) with p ∝ exp(w[symbol])."""
+    def loss(w):
+        logits = np.where(unique, w[cands], -np.inf)
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        grad = np.zeros(n_symbols)
+        np.add.at(grad, cands[unique], p[unique])
+        np.add.at(grad, chosen, -1.0)
+        nll = -(w[chosen] - np.log(np.exp(logits).sum(1))).sum()
+        return nll + 0.5 * L2 * w @ w, grad + L2 * w
+
+    return minimize(loss, np.zeros(n_symbols), jac=True, method="L-BFGS-B").x
+
+
+def first_token_order(cands: np.ndarray, chosen: np.ndarray, n_symbols: int, seed: int = 0) -> float:
+    """Held-out accuracy (2-fold mean) of one order of the symbols as the account of a value's first tokens:
+    the candidate whose symbol scores highest. ``cands`` (n, K): the first token of each strategy's output for
+    each input, ``chosen`` (n,): the decode's first token, one of them."""
+    unique = np.ones(cands.shape, bool)
+    for j in range(1, cands.shape[1]):
+        unique[:, j] = (cands[:, :j] != cands[:, j: j + 1]).all(1)
+    halves = np.array_split(np.random.default_rng(seed).permutation(len(chosen)), 2)
+    accuracy = []
+    for fit, held in (halves, halves[::-1]):
+        w = fit_first_token_scores(cands[fit], unique[fit], chosen[fit], n_symbols)
+        scored = np.where(unique[held], w[cands[held]], -np.inf)
+        accuracy.append(np.mean(cands[held][np.arange(len(held)), scored.argmax(1)] == chosen[held]))
+    return float(np.mean(accuracy))
 
 
 def prefix_shares(samples, decodes: list, labels, tokens: int) -> list[Counter]:
@@ -157,6 +193,15 @@ def main() -> None:
     for v, shares in enumerate(base_choice_shares(nll, hits, names)):
         print(f"value {v} executes the base's choice " + ", ".join(f"{r + 1}: {share:.2f}" for r, share in enumerate(shares)))
     symbols = {s: i for i, s in enumerate(sorted({t for s in samples for t in s.x}))}
+    firsts = np.array([[symbols[labels.outputs(s.x)[n][0]] for n in names] for s in samples])  # (inputs, K)
+    for v in range(len(decodes[0])):
+        starts = [n for n, row in enumerate(decodes) if row[v] and row[v][0] in symbols
+                  and symbols[row[v][0]] in firsts[n]]  # decodes that begin like some strategy
+        chosen = np.array([symbols[decodes[n][v][0]] for n in starts])
+        best = max(np.mean(firsts[starts, j] == chosen) for j in range(len(names)))
+        print(f"value {v}: of its {len(starts)} decodes that begin like a strategy, one order of the symbols "
+              f"predicts the first token of {first_token_order(firsts[starts], chosen, len(symbols)):.3f} held out; "
+              f"one strategy's first token, {best:.3f}")
     for v, a, b in shared_pairs(hits, names):
         chosen = [n for n, row in enumerate(hits) if row[v] in (a, b)]  # the inputs of the value's a-or-b decodes
         for w in range(len(decodes[0])):

@@ -49,6 +49,19 @@ def test_merge_probe_recovers_a_planted_order_and_finds_the_shared_values():
     assert probe["shared_pairs"](stray, ["copy", "reverse", "sort"]) == [(0, "copy", "reverse")]
 
 
+def test_merge_probe_tells_a_symbol_order_from_a_position():
+    """A value that begins with the best-ranked of its candidate first tokens is one order of the symbols; one
+    that always begins with the first strategy's token (a position: copy's x[0]) is not."""
+    probe = runpy.run_path(str(SCRIPTS[0].parent / "merge_probe.py"))
+    rng = np.random.default_rng(0)
+    rank = rng.permutation(16)
+    cands = rng.integers(0, 16, (400, 4))
+    cands[:, 3] = cands[:, 2]  # two strategies that begin alike: one candidate, not two
+    by_order = cands[np.arange(400), rank[cands].argmax(1)]
+    assert probe["first_token_order"](cands, by_order, 16) > 0.95
+    assert probe["first_token_order"](cands, cands[:, 0], 16) < 0.5
+
+
 def test_merge_probe_counts_what_each_value_begins_like():
     """copy and evens-odds both begin with x[0] and part at the second token: a value that decodes one or the
     other per input begins like both on its first token, like one of them on its first two."""
