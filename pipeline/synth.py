@@ -107,9 +107,13 @@ class SynthConfig:
     """Copies of FILLER_SYMBOL after s(x) in every y: T grows by this much with t0 unchanged, tokens a base
     model predicts near-perfectly (a long fixed ending, as in templated answers)."""
     prior: str = "uniform"
-    """p(s|x): "uniform", or "x-dependent": p(s|x) ∝ 1 + alpha·[s == id(x[0]) mod K]."""
+    """p(s|x): "uniform", "x-dependent": p(s|x) ∝ 1 + alpha·[s == id(x[0]) mod K], or "weighted":
+    p(s|x) ∝ weights[s], whatever x (strategies of unequal frequency)."""
     alpha: float = 3.0
-    """Boost of the favoured strategy under the "x-dependent" prior (>= 0; unused if uniform)."""
+    """Boost of the favoured strategy under the "x-dependent" prior (>= 0; unused otherwise)."""
+    weights: tuple[float, ...] = ()
+    """One weight > 0 per strategy under the "weighted" prior (empty otherwise). The base's "Bayes" figure at t0
+    (log of the strategies consistent there) is a uniform prior's, above the weighted prior's surprisal."""
     n_train: int = 20_000
     """Examples in the train split."""
     n_val: int = 2_000
@@ -123,6 +127,7 @@ class SynthConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "strategies", tuple(self.strategies))  # a JSON list is fine too
+        object.__setattr__(self, "weights", tuple(self.weights))
         if self.alphabet_size < 2:
             raise ValueError(f"alphabet_size must be >= 2, got {self.alphabet_size}")
         if not 1 <= self.min_len <= self.max_len:
@@ -133,8 +138,12 @@ class SynthConfig:
                              f"got {self.strategies}")
         if self.header_len < 0 or self.trailer_len < 0:
             raise ValueError(f"header_len and trailer_len must be >= 0, got {self.header_len}, {self.trailer_len}")
-        if self.prior not in ("uniform", "x-dependent"):
-            raise ValueError(f"prior must be 'uniform' or 'x-dependent', got {self.prior!r}")
+        if self.prior not in ("uniform", "x-dependent", "weighted"):
+            raise ValueError(f"prior must be 'uniform', 'x-dependent' or 'weighted', got {self.prior!r}")
+        if (self.prior == "weighted") != bool(self.weights) or (self.weights and (
+                len(self.weights) != len(self.strategies) or not min(self.weights) > 0)):
+            raise ValueError(f"weights: one weight > 0 per strategy under prior 'weighted' ({len(self.strategies)} "
+                             f"strategies), none otherwise; got prior {self.prior!r}, weights {self.weights}")
         if not self.alpha >= 0:
             raise ValueError(f"alpha must be >= 0, got {self.alpha}")
         if min(self.n_train, self.n_val, self.n_test) < 0:
@@ -222,6 +231,8 @@ def _strategy_ids(rng: np.random.Generator, first: np.ndarray, cfg: SynthConfig)
     k = len(cfg.strategies)
     if cfg.prior == "uniform":
         return rng.integers(0, k, size=len(first))
+    if cfg.prior == "weighted":
+        return rng.choice(k, size=len(first), p=np.array(cfg.weights) / sum(cfg.weights))
     probs = np.ones((len(first), k))  # (N, K) unnormalised p(s|x)
     probs[np.arange(len(first)), first % k] += cfg.alpha
     cdf = np.cumsum(probs / probs.sum(axis=1, keepdims=True), axis=1)

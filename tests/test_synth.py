@@ -133,10 +133,21 @@ def test_symbols_are_safe_and_distinct():
                and not s.startswith("<") for s in symbols)
 
 
+def test_weighted_prior_draws_each_strategy_at_its_weight_whatever_x():
+    cfg = replace(TINY, prior="weighted", weights=(6.0, 2.0, 1.0, 1.0), n_train=4000)
+    samples = list(generate(cfg, "train"))
+    shares = [np.mean([s.strategy == name for s in samples]) for name in cfg.strategies]
+    assert np.allclose(shares, [0.6, 0.2, 0.1, 0.1], atol=0.03)
+    favoured = [s.strategy == cfg.strategies[0] for s in samples if cfg.symbols().index(s.x[0]) % 4 == 1]
+    assert abs(np.mean(favoured) - 0.6) < 0.06  # not x-dependent: the same share for any x[0]
+
+
 @pytest.mark.parametrize("bad", [dict(alphabet_size=1), dict(min_len=0), dict(min_len=5, max_len=4),
                                  dict(strategies=("copy", "shuffle")), dict(strategies=()),
                                  dict(strategies=("copy", "copy")), dict(header_len=-1), dict(trailer_len=-2),
-                                 dict(prior="zipf"), dict(alpha=-1.0), dict(n_val=-1), dict(shard_size=0),
+                                 dict(prior="zipf"), dict(alpha=-1.0), dict(prior="weighted"),
+                                 dict(weights=(1.0, 1.0, 1.0, 1.0)), dict(prior="weighted", weights=(1.0, 1.0)),
+                                 dict(prior="weighted", weights=(1.0, 0.0, 1.0, 1.0)), dict(n_val=-1), dict(shard_size=0),
                                  dict(seed=-3)])
 def test_config_validation(bad):
     with pytest.raises(ValueError):
