@@ -152,9 +152,9 @@ def test_quick_and_sweep_shape_the_config_not_what_is_compared():
 def test_verdict_says_where_each_arm_keeps_z():
     from tokweight.training.experiments.own_task.render import verdict
 
-    def row(arm, weighting, beta, mi, lam=1.0):
+    def row(arm, weighting, beta, mi, lam=1.0, used=1):
         return {"arm": arm, "weighting": weighting, "lambda": lam, "beta": beta, "mi_mean": mi, "strategy_mi_mean": mi,
-                "recon_uniform_mean": 0.5, "seeds_z_used": 1, "n_seeds": 1, "seeds collapsed at convergence": 1}
+                "recon_uniform_mean": 0.5, "seeds_z_used": used, "n_seeds": 1, "seeds collapsed at convergence": 1}
 
     agg = [row("uniform", "uniform", 0.1, 0.9), row("uniform", "uniform", 1.0, 0.1),
            row("surprisal-share", "surprisal-share", 0.1, 0.9), row("surprisal-share", "surprisal-share", 1.0, 0.8),
@@ -169,6 +169,9 @@ def test_verdict_says_where_each_arm_keeps_z():
             "0 not converged by the cap") in lines[1]
     assert lines[2].startswith("- surprisal-share λ=0.5 keeps z at no β of the grid (MI 0.200")
     assert "the store predicted β_c = 1;" in lines[2]  # (1 - 0.5) * 0.5 + 0.5 * 1.5
+    # an exact MI above the bar that eval does not call used (a code of x) keeps nothing
+    x_code = [row("uniform", "uniform", 0.1, 0.9, used=0), row("uniform", "uniform", 1.0, 0.1, used=0)]
+    assert verdict(x_code, 2, stats, (0,))[2].startswith("- uniform keeps z at no β of the grid (MI 0.900")
 
 
 def test_a_cell_that_lost_z_says_whether_training_had_converged():
