@@ -197,10 +197,10 @@ def main() -> None:
     for v in range(len(decodes[0])):
         starts = [n for n, row in enumerate(decodes) if row[v] and row[v][0] in symbols
                   and symbols[row[v][0]] in firsts[n]]  # decodes that begin like some strategy
-        chosen = np.array([symbols[decodes[n][v][0]] for n in starts])
-        best = max(np.mean(firsts[starts, j] == chosen) for j in range(len(names)))
+        began = np.array([symbols[decodes[n][v][0]] for n in starts])
+        best = max(np.mean(firsts[starts, j] == began) for j in range(len(names)))
         print(f"value {v}: of its {len(starts)} decodes that begin like a strategy, one order of the symbols "
-              f"predicts the first token of {first_token_order(firsts[starts], chosen, len(symbols)):.3f} held out; "
+              f"predicts the first token of {first_token_order(firsts[starts], began, len(symbols)):.3f} held out; "
               f"one strategy's first token, {best:.3f}")
     for v, a, b in shared_pairs(hits, names):
         chosen = [n for n, row in enumerate(hits) if row[v] in (a, b)]  # the inputs of the value's a-or-b decodes
