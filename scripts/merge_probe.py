@@ -159,6 +159,54 @@ def shared_pairs(hits: list[list[str | None]], names: list[str]) -> list[tuple[i
     return out
 
 
+def decode_every_value(run: Path, data: Path, split: str, samples) -> list[list[tuple]]:
+    """Each input's greedy decode under every latent value (``tokweight generate``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs, outputs = Path(tmp, "in.jsonl"), Path(tmp, "out.jsonl")
+        inputs.write_text("".join(json.dumps({"key": s.key, "x": list(s.x)}) + "\n" for s in samples))
+        continuous = json.loads((run / "config.json").read_text())["cvae"]["latent"] == "continuous"
+        generate(GenerateConfig(str(run), str(inputs), str(outputs), data=str(data) if continuous else None, split=split))
+        return [[tuple(y) for y in json.loads(line)["outputs"]] for line in outputs.read_text().splitlines()]
+
+
+def report_first_tokens(decodes, firsts: np.ndarray, symbols: dict[str, int]) -> None:
+    """Per value: one order of the symbols against one strategy as the account of its first tokens."""
+    for v in range(len(decodes[0])):
+        starts = [n for n, row in enumerate(decodes) if row[v] and row[v][0] in symbols
+                  and symbols[row[v][0]] in firsts[n]]  # decodes that begin like some strategy
+        began = np.array([symbols[decodes[n][v][0]] for n in starts])
+        best = max(np.mean(firsts[starts, j] == began) for j in range(firsts.shape[1]))
+        print(f"value {v}: of its {len(starts)} decodes that begin like a strategy, one order of the symbols "
+              f"predicts the first token of {first_token_order(firsts[starts], began, len(symbols)):.3f} held out; "
+              f"one strategy's first token, {best:.3f}")
+
+
+def report_pair(v: int, a: str, b: str, samples, hits, labels, names: list[str], symbols: dict[str, int],
+                nll: np.ndarray) -> None:
+    """A value that shares strategies a and b: which other values split the pair with it, and whether an order
+    of the symbols where a(x) and b(x) part, or the base's preference, accounts for its choice."""
+    chosen = [n for n, row in enumerate(hits) if row[v] in (a, b)]  # the inputs of the value's a-or-b decodes
+    for w in range(len(hits[0])):
+        both = [hits[n] for n in chosen if w != v and hits[n][w] in (a, b)]
+        if len(both) >= 0.1 * len(samples):
+            print(f"value {v} ({a} or {b}) and value {w}: on the {len(both)} inputs where both execute one, "
+                  f"different ones on {np.mean([row[v] != row[w] for row in both]):.2f}")
+    cands = [labels.outputs(samples[n].x) for n in chosen]
+    parts = [(i, parting(c[a], c[b])) for i, c in enumerate(cands)]
+    parts = [(i, p) for i, p in parts if p is not None]  # a(x) = b(x): nothing to choose
+    part_a = np.array([symbols[cands[i][a][p]] for i, p in parts])
+    part_b = np.array([symbols[cands[i][b][p]] for i, p in parts])
+    chose_a = np.array([hits[chosen[i]][v] == a for i, _ in parts])
+    accuracy, scores = order_accuracy(part_a, part_b, chose_a, len(symbols))
+    base_prefers_a = np.array([nll[chosen[i], names.index(a)] < nll[chosen[i], names.index(b)] for i, _ in parts])
+    order = " > ".join(sorted(symbols, key=lambda s: -scores[symbols[s]]))
+    where = ", ".join(f"token {p + 1} on {n}" for p, n in sorted(Counter(p for _, p in parts).items()))
+    print(f"value {v} executes {a} on {chose_a.mean():.2f} of its {len(parts)} {a}-or-{b} decodes (the two part "
+          f"at {where}); an order of the two symbols where they part predicts which on {accuracy:.3f} of "
+          f"held-out inputs ({a} when its symbol there ranks higher: {order}); it executes the one the base finds "
+          f"likelier on {np.mean(chose_a == base_prefers_a):.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path)
@@ -172,13 +220,7 @@ def main() -> None:
         raise SystemExit(f"{args.data}/dataset.json: not a tokweight synth dataset; the probe needs s(x) for "
                          f"every strategy s (run it on data made by `tokweight synth`)")
     samples = load_split(args.data, args.split)[: args.examples]
-    with tempfile.TemporaryDirectory() as tmp:
-        inputs, outputs = Path(tmp, "in.jsonl"), Path(tmp, "out.jsonl")
-        inputs.write_text("".join(json.dumps({"key": s.key, "x": list(s.x)}) + "\n" for s in samples))
-        continuous = json.loads((args.run / "config.json").read_text())["cvae"]["latent"] == "continuous"
-        generate(GenerateConfig(str(args.run), str(inputs), str(outputs), data=str(args.data) if continuous else None,
-                                split=args.split))
-        decodes = [[tuple(y) for y in json.loads(line)["outputs"]] for line in outputs.read_text().splitlines()]
+    decodes = decode_every_value(args.run, args.data, args.split, samples)
     execution, hits = strategy_execution(samples, decodes, labels)
     names = sorted(labels.outputs(samples[0].x))
     print(f"{args.run}: {len(samples)} inputs of {args.data} ({args.split}), {len(decodes[0])} latent values")
@@ -188,41 +230,14 @@ def main() -> None:
         for v, count in enumerate(prefix_shares(samples, decodes, labels, tokens)):
             shares = [f"{n} {m / len(samples):.2f}" for n, m in count.most_common() if m >= 0.02 * len(samples)]
             print(f"value {v} begins (first {tokens} token{'s' * (tokens > 1)}) like: " + ", ".join(shares))
-    checkpoint = json.loads((args.run / "config.json").read_text())["io"]["checkpoint"]
-    nll = base_nll(checkpoint, samples, labels, names)
+    nll = base_nll(json.loads((args.run / "config.json").read_text())["io"]["checkpoint"], samples, labels, names)
     for v, shares in enumerate(base_choice_shares(nll, hits, names)):
         print(f"value {v} executes the base's choice " + ", ".join(f"{r + 1}: {share:.2f}" for r, share in enumerate(shares)))
     symbols = {s: i for i, s in enumerate(sorted({t for s in samples for t in s.x}))}
-    firsts = np.array([[symbols[labels.outputs(s.x)[n][0]] for n in names] for s in samples])  # (inputs, K)
-    for v in range(len(decodes[0])):
-        starts = [n for n, row in enumerate(decodes) if row[v] and row[v][0] in symbols
-                  and symbols[row[v][0]] in firsts[n]]  # decodes that begin like some strategy
-        began = np.array([symbols[decodes[n][v][0]] for n in starts])
-        best = max(np.mean(firsts[starts, j] == began) for j in range(len(names)))
-        print(f"value {v}: of its {len(starts)} decodes that begin like a strategy, one order of the symbols "
-              f"predicts the first token of {first_token_order(firsts[starts], began, len(symbols)):.3f} held out; "
-              f"one strategy's first token, {best:.3f}")
+    report_first_tokens(decodes, np.array([[symbols[labels.outputs(s.x)[n][0]] for n in names] for s in samples]),
+                        symbols)
     for v, a, b in shared_pairs(hits, names):
-        chosen = [n for n, row in enumerate(hits) if row[v] in (a, b)]  # the inputs of the value's a-or-b decodes
-        for w in range(len(decodes[0])):
-            both = [hits[n] for n in chosen if w != v and hits[n][w] in (a, b)]
-            if len(both) >= 0.1 * len(samples):
-                print(f"value {v} ({a} or {b}) and value {w}: on the {len(both)} inputs where both execute one, "
-                      f"different ones on {np.mean([row[v] != row[w] for row in both]):.2f}")
-        cands = [labels.outputs(samples[n].x) for n in chosen]
-        parts = [(i, parting(c[a], c[b])) for i, c in enumerate(cands)]
-        parts = [(i, p) for i, p in parts if p is not None]  # a(x) = b(x): nothing to choose
-        part_a = np.array([symbols[cands[i][a][p]] for i, p in parts])
-        part_b = np.array([symbols[cands[i][b][p]] for i, p in parts])
-        chose_a = np.array([hits[chosen[i]][v] == a for i, _ in parts])
-        accuracy, scores = order_accuracy(part_a, part_b, chose_a, len(symbols))
-        base_prefers_a = np.array([nll[chosen[i], names.index(a)] < nll[chosen[i], names.index(b)] for i, _ in parts])
-        order = " > ".join(sorted(symbols, key=lambda s: -scores[symbols[s]]))
-        where = ", ".join(f"token {p + 1} on {n}" for p, n in sorted(Counter(p for _, p in parts).items()))
-        print(f"value {v} executes {a} on {chose_a.mean():.2f} of its {len(parts)} {a}-or-{b} decodes (the two part "
-              f"at {where}); an order of the two symbols where they part predicts which on {accuracy:.3f} of "
-              f"held-out inputs ({a} when its symbol there ranks higher: {order}); it executes the one the base finds "
-              f"likelier on {np.mean(chose_a == base_prefers_a):.3f}")
+        report_pair(v, a, b, samples, hits, labels, names, symbols, nll)
 
 
 if __name__ == "__main__":
