@@ -42,7 +42,8 @@ no latent value made at K = 8:
 
     python scripts/defaults_table.py OUT --blocks k2-copy-evens-odds --cap 300
 
-Strategies of unequal frequency (copy 0.8, rotate-left 0.2), with and without the E-step's balance:
+Strategies of unequal frequency (copy 0.8, rotate-left 0.2; k2-imbalanced-60: 0.6 and 0.4), with and without
+the E-step's balance:
 
     python scripts/defaults_table.py OUT --blocks k2-imbalanced --cap 300
     python scripts/defaults_table.py OUT --blocks k2-imbalanced --cap 300 --remedy estep.balance_iters=0
@@ -137,10 +138,11 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
     **{f"k2-copy-evens-odds{suffix}": (TaskConfig(settings=(H0,), base=base_model(steps),
                                                   synth=replace(TaskConfig().synth, strategies=("copy", "evens-odds"))),
                                        H0) for suffix, steps in (("-base1500", 1500), ("", 4000))},
-    # the k2 task with strategies of unequal frequency (copy 0.8, rotate-left 0.2): the E-step's Sinkhorn balance
-    # gives each latent value a 1/K share of every batch, which a strategy code does not have here
-    "k2-imbalanced": (TaskConfig(settings=(H0,), base=base_model(1500),
-                                 synth=replace(TaskConfig().synth, prior="weighted", weights=(0.8, 0.2))), H0),
+    # the k2 task with strategies of unequal frequency (copy 0.8 or 0.6, rotate-left the rest): the E-step's
+    # Sinkhorn balance gives each latent value a 1/K share of every batch, which a strategy code does not have here
+    **{f"k2-imbalanced{suffix}": (TaskConfig(settings=(H0,), base=base_model(1500),
+                                             synth=replace(TaskConfig().synth, prior="weighted", weights=weights)),
+                                  H0) for suffix, weights in (("", (0.8, 0.2)), ("-60", (0.6, 0.4)))},
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),
