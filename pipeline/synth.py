@@ -140,8 +140,8 @@ class SynthConfig:
             raise ValueError(f"header_len and trailer_len must be >= 0, got {self.header_len}, {self.trailer_len}")
         if self.prior not in ("uniform", "x-dependent", "weighted"):
             raise ValueError(f"prior must be 'uniform', 'x-dependent' or 'weighted', got {self.prior!r}")
-        if (self.prior == "weighted") != bool(self.weights) or (self.weights and (
-                len(self.weights) != len(self.strategies) or not min(self.weights) > 0)):
+        wanted = len(self.strategies) if self.prior == "weighted" else 0  # one weight per strategy, or none
+        if len(self.weights) != wanted or not all(w > 0 for w in self.weights):
             raise ValueError(f"weights: one weight > 0 per strategy under prior 'weighted' ({len(self.strategies)} "
                              f"strategies), none otherwise; got prior {self.prior!r}, weights {self.weights}")
         if not self.alpha >= 0:

@@ -42,11 +42,11 @@ no latent value made at K = 8:
 
     python scripts/defaults_table.py OUT --blocks k2-copy-evens-odds --cap 300
 
-Strategies of unequal frequency (copy 0.8, rotate-left 0.2; k2-imbalanced-60: 0.6 and 0.4), with and without
-the E-step's balance:
+Strategies of unequal frequency (copy 0.8, rotate-left 0.2; k2-imbalanced-60: 0.6 and 0.4), under the default
+(no balance over the batch) and with the E-step's Sinkhorn balance:
 
     python scripts/defaults_table.py OUT --blocks k2-imbalanced --cap 300
-    python scripts/defaults_table.py OUT --blocks k2-imbalanced --cap 300 --remedy estep.balance_iters=0
+    python scripts/defaults_table.py OUT --blocks k2-imbalanced --cap 300 --remedy estep.balance_iters=3
 
 The longest dilution, T/(t0+1) about 64 (x of 64 symbols, K = 2), with a base trained the usual way and
 one trained on the z-conditioned template at 4 slots only (`train-base --min-slots 4`):
