@@ -203,6 +203,25 @@ def test_data_and_base_keys_cover_their_configs():
     assert TaskConfig(**json.loads(json.dumps(asdict(TINY_TASK)))) == TINY_TASK  # read back from a config file
 
 
+def test_data_key_is_the_shards_content(tmp_path):
+    """A base is keyed by the bytes it trained on: data regenerated under a config that records one more field
+    (as SynthConfig does when it gains one) keeps its key, and one changed shard byte changes it."""
+    setting = TINY_TASK.settings[0]
+    path, key, info, reused = artefacts.prepare_data(TINY_TASK, setting, tmp_path)
+    assert not reused and info["config"] == json.loads(json.dumps(asdict(synth_config(TINY_TASK, setting))))
+    assert artefacts.prepare_data(TINY_TASK, setting, tmp_path)[1:] == (key, info, True)
+    dataset = path / "dataset.json"
+    dataset.write_text(json.dumps({**info, "config": {**info["config"], "field_of_before": 0}}))
+    again_path, again_key, _, again_reused = artefacts.prepare_data(TINY_TASK, setting, tmp_path)
+    assert (again_path, again_key, again_reused) == (path, key, False)
+    shards = {split: sorted((path / split).glob("*.tar")) for split in ("test", "train", "val")}
+    assert artefacts.data_key(path, shards) == key
+    data = bytearray(shards["train"][0].read_bytes())
+    data[-1] ^= 1
+    shards["train"][0].write_bytes(bytes(data))
+    assert artefacts.data_key(path, shards) != key
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="unknown weightings"):
         exp.ExperimentConfig(out="x", weightings=("uniform", "bogus"))

@@ -4,9 +4,12 @@ setting synthetic data -> base model -> baseline store.
 A TaskConfig holds the generator's and the base trainer's own configs, so every field they have is
 settable here and hashed into the artefacts' keys. An artefact's directory is named by a key, a hash of
 the canonical JSON of everything that determines it (its config with defaults, and the keys or
-fingerprints of its inputs). Data is reused when its dataset.json records the same config; a base model
-only when it loads (which checks its files against its fingerprint) with the fingerprint recorded when it
-was built; the store by extract itself (a complete store for the fingerprint does nothing).
+fingerprints of its inputs). Data is reused when its dataset.json records the same config; what is built on
+it (base model, cells) is keyed by the data's content, its shards' sha256, so a generator field added
+later with the old behaviour as its default regenerates the data but reuses the base trained on the same
+bytes. A base model is reused only when it loads (which checks its files against its fingerprint) with the
+fingerprint recorded when it was built; the store by extract itself (a complete store for the fingerprint
+does nothing).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from tokweight.pipeline.synth import SynthConfig
 from tokweight.store.fingerprint import canonical_json
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.lock import StoreLock
+from tokweight.store.parts import sha256_path
 from tokweight.report.tables import fixed
 from tokweight.training.train_base import BaseTrainConfig
 
@@ -141,18 +145,27 @@ class Prepared:
         return {"ratio_true": self.stats["ratio_true"], "ratio_inspect": self.stats["ratio_inspect"]}
 
 
+def data_key(data: Path, shards: dict[str, list[Path]]) -> str:
+    """A hash of every shard's split, path below ``data``, size and sha256: the dataset's content."""
+    listing = {split: [[p.relative_to(data).as_posix(), *reversed(sha256_path(p))] for p in paths]
+               for split, paths in shards.items()}
+    return key_of(listing)
+
+
 def prepare_data(task: TaskConfig, setting: Setting, root: Path) -> tuple[Path, str, dict, bool]:
-    """(directory, key, dataset.json, reused)."""
+    """(directory, content key, dataset.json, reused). The directory is named by the generator's config, the
+    key is ``data_key`` of the shards it wrote."""
     from tokweight.pipeline.synth import write_dataset
 
     cfg = synth_config(task, setting)
     spec = json.loads(json.dumps(asdict(cfg)))
-    key = key_of(spec)
-    path = root / "data" / f"{setting.name}-{key}"
+    path = root / "data" / f"{setting.name}-{key_of(spec)}"
     info = read_json(path / "dataset.json")
-    if info is not None and info.get("config") == spec:
-        return path, key, info, True
-    return path, key, write_dataset(cfg, path, overwrite=True), False
+    reused = info is not None and info.get("config") == spec
+    if not reused:
+        info = write_dataset(cfg, path, overwrite=True)
+    shards = {split.name: sorted(split.glob("*.tar")) for split in sorted(path.iterdir()) if split.is_dir()}
+    return path, data_key(path, shards), info, reused
 
 
 def base_key(task: TaskConfig, data_key: str) -> str:

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokweight.report.tables import fixed
-from tokweight.store.parts import sha256_path
-from tokweight.training.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, key_of
+from tokweight.training.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, data_key
 
 SPLITS = ("train", "val", "test")
 """The CVAE trains on train, validates on val and is reported on test."""
@@ -36,13 +35,6 @@ def split_shards(data: Path) -> dict[str, list[Path]]:
                              f"--test-fraction above 0, or with a --split-field naming all of {', '.join(SPLITS)}")
         out[split] = shards
     return out
-
-
-def data_key(data: Path, shards: dict[str, list[Path]]) -> str:
-    """A hash of every shard's split, path below ``data``, size and sha256: the dataset's content."""
-    listing = {split: [[p.relative_to(data).as_posix(), *reversed(sha256_path(p))] for p in paths]
-               for split, paths in shards.items()}
-    return key_of(listing)
 
 
 def latent_k(data: Path, k: int | None) -> int:
