@@ -26,10 +26,11 @@ and with that base trained twice as long, on the preset's 20,000 examples or on 
 (blocks k8-default-base6000, k8-default-data384k).
 
 What the merge of two strategies into two shared latent values at K = 4 responds to, one remedy field on
-top of the default per invocation (``estep.FIELD`` for the E-step's):
+top of the default per invocation (``estep.FIELD`` for the E-step's); the learned prior inside the E-step,
+the default before, against today's uniform one:
 
     python scripts/defaults_table.py OUT --blocks k4-default --weightings surprisal-share --cap 600 \
-        --seeds 2,0,1 --remedy estep.prior=uniform
+        --seeds 2,0,1 --remedy estep.prior=learned
 
 and to the base model's own seed (blocks k4-default-baseseed1, k4-default-baseseed2: the same recipe, another
 draw), and to more latent slots, on a base that read the template at 1-8 slots (4 and 8 compared on it):
@@ -157,7 +158,7 @@ def remedy_fields(specs: list[str], latent: str) -> tuple[tuple[str, object], ..
     for spec in specs:
         key, sep, text = spec.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--remedy {spec!r}: expected FIELD=VALUE, e.g. estep.prior=uniform")
+            raise SystemExit(f"--remedy {spec!r}: expected FIELD=VALUE, e.g. estep.prior=learned")
         try:
             value = json.loads(text)
         except json.JSONDecodeError:

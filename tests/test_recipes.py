@@ -116,7 +116,7 @@ def test_train_with_only_the_required_flags_builds_the_default_config(tiny, tmp_
     saved = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
     assert saved == TrainConfig(io=saved.io, loss=LossConfig(policy="frozen"), optim=OptimConfig(steps=2, batch_size=4))
     assert (saved.cvae.cond, saved.cvae.slots, saved.cvae.posterior_pool) == ("prefix", 4, "mean")
-    assert saved.remedies.estep == EStepConfig(mode="soft", follow_beta=True, prior="learned")
+    assert saved.remedies.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform")
     assert (saved.loss.beta.beta, saved.loss.beta.warmup_steps, saved.optim.lr) == (0.3, 100, 3e-4)
     assert saved.loss.anchor_weight_at(99) == 0.0 and saved.loss.anchor_weight_at(100) == 1.0
     assert saved.io.device == "auto"
