@@ -82,7 +82,8 @@ def kept_mi(rows: dict[float, dict]) -> dict[float, float | None]:
 
 def arm_verdict(arm: str, rows: dict[float, dict], kept_at: float, stats: dict) -> str:
     """Where ``arm`` keeps z and loses it, the store's prediction, and at the largest beta that kept z (the
-    smallest beta if none did) eval's verdict on z and the decoder's token-mean NLL against the base model's."""
+    smallest beta if none did) eval's verdict on z and the decoder's token-mean NLL averaged over q against the
+    base model's (a soft q averages in the other values' NLL, so it can exceed the own-value NLL eval judges)."""
     kept = beta_c(kept_mi(rows), kept_at)
     at, base = rows[min(rows) if kept is None else kept], stats["base_nll_test"]
     forecast = predicted(at, stats["beta_c_predicted"])
@@ -91,7 +92,8 @@ def arm_verdict(arm: str, rows: dict[float, dict], kept_at: float, stats: dict) 
     parts += [] if forecast is None else [f"the store predicted β_c = {show_predicted(forecast)}"]
     seeds = ", ".join(f"{at.get(f'seeds {status}', 0)} {status}" for status in STATUSES)
     decoder = (f"at β = {show_beta(at['beta'])}, of {at['n_seeds']} seeds: {seeds}; the decoder's token-mean NLL "
-               f"is {num(nll)} nats against the base model's {num(base)} ({delta(None if nll is None else nll - base)})")
+               f"averaged over q(z | x, y) is {num(nll)} nats against the base model's {num(base)} "
+               f"({delta(None if nll is None else nll - base)})")
     return "; ".join(parts + [decoder])
 
 
