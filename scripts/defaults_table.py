@@ -175,17 +175,19 @@ def remedy_fields(specs: list[str], latent: str) -> tuple[tuple[str, object], ..
 
 
 def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], cond: str, latent: str,
-              jobs: int, cap: int, remedy: tuple[str, ...] = (), slots: int | None = None, echo=print) -> list[dict]:
+              jobs: int, cap: int, remedy: tuple[str, ...] = (), slots: int | None = None, starts: int = 1,
+              echo=print) -> list[dict]:
     task, setting = BLOCKS[name]
     prep = prepare_setting(task, setting, root / name, echo)
-    plan = CellPlan(task.k, slots, CellBudget(steps=cap, decode_examples=256), "default")
+    plan = CellPlan(task.k, slots, CellBudget(steps=cap, starts=starts, decode_examples=256), "default")
     remedies = remedy_fields(list(remedy), latent)
     cells = [Cell(setting.name, latent, cond, w, BETA, s, group="grid" if latent == "discrete" else "continuous",
                   remedies=remedies) for w in weightings for s in seeds]
     rows = run_cells(cells, {setting.name: prep}, plan, root / name, echo, jobs)
     return [{"block": name, "cond": cond, "latent": latent, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"],
              **{k: v for k, v in r.items() if k != "estep"}, "remedy": " ".join(remedy),
-             "slots": "" if slots is None else f"{slots} slots"} for r in rows]
+             "slots": "" if slots is None else f"{slots} slots", "starts": "" if starts == 1 else f"{starts} starts"}
+            for r in rows]
 
 
 def table(rows: list[dict]) -> str:
@@ -199,7 +201,7 @@ def table(rows: list[dict]) -> str:
 
         first = group[0]
         stops = Counter(r.get("stop") or "cap" for r in group)
-        label = ", ".join([block] + [first[k] for k in ("cond", "slots", "latent", "remedy")
+        label = ", ".join([block] + [first[k] for k in ("cond", "slots", "starts", "latent", "remedy")
                                      if first.get(k) not in (None, "", "prefix", "discrete")])
         out.append([label, str(first["k"]), f"{first['ratio_true']:.1f}", f"{first['b_after_t0']:.3f}", weighting,
                     " / ".join(str(count.get(o, 0)) for o in OUTCOMES),
@@ -233,6 +235,8 @@ def main() -> None:
                     help="a RemedyConfig field over the default's, estep.FIELD for the E-step's (repeatable)")
     ap.add_argument("--slots", type=int, default=None, help="latent slots of the prefix pathway (default: "
                     "CVAEConfig's); more than the base's max_slots start from a template it never read")
+    ap.add_argument("--starts", type=int, default=OptimConfig.starts, help="initialisations per cell, compared "
+                    f"after {OptimConfig.start_steps} steps (train's --starts)")
     ap.add_argument("--cap", type=int, default=OptimConfig.steps, help="step cap per cell (the stop rule ends most "
                     "runs before it)")
     args = ap.parse_args()
@@ -242,14 +246,15 @@ def main() -> None:
     weightings = tuple(args.weightings.split(","))
     rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, weightings, args.cond,
                                                                     args.latent, args.jobs, args.cap,
-                                                                    tuple(args.remedy), args.slots)]
+                                                                    tuple(args.remedy), args.slots, args.starts)]
     wall = time.perf_counter() - start
     write_table_run(args.out, "defaults_table", rows, table(rows),
                     f"Seeds {list(seeds)}, beta {BETA}, cap {args.cap} steps, {len(rows)} cells; wall time "
                     f"{wall / 60:.1f} min (`python scripts/defaults_table.py {args.out} --jobs {args.jobs} --cap "
                     f"{args.cap} --blocks {args.blocks} --weightings {args.weightings} --cond {args.cond} "
                     f"--latent {args.latent}{''.join(f' --remedy {r}' for r in args.remedy)}"
-                    f"{'' if args.slots is None else f' --slots {args.slots}'}`).")
+                    f"{'' if args.slots is None else f' --slots {args.slots}'}"
+                    f"{'' if args.starts == 1 else f' --starts {args.starts}'}`).")
 
 
 if __name__ == "__main__":

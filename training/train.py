@@ -23,6 +23,8 @@ and the same lanes. Rank 0 writes everything.
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -50,7 +52,8 @@ from tokweight.training.lora import attach as attach_lora, latent_row_ids, requi
 from tokweight.training.losses import (WeightingParams, anchor_penalty, example_kl, reconstruction_weights,
                              weighted_reconstruction)
 from tokweight.training.metrics import entropy, informative_token_spread, posterior_gradient_norms
-from tokweight.training.run_dir import append_metrics, metrics_size, resume, save_checkpoint, write_config
+from tokweight.training.run_dir import (append_metrics, committed_checkpoint, metrics_size, resume, save_checkpoint,
+                                        write_config)
 from tokweight.training.stream import TrainStream
 from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
 from tokweight.training.validation import Scoring, validate
@@ -76,6 +79,7 @@ class State:
     skips: Skips = field(default_factory=Skips)  # samples this rank's streams left out (train and val), per shard
     convergence: Convergence = field(default_factory=Convergence)  # the stop rule's state
     stop: str | None = None  # why the run stopped: "converged" or "step cap"; None while it trains
+    pause_at: int | None = None  # a start (``best_start``) trains to here, checkpoints and returns
     hooks: Hooks = NO_HOOKS
 
 
@@ -410,9 +414,9 @@ def optimizer_step(state: State, grad_clip: float) -> None:
 
 
 def fit(state: State, cfg: TrainConfig) -> int:
-    """Train from ``state.step`` until the stop rule or the step cap says stop (``state.stop``); the bytes
-    of shards and store parts this rank's training stream read. The samples it left out are added to
-    ``state.skips``."""
+    """Train from ``state.step`` until the stop rule or the step cap says stop (``state.stop``), or to
+    ``state.pause_at``; the bytes of shards and store parts this rank's training stream read. The samples it
+    left out are added to ``state.skips``."""
     state.stop = stop_reason(state, cfg)
     if state.stop:
         return 0
@@ -422,7 +426,7 @@ def fit(state: State, cfg: TrainConfig) -> int:
     bar = tqdm(total=cfg.optim.steps, initial=state.step, desc="train", unit="step", disable=ranks.rank != 0,
                mininterval=1.0)
     try:
-        while not state.stop:
+        while not state.stop and (state.pause_at is None or state.step < state.pause_at):
             record = forward_backward(state, next(batches).to(state.device), cfg, logged_step(state.step, cfg))
             optimizer_step(state, cfg.optim.grad_clip)
             state.step += 1
@@ -457,7 +461,7 @@ def after_step(state: State, cfg: TrainConfig, record: dict | None, bar) -> None
                                                               val_objective(metrics, cfg.loss.beta.beta),
                                                               val_mi(metrics)))
     state.stop = stop_reason(state, cfg)
-    if step % log.ckpt_every == 0 or state.stop:
+    if step % log.ckpt_every == 0 or state.stop or step == state.pause_at:
         checkpoint(state, cfg)
 
 
@@ -495,24 +499,69 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
     """The whole job; the result holds the final validation's metrics, ``stop`` (``stop_record``), the
     training wall time, ``input_bytes_read``: each rank's bytes of shards and store parts read by its
     training stream (a resumed run's fast-forward included), and, if any sample was left out, ``skipped``
-    and ``skipped_shards``: every rank's train and val streams'. ``hooks``: faults a test injects."""
+    and ``skipped_shards``: every rank's train and val streams'. With ``optim.starts`` > 1 the run goes on
+    from its best start (``best_start``), and ``start`` says which. ``hooks``: faults a test injects."""
     ranks = Ranks(timeout_s=120.0, backend="nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo")
     try:
-        state = setup(cfg, ranks, hooks)  # refuses a bad config, checkpoint or store before the run directory exists
-        Path(cfg.io.out).mkdir(parents=True, exist_ok=True)
-        if ranks.is_main:
-            write_config(cfg)
-        t0 = time.perf_counter()
-        bytes_read = fit(state, cfg)
-        wall = time.perf_counter() - t0
-        metrics = validate_run(state, cfg)
-        stop = stop_record(state, cfg)
-        if ranks.is_main:
-            append_metrics(cfg.io.out, {"stop": stop})
-        skips = Skips()
-        for shards in ranks.gather(state.skips.shards):  # the ranks read disjoint train shards
-            skips.merge(shards)
-        return {**metrics, "stop": stop, "train_wall_s": wall, "input_bytes_read": ranks.gather(bytes_read),
-                **skips.to_json()}
+        start = best_start(cfg, ranks, hooks) if cfg.optim.starts > 1 else None
+        result = run_one(replace(cfg, optim=replace(cfg.optim, seed=start["seed"])) if start else cfg, ranks, hooks)
+        return result | ({"start": start} if start else {})
     finally:
         ranks.close()
+
+
+def run_one(cfg: TrainConfig, ranks: Ranks, hooks: Hooks, pause_at: int | None = None) -> dict:
+    """One initialisation trained (or resumed) in ``cfg.io.out`` to its stop, or to step ``pause_at``:
+    ``run``'s result."""
+    state = setup(cfg, ranks, hooks)  # refuses a bad config, checkpoint or store before the run directory exists
+    state.pause_at = pause_at
+    Path(cfg.io.out).mkdir(parents=True, exist_ok=True)
+    if ranks.is_main:
+        write_config(cfg)
+    t0 = time.perf_counter()
+    bytes_read = fit(state, cfg)
+    wall = time.perf_counter() - t0
+    metrics = validate_run(state, cfg)
+    stop = stop_record(state, cfg)
+    if ranks.is_main:
+        append_metrics(cfg.io.out, {"stop": stop})
+    skips = Skips()
+    for shards in ranks.gather(state.skips.shards):  # the ranks read disjoint train shards
+        skips.merge(shards)
+    return {**metrics, "stop": stop, "train_wall_s": wall, "input_bytes_read": ranks.gather(bytes_read),
+            **skips.to_json()}
+
+
+# ---------------------------------------------------------------- starts
+
+
+def best_start(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
+    """Train each of ``cfg.optim.starts`` initialisations in RUN/starts/seed-S/ for ``start_steps`` (resuming
+    any begun), pick the one with the least validation NLL under each example's own latent value, and seed
+    RUN with its checkpoint and metrics, so that ``run_one`` goes on from it. RUN/starts.json records the
+    choice; a run that has one (a resumed job) goes on from the start it names."""
+    out = Path(cfg.io.out)
+    seeds = [cfg.optim.seed * cfg.optim.starts + i for i in range(cfg.optim.starts)]
+    made = json.loads((out / "starts.json").read_text()) if (out / "starts.json").is_file() else None
+    if made is None or made["seeds"] != seeds or made["start_steps"] != cfg.optim.start_steps:
+        if (committed_checkpoint(out) / "state.json").is_file():
+            raise ValueError(f"{out} holds a run trained without these starts ({cfg.optim.starts} of "
+                             f"{cfg.optim.start_steps} steps from seed {cfg.optim.seed}); use a new --out")
+        val_nll = []
+        for seed in seeds:
+            # the whole run's config, paused: its validations and stop rule go as in a run from this seed
+            start = replace(cfg, io=replace(cfg.io, out=str(out / "starts" / f"seed-{seed}")),
+                            optim=replace(cfg.optim, seed=seed))
+            val_nll.append(run_one(start, ranks, hooks, pause_at=cfg.optim.start_steps)["nll_token_mean"])
+        made = {"seeds": seeds, "start_steps": cfg.optim.start_steps, "val_nll_token_mean": val_nll,
+                "seed": seeds[int(np.argmin(val_nll))]}
+        if ranks.is_main:
+            (out / "starts.json").write_text(json.dumps(made, indent=1) + "\n")
+    if ranks.is_main and not (committed_checkpoint(out) / "state.json").is_file():
+        chosen = out / "starts" / f"seed-{made['seed']}"
+        write_config(replace(cfg, optim=replace(cfg.optim, seed=made["seed"])))  # the start's but for io.out
+        shutil.copyfile(chosen / "metrics.jsonl", out / "metrics.jsonl")
+        shutil.rmtree(out / "checkpoint.copy", ignore_errors=True)
+        shutil.copytree(committed_checkpoint(chosen), out / "checkpoint.copy")
+        (out / "checkpoint.copy").rename(out / "checkpoint")  # last: a copy cut short is made again
+    return ranks.broadcast(made)  # the other ranks wait for the copy

@@ -84,6 +84,11 @@ def with_labelled(latent: str | None, labelled: float | None) -> RemedyConfig | 
 @click.option("--steps", type=int, default=None,
               help=shown("Cap on optimizer steps; the run stops earlier once validation says it converged.",
                          OptimConfig.steps))
+@click.option("--starts", type=int, default=None,
+              help=shown("Initialisations trained --start-steps each; the one whose validation NLL is least goes on "
+                         "(RUN/starts/, RUN/starts.json).", OptimConfig.starts))
+@click.option("--start-steps", type=int, default=None,
+              help=shown("Steps each start trains before they are compared.", OptimConfig.start_steps))
 @click.option("--batch-size", type=int, default=None, help=shown("Per rank.", OptimConfig.batch_size))
 @click.option("--lr", type=float, default=None, help=shown("AdamW learning rate.", OptimConfig.lr))
 @click.option("--num-workers", type=int, default=None, help=shown("Loader worker processes.", IOConfig.num_workers))
@@ -113,9 +118,9 @@ def with_labelled(latent: str | None, labelled: float | None) -> RemedyConfig | 
                          "(0: train every parameter).", LoRAConfig.rank))
 @threads_option
 def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, weighting, lam, policy,
-          baseline_checkpoint, beta, warmup_steps, labelled, anchor_weight, steps, batch_size, lr, num_workers, lanes,
-          on_bad_sample, eval_every, patience, log_every, ckpt_every, seed, device, dtype, grad_checkpointing,
-          lora_rank, threads):
+          baseline_checkpoint, beta, warmup_steps, labelled, anchor_weight, steps, starts, start_steps, batch_size,
+          lr, num_workers, lanes, on_bad_sample, eval_every, patience, log_every, ckpt_every, seed, device, dtype,
+          grad_checkpointing, lora_rank, threads):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready).
 
     The defaults are the recipe that keeps z from scratch with the decoder whole: a 4-slot prefix,
@@ -137,7 +142,8 @@ def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, 
                             **given(weighting=weighting, token_weighted_reconstruction_weight=lam, policy=policy,
                                     anchor_weight=anchor_weight)),
             optim=OptimConfig(stop=StopRule(**given(patience=patience)),
-                              **given(steps=steps, batch_size=batch_size, lr=lr, seed=seed)),
+                              **given(steps=steps, starts=starts, start_steps=start_steps, batch_size=batch_size,
+                                      lr=lr, seed=seed)),
             log=LogConfig(**given(eval_every=eval_every, log_every=log_every, ckpt_every=ckpt_every)),
             lora=LoRAConfig(**given(rank=lora_rank)), remedies=with_labelled(latent, labelled))
         result = run(cfg)

@@ -195,12 +195,18 @@ class OptimConfig:
     """Seeds the heads, the data order and the continuous latent's noise."""
     stop: StopRule = field(default_factory=StopRule)
     """When validation says the run converged (``convergence.py``); read at each periodic validation."""
+    starts: int = 1
+    """Initialisations trained ``start_steps`` each (start i of seed s has seed s * starts + i), of which the one
+    whose decoder reconstructs validation best goes on to ``steps`` (``train.best_start``): the latent values
+    settle on a code within a few hundred steps and keep it, and a code that merges strategies reconstructs worse."""
+    start_steps: int = 400
+    """Steps each start trains before they are compared."""
 
     def __post_init__(self):
         if isinstance(self.stop, dict):
             object.__setattr__(self, "stop", StopRule(**self.stop))
-        if min(self.steps, self.batch_size) < 1:
-            raise ValueError("steps and batch_size must be >= 1")
+        if min(self.steps, self.batch_size, self.starts, self.start_steps) < 1:
+            raise ValueError("steps, batch_size, starts and start_steps must be >= 1")
 
 
 @dataclass(frozen=True)

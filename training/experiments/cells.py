@@ -54,6 +54,8 @@ class CellBudget:
     """CVAE batch size."""
     lr: float = OptimConfig.lr
     """CVAE learning rate."""
+    starts: int = OptimConfig.starts
+    """Initialisations compared after ``OptimConfig.start_steps`` (train's ``--starts``)."""
     decode_examples: int = 128
     """Test examples decoded per latent value for the control accuracy."""
     beta_warmup_steps: int = BetaSchedule.warmup_steps
@@ -134,7 +136,7 @@ def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
                         slots=plan.prefix_slots if cell.cond == "prefix" else 1),
         loss=LossConfig(weighting=cell.weighting, policy="precomputed", beta=b.beta(cell.beta),
                         **(dict(plan.loss) | dict(cell.loss))),
-        optim=OptimConfig(steps=b.steps, batch_size=b.batch_size, lr=b.lr, seed=cell.seed),
+        optim=OptimConfig(steps=b.steps, starts=b.starts, batch_size=b.batch_size, lr=b.lr, seed=cell.seed),
         log=LogConfig(grad_diag_every=b.steps, ckpt_every=b.steps))
     cfg = with_recipe(cfg, plan.recipe)
     return replace(cfg, remedies=replace(cfg.remedies, **dict(cell.remedies))) if cell.remedies else cfg

@@ -1,0 +1,93 @@
+"""A run with several starts trains each for ``start_steps``, goes on from the one whose validation NLL is
+least, and ends bitwise where a single run from that start's seed ends (CPU, one torch thread)."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from tests.test_resume import CKPT_EVERY, FILES, Killed, config, kill_after_step, train
+from tokweight.training.faults import Hooks
+from tokweight.training.run_dir import read_metrics
+
+STARTS, START_STEPS, SEED = 3, 2, 1
+
+
+def with_starts(cfg, **optim):
+    return replace(cfg, optim=replace(cfg.optim, **({"starts": STARTS, "start_steps": START_STEPS, "seed": SEED}
+                                                     | optim)))
+
+
+def never_step(step: int) -> None:
+    raise AssertionError(f"a finished job trained again (step {step})")
+
+
+@pytest.fixture(scope="module")
+def started(tiny_dropout, tmp_path_factory):
+    """(run dir, result) of the job with starts."""
+    out = tmp_path_factory.mktemp("starts") / "run"
+    return out, train(with_starts(config(tiny_dropout, out, "to the cap")))
+
+
+def test_each_start_has_its_own_seed_and_the_least_validation_nll_is_chosen(started):
+    out, result = started
+    made = json.loads((out / "starts.json").read_text())
+    assert made["seeds"] == [SEED * STARTS + i for i in range(STARTS)]  # another --seed tries other starts
+    assert made["start_steps"] == START_STEPS and result["start"] == made
+    for seed, nll in zip(made["seeds"], made["val_nll_token_mean"]):
+        run = out / "starts" / f"seed-{seed}"
+        assert json.loads((run / "config.json").read_text())["optim"]["seed"] == seed
+        final = [r for r in read_metrics(run) if r.get("split") == "val"][-1]
+        assert final["step"] == START_STEPS and final["nll_token_mean"] == nll
+    assert len(set(made["val_nll_token_mean"])) == STARTS  # the starts differ, so the choice means something
+    assert made["seed"] == made["seeds"][made["val_nll_token_mean"].index(min(made["val_nll_token_mean"]))]
+    assert json.loads((out / "config.json").read_text())["optim"]["seed"] == made["seed"]
+
+
+def test_the_job_ends_where_a_single_run_from_the_chosen_seed_ends(tiny_dropout, started, tmp_path):
+    out, result = started
+    single = tmp_path / "single"
+    alone = train(replace(config(tiny_dropout, single, "to the cap"),
+                          optim=replace(config(tiny_dropout, single, "to the cap").optim, seed=result["start"]["seed"])))
+    for name in FILES:
+        assert (out / "checkpoint" / name).read_bytes() == (single / "checkpoint" / name).read_bytes(), name
+    assert (out / "metrics.jsonl").read_text() == (single / "metrics.jsonl").read_text()
+    assert result["nll_token_mean"] == alone["nll_token_mean"]
+
+
+def test_a_finished_job_run_again_trains_nothing(tiny_dropout, started):
+    out, result = started
+    again = train(with_starts(config(tiny_dropout, out, "to the cap")), Hooks(after_step=never_step))
+    assert again["start"] == result["start"] and again["nll_token_mean"] == result["nll_token_mean"]
+
+
+@pytest.mark.parametrize("n", [1, STARTS * START_STEPS + CKPT_EVERY])  # in the first start; after the choice
+def test_a_killed_job_run_again_ends_bitwise_equal(tiny_dropout, started, tmp_path, n):
+    cfg = with_starts(config(tiny_dropout, tmp_path / "run", "to the cap"))
+    steps = iter(range(1, 10 ** 6))  # the hook counts steps over the whole job, the starts included
+
+    def kill_at_nth_step(_step: int) -> None:
+        if next(steps) == n:
+            raise Killed(n)
+
+    with pytest.raises(Killed):
+        train(cfg, Hooks(after_step=kill_at_nth_step))
+    train(cfg)
+    for name in FILES:
+        assert (tmp_path / "run" / "checkpoint" / name).read_bytes() == (started[0] / "checkpoint" / name).read_bytes()
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == (started[0] / "metrics.jsonl").read_text()
+
+
+def test_a_run_directory_trained_without_starts_is_refused(tiny_dropout, tmp_path):
+    cfg = config(tiny_dropout, tmp_path / "run", "to the cap")
+    with pytest.raises(Killed):
+        train(cfg, kill_after_step(CKPT_EVERY + 1))  # leaves a checkpoint at step CKPT_EVERY
+    with pytest.raises(ValueError, match=r"holds a run trained without these starts .* use a new --out"):
+        train(with_starts(cfg))
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == CKPT_EVERY
+
+
+def test_starts_must_be_positive(tiny_dropout, tmp_path):
+    with pytest.raises(ValueError, match="starts and start_steps must be >= 1"):
+        with_starts(config(tiny_dropout, tmp_path, "to the cap"), starts=0)
+
