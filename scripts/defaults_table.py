@@ -33,7 +33,8 @@ the default before, against today's uniform one:
         --seeds 2,0,1 --remedy estep.prior=learned
 
 and to the base model's own seed (blocks k4-default-baseseed1, k4-default-baseseed2: the same recipe, another
-draw), and to more latent slots, on a base that read the template at 1-8 slots (4 and 8 compared on it):
+draw), to the number of starts compared after 400 steps (``--starts 1``: one initialisation, the default
+before), and to more latent slots, on a base that read the template at 1-8 slots (4 and 8 compared on it):
 
     python scripts/defaults_table.py OUT --blocks k4-default-slots8 --weightings surprisal-share --cap 600 \
         --seeds 2,0,1 --slots 8
@@ -175,8 +176,8 @@ def remedy_fields(specs: list[str], latent: str) -> tuple[tuple[str, object], ..
 
 
 def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], cond: str, latent: str,
-              jobs: int, cap: int, remedy: tuple[str, ...] = (), slots: int | None = None, starts: int = 1,
-              echo=print) -> list[dict]:
+              jobs: int, cap: int, remedy: tuple[str, ...] = (), slots: int | None = None,
+              starts: int = OptimConfig.starts, echo=print) -> list[dict]:
     task, setting = BLOCKS[name]
     prep = prepare_setting(task, setting, root / name, echo)
     plan = CellPlan(task.k, slots, CellBudget(steps=cap, starts=starts, decode_examples=256), "default")
@@ -186,7 +187,8 @@ def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[s
     rows = run_cells(cells, {setting.name: prep}, plan, root / name, echo, jobs)
     return [{"block": name, "cond": cond, "latent": latent, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"],
              **{k: v for k, v in r.items() if k != "estep"}, "remedy": " ".join(remedy),
-             "slots": "" if slots is None else f"{slots} slots", "starts": "" if starts == 1 else f"{starts} starts"}
+             "slots": "" if slots is None else f"{slots} slots",
+             "starts": "" if starts == OptimConfig.starts else f"{starts} start{'s' if starts > 1 else ''}"}
             for r in rows]
 
 
@@ -254,7 +256,7 @@ def main() -> None:
                     f"{args.cap} --blocks {args.blocks} --weightings {args.weightings} --cond {args.cond} "
                     f"--latent {args.latent}{''.join(f' --remedy {r}' for r in args.remedy)}"
                     f"{'' if args.slots is None else f' --slots {args.slots}'}"
-                    f"{'' if args.starts == 1 else f' --starts {args.starts}'}`).")
+                    f"{'' if args.starts == OptimConfig.starts else f' --starts {args.starts}'}`).")
 
 
 if __name__ == "__main__":

@@ -102,7 +102,8 @@ def test_coupled_objectives_on_two_ranks_equal_one_process(tiny, tiny_store, tmp
 
 def test_two_ranks_resume_bitwise_and_stop_together(tiny, tiny_store, tmp_path):
     """Under torchrun: a run stopped at step 2 and run again to 4 ends bitwise where the uninterrupted run
-    ends (each rank's stream and RNG state restored), and both ranks stop at the step the rule converges at
+    ends (each rank's stream and RNG state restored), so does a run with two starts where a single run from
+    the chosen start's seed ends, and both ranks stop at the step the rule converges at
     (a rank that went on alone would hang the job into the timeout)."""
     whole = common(tiny, tiny_store, tmp_path / "whole", batch_size=4)
     part = common(tiny, tiny_store, tmp_path / "part", batch_size=4)
@@ -111,11 +112,19 @@ def test_two_ranks_resume_bitwise_and_stop_together(tiny, tiny_store, tmp_path):
                     optim=replace(whole.optim, steps=6, stop=StopRule(patience=1, min_delta_objective=10.0,
                                                                       min_delta_mi=10.0)),
                     log=replace(whole.log, eval_every=1, eval_examples=32))
-    runs = [whole, replace(part, optim=replace(part.optim, steps=2)), part, stops]
+    # two starts of 2 steps (seeds 6 and 7), and a single run from each of their seeds
+    starts = replace(common(tiny, tiny_store, tmp_path / "starts", batch_size=4),
+                     optim=replace(whole.optim, starts=2, start_steps=2))
+    singles = [replace(common(tiny, tiny_store, tmp_path / f"seed-{s}", batch_size=4),
+                       optim=replace(whole.optim, seed=s)) for s in (6, 7)]
+    runs = [whole, replace(part, optim=replace(part.optim, steps=2)), part, stops, starts, *singles]
     (tmp_path / "runs.json").write_text(json.dumps([cfg.to_json() for cfg in runs]))
     torchrun(["-m", "tests.ddp_runs", str(tmp_path / "runs.json")])
+    chosen = json.loads((tmp_path / "starts" / "starts.json").read_text())["seed"]
     for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors"):
         assert (tmp_path / "part" / "checkpoint" / name).read_bytes() == \
             (tmp_path / "whole" / "checkpoint" / name).read_bytes(), name
+        assert (tmp_path / "starts" / "checkpoint" / name).read_bytes() == \
+            (tmp_path / f"seed-{chosen}" / "checkpoint" / name).read_bytes(), name
     stop = json.loads((tmp_path / "stops" / "metrics.jsonl").read_text().splitlines()[-1])["stop"]
     assert stop["reason"] == "converged" and stop["step"] == 2 and stop["best_step"] == 1  # counted from step 1

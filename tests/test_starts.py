@@ -47,8 +47,8 @@ def test_each_start_has_its_own_seed_and_the_least_validation_nll_is_chosen(star
 def test_the_job_ends_where_a_single_run_from_the_chosen_seed_ends(tiny_dropout, started, tmp_path):
     out, result = started
     single = tmp_path / "single"
-    alone = train(replace(config(tiny_dropout, single, "to the cap"),
-                          optim=replace(config(tiny_dropout, single, "to the cap").optim, seed=result["start"]["seed"])))
+    cfg = config(tiny_dropout, single, "to the cap")
+    alone = train(replace(cfg, optim=replace(cfg.optim, seed=result["start"]["seed"])))
     for name in FILES:
         assert (out / "checkpoint" / name).read_bytes() == (single / "checkpoint" / name).read_bytes(), name
     assert (out / "metrics.jsonl").read_text() == (single / "metrics.jsonl").read_text()
@@ -91,3 +91,10 @@ def test_starts_must_be_positive(tiny_dropout, tmp_path):
     with pytest.raises(ValueError, match="starts and start_steps must be >= 1"):
         with_starts(config(tiny_dropout, tmp_path, "to the cap"), starts=0)
 
+
+
+def test_a_run_capped_at_start_steps_has_one_start(tiny_dropout, tmp_path):
+    cfg = with_starts(config(tiny_dropout, tmp_path / "run", "to the cap"), start_steps=6)
+    result = train(cfg)
+    assert "start" not in result and not (tmp_path / "run" / "starts").exists()
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["optim"]["seed"] == SEED

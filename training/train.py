@@ -499,11 +499,13 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
     """The whole job; the result holds the final validation's metrics, ``stop`` (``stop_record``), the
     training wall time, ``input_bytes_read``: each rank's bytes of shards and store parts read by its
     training stream (a resumed run's fast-forward included), and, if any sample was left out, ``skipped``
-    and ``skipped_shards``: every rank's train and val streams'. With ``optim.starts`` > 1 the run goes on
-    from its best start (``best_start``), and ``start`` says which. ``hooks``: faults a test injects."""
+    and ``skipped_shards``: every rank's train and val streams'. With ``optim.starts`` > 1 and a cap above
+    ``optim.start_steps`` the run goes on from its best start (``best_start``), and ``start`` says which.
+    ``hooks``: faults a test injects."""
     ranks = Ranks(timeout_s=120.0, backend="nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo")
     try:
-        start = best_start(cfg, ranks, hooks) if cfg.optim.starts > 1 else None
+        several = cfg.optim.starts > 1 and cfg.optim.steps > cfg.optim.start_steps
+        start = best_start(cfg, ranks, hooks) if several else None
         result = run_one(replace(cfg, optim=replace(cfg.optim, seed=start["seed"])) if start else cfg, ranks, hooks)
         return result | ({"start": start} if start else {})
     finally:
