@@ -4,7 +4,8 @@ setup -> fit -> validate (``validation.py``). ``run(cfg)`` is the whole job (``t
 one group per component); the CLI only builds the config. Outputs in RUN/ (``run_dir.py``):
 config.json (the resolved TrainConfig), metrics.jsonl (one line per logged step and per
 validation, then the final validation and the stop line), checkpoint/ (safetensors model,
-optimizer and RNG states, state.json, vocab.json; replaced atomically), and resume from it.
+optimizer and RNG states, state.json, vocab.json; replaced atomically), and resume from it; with several
+starts (``best_start``) also starts/seed-S/ (each start's run) and starts.json (the choice).
 
 ``--steps`` is a cap: the run stops earlier once its periodic validations say it converged
 (``convergence.py``), and says why it stopped (``"stop"`` in its result and metrics.jsonl's last
