@@ -84,7 +84,8 @@ def check_verdict(md: str, results: list[dict]) -> None:
         assert figure in tables, figure  # every figure of the verdict is a figure of the tables
     rows = {(r["arm"], float(r["beta"])): r for r in results}
     for arm, bullet in zip(ARMS, bullets):
-        beta, nll = re.search(r"at β = ([\d.]+), of \d+ seeds: .* token-mean NLL averaged over q\(z \| x, y\) is ([\d.]+)", bullet).groups()
+        beta, nll = re.search(r"at β = ([\d.]+), of \d+ seeds: .* token-mean NLL averaged over q\(z \| x, y\) "
+                              r"is ([\d.]+)", bullet).groups()
         assert nll == f"{float(rows[arm, float(beta)]['recon_uniform_mean']):.3f}"
 
 

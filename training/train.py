@@ -546,8 +546,9 @@ def best_start(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
     out = Path(cfg.io.out)
     seeds = [cfg.optim.seed * cfg.optim.starts + i for i in range(cfg.optim.starts)]
     made = json.loads((out / "starts.json").read_text()) if (out / "starts.json").is_file() else None
+    seeded = (committed_checkpoint(out) / "state.json").is_file()  # RUN holds a checkpoint: the starts are behind it
     if made is None or made["seeds"] != seeds or made["start_steps"] != cfg.optim.start_steps:
-        if (committed_checkpoint(out) / "state.json").is_file():
+        if seeded:
             raise ValueError(f"{out} holds a run trained without these starts ({cfg.optim.starts} of "
                              f"{cfg.optim.start_steps} steps from seed {cfg.optim.seed}); use a new --out")
         val_nll = []
@@ -560,7 +561,7 @@ def best_start(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
                 "seed": seeds[int(np.argmin(val_nll))]}
         if ranks.is_main:
             (out / "starts.json").write_text(json.dumps(made, indent=1) + "\n")
-    if ranks.is_main and not (committed_checkpoint(out) / "state.json").is_file():
+    if ranks.is_main and not seeded:
         chosen = out / "starts" / f"seed-{made['seed']}"
         write_config(replace(cfg, optim=replace(cfg.optim, seed=made["seed"])))  # the start's but for io.out
         shutil.copyfile(chosen / "metrics.jsonl", out / "metrics.jsonl")
