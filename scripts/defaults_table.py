@@ -86,7 +86,7 @@ from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_m
 from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.training.experiments.results import write_table_run
 from tokweight.training.train_base import BASE_PRESETS
-from tokweight.training.train_config import OptimConfig, default_remedies
+from tokweight.training.train_config import LossConfig, OptimConfig, default_remedies
 
 WEIGHTINGS = ("uniform", "surprisal-share")
 BETA = 0.3  # the default's beta (BetaSchedule)
@@ -151,11 +151,12 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
 }
 
 
-def remedy_fields(specs: list[str], latent: str) -> tuple[tuple[str, object], ...]:
-    """``--remedy FIELD=VALUE`` options as a cell's RemedyConfig fields over the default's; VALUE is read as JSON
-    (a number, true, ...) or else taken as a string; ``estep.FIELD`` sets a field of the E-step's config."""
-    default = default_remedies(latent)
-    fields, estep = {}, {}
+def remedy_fields(specs: list[str], latent: str) -> tuple[tuple[tuple[str, object], ...], tuple[tuple[str, object], ...]]:
+    """``--remedy FIELD=VALUE`` options as a cell's (RemedyConfig fields, LossConfig fields) over the default's;
+    VALUE is read as JSON (a number, true, ...) or else taken as a string; ``estep.FIELD`` sets a field of the
+    E-step's config, ``loss.FIELD`` one of the loss's (the anchor term's start, ...)."""
+    default, loss_default = default_remedies(latent), LossConfig()
+    fields, estep, loss = {}, {}, {}
     for spec in specs:
         key, sep, text = spec.partition("=")
         if not sep or not key:
@@ -164,15 +165,18 @@ def remedy_fields(specs: list[str], latent: str) -> tuple[tuple[str, object], ..
             value = json.loads(text)
         except json.JSONDecodeError:
             value = text
-        into, owner, name = (estep, default.estep, key[6:]) if key.startswith("estep.") else (fields, default, key)
+        prefix, dot, name = key.partition(".")
+        into, owner = {"estep": (estep, default.estep), "loss": (loss, loss_default)}.get(prefix, (fields, default))
+        name = name if dot and prefix in ("estep", "loss") else key
         into[name] = float(value) if isinstance(getattr(owner, name, None), float) and type(value) is int else value
     try:
         if estep:
             fields["estep"] = replace(default.estep, **estep)
         replace(default, **fields)  # checked here, not in a worker process
+        replace(loss_default, **loss)
     except (TypeError, ValueError) as e:
         raise SystemExit(f"--remedy {' '.join(specs)}: {e}") from None
-    return tuple(fields.items())
+    return tuple(fields.items()), tuple(loss.items())
 
 
 def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], cond: str, latent: str,
@@ -181,9 +185,9 @@ def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[s
     task, setting = BLOCKS[name]
     prep = prepare_setting(task, setting, root / name, echo)
     plan = CellPlan(task.k, slots, CellBudget(steps=cap, starts=starts, decode_examples=256), "default")
-    remedies = remedy_fields(list(remedy), latent)
+    remedies, loss = remedy_fields(list(remedy), latent)
     cells = [Cell(setting.name, latent, cond, w, BETA, s, group="grid" if latent == "discrete" else "continuous",
-                  remedies=remedies) for w in weightings for s in seeds]
+                  loss=loss, remedies=remedies) for w in weightings for s in seeds]
     rows = run_cells(cells, {setting.name: prep}, plan, root / name, echo, jobs)
     return [{"block": name, "cond": cond, "latent": latent, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"],
              **{k: v for k, v in r.items() if k != "estep"}, "remedy": " ".join(remedy),
@@ -234,7 +238,8 @@ def main() -> None:
     ap.add_argument("--cond", default="prefix", help="z pathway (the default's: prefix)")
     ap.add_argument("--latent", default="discrete", choices=("discrete", "continuous"))
     ap.add_argument("--remedy", action="append", default=[], metavar="FIELD=VALUE",
-                    help="a RemedyConfig field over the default's, estep.FIELD for the E-step's (repeatable)")
+                    help="a RemedyConfig field over the default's, estep.FIELD for the E-step's, loss.FIELD for "
+                    "the loss's (repeatable)")
     ap.add_argument("--slots", type=int, default=None, help="latent slots of the prefix pathway (default: "
                     "CVAEConfig's); more than the base's max_slots start from a template it never read")
     ap.add_argument("--starts", type=int, default=OptimConfig.starts, help="initialisations per cell, compared "

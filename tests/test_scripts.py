@@ -22,11 +22,15 @@ def test_script_answers_help(script, monkeypatch, capsys):
 
 def test_defaults_table_reads_a_remedy_over_the_default_and_refuses_a_bad_one():
     remedy_fields = runpy.run_path(str(SCRIPTS[0].parent / "defaults_table.py"))["remedy_fields"]
-    fields = dict(remedy_fields(["estep.prior=learned", "latent_embedding_norm=1"], "discrete"))
+    remedies, loss = remedy_fields(["estep.prior=learned", "latent_embedding_norm=1", "loss.anchor_start_step=0"],
+                                   "discrete")
+    fields = dict(remedies)
+    assert dict(loss) == {"anchor_start_step": 0}
     assert fields["latent_embedding_norm"] == 1.0 and isinstance(fields["latent_embedding_norm"], float)
     assert fields["estep"].prior == "learned" and fields["estep"].follow_beta  # the rest: the default's
     for bad, message in ((["estep.prior=bogus"], "estep prior must be one of"), (["prior"], "expected FIELD=VALUE"),
-                         (["estep.nope=1"], "nope")):
+                         (["estep.nope=1"], "nope"),
+                         (["loss.anchor_weight=-1"], "anchor_weight")):
         with pytest.raises(SystemExit, match=message):
             remedy_fields(bad, "discrete")
 
