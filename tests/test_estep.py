@@ -97,16 +97,6 @@ def test_follow_beta_is_the_exact_e_step_and_hard_at_beta_zero():
     assert assignment(R, log_p, cfg, beta=0.0).tolist() == [[0.0, 1.0, 0.0]]
 
 
-def test_min_temperature_floors_the_followed_beta():
-    R = torch.tensor([[0.4, 0.1, 0.9]])
-    log_p = torch.tensor([[0.2, 0.3, 0.5]]).log()
-    cfg = EStepConfig(mode="soft", prior="learned", follow_beta=True, min_temperature=0.2)
-    for beta, temperature in ((0.0, 0.2), (0.05, 0.2), (0.3, 0.3)):  # soft at beta 0, beta once above the floor
-        assert torch.allclose(assignment(R, log_p, cfg, beta=beta), exact_posterior(R, log_p, temperature).exp())
-    with pytest.raises(ValueError, match="min_temperature"):
-        EStepConfig(min_temperature=-0.1)
-
-
 def test_em_objective_fits_the_prior_to_the_assignment_and_leaves_q_out_of_the_kl():
     latent = CategoricalLatent(2, 4, [10, 11])
     nll = torch.tensor([[[1.0, 3.0], [2.0, 0.0]]])

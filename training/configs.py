@@ -109,9 +109,6 @@ class EStepConfig:
     follow_beta: bool = False
     """Soft mode: use the step's beta as the temperature, which makes q* the exact E-step of J;
     at beta = 0 that is the hard argmin."""
-    min_temperature: float = 0.0
-    """Under ``follow_beta``, the temperature is max(beta, min_temperature): during beta's warm-up the
-    E-step is then no harder than this (0: the exact E-step of J throughout)."""
     prior: str = "uniform"
     """p(k|x) inside q*: "uniform" (Shen et al.'s choice against rich-get-richer) or "learned"."""
     balance_iters: int = 0
@@ -131,10 +128,8 @@ class EStepConfig:
             raise ValueError(f"estep mode must be one of {ESTEP_MODES}, got {self.mode!r}")
         if self.prior not in ESTEP_PRIORS:
             raise ValueError(f"estep prior must be one of {ESTEP_PRIORS}, got {self.prior!r}")
-        if (not self.temperature > 0 or min(self.min_temperature, self.balance_iters, self.posterior_weight,
-                                                self.until_step) < 0):
-            raise ValueError("need temperature > 0, min_temperature, balance_iters, posterior_weight and until_step "
-                             ">= 0")
+        if not self.temperature > 0 or self.balance_iters < 0 or self.posterior_weight < 0 or self.until_step < 0:
+            raise ValueError("need temperature > 0, balance_iters >= 0, posterior_weight >= 0, until_step >= 0")
         if not 0 <= self.labelled <= 1 or (self.labelled and self.mode not in ("soft", "hard")):
             raise ValueError(f"estep labelled must be a share in [0, 1], and only in mode soft or hard (mode "
                              f"{self.mode!r}, labelled {self.labelled})")

@@ -60,7 +60,7 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
     given, fixes the rows whose index is >= 0 to its one-hot (the labelled examples); -1: q*'s.
 
     R (B, K) nats per copy; log_prior (B, K) the learned prior (ignored under prior "uniform");
-    beta: the step's KL weight, the temperature under ``follow_beta`` (at least ``min_temperature``; hard at 0).
+    beta: the step's KL weight, the temperature under ``follow_beta`` (hard at beta = 0).
     Balancing acts on q* before the argmax, so a hard assignment is balanced too, and over
     the global ``batch``: Sinkhorn's columns are sums over all of its rows.
     """
@@ -70,12 +70,11 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
             raise ValueError('estep mode "label" needs the batch\'s strategy labels')
         return F.one_hot(labels.to(R.device), R.shape[-1]).to(R.dtype)
     prior = torch.zeros_like(R) if cfg.prior == "uniform" else log_prior.detach()
-    temperature = max(beta, cfg.min_temperature) if cfg.follow_beta else cfg.temperature
-    if temperature == 0:  # the beta -> 0 limit of p exp(-R / beta): argmin R whatever p
-        hard, prior, temperature = True, torch.zeros_like(R), 1.0
+    if cfg.follow_beta and beta == 0:  # the beta -> 0 limit of p exp(-R / beta): argmin R whatever p
+        hard, prior = True, torch.zeros_like(R)
     else:
         hard = cfg.mode == "hard"
-    log_q = exact_posterior(R, prior, temperature)
+    log_q = exact_posterior(R, prior, beta if cfg.follow_beta and beta > 0 else cfg.temperature)
     a = batch.rows(sinkhorn(batch.gather(log_q), cfg.balance_iters)) if cfg.balance_iters else log_q.exp()
     if hard:
         a = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
