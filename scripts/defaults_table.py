@@ -32,9 +32,12 @@ the default before, against today's uniform one:
     python scripts/defaults_table.py OUT --blocks k4-default --weightings surprisal-share --cap 600 \
         --seeds 2,0,1 --remedy estep.prior=learned
 
-and to the base model's own seed (blocks k4-default-baseseed1, k4-default-baseseed2: the same recipe, another
-draw), to the number of starts compared after 400 steps (``--starts 1``: one initialisation, the default
-before), and to more latent slots, on a base that read the template at 1-8 slots (4 and 8 compared on it):
+(``loss.FIELD`` for a field of the loss, e.g. the anchor term from step 0 on single starts of seeds 3-8:
+``--blocks k4-default-baseseed1 --weightings surprisal-share --cap 600 --seeds 3,4,5,6,7,8 --starts 1
+--remedy loss.anchor_start_step=0``), and to the base model's own seed (blocks k4-default-baseseed1,
+k4-default-baseseed2: the same recipe, another draw), to the number of starts compared after 400 steps
+(``--starts 1``: one initialisation, the default before), and to more latent slots, on a base that read the
+template at 1-8 slots (4 and 8 compared on it):
 
     python scripts/defaults_table.py OUT --blocks k4-default-slots8 --weightings surprisal-share --cap 600 \
         --seeds 2,0,1 --slots 8
