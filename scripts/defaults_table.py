@@ -86,7 +86,7 @@ from tokweight.pipeline.synth import DEFAULT_STRATEGIES, PRESETS, STRATEGIES
 from tokweight.report.tables import markdown_table
 from tokweight.training.control import OUTCOMES
 from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting
-from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
+from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, Loss, Remedies, run_cells
 from tokweight.training.experiments.results import write_table_run
 from tokweight.training.train_base import BASE_PRESETS
 from tokweight.training.train_config import LossConfig, OptimConfig, default_remedies
@@ -154,7 +154,7 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
 }
 
 
-def remedy_fields(specs: list[str], latent: str) -> tuple[tuple[tuple[str, object], ...], tuple[tuple[str, object], ...]]:
+def remedy_fields(specs: list[str], latent: str) -> tuple[Remedies, Loss]:
     """``--remedy FIELD=VALUE`` options as a cell's (RemedyConfig fields, LossConfig fields) over the default's;
     VALUE is read as JSON (a number, true, ...) or else taken as a string; ``estep.FIELD`` sets a field of the
     E-step's config, ``loss.FIELD`` one of the loss's (the anchor term's start, ...)."""

@@ -38,7 +38,7 @@ CONTROL = ("exact_match", "chance_exact_match", "first_token_match", "chance_fir
 (the same examples under the other values); training.control.reference_control. The user task's control."""
 PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # io's paths: not part of a cell's key
 
-Loss = tuple[tuple[str, float], ...]
+Loss = tuple[tuple[str, object], ...]
 """LossConfig fields as (name, value) pairs."""
 Remedies = tuple[tuple[str, object], ...]
 """RemedyConfig fields as (name, value) pairs (the E-step's value an EStepConfig)."""
