@@ -160,6 +160,7 @@ def remedy_fields(specs: list[str], latent: str) -> tuple[Remedies, Loss]:
     E-step's config, ``loss.FIELD`` one of the loss's (the anchor term's start, ...)."""
     default, loss_default = default_remedies(latent), LossConfig()
     fields, estep, loss = {}, {}, {}
+    groups = {"estep": (estep, default.estep), "loss": (loss, loss_default)}
     for spec in specs:
         key, sep, text = spec.partition("=")
         if not sep or not key:
@@ -168,9 +169,8 @@ def remedy_fields(specs: list[str], latent: str) -> tuple[Remedies, Loss]:
             value = json.loads(text)
         except json.JSONDecodeError:
             value = text
-        prefix, dot, name = key.partition(".")
-        into, owner = {"estep": (estep, default.estep), "loss": (loss, loss_default)}.get(prefix, (fields, default))
-        name = name if dot and prefix in ("estep", "loss") else key
+        prefix, dot, rest = key.partition(".")
+        into, owner, name = (*groups[prefix], rest) if dot and prefix in groups else (fields, default, key)
         into[name] = float(value) if isinstance(getattr(owner, name, None), float) and type(value) is int else value
     try:
         if estep:
