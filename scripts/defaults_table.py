@@ -172,6 +172,9 @@ def remedy_fields(specs: list[str], latent: str) -> tuple[Remedies, Loss]:
         prefix, dot, rest = key.partition(".")
         into, owner, name = (*groups[prefix], rest) if dot and prefix in groups else (fields, default, key)
         into[name] = float(value) if isinstance(getattr(owner, name, None), float) and type(value) is int else value
+    if clash := sorted(set(loss) & {"weighting", "policy", "beta"}):
+        raise SystemExit(f"--remedy loss.{clash[0]}: the table sets the loss's weighting, policy and beta itself "
+                         "(use --weightings; beta is the default's)")
     try:
         if estep:
             fields["estep"] = replace(default.estep, **estep)

@@ -30,7 +30,8 @@ def test_defaults_table_reads_a_remedy_over_the_default_and_refuses_a_bad_one():
     assert fields["estep"].prior == "learned" and fields["estep"].follow_beta  # the rest: the default's
     for bad, message in ((["estep.prior=bogus"], "estep prior must be one of"), (["prior"], "expected FIELD=VALUE"),
                          (["estep.nope=1"], "nope"),
-                         (["loss.anchor_weight=-1"], "anchor_weight")):
+                         (["loss.anchor_weight=-1"], "anchor_weight"),
+                         (["loss.weighting=sum"], "sets the loss's weighting")):
         with pytest.raises(SystemExit, match=message):
             remedy_fields(bad, "discrete")
 
