@@ -86,7 +86,7 @@ from tokweight.pipeline.synth import DEFAULT_STRATEGIES, PRESETS, STRATEGIES
 from tokweight.report.tables import markdown_table
 from tokweight.training.control import OUTCOMES
 from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting
-from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, Loss, Remedies, run_cells
+from tokweight.training.experiments.cells import CELL_LOSS_FIELDS, Cell, CellBudget, CellPlan, Loss, Remedies, run_cells
 from tokweight.training.experiments.results import write_table_run
 from tokweight.training.train_base import BASE_PRESETS
 from tokweight.training.train_config import LossConfig, OptimConfig, default_remedies
@@ -172,8 +172,8 @@ def remedy_fields(specs: list[str], latent: str) -> tuple[Remedies, Loss]:
         prefix, dot, rest = key.partition(".")
         into, owner, name = (*groups[prefix], rest) if dot and prefix in groups else (fields, default, key)
         into[name] = float(value) if isinstance(getattr(owner, name, None), float) and type(value) is int else value
-    if clash := sorted(set(loss) & {"weighting", "policy", "beta"}):
-        raise SystemExit(f"--remedy loss.{clash[0]}: the table sets the loss's weighting, policy and beta itself "
+    if clash := sorted(set(loss) & set(CELL_LOSS_FIELDS)):
+        raise SystemExit(f"--remedy loss.{clash[0]}: the table sets the loss's {', '.join(CELL_LOSS_FIELDS)} itself "
                          "(use --weightings; beta is the default's)")
     try:
         if estep:

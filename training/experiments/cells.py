@@ -40,6 +40,8 @@ PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # i
 
 Loss = tuple[tuple[str, object], ...]
 """LossConfig fields as (name, value) pairs."""
+CELL_LOSS_FIELDS = ("weighting", "policy", "beta")
+"""The LossConfig fields every cell sets itself (``train_config``), which its ``Loss`` pairs cannot."""
 Remedies = tuple[tuple[str, object], ...]
 """RemedyConfig fields as (name, value) pairs (the E-step's value an EStepConfig)."""
 
