@@ -70,7 +70,7 @@ def test_separate_encoder_owns_the_posterior_and_leaves_the_backbone_out():
     model = build_cvae(backbone, vocab, CVAEConfig(posterior_encoder="separate", encoder_d_model=16))
     owned = {id(p) for p in model.posterior_parameters}
     assert owned.isdisjoint(id(p) for p in backbone.parameters())
-    assert model.latent.head[0].in_features == 16
+    assert model.latent.head.in_features == 16
 
 
 def test_recipes_set_only_remedy_fields(tiny, tmp_path):

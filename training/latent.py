@@ -30,13 +30,12 @@ def at_least_float32(x: torch.Tensor) -> torch.Tensor:
     prior and their KL stay in full precision; float64 stays float64."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
-
 class CategoricalLatent(nn.Module):
     """K values, summed over exactly (no sampling): every example runs K decoder copies.
 
     Prior p(k|x): softmax over the decoder's logits of ``<z_0..z_{K-1}>`` at ``<z>`` (the
     next-token distribution renormalised over the K latent tokens, so their logits suffice).
-    Posterior q(k|x,y): a one-hidden-layer head on the pooled z-free hidden state.
+    Posterior q(k|x,y): a linear head on the pooled z-free hidden state.
     """
 
     kind = "discrete"
@@ -48,12 +47,7 @@ class CategoricalLatent(nn.Module):
             raise ValueError(f"need {k} latent token ids, got {len(latent_ids)}")
         self.k = k
         self.features = k  # one-hot
-        # One hidden layer: a linear head could not fit the exact posterior q* of a trained decoder. Refitted on
-        # q* over two K = 4 runs' own pooled states (backbone fixed), a linear head reached I(z; strategy) 1.274 /
-        # 1.255 on test against q*'s 1.294 / 1.295, this one 1.302 / 1.300 (mean H(q) 0.04 against 0.085-0.10).
-        # Trained with it (K = 4, two bases, seeds 9-14, cap 600), 4 of 7 near-perfect codes reach 0.9 H against
-        # 2 of 6 with the linear head (docs/results.md, "A posterior head that can fit q*").
-        self.head = nn.Sequential(nn.Linear(d_model, d_model), nn.GELU(), nn.Linear(d_model, k))
+        self.head = nn.Linear(d_model, k)
         self.register_buffer("latent_ids", torch.tensor(latent_ids), persistent=False)
 
     @property
@@ -74,7 +68,7 @@ class CategoricalLatent(nn.Module):
                        global_batch: GlobalBatch = LOCAL) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy i*K + k of example i carries value k: (B*K, K) one-hot and (B*K,) token ids."""
         B = log_q.shape[0]
-        onehot = torch.eye(self.k, device=log_q.device, dtype=self.head[-1].weight.dtype).repeat(B, 1)
+        onehot = torch.eye(self.k, device=log_q.device, dtype=self.head.weight.dtype).repeat(B, 1)
         return onehot, self.latent_ids.repeat(B)
 
     def expectation(self, R: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
@@ -107,8 +101,6 @@ class GaussianLatent(nn.Module):
             raise ValueError(f"need samples >= 1, got {samples}")
         self.copies = samples
         self.features = z_dim
-        # Linear: with the discrete latent's hidden layer in front of its N(0, I) start, z was lost on 1 of 3
-        # seeds (K = 2, h0-n16, cap 300: KL 0.09, k-means NMI 0.03; linear: KL 1.18-1.35, NMI 1.000 on 3 of 3).
         self.head = nn.Linear(d_model, 2 * z_dim)
         self.prior_head = nn.Linear(d_model, 2 * z_dim) if prior == "learned" else None
         for lin in filter(None, (self.head, self.prior_head)):  # start near N(0, I)
