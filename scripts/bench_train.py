@@ -85,8 +85,8 @@ def step_time(run, batch) -> float:
 
     state, cfg = run
     t = time.perf_counter()
-    forward_backward(state, batch, cfg, logged=False)
-    optimizer_step(state, cfg.optim.grad_clip)
+    forward_backward(state, batch, cfg, cfg.optim.lr, logged=False)
+    optimizer_step(state, cfg.optim.grad_clip, cfg.optim.lr)
     return time.perf_counter() - t
 
 

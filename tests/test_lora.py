@@ -79,8 +79,8 @@ def trained_names(model) -> set[str]:
 
 
 def one_step(state, cfg, batch) -> None:
-    forward_backward(state, batch, cfg, logged=False)
-    optimizer_step(state, cfg.optim.grad_clip)
+    forward_backward(state, batch, cfg, cfg.optim.lr, logged=False)
+    optimizer_step(state, cfg.optim.grad_clip, cfg.optim.lr)
     state.step += 1
 
 

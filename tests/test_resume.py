@@ -23,10 +23,11 @@ from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS, CKPT_EVERY = 6, 2
+STEPS, CKPT_EVERY, LR_DECAY = 8, 2, 0.4
 # counted from step 2 (the warm-up's end), validated every 2 steps: the validation at 2 sets the bests and the
-# one at 4, improving by less than 10 nats, makes the run converge there
-CONVERGES_AT = 4
+# one at 4, improving by less than 10 nats, makes the run converge there; its learning rate then falls over
+# steps 4-6 (4 / (1 - 0.4) = 6.7 steps in all) and it ends at 7. The run to the cap falls over its last 3 steps.
+CONVERGES_AT, CONVERGED_END = 4, 7
 RUNS = {
     "converges": dict(stop=StopRule(patience=1, min_delta_objective=10.0, min_delta_mi=10.0), workers=0, lanes=1),
     "to the cap": dict(stop=StopRule(patience=0), workers=1, lanes=2),
@@ -44,7 +45,7 @@ def config(tiny_dropout, out: Path, name: str) -> TrainConfig:
     return TrainConfig(io=IOConfig(checkpoint=str(ckpt), data=str(data), out=str(out), num_workers=spec["workers"],
                                    lanes=spec["lanes"], shuffle_buffer=16, device="cpu"),
                        loss=LossConfig(policy="frozen", beta=BetaSchedule(0.3, warmup_steps=2)),
-                       optim=OptimConfig(steps=STEPS, batch_size=8, stop=spec["stop"]),
+                       optim=OptimConfig(steps=STEPS, batch_size=8, lr_decay=LR_DECAY, stop=spec["stop"]),
                        log=LogConfig(log_every=1, grad_diag_every=0, ckpt_every=CKPT_EVERY, eval_every=2,
                                      eval_examples=64, eval_batch_size=64))
 
@@ -90,12 +91,17 @@ def kill_after_step(n: int) -> Hooks:
 
 
 def test_the_reference_runs_stop_as_configured(reference):
-    for name, step, reason in (("converges", CONVERGES_AT, "converged"), ("to the cap", STEPS, "step cap")):
-        last = json.loads((reference(name) / "metrics.jsonl").read_text().splitlines()[-1])
-        assert last["stop"]["reason"] == reason and last["stop"]["step"] == step
+    for name, reason, window in (("converges", "converged", [CONVERGES_AT, CONVERGED_END]),
+                                 ("to the cap", "step cap", [STEPS - 3, STEPS])):
+        lines = [json.loads(line) for line in (reference(name) / "metrics.jsonl").read_text().splitlines()]
+        stop = lines[-1]["stop"]
+        assert (stop["reason"], stop["step"], stop["lr_decay"]) == (reason, window[1], window)
+        lrs = {r["step"]: r["lr"] for r in lines if "lr" in r}
+        base = OptimConfig.lr
+        assert [lrs[s] for s in range(window[0] - 1, window[1])] == pytest.approx([base, base, base * 2 / 3, base / 3])
 
 
-@pytest.mark.parametrize("name, n", [("converges", n) for n in range(1, CONVERGES_AT + 1)]
+@pytest.mark.parametrize("name, n", [("converges", n) for n in range(1, CONVERGED_END + 1)]
                          + [("to the cap", n) for n in range(1, STEPS + 1)])
 def test_killed_after_any_step_then_run_again_ends_bitwise_equal(tiny_dropout, reference, tmp_path, name, n):
     cfg = config(tiny_dropout, tmp_path / "run", name)

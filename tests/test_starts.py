@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.test_resume import CKPT_EVERY, FILES, Killed, config, kill_after_step, train
+from tests.test_resume import CKPT_EVERY, FILES, STEPS, Killed, config, kill_after_step, train
 from tokweight.training.faults import Hooks
 from tokweight.training.run_dir import read_metrics
 
@@ -94,7 +94,7 @@ def test_starts_must_be_positive(tiny_dropout, tmp_path):
 
 
 def test_a_run_capped_at_start_steps_has_one_start(tiny_dropout, tmp_path):
-    cfg = with_starts(config(tiny_dropout, tmp_path / "run", "to the cap"), start_steps=6)
+    cfg = with_starts(config(tiny_dropout, tmp_path / "run", "to the cap"), start_steps=STEPS)
     result = train(cfg)
     assert "start" not in result and not (tmp_path / "run" / "starts").exists()
     assert json.loads((tmp_path / "run" / "config.json").read_text())["optim"]["seed"] == SEED

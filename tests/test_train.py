@@ -11,7 +11,7 @@ from tokweight.training.baselines import Frozen, dynamic
 from tokweight.training.cvae import CVAEConfig, build_cvae
 from tokweight.training.data import StreamSpec, split_urls
 from tokweight.training.run_dir import load_run
-from tokweight.training.schedules import BetaSchedule
+from tokweight.training.schedules import BetaSchedule, lr_at, lr_decay_window
 from tokweight.training.stream import EvalStream, loader
 from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
@@ -101,6 +101,16 @@ def test_beta_schedules():
     assert [lin.at(s) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
     with pytest.raises(ValueError):
         BetaSchedule(1.0, warmup_steps=-1)
+
+
+def test_the_learning_rate_falls_to_0_over_the_last_fraction_of_the_run():
+    assert lr_decay_window(600, 0.2) == (480, 600)  # a run to its cap: its last 120 steps
+    assert lr_decay_window(600, 0.2, converged_at=300) == (300, 375)  # converged: 75 more make a fifth of 375
+    assert lr_decay_window(600, 0.2, converged_at=550) == (550, 600)  # never past the cap
+    assert lr_decay_window(600, 0.0) == (600, 600) and lr_decay_window(600, 0.0, converged_at=300) == (300, 300)
+    assert [lr_at(1.0, s, (4, 8)) for s in range(3, 8)] == [1.0, 1.0, 0.75, 0.5, 0.25]
+    with pytest.raises(ValueError, match="lr_decay is a fraction"):
+        OptimConfig(lr_decay=1.0)
 
 
 def test_a_bfloat16_forward_trains_close_to_float32(tiny, tmp_path):

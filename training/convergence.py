@@ -1,4 +1,5 @@
-"""When a train run stops: once validation stops improving (converged), or at its step cap.
+"""When a train run converges: once validation stops improving (it then ends after the learning rate's fall,
+``schedules.lr_decay_window``), else it trains to its step cap.
 
 The rule reads the periodic validations (``LogConfig.eval_every``, on the first ``eval_examples``
 val examples), in order:
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 @dataclass(frozen=True)
 class StopRule:
     patience: int = 10
-    """Counted validations without an improvement before the run stops (0: off, the run trains to its cap).
+    """Counted validations without an improvement before the run converges (0: off, the run trains to its cap).
     At 50 steps a validation: 500 steps. On the small synthetic preset (seed 0) neither number improved
     from step 250 until z was found at step 600: a patience of 6 stopped that run at step 550, 7 let
     it go on."""
@@ -42,7 +43,7 @@ class StopRule:
         """The rule in words with its numbers."""
         if not (self.patience and eval_every):
             return "off: the run trains to its step cap (patience 0 or no periodic validation)"
-        return (f"stop once {self.patience} consecutive validations (every {eval_every} steps, {examples} val "
+        return (f"converged once {self.patience} consecutive validations (every {eval_every} steps, {examples} val "
                 f"examples, counted from step {settle}) neither lower the val objective recon + {beta:g} * KL by "
                 f"more than {self.min_delta_objective:g} nats below its best nor raise the MI by more than "
                 f"{self.min_delta_mi:g} nats above its best")

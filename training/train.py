@@ -7,9 +7,9 @@ validation, then the final validation and the stop line), checkpoint/ (safetenso
 optimizer and RNG states, state.json, vocab.json; replaced atomically), and resume from it; with several
 starts (``best_start``) also starts/seed-S/ (each start's run) and starts.json (the choice).
 
-``--steps`` is a cap: the run stops earlier once its periodic validations say it converged
-(``convergence.py``), and says why it stopped (``"stop"`` in its result and metrics.jsonl's last
-line). A resumed run ends bitwise where the uninterrupted run ends (CPU, same threads): the
+``--steps`` is a cap: once its periodic validations say the run converged (``convergence.py``) it ends
+earlier, after the learning rate's fall to 0 that ends every run (``schedules.lr_decay_window``), and it
+says why it stopped (``"stop"`` in its result and metrics.jsonl's last line). A resumed run ends bitwise where the uninterrupted run ends (CPU, same threads): the
 checkpoint holds the model, the optimizer, every rank's RNG and the stop rule's state; the data
 stream is fast-forwarded to the checkpoint's step (``stream.TrainStream.batches``); the
 schedules, the E-step and the continuous latent's noise are functions of the step.
@@ -55,6 +55,7 @@ from tokweight.training.losses import (WeightingParams, anchor_penalty, example_
 from tokweight.training.metrics import entropy, informative_token_spread, posterior_gradient_norms
 from tokweight.training.run_dir import (append_metrics, committed_checkpoint, metrics_size, resume, save_checkpoint,
                                         write_config)
+from tokweight.training.schedules import lr_at, lr_decay_window
 from tokweight.training.stream import TrainStream
 from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
 from tokweight.training.validation import Scoring, validate
@@ -79,6 +80,7 @@ class State:
     strategy_names: tuple[str, ...] = ()  # an E-step that reads labels: latent value k is strategy_names[k]
     skips: Skips = field(default_factory=Skips)  # samples this rank's streams left out (train and val), per shard
     convergence: Convergence = field(default_factory=Convergence)  # the stop rule's state
+    converged_at: int | None = None  # the step the stop rule said the run converged: the lr's fall starts there
     stop: str | None = None  # why the run stopped: "converged" or "step cap"; None while it trains
     pause_at: int | None = None  # a start (``best_start``) trains to here, checkpoints and returns
     hooks: Hooks = NO_HOOKS
@@ -129,7 +131,8 @@ def setup(cfg: TrainConfig, ranks: Ranks, hooks: Hooks = NO_HOOKS) -> State:
     set_rng_states(saved.get("rng", {}), device)
     return State(model, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
                  GlobalBatch(ranks.rank, ranks.world), ranks, device, meta, saved.get("step", 0), label_names(cfg),
-                 convergence=Convergence(**saved.get("convergence", {})), hooks=hooks)
+                 convergence=Convergence(**saved.get("convergence", {})), converged_at=saved.get("converged_at"),
+                 hooks=hooks)
 
 
 def trainable_line(model: CVAE) -> str:
@@ -316,12 +319,12 @@ def step_terms(state: State, batch: TrainBatch, loss: LossConfig, remedies: Reme
     return StepTerms(out, b, pi, degenerate, obj, anchored(model, out, b, batch.zfree.mask, loss), beta, em)
 
 
-def diagnostics(state: State, batch: TrainBatch, terms: StepTerms, gradient_norms: bool) -> dict:
+def diagnostics(state: State, batch: TrainBatch, terms: StepTerms, lr: float, gradient_norms: bool) -> dict:
     """The step's metrics record; its ``.item()`` calls wait for the device, so only logged steps make one.
     The posterior-gradient norms need the graphs: before the backward."""
     obj, model = terms.obj, state.model
     record = {"step": state.step, "loss": obj.loss.item(), "recon": obj.recon.item(),
-              "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": terms.beta,
+              "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": terms.beta, "lr": lr,
               "anchor": terms.anchor.item(), "degenerate": int(terms.degenerate.sum()), "estep": terms.estep,
               **latent_summary(model, terms.out, batch, state.params, terms.pi, terms.b)}
     if gradient_norms:
@@ -329,23 +332,24 @@ def diagnostics(state: State, batch: TrainBatch, terms: StepTerms, gradient_norm
     return record
 
 
-def forward_backward(state: State, batch: TrainBatch, cfg: TrainConfig, logged: bool) -> dict | None:
+def forward_backward(state: State, batch: TrainBatch, cfg: TrainConfig, lr: float, logged: bool) -> dict | None:
     """One step's objective and its gradients (not yet averaged across ranks); the step's metrics record on a
     logged step, else None."""
     with torch.autocast(state.device.type, dtype=torch.bfloat16, enabled=cfg.io.dtype == "bfloat16"):
         terms = step_terms(state, batch, cfg.loss, cfg.remedies, cfg.optim)
     every = cfg.log.grad_diag_every
-    record = diagnostics(state, batch, terms, bool(every and state.step % every == 0)) if logged else None
+    record = diagnostics(state, batch, terms, lr, bool(every and state.step % every == 0)) if logged else None
     state.opt.zero_grad(set_to_none=True)
     terms.total(cfg.loss.anchor_weight_at(state.step)).backward()
     return record
 
 
-def logged_step(step: int, cfg: TrainConfig) -> bool:
-    """Whether step ``step`` (0-based) writes a metrics line: every log_every-th, the cap's last, and the
-    posterior-gradient diagnostic's steps."""
-    every = cfg.log.grad_diag_every
-    return (step + 1) % cfg.log.log_every == 0 or step + 1 == cfg.optim.steps or bool(every and step % every == 0)
+def logged_step(state: State, cfg: TrainConfig) -> bool:
+    """Whether the step ``state.step`` (0-based) writes a metrics line: every log_every-th, the run's last, and
+    the posterior-gradient diagnostic's steps."""
+    step, every = state.step, cfg.log.grad_diag_every
+    return ((step + 1) % cfg.log.log_every == 0 or step + 1 == decay_window(state, cfg)[1]
+            or bool(every and step % every == 0))
 
 
 def anchored(model: CVAE, out, b: torch.Tensor, mask: torch.Tensor, loss: LossConfig) -> torch.Tensor:
@@ -403,11 +407,13 @@ def average_gradients(params, world: int) -> None:
             p.grad.copy_(grad.view_as(p.grad))
 
 
-def optimizer_step(state: State, grad_clip: float) -> None:
+def optimizer_step(state: State, grad_clip: float, lr: float) -> None:
     params = [p for p in state.model.parameters() if p.requires_grad]
     average_gradients(params, state.global_batch.world)
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    for group in state.opt.param_groups:
+        group["lr"] = lr
     state.opt.step()
 
 
@@ -428,8 +434,9 @@ def fit(state: State, cfg: TrainConfig) -> int:
                mininterval=1.0)
     try:
         while not state.stop and (state.pause_at is None or state.step < state.pause_at):
-            record = forward_backward(state, next(batches).to(state.device), cfg, logged_step(state.step, cfg))
-            optimizer_step(state, cfg.optim.grad_clip)
+            lr = lr_at(cfg.optim.lr, state.step, decay_window(state, cfg))
+            record = forward_backward(state, next(batches).to(state.device), cfg, lr, logged_step(state, cfg))
+            optimizer_step(state, cfg.optim.grad_clip, lr)
             state.step += 1
             bar.update(1)
             state.hooks.after_step(state.step)
@@ -440,10 +447,16 @@ def fit(state: State, cfg: TrainConfig) -> int:
     return stream.bytes_read
 
 
+def decay_window(state: State, cfg: TrainConfig) -> tuple[int, int]:
+    """[start, end) of the learning rate's fall to 0: the cap's last steps, or from where the run converged.
+    The run ends at its end."""
+    return lr_decay_window(cfg.optim.steps, cfg.optim.lr_decay, state.converged_at)
+
+
 def stop_reason(state: State, cfg: TrainConfig) -> str | None:
-    if converged(state.convergence, cfg.optim.stop):
-        return "converged"
-    return "step cap" if state.step >= cfg.optim.steps else None
+    if state.step < decay_window(state, cfg)[1]:
+        return None
+    return "converged" if state.converged_at is not None else "step cap"
 
 
 def after_step(state: State, cfg: TrainConfig, record: dict | None, bar) -> None:
@@ -456,11 +469,13 @@ def after_step(state: State, cfg: TrainConfig, record: dict | None, bar) -> None
         bar.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}")
     if log.eval_every and step % log.eval_every == 0 and step < cfg.optim.steps:
         metrics = validate_run(state, cfg, examples=log.eval_examples)
-        if step >= cfg.objective_settles:
+        if cfg.objective_settles <= step < decay_window(state, cfg)[0]:  # once the lr falls, the run's end is set
             # rank 0's reading on every rank: the ranks stop together even if their float sums differed
             state.convergence = state.ranks.broadcast(observe(state.convergence, cfg.optim.stop, step,
                                                               val_objective(metrics, cfg.loss.beta.beta),
                                                               val_mi(metrics)))
+            if converged(state.convergence, cfg.optim.stop):
+                state.converged_at = step
     state.stop = stop_reason(state, cfg)
     if step % log.ckpt_every == 0 or state.stop or step == state.pause_at:
         checkpoint(state, cfg)
@@ -472,7 +487,8 @@ def checkpoint(state: State, cfg: TrainConfig) -> None:
     if state.global_batch.rank != 0:
         return
     meta = {"step": state.step, **state.meta, "world": state.global_batch.world,
-            "convergence": state.convergence.to_json(), "metrics_bytes": metrics_size(cfg.io.out)}
+            "convergence": state.convergence.to_json(), "converged_at": state.converged_at,
+            "metrics_bytes": metrics_size(cfg.io.out)}
     rng = {f"{name}.{rank}": t for rank, states in enumerate(rngs) for name, t in states.items()}
     save_checkpoint(cfg.io.out, state.model, state.opt, state.spec.vocab, meta, rng, state.hooks.before_write)
     state.hooks.after_checkpoint(state.step)
@@ -490,10 +506,12 @@ def validate_run(state: State, cfg: TrainConfig, examples: int | None = None) ->
 
 
 def stop_record(state: State, cfg: TrainConfig) -> dict:
-    """Why the run stopped, where, its best validation's step (None if none was counted) and the rule."""
+    """Why the run stopped, where, its best validation's step (None if none was counted), the rule and the
+    steps [start, end) over which the learning rate fell to 0."""
     rule = cfg.optim.stop.describe(cfg.log.eval_every, cfg.log.eval_examples, cfg.loss.beta.beta,
                                    cfg.objective_settles)
-    return {"reason": state.stop, "step": state.step, "best_step": state.convergence.best_step, "rule": rule}
+    return {"reason": state.stop, "step": state.step, "best_step": state.convergence.best_step, "rule": rule,
+            "lr_decay": list(decay_window(state, cfg))}
 
 
 def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:

@@ -91,6 +91,10 @@ def with_labelled(latent: str | None, labelled: float | None) -> RemedyConfig | 
               help=shown("Steps each start trains before they are compared.", OptimConfig.start_steps))
 @click.option("--batch-size", type=int, default=None, help=shown("Per rank.", OptimConfig.batch_size))
 @click.option("--lr", type=float, default=None, help=shown("AdamW learning rate.", OptimConfig.lr))
+@click.option("--lr-decay", type=float, default=None,
+              help=shown("Fraction of the run over which the learning rate falls linearly to 0 at its end: the last "
+                         "steps before --steps, or as many more once the run converged (0: constant).",
+                         OptimConfig.lr_decay))
 @click.option("--num-workers", type=int, default=None, help=shown("Loader worker processes.", IOConfig.num_workers))
 @click.option("--lanes", type=int, default=None,
               help="Sample streams of the global batch (default: one per rank); the data order depends on it.")
@@ -101,8 +105,8 @@ def with_labelled(latent: str | None, labelled: float | None) -> RemedyConfig | 
               help=shown(f"Steps between validations on {LogConfig.eval_examples} val examples, which the stop rule "
                          "reads (0: none, the run trains to --steps).", LogConfig.eval_every))
 @click.option("--patience", type=int, default=None,
-              help=shown("Validations without an improvement of the val objective or the MI before the run stops as "
-                         "converged (0: never, the run trains to --steps).", StopRule.patience))
+              help=shown("Validations without an improvement of the val objective or the MI before the run counts as "
+                         "converged and its lr falls (0: never, the run trains to --steps).", StopRule.patience))
 @click.option("--log-every", type=int, default=None, help=shown("Steps between metrics lines.", LogConfig.log_every))
 @click.option("--ckpt-every", type=int, default=None, help=shown("Steps between checkpoints.", LogConfig.ckpt_every))
 @click.option("--seed", type=int, default=None, help=shown("", OptimConfig.seed))
@@ -119,15 +123,16 @@ def with_labelled(latent: str | None, labelled: float | None) -> RemedyConfig | 
 @threads_option
 def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, weighting, lam, policy,
           baseline_checkpoint, beta, warmup_steps, labelled, anchor_weight, steps, starts, start_steps, batch_size,
-          lr, num_workers, lanes, on_bad_sample, eval_every, patience, log_every, ckpt_every, seed, device, dtype,
+          lr, lr_decay, num_workers, lanes, on_bad_sample, eval_every, patience, log_every, ckpt_every, seed, device, dtype,
           grad_checkpointing, lora_rank, threads):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready).
 
     The defaults are the recipe that keeps z from scratch with the decoder whole: a 4-slot prefix,
     surprisal-share, beta 0.3 warmed up over 100 steps, the anchor term after the warm-up, the exact
     E-step with centred latent rows (discrete; a continuous latent: the hard E-step over 4 draws of a 2-dimensional
-    z), lr 3e-4, three starts of 400 steps of which the one that reconstructs validation best goes on. The run
-    stops once its periodic validations stop improving, or at --steps, and says which."""
+    z), lr 3e-4 falling linearly to 0 over the run's last fifth, three starts of 400 steps of which the one that
+    reconstructs validation best goes on. Once its periodic validations stop improving the run ends after that
+    fall, else at --steps, and says which."""
     from tokweight.training.run_dir import CheckpointWriteError
     from tokweight.training.train import run
 
@@ -143,7 +148,7 @@ def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, 
                                     anchor_weight=anchor_weight)),
             optim=OptimConfig(stop=StopRule(**given(patience=patience)),
                               **given(steps=steps, starts=starts, start_steps=start_steps, batch_size=batch_size,
-                                      lr=lr, seed=seed)),
+                                      lr=lr, lr_decay=lr_decay, seed=seed)),
             log=LogConfig(**given(eval_every=eval_every, log_every=log_every, ckpt_every=ckpt_every)),
             lora=LoRAConfig(**given(rank=lora_rank)), remedies=with_labelled(latent, labelled))
         result = run(cfg)
@@ -158,4 +163,6 @@ def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, 
 def stop_line(stop: dict) -> str:
     """The one line saying why the run stopped."""
     best = f"best validation at step {stop['best_step']}" if stop["best_step"] is not None else "no counted validation"
-    return f"stopped at step {stop['step']}: {stop['reason']} ({best}); rule: {stop['rule']}"
+    start, end = stop["lr_decay"]
+    fall = f"lr fell to 0 over steps {start}-{end}" if end > start else "constant lr"
+    return f"stopped at step {stop['step']}: {stop['reason']} ({best}; {fall}); rule: {stop['rule']}"
