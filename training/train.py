@@ -9,8 +9,9 @@ starts (``best_start``) also starts/seed-S/ (each start's run) and starts.json (
 
 ``--steps`` is a cap: once its periodic validations say the run converged (``convergence.py``) it ends
 earlier, after the learning rate's fall to 0 that ends every run (``schedules.lr_decay_window``), and it
-says why it stopped (``"stop"`` in its result and metrics.jsonl's last line). A resumed run ends bitwise where the uninterrupted run ends (CPU, same threads): the
-checkpoint holds the model, the optimizer, every rank's RNG and the stop rule's state; the data
+says why it stopped (``"stop"`` in its result and metrics.jsonl's last line). A resumed run ends bitwise
+where the uninterrupted run ends (CPU, same threads): the checkpoint holds the model, the optimizer, every
+rank's RNG, the stop rule's state and the step it said the run converged; the data
 stream is fast-forwarded to the checkpoint's step (``stream.TrainStream.batches``); the
 schedules, the E-step and the continuous latent's noise are functions of the step.
 
