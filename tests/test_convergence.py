@@ -75,8 +75,8 @@ def test_train_says_why_it_stopped(tiny, tmp_path):
     data, ckpt = tiny
     result = CliRunner().invoke(train, ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(tmp_path / "run"),
                                         "--policy", "frozen", "--steps", "3", "--batch-size", "8", "--warmup-steps",
-                                        "1", "--eval-every", "1", "--patience", "1", "--num-workers", "0",
-                                        "--device", "cpu", "--threads", "1"])
+                                        "1", "--eval-every", "1", "--patience", "1", "--lr-decay", "0.3",
+                                        "--num-workers", "0", "--device", "cpu", "--threads", "1"])
     assert result.exit_code == 0, result.output
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["stop"]
     # counted from step 1; patience 1: the run stops at the first validation that does not improve
@@ -85,6 +85,9 @@ def test_train_says_why_it_stopped(tiny, tmp_path):
     assert "1 consecutive validations (every 1 steps" in last["rule"]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["optim"]["stop"]["patience"] == 1 and config["log"]["eval_every"] == 1
+    # the last round(0.3 * 3) = 1 step falls, unless the run converged first and fell from there
+    assert config["optim"]["lr_decay"] == 0.3
+    assert f"lr fell to 0 over steps {last['lr_decay'][0]}-{last['step']}" in result.output
 
 
 def test_a_run_resumes_whatever_its_paths_are_spelt_as(tiny, tmp_path, monkeypatch):

@@ -123,8 +123,8 @@ def with_labelled(latent: str | None, labelled: float | None) -> RemedyConfig | 
 @threads_option
 def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, weighting, lam, policy,
           baseline_checkpoint, beta, warmup_steps, labelled, anchor_weight, steps, starts, start_steps, batch_size,
-          lr, lr_decay, num_workers, lanes, on_bad_sample, eval_every, patience, log_every, ckpt_every, seed, device, dtype,
-          grad_checkpointing, lora_rank, threads):
+          lr, lr_decay, num_workers, lanes, on_bad_sample, eval_every, patience, log_every, ckpt_every, seed, device,
+          dtype, grad_checkpointing, lora_rank, threads):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready).
 
     The defaults are the recipe that keeps z from scratch with the decoder whole: a 4-slot prefix,
