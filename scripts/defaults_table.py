@@ -187,7 +187,7 @@ def remedy_fields(specs: list[str], latent: str) -> tuple[Remedies, Loss]:
 
 def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], cond: str, latent: str,
               jobs: int, cap: int, remedy: tuple[str, ...] = (), slots: int | None = None,
-              starts: int = OptimConfig.starts, echo=print) -> list[dict]:
+              starts: int | None = OptimConfig.starts, echo=print) -> list[dict]:
     task, setting = BLOCKS[name]
     prep = prepare_setting(task, setting, root / name, echo)
     plan = CellPlan(task.k, slots, CellBudget(steps=cap, starts=starts, decode_examples=256), "default")
@@ -248,8 +248,8 @@ def main() -> None:
                     "the loss's (repeatable)")
     ap.add_argument("--slots", type=int, default=None, help="latent slots of the prefix pathway (default: "
                     "CVAEConfig's); more than the base's max_slots start from a template it never read")
-    ap.add_argument("--starts", type=int, default=OptimConfig.starts, help="initialisations per cell, compared "
-                    f"after {OptimConfig.start_steps} steps (train's --starts)")
+    ap.add_argument("--starts", type=int, default=OptimConfig.starts, help="initialisations per cell (default: "
+                    f"the latent's), compared after {OptimConfig.start_steps} steps (train's --starts)")
     ap.add_argument("--cap", type=int, default=OptimConfig.steps, help="step cap per cell (the stop rule ends most "
                     "runs before it)")
     args = ap.parse_args()

@@ -153,12 +153,16 @@ def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
         remedies(cfg, latent_embedding_norm=0.0)
 
 
-def test_the_continuous_latent_gets_spread_slots_and_the_hard_e_step_over_its_draws_by_default(tiny, tmp_path):
+def test_the_continuous_latent_gets_spread_slots_the_hard_e_step_over_its_draws_and_one_start_by_default(tiny,
+                                                                                                        tmp_path):
     cfg = config(tiny, tmp_path, cvae=CVAEConfig(latent="continuous"))
     assert cfg.remedies == RemedyConfig(estep=EStepConfig(mode="hard", follow_beta=True, prior="learned"),
                                         latent_embedding_norm=1.0, latent_embedding_center=True)
     assert (cfg.cvae.cond, cfg.cvae.z_dim, cfg.cvae.samples) == ("prefix", 2, 4)
     assert config(tiny, tmp_path).remedies.estep.mode == "soft"
+    assert (cfg.optim.starts, config(tiny, tmp_path).optim.starts) == (1, 3)  # resolved, so config.json says it
+    named = config(tiny, tmp_path, cvae=CVAEConfig(latent="continuous"), optim=OptimConfig(steps=4, starts=3))
+    assert named.optim.starts == 3 and TrainConfig.from_json(named.to_json()) == named
 
 
 def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):

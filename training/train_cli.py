@@ -86,7 +86,7 @@ def with_labelled(latent: str | None, labelled: float | None) -> RemedyConfig | 
                          OptimConfig.steps))
 @click.option("--starts", type=int, default=None,
               help=shown("Initialisations trained --start-steps each; the one whose validation NLL is least goes on "
-                         "(RUN/starts/, RUN/starts.json).", OptimConfig.starts))
+                         "(RUN/starts/, RUN/starts.json).", "3 for a discrete latent, 1 for a continuous one"))
 @click.option("--start-steps", type=int, default=None,
               help=shown("Steps each start trains before they are compared.", OptimConfig.start_steps))
 @click.option("--batch-size", type=int, default=None, help=shown("Per rank.", OptimConfig.batch_size))
@@ -131,8 +131,8 @@ def train(checkpoint, data, store, out, latent, k, z_dim, samples, cond, slots, 
     surprisal-share, beta 0.3 warmed up over 100 steps, the anchor term after the warm-up, the exact
     E-step with centred latent rows (discrete; a continuous latent: the hard E-step over 4 draws of a 2-dimensional
     z), lr 3e-4 falling linearly to 0 over the run's last fifth, three starts of 400 steps of which the one that
-    reconstructs validation best goes on. Once its periodic validations stop improving the run ends after that
-    fall, else at --steps, and says which."""
+    reconstructs validation best goes on (a continuous latent: one). Once its periodic validations stop
+    improving the run ends after that fall, else at --steps, and says which."""
     from tokweight.training.run_dir import CheckpointWriteError
     from tokweight.training.train import run
 

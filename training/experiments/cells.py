@@ -56,7 +56,7 @@ class CellBudget:
     """CVAE batch size."""
     lr: float = OptimConfig.lr
     """CVAE learning rate."""
-    starts: int = OptimConfig.starts
+    starts: int | None = OptimConfig.starts
     """Initialisations compared after ``OptimConfig.start_steps`` (train's ``--starts``)."""
     decode_examples: int = 128
     """Test examples decoded per latent value for the control accuracy."""
