@@ -278,11 +278,12 @@ def default_starts(latent: str) -> int:
     within a few hundred steps and keep it, and a code that merges strategies reconstructs worse (K = 4, 12
     starts in 4 runs: the chosen start was the best strategy code of its three on 3 and within 0.02 nats of
     it on the fourth, I(z; strategy) 1.004 against 0.834 for one start). One for a continuous latent, whose
-    merged code reconstructs better: a 2-dimensional z that gives sort and sort-desc one region keeps each
-    input's choice between them in a narrower posterior (sigma along its first dimension 0.13-0.16 against a
-    code's 0.38-0.46), and at K = 4 the least validation NLL at step 400 chose such a start in the 2 of 3 runs
-    that had one (0.148 and 0.157 against 0.169-0.229; k-means NMI 0.74 at the end, against 0.97 for single
-    starts of seeds 0-2; docs/results.md, "The continuous latent under the settling learning rate")."""
+    merged code reconstructs better: a 2-dimensional z that gives sort and sort-desc one region, the decoder
+    choosing between them per input, has a narrower posterior (sigma along its first dimension 0.13-0.16
+    against a code's 0.38-0.46), and at K = 4 the least validation NLL at step 400 chose such a start in the 2
+    of 3 runs that had one (0.148 and 0.157 against 0.169-0.229; k-means NMI 0.74 at the end, against 0.97
+    for single starts of seeds 0-2; docs/results.md, "The continuous latent under the settling learning
+    rate")."""
     return 3 if latent == "discrete" else 1
 
 
