@@ -14,7 +14,7 @@ from tokweight.training.configs import COND_MODES, POLICIES, WEIGHTINGS, CVAECon
 from tokweight.training.convergence import StopRule
 from tokweight.training.schedules import BetaSchedule
 from tokweight.training.train_config import (IOConfig, LogConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig,
-                                             default_remedies)
+                                             default_remedies, default_starts)
 
 
 def echo_skips(result: dict) -> None:
@@ -86,7 +86,8 @@ def with_labelled(latent: str | None, labelled: float | None) -> RemedyConfig | 
                          OptimConfig.steps))
 @click.option("--starts", type=int, default=None,
               help=shown("Initialisations trained --start-steps each; the one whose validation NLL is least goes on "
-                         "(RUN/starts/, RUN/starts.json).", "3 for a discrete latent, 1 for a continuous one"))
+                         "(RUN/starts/, RUN/starts.json).", f"{default_starts('discrete')} for a discrete latent, "
+                         f"{default_starts('continuous')} for a continuous one"))
 @click.option("--start-steps", type=int, default=None,
               help=shown("Steps each start trains before they are compared.", OptimConfig.start_steps))
 @click.option("--batch-size", type=int, default=None, help=shown("Per rank.", OptimConfig.batch_size))
