@@ -45,7 +45,7 @@ from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.extract_reader import cpus_per_process, read_ahead, reader_pays
 from tokweight.pipeline.extract_plan import Plan, Task, cross_shard_duplicates, make_plan, skip_duplicates
-from tokweight.pipeline.ranks import RankFailed, Ranks
+from tokweight.pipeline.ranks import RankFailed, Ranks, resolve_device
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name, tar_keys
 from tokweight.pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate,
@@ -74,8 +74,9 @@ class ExtractConfig:
     """Part format: "parquet" (one row per example, list columns) or "zarr" (flat values + offsets)."""
     batch_tokens: int = 16384
     """Computed tokens per forward batch (batch size x padded length), a memory/speed knob only."""
-    device: str = "cpu"
-    """Torch device; under torchrun with "cuda" each rank uses cuda:LOCAL_RANK."""
+    device: str = "auto"
+    """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"; under torchrun "cuda" (or "auto" on a
+    machine with GPUs) means each rank's cuda:LOCAL_RANK."""
     dtype: str = "float32"
     """Dtype of the forward ("float32", "bfloat16", "float16"); the log-softmax is float32 whatever it is."""
     on_bad_sample: str = "error"
@@ -348,7 +349,7 @@ def uses_reader_process(cfg: ExtractConfig, tasks: int) -> bool:
         return False
     if cfg.reader_process is not None:
         return cfg.reader_process
-    return reader_pays(torch.device(cfg.device).type, cpus_per_process(), torch.get_num_threads())
+    return reader_pays(torch.device(resolve_device(cfg.device)).type, cpus_per_process(), torch.get_num_threads())
 
 
 def prepared_shards(tasks: list[Task], vocab: Vocab, block_size: int, cfg: ExtractConfig) -> Iterator[PreparedShard]:

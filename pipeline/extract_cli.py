@@ -21,7 +21,8 @@ from tokweight.store.formats import PARQUET, PART_FORMATS
 @click.option("--store", type=click.Path(file_okay=False), required=True, help="Store root directory.")
 @click.option("--format", "fmt", type=click.Choice(PART_FORMATS), default=PARQUET)
 @click.option("--batch-tokens", type=int, default=16384, help="Computed tokens per forward batch.")
-@click.option("--device", default="cpu", help="cpu, cuda, cuda:N, ...")
+@click.option("--device", default="auto", show_default=True,
+              help="torch device: auto (CUDA when present), cpu, cuda or cuda:N.")
 @click.option("--dtype", type=click.Choice(FORWARD_DTYPES), default="float32",
               help="Dtype of the forward; the log-softmax is float32 whatever it is.")
 @click.option("--template", default="tokweight", show_default=True,

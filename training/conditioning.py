@@ -61,7 +61,8 @@ class Conditioning(nn.Module):
         """
         layers, heads, head_dim = self.memory_shape
         features = self.memory_proj.in_features
-        directions = torch.randn(layers, 2, heads, head_dim, features, generator=generator, dtype=torch.float64)
+        directions = torch.randn(layers, 2, heads, head_dim, features, generator=generator, dtype=torch.float64,
+                                 device="cpu")
         directions = directions / directions.norm(dim=3, keepdim=True)
         column_norm = spread.double().cpu() / (math.sqrt(features) if self.continuous else 1.0)
         with torch.no_grad():
@@ -80,7 +81,7 @@ class Conditioning(nn.Module):
         if features >= d:
             raise ValueError(f"cannot make {features} directions orthogonal to the mean row in d_model={d}")
         mean = mean_row.double().cpu()
-        directions = torch.randn(slots, d, features, generator=generator, dtype=torch.float64)
+        directions = torch.randn(slots, d, features, generator=generator, dtype=torch.float64, device="cpu")
         directions = directions - mean[None, :, None] * (mean @ directions)[:, None] / mean.dot(mean)  # off the mean
         directions = torch.linalg.qr(directions)[0]  # (slots, d, F) orthonormal columns
         with torch.no_grad():

@@ -259,16 +259,17 @@ def spread_latent_embeddings(backbone: GPT, latent_ids: list[int], norm: float, 
     K, d = len(latent_ids), backbone.cfg.d_model
     if K + center > d:
         raise ValueError(f"cannot make {K} orthogonal latent embeddings in d_model={d}")
-    ids = torch.tensor(latent_ids)
+    weight = backbone.wte.weight
+    ids = torch.tensor(latent_ids, device=weight.device)
     with torch.no_grad():
-        weight = backbone.wte.weight
-        mean = weight[ids].double().mean(0) if center else torch.zeros(d, dtype=torch.float64)
-        directions = torch.randn(d, K, generator=generator, dtype=torch.float64)
+        # drawn and orthonormalised on the CPU, in float64: the same rows from a seed on every device
+        mean = weight[ids].double().mean(0).cpu() if center else torch.zeros(d, dtype=torch.float64, device="cpu")
+        directions = torch.randn(d, K, generator=generator, dtype=torch.float64, device="cpu")
         if center:  # orthonormalise against the mean first, so each row is mean + (a direction off it)
             directions = torch.linalg.qr(torch.cat([mean[:, None], directions], 1))[0][:, 1:]
         else:
             directions = torch.linalg.qr(directions)[0]  # (d, K) orthonormal
-        write_rows(backbone.wte, ids, (mean[None] + norm * directions.T).to(weight.dtype))
+        write_rows(backbone.wte, ids, (mean[None] + norm * directions.T).to(weight.device, weight.dtype))
 
 
 def write_rows(embedding: nn.Module, ids: torch.Tensor, rows: torch.Tensor) -> None:

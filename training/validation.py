@@ -95,7 +95,7 @@ def matched_nll(model: CVAE, batch: TrainBatch, out) -> torch.Tensor:
     if model.latent.kind == "continuous":
         return model(batch, at_posterior_mean=True).nll[:, 0].sum(-1)
     k = out.post.argmax(1)  # (B,)
-    return out.nll[torch.arange(len(k)), k].sum(-1)
+    return out.nll[torch.arange(len(k), device=k.device), k].sum(-1)
 
 
 def gather_records(records: PassRecords, world: int) -> PassRecords:
