@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from tokweight.training.experiments.chat_model import save_chat_model
+from tokweight.experiments.chat_model import save_chat_model
 
 B_PROFILE = (  # where the base model's surprisal lies in S: the first token decides the form
     "SELECT strategy, round(avg(b[1]), 3) AS b_first_token, round(avg(b_sum - b[1]), 3) AS b_rest, "

@@ -85,9 +85,9 @@ import torch
 from tokweight.pipeline.synth import DEFAULT_STRATEGIES, PRESETS, STRATEGIES
 from tokweight.report.tables import markdown_table
 from tokweight.training.control import OUTCOMES
-from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting
-from tokweight.training.experiments.cells import CELL_LOSS_FIELDS, Cell, CellBudget, CellPlan, Loss, Remedies, run_cells
-from tokweight.training.experiments.results import write_table_run
+from tokweight.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting
+from tokweight.experiments.cells import CELL_LOSS_FIELDS, Cell, CellBudget, CellPlan, Loss, Remedies, run_cells
+from tokweight.experiments.results import write_table_run
 from tokweight.training.train_base import BASE_PRESETS
 from tokweight.training.train_config import LossConfig, OptimConfig, default_remedies
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from tokweight.report.tables import fixed, markdown_table
-from tokweight.training.demo import PRESETS
-from tokweight.training.experiments.artefacts import prepare_setting
-from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from tokweight.training.experiments.results import write_table_run
+from tokweight.demo import PRESETS
+from tokweight.experiments.artefacts import prepare_setting
+from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
+from tokweight.experiments.results import write_table_run
 
 DEMO = PRESETS["default"]
 BETA = 0.3  # the default's beta (BetaSchedule)

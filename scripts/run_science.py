@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from tokweight.training.experiments import grid
-from tokweight.training.experiments.artefacts import DEFAULT_SETTINGS, Setting, TaskConfig, prepare_all
-from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from tokweight.training.experiments.results import write_csv
+from tokweight.experiments import grid
+from tokweight.experiments.artefacts import DEFAULT_SETTINGS, Setting, TaskConfig, prepare_all
+from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
+from tokweight.experiments.results import write_csv
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "results" / "from-scratch"
 LONG = Setting("h0-n32", 0, 32, 32)
@@ -167,7 +167,7 @@ def map_summary(rows: list[dict], pathways: list[tuple[str, int]]) -> str:
     """Per pathway and weighting, per setting: the seeds that kept z (I(z; strategy) >= ½ log S) and the
     mean I(z; strategy); then the mean l_t0 spread at step 0 and at the end."""
     from tokweight.report.tables import markdown_table
-    from tokweight.training.experiments.results import mean_std
+    from tokweight.experiments.results import mean_std
 
     settings = [s.name for s in TASK.settings]
     kept = 0.5 * math.log(TASK.k)
@@ -188,7 +188,7 @@ def map_summary(rows: list[dict], pathways: list[tuple[str, int]]) -> str:
 def plot_map(rows: list[dict], pathways: list[tuple[str, int]]):
     """I(z; strategy) as a pathway x T/(t0+1) image (mean over the seeds run), one panel per weighting."""
     from tokweight.report.plots import figure
-    from tokweight.training.experiments.results import mean_std
+    from tokweight.experiments.results import mean_std
 
     ratios = sorted({(r["ratio_true"], r["setting"]) for r in rows})
     names = [pathway(c, k) for c, k in pathways]
@@ -217,7 +217,7 @@ SWEEP_REFINE = 2
 
 def beta_sweep(root: Path, steps: int) -> None:
     """Point 4: the beta sweep under the from-scratch recipe (prefix-4), seed 0, with the store's prediction."""
-    from tokweight.training.experiments import sweep as sw
+    from tokweight.experiments import sweep as sw
 
     cfg = sw.SweepConfig(out=str(root), settings=MAIN_SETTINGS, betas=SWEEP_BETAS, seeds=(0,), budget=budget(steps),
                          recipe=RECIPE, cond="prefix", prefix_slots=4, refine=SWEEP_REFINE, jobs=1)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tokweight.pipeline.synth import SynthConfig
-from tokweight.training.experiments.cells import CellBudget
-from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_model
+from tokweight.experiments.cells import CellBudget
+from tokweight.experiments.artefacts import Setting, TaskConfig, base_model
 
 TINY_TASK = TaskConfig(settings=(Setting("h0", 0, 3, 5), Setting("h2", 2, 3, 5)),
                        synth=SynthConfig(alphabet_size=6, strategies=("copy", "rotate-left"), n_train=256, n_val=64,

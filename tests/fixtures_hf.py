@@ -4,7 +4,7 @@ A GPT-2 and a Llama over the tiny dataset's symbols, each with a word-level toke
 with the ``tokenizers`` library whose vocabulary holds the template and latent tokens; and
 checkpoints as users have them, over string data (``text_data``): a Qwen2 chat model whose
 byte-level BPE tokenizer (trained on that data) has a ChatML chat template and no tokweight token
-(``training/experiments/chat_model.py`` builds it), and a GPT-2 with a plain prompt/answer string
+(``tokweight/experiments/chat_model.py`` builds it), and a GPT-2 with a plain prompt/answer string
 template (``text_template``).
 """
 
@@ -19,7 +19,7 @@ import torch
 from tokweight.pipeline.checkpoint import load_checkpoint
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
-from tokweight.training.experiments.chat_model import CHATML, bpe_tokenizer, save_chat_model
+from tokweight.experiments.chat_model import CHATML, bpe_tokenizer, save_chat_model
 
 ARCHITECTURES = ("gpt2", "llama")
 TEXT_TEMPLATE = {"text": "Question: {x}\nAnswer: {y}", "end": "<|endoftext|>"}

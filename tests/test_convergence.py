@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from tokweight.training.convergence import Convergence, StopRule, converged, observe, val_mi, val_objective
 from tokweight.training.estep import EStepConfig
 from tokweight.training.schedules import BetaSchedule
-from tokweight.training.train_cli import train
+from tokweight.train_cli import train
 from tokweight.training.train_config import IOConfig, LossConfig, RemedyConfig, TrainConfig
 
 RULE = StopRule(patience=2, min_delta_objective=0.1, min_delta_mi=0.1)

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.convergence import StopRule
-from tokweight.training.experiments.recipes import with_recipe
+from tokweight.experiments.recipes import with_recipe
 from tokweight.training.train import run
 from tokweight.training.schedules import BetaSchedule
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig

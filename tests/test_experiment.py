@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tokweight.store.lock import StoreLock, StoreLockedError
-from tokweight.training.experiments import artefacts, cells, grid as exp
-from tokweight.training.experiments.artefacts import Setting, TaskConfig, synth_config
-from tokweight.training.experiments.grid import plot_amplification
-from tokweight.training.experiments.recipes import RECIPES, recipe_overrides, with_recipe
+from tokweight.experiments import artefacts, cells, grid as exp
+from tokweight.experiments.artefacts import Setting, TaskConfig, synth_config
+from tokweight.experiments.grid import plot_amplification
+from tokweight.experiments.recipes import RECIPES, recipe_overrides, with_recipe
 from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK
 
 

@@ -20,7 +20,7 @@ from tokweight.pipeline.samples import sample_to_json
 from tokweight.pipeline.synth import PRESETS, generate
 from tests.fixtures_experiment import TINY_BUDGET
 from tests.test_cli_errors import fails_in_one_line
-from tokweight.training.experiments import own_task
+from tokweight.experiments import own_task
 
 
 def convert_jsonl(jsonl, out, **options) -> dict:
@@ -135,7 +135,7 @@ def test_bad_inputs_fail_in_one_line_before_any_work(own_data, tiny, tiny_store,
 
 
 def test_quick_and_sweep_shape_the_config_not_what_is_compared():
-    from tokweight.training.experiment_cli import own_job
+    from tokweight.experiment_cli import own_job
 
     own = {"checkpoint": "ckpt", "data": "data", "store": None, "k": None, "cond": None, "slots": None}
     cfg, run = own_job("out", True, "beta", own, {})
@@ -151,7 +151,7 @@ def test_quick_and_sweep_shape_the_config_not_what_is_compared():
 
 
 def test_verdict_says_where_each_arm_keeps_z():
-    from tokweight.training.experiments.own_task.render import verdict
+    from tokweight.experiments.own_task.render import verdict
 
     def row(arm, weighting, beta, mi, lam=1.0, used=1):
         return {"arm": arm, "weighting": weighting, "lambda": lam, "beta": beta, "mi_mean": mi, "strategy_mi_mean": mi,
@@ -176,7 +176,7 @@ def test_verdict_says_where_each_arm_keeps_z():
 
 
 def test_a_cell_that_lost_z_says_whether_training_had_converged():
-    from tokweight.training.experiments.cells import cell_status
+    from tokweight.experiments.cells import cell_status
 
     assert cell_status("z used, decoder whole", "step cap") == "z used, decoder whole"
     assert cell_status("z used, decoder damaged", "converged") == "z used, decoder damaged"

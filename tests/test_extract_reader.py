@@ -5,7 +5,8 @@ takes it only with CPUs to spare (``reader_pays``)."""
 import pytest
 import torch
 
-from tokweight.pipeline import extract, extract_cli
+from tokweight import extract_cli
+from tokweight.pipeline import extract
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.extract import run
 from tokweight.pipeline.extract_reader import ReaderFailure

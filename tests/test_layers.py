@@ -13,9 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("store", "pipeline", "training", "tokweight")  # folders; the first three install as tokweight.<folder>
 LAYERS = {"store": 0, "pipeline": 1, "training": 2, "report": 3}  # report: the folder tokweight/report/
-TOP = 4  # the only modules that may import everything
-TOP_MODULES = ("tokweight.cli", "tokweight.training.demo", "tokweight.training.experiment_cli",
-               "tokweight.training.experiments")
+TOP = 4  # the rest of tokweight/: the CLI and its command modules, the demo, the experiments
 
 
 def module_name(path: Path) -> str:
@@ -25,8 +23,6 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> int:
-    if any(module == top or module.startswith(top + ".") for top in TOP_MODULES):
-        return TOP
     parts = module.split(".")
     return LAYERS[parts[1]] if len(parts) > 1 and parts[1] in LAYERS else TOP
 

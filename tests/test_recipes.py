@@ -8,7 +8,7 @@ import torch
 from tokweight.pipeline.checkpoint import load_checkpoint
 from tokweight.training.configs import CVAEConfig, EStepConfig
 from tokweight.training.cvae import build_cvae, spread_latent_embeddings, token_row_spread
-from tokweight.training.experiments.recipes import check_recipe, with_recipe
+from tokweight.experiments.recipes import check_recipe, with_recipe
 from tokweight.training.run_dir import load_run
 from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
@@ -106,7 +106,7 @@ def test_train_with_only_the_required_flags_builds_the_default_config(tiny, tmp_
     """`tokweight train --checkpoint --data --store --out` is TrainConfig's defaults: the recipe that keeps z."""
     from click.testing import CliRunner
 
-    from tokweight.training.train_cli import train
+    from tokweight.train_cli import train
 
     data, ckpt = tiny
     out = tmp_path / "cli"
@@ -169,7 +169,7 @@ def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):
     """--anchor-weight trains with the logged anchor term; it starts at the end of beta's warm-up."""
     from click.testing import CliRunner
 
-    from tokweight.training.train_cli import train
+    from tokweight.train_cli import train
 
     data, ckpt = tiny
     out = tmp_path / "cli"
@@ -192,7 +192,7 @@ def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):
 def test_train_labelled_sets_the_default_e_steps_share_and_refuses_a_bad_one(tiny, tmp_path):
     from click.testing import CliRunner
 
-    from tokweight.training.train_cli import train
+    from tokweight.train_cli import train
     from tokweight.training.train_config import default_remedies
 
     data, ckpt = tiny

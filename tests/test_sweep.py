@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from tokweight.training.experiments import results, sweep as sw
+from tokweight.experiments import results, sweep as sw
 from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK
 
 HALF_LOG2 = 0.5 * math.log(2)
@@ -120,7 +120,7 @@ def test_quick_sweep_files_and_beta_c_as_defined(experiment_root):  # noqa: F811
 def test_cli_settings_are_checked_before_any_work(tmp_path):
     from click.testing import CliRunner
 
-    from tokweight.training.experiment_cli import experiment
+    from tokweight.experiment_cli import experiment
 
     out = ["--out", str(tmp_path / "x")]
     wrong = CliRunner().invoke(experiment, out + ["--settings", "h0-n16"])

@@ -17,7 +17,7 @@ from tokweight.training.control import (CONTROL_FLOOR, label_free_control, likel
                                         strategy_execution, z_use)
 from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.metrics import EvalRecords, gaussian_mi
-from tokweight.training.experiments.recipes import with_recipe
+from tokweight.experiments.recipes import with_recipe
 from tokweight.training.schedules import BetaSchedule
 from tokweight.training.train import run as train
 from tokweight.training.train_base import BaseTrainConfig

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import click
 
-from tokweight.pipeline.extract_cli import extract
-from tokweight.report.cli import evaluate as eval_cmd, inspect_cmd
-from tokweight.store.cli import store
-from tokweight.store.inspect_cli import sql_cmd
+from tokweight.extract_cli import extract
+from tokweight.report_cli import evaluate as eval_cmd, inspect_cmd
+from tokweight.store_cli import store
+from tokweight.sql_cli import sql_cmd
 from tokweight.pipeline.threads import set_threads, threads_option
-from tokweight.training.train_cli import train as train_cmd
-from tokweight.training.experiment_cli import experiment
-from tokweight.training.use_cli import encode as encode_cmd, generate as generate_cmd
+from tokweight.train_cli import train as train_cmd
+from tokweight.experiment_cli import experiment
+from tokweight.use_cli import encode as encode_cmd, generate as generate_cmd
 
 
 OUTPUT_OPTIONS = ("--out", "--store")  # what a command creates; a failed one leaves no empty one behind
@@ -173,7 +173,7 @@ def export_hf_cmd(checkpoint, out):
 def demo(out, preset, seed, threads):
     """The method's claim on built-in data: synth -> base model -> store -> uniform and surprisal-share CVAEs
     from scratch under the defaults -> eval against the base -> a table and what it shows."""
-    from tokweight.training.demo import DemoConfig, run
+    from tokweight.demo import DemoConfig, run
 
     set_threads(threads)
     result = run(DemoConfig(out=out, preset=preset, seed=seed))

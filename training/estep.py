@@ -20,7 +20,7 @@ in SwAV, Caron et al. 2020) keeps one k from taking every example ("rich get ric
 The "label" mode assigns each example to its ground-truth strategy instead: a supervised
 warm start (with ``until_step``) that hands the plain objective a CVAE which already uses
 z, so what follows measures whether z *survives* a given beta, apart from whether it can
-be *found* (the collapse-threshold sweep, training/experiments/sweep.py).
+be *found* (the collapse-threshold sweep, tokweight/experiments/sweep.py).
 """
 
 from __future__ import annotations

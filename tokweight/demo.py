@@ -19,8 +19,8 @@ from pathlib import Path
 import click
 
 from tokweight.pipeline.synth import SynthConfig
-from tokweight.training.experiments.artefacts import Setting, TaskConfig, base_model
-from tokweight.training.experiments.results import KEPT_FRACTION, kept_threshold
+from tokweight.experiments.artefacts import Setting, TaskConfig, base_model
+from tokweight.experiments.results import KEPT_FRACTION, kept_threshold
 
 WEIGHTINGS = ("uniform", "surprisal-share")
 """The two reconstructions the demo compares; everything else is the default configuration."""
@@ -66,7 +66,7 @@ class DemoConfig:
 
 def run(cfg: DemoConfig, echo=click.echo) -> dict:
     from tokweight.report.inspect import InspectConfig, run as inspect
-    from tokweight.training.experiments.artefacts import prepare_setting
+    from tokweight.experiments.artefacts import prepare_setting
 
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ RECIPES: dict[str, dict | None] = {
     # Not a way to find z: a supervised warm start (z = the true strategy for 200 steps; decoder
     # intact thanks to centred latent rows; a posterior that reads the mean S state, where the
     # strategy is), then the plain objective. It asks whether a z in use *survives* the step's
-    # beta, which is what the collapse threshold is about (training/experiments/sweep.py).
+    # beta, which is what the collapse threshold is about (tokweight/experiments/sweep.py).
     "survival": {"latent_embedding_norm": 1.0, "latent_embedding_center": True, "cvae": {"posterior_pool": "mean"},
                  "estep": {"mode": "label", "until_step": 200}},
 }

@@ -8,7 +8,7 @@ import json
 import click
 
 from tokweight.pipeline.threads import set_threads, threads_option
-from tokweight.training.train_cli import echo_skips, given
+from tokweight.train_cli import echo_skips, given
 
 run_option = click.option("--run", "run_dir", type=click.Path(exists=True, file_okay=False), required=True,
                           help="The train run directory (its checkpoint/).")

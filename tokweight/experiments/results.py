@@ -18,7 +18,7 @@ import numpy as np
 
 from tokweight.store.durable import write_json_atomic
 from tokweight.report.tables import MISSING
-from tokweight.training.experiments.cells import DIAGNOSTICS, METRICS
+from tokweight.experiments.cells import DIAGNOSTICS, METRICS
 
 # ---------------------------------------------------------------- mean ± std over seeds
 

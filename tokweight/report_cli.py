@@ -10,9 +10,9 @@ import json
 
 import click
 
-from tokweight.store.inspect_cli import estimator_options, exact_quantiles_option, fingerprint_option, store_argument
+from tokweight.sql_cli import estimator_options, exact_quantiles_option, fingerprint_option, store_argument
 from tokweight.pipeline.threads import set_threads, threads_option
-from tokweight.training.train_cli import echo_skips, given
+from tokweight.train_cli import echo_skips, given
 
 
 @click.command("inspect")

@@ -20,8 +20,8 @@ from tokweight.report.tables import fixed
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.lock import StoreLock
 from tokweight.training.control import OUTCOMES
-from tokweight.training.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, key_of, read_json
-from tokweight.training.experiments.recipes import with_recipe
+from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, key_of, read_json
+from tokweight.experiments.recipes import with_recipe
 from tokweight.training.schedules import BetaSchedule
 from tokweight.training.train_config import OptimConfig
 

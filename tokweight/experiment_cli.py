@@ -1,5 +1,5 @@
 """`tokweight experiment`: the end-to-end grid, or with --sweep beta the collapse-threshold sweep; with
---checkpoint and --data, the same comparison on the user's own task (training.experiments.own_task)."""
+--checkpoint and --data, the same comparison on the user's own task (tokweight.experiments.own_task)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
 def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs, threads, **own):
     """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results.
     With --checkpoint and --data: the weightings compared on your own task and checkpoint."""
-    from tokweight.training.experiments.artefacts import TaskConfig, base_model
+    from tokweight.experiments.artefacts import TaskConfig, base_model
 
     set_threads(threads)
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
@@ -72,7 +72,7 @@ def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, ba
 
 def own_job(out, quick, sweep, own: dict, chosen: dict):
     """(config, its run) of the user-task comparison, before the flags every job takes."""
-    from tokweight.training.experiments import own_task
+    from tokweight.experiments import own_task
 
     if own["checkpoint"] is None or own["data"] is None:
         raise ValueError("your own task needs both --checkpoint CKPT and --data DATA")
@@ -84,8 +84,8 @@ def own_job(out, quick, sweep, own: dict, chosen: dict):
 
 def job(out, quick, sweep, settings, refine, task, chosen: dict):
     """(config, its run) of the sweep or of the grid, before the flags both take."""
-    from tokweight.training.experiments import grid
-    from tokweight.training.experiments import sweep as sw
+    from tokweight.experiments import grid
+    from tokweight.experiments import sweep as sw
 
     if sweep == "beta":
         cfg = sw.SweepConfig(out=out, task=task, refine=refine, **chosen)

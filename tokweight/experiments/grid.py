@@ -1,7 +1,7 @@
 """`tokweight experiment`: posterior collapse and its fix, end to end, as one table.
 
 Per T/(t0+1) setting (the generator's header and length knobs): synthetic data -> the
-entangled base model -> its baseline store, each built once (training.experiments.artefacts);
+entangled base model -> its baseline store, each built once (experiments.artefacts);
 then a grid of CVAE cells (weighting x beta x seed with a discrete latent of K = #strategies;
 the continuous latent for uniform vs surprisal-share; surprisal-share under each z pathway at
 the largest T/(t0+1)), each trained and evaluated on the test split with decode-per-latent.
@@ -22,10 +22,10 @@ from tokweight.report.plots import figure, save_figures
 from tokweight.report.tables import MISSING, fixed, markdown_table
 from tokweight.training.configs import COND_MODES
 from tokweight.training.configs import CVAEConfig
-from tokweight.training.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all
-from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from tokweight.training.experiments.recipes import recipe_overrides
-from tokweight.training.experiments.results import aggregate, header_lines, mean_std, pm, write_config, write_csv
+from tokweight.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all
+from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
+from tokweight.experiments.recipes import recipe_overrides
+from tokweight.experiments.results import aggregate, header_lines, mean_std, pm, write_config, write_csv
 from tokweight.training.configs import WEIGHTINGS
 
 ALL_WEIGHTINGS = tuple(WEIGHTINGS)

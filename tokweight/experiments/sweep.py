@@ -17,7 +17,7 @@ strategy for 200 steps) and then trains the plain objective at the cell's beta; 
 can be *found* at all is the learnability question (docs/latent-learnability.md).
 
 When no beta of the grid kept z there is no beta_c: it is reported as NO_BETA, never
-as 0. Data, base models, stores and cells are the experiment grid's (training.experiments),
+as 0. Data, base models, stores and cells are the experiment grid's (tokweight.experiments),
 reused under the same keys. Outputs in DIR: beta_threshold.csv/.md, beta_cells.csv,
 mi_vs_beta.png, mi_vs_step.png, sweep_config.json; the Markdown and the figures are rendered from
 plain data (rows, and the config as a dict: ``view``).
@@ -35,10 +35,10 @@ import numpy as np
 
 from tokweight.report.plots import figure, save_figures
 from tokweight.report.tables import fixed, markdown_table
-from tokweight.training.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all
-from tokweight.training.experiments.cells import Cell, CellBudget, CellPlan, run_cells
-from tokweight.training.experiments.recipes import recipe_overrides
-from tokweight.training.experiments.results import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, aggregate,
+from tokweight.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all
+from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
+from tokweight.experiments.recipes import recipe_overrides
+from tokweight.experiments.results import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, aggregate,
                                                     beta_c, bracket, header_lines, kept_threshold, log_grid, mean_std,
                                                     midpoint, narrow, pm, show, suffix, write_config, write_csv)
 from tokweight.training.metrics import entropy

@@ -1,4 +1,4 @@
-"""`tokweight sql`: SQL over a baseline store (`tokweight inspect` is tokweight/report/cli.py).
+"""`tokweight sql`: SQL over a baseline store (`tokweight inspect` is tokweight/report_cli.py).
 
 DuckDB, pyarrow and matplotlib are imported inside the commands so that `--help` stays fast.
 A bad query or store is a click error carrying DuckDB's (or the store's) message, never a

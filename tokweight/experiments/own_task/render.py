@@ -13,8 +13,8 @@ import math
 
 from tokweight.report.plots import figure
 from tokweight.report.tables import MISSING, fixed, markdown_table
-from tokweight.training.experiments.cells import STATUSES
-from tokweight.training.experiments.results import KEPT_FRACTION, beta_c, kept_threshold, machine, pm, show
+from tokweight.experiments.cells import STATUSES
+from tokweight.experiments.results import KEPT_FRACTION, beta_c, kept_threshold, machine, pm, show
 
 NOT_PREDICTED = "n/a"
 """A predicted beta_c the store cannot give (no example carries a label: the KL cost is unknown)."""

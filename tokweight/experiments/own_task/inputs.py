@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokweight.report.tables import fixed
-from tokweight.training.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, data_key
+from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, data_key
 
 SPLITS = ("train", "val", "test")
 """The CVAE trains on train, validates on val and is reported on test."""

@@ -4,7 +4,7 @@ The user's entangled checkpoint (tokweight or Hugging Face) and dataset (train/v
 from `tokweight convert`): the store is extracted once (``inputs``), then a grid of discrete CVAEs with
 K = the data's number of labels (or ``k``) over the arms (each weighting, and surprisal-share with each
 repair that keeps the decoder whole: lambda < 1, the anchor term) x beta x seed, under one recipe and z
-pathway: cells of the synthetic jobs (training.experiments.cells, the one cell cache), whose records hold
+pathway: cells of the synthetic jobs (experiments.cells, the one cell cache), whose records hold
 the decode-per-latent control against each example's own reference y. Outputs in DIR: results.md (the
 verdict first; ``render``), results.csv (mean ± std over seeds), cells.csv, store_predictions.csv,
 profile.csv, mi_and_control.png, own_task_config.json (the resolved config).
@@ -21,13 +21,13 @@ from tokweight.report.plots import save_figures
 from tokweight.report.tables import fixed
 from tokweight.training.configs import COND_MODES
 from tokweight.training.configs import CVAEConfig
-from tokweight.training.experiments.artefacts import Echo, coerce_nested
-from tokweight.training.experiments.cells import CONTROL, STATUSES, Cell, CellBudget, CellPlan, Loss, run_cells
-from tokweight.training.experiments.own_task.inputs import (SETTING, Checkpoint, check_store, latent_k, prepare,
+from tokweight.experiments.artefacts import Echo, coerce_nested
+from tokweight.experiments.cells import CONTROL, STATUSES, Cell, CellBudget, CellPlan, Loss, run_cells
+from tokweight.experiments.own_task.inputs import (SETTING, Checkpoint, check_store, latent_k, prepare,
                                                             read_checkpoint, split_shards)
-from tokweight.training.experiments.own_task.render import plot_arms, render
-from tokweight.training.experiments.recipes import recipe_overrides
-from tokweight.training.experiments.results import GROUP_KEYS, log_grid, mean_std, seed_stats, write_csv
+from tokweight.experiments.own_task.render import plot_arms, render
+from tokweight.experiments.recipes import recipe_overrides
+from tokweight.experiments.results import GROUP_KEYS, log_grid, mean_std, seed_stats, write_csv
 from tokweight.training.configs import WEIGHTINGS
 
 DEFAULT_RECIPE = "default"
@@ -44,7 +44,7 @@ default: the anchor term of the default configuration keeps the decoder whole at
 DEFAULT_ANCHORS = ()
 """(weight, margin nats) of extra surprisal-share arms with another anchor term than the default's."""
 SWEEP_BETAS = log_grid(0.01, 10.0, 8)
-"""--sweep beta: the synthetic sweep's grid (training.experiments.sweep.SweepConfig.betas)."""
+"""--sweep beta: the synthetic sweep's grid (experiments.sweep.SweepConfig.betas)."""
 LAMBDA = "token_weighted_reconstruction_weight"
 """LossConfig's mixing weight lambda: (1 - lambda) * uniform + lambda * the weighting."""
 OWN_METRICS = ("usage_perplexity", *CONTROL)

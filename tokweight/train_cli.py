@@ -1,5 +1,5 @@
 """`tokweight train`: build the config, call run. Heavy imports stay inside. The skipped-samples line
-serves `tokweight eval` (``tokweight.report.cli``) too."""
+serves `tokweight eval` (``tokweight.report_cli``) too."""
 
 from __future__ import annotations
 
