@@ -70,12 +70,6 @@ class Ranks:
         self._dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def broadcast_tensors(self, tensors) -> None:
-        """Overwrite each tensor with rank 0's, in place."""
-        if self._dist is not None:
-            for t in tensors:
-                self._dist.broadcast(t.data, 0)
-
     def gather(self, obj) -> list:
         """Every rank's ``obj``, in rank order, on every rank."""
         if self._dist is None:

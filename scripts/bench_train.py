@@ -81,12 +81,11 @@ def batches(state, n):
 
 def step_time(run, batch) -> float:
     """Seconds of one training step of ``run`` (state, config) on ``batch``."""
-    from tokweight.training.train import forward_backward, optimizer_step
+    from tokweight.training.step import train_step
 
     state, cfg = run
     t = time.perf_counter()
-    forward_backward(state, batch, cfg, cfg.optim.lr, logged=False)
-    optimizer_step(state, cfg.optim.grad_clip, cfg.optim.lr)
+    train_step(state, batch, cfg, logged=False)
     return time.perf_counter() - t
 
 
@@ -270,7 +269,7 @@ def head_child(variant: str, mode: str, steps: int) -> dict:
     """One variant in this (fresh) process: ``steps`` + 1 training steps (or eval forwards), the first
     a warm-up; the first loss (to check that the variants compute the same), median seconds and memory."""
     from tokweight.training import cvae
-    from tokweight.training.cvae import objective
+    from tokweight.training.objective import plain_objective
     from tokweight.training.losses import WeightingParams, reconstruction_weights
 
     if variant == "full_logits":
@@ -280,7 +279,7 @@ def head_child(variant: str, mode: str, steps: int) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def train_step() -> float:
-        loss = objective(model.latent, model(batch, generator=torch.Generator().manual_seed(0)), pi, 0.3).loss
+        loss = plain_objective(model.latent, model(batch, generator=torch.Generator().manual_seed(0)), pi, 0.3).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -288,7 +287,7 @@ def head_child(variant: str, mode: str, steps: int) -> dict:
 
     @torch.no_grad()
     def eval_forward() -> float:
-        return objective(model.latent, model(batch, generator=torch.Generator().manual_seed(0)), pi, 0.3).loss.item()
+        return plain_objective(model.latent, model(batch, generator=torch.Generator().manual_seed(0)), pi, 0.3).loss.item()
 
     fn = train_step if mode == "train" else eval_forward
     start_mib, times, losses = resident_mib(), [], []

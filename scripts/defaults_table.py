@@ -25,16 +25,16 @@ The same K = 4 and K = 8 tasks with `train-base --preset default`'s base, which 
 and with that base trained twice as long, on the preset's 20,000 examples or on 384,000 seen once each
 (blocks k8-default-base6000, k8-default-data384k).
 
-What the merge of two strategies into two shared latent values at K = 4 responds to, one remedy field on
+What the merge of two strategies into two shared latent values at K = 4 responds to, one field on
 top of the default per invocation (``estep.FIELD`` for the E-step's); the learned prior inside the E-step,
 the default before, against today's uniform one:
 
     python scripts/defaults_table.py OUT --blocks k4-default --weightings surprisal-share --cap 600 \
-        --seeds 2,0,1 --remedy estep.prior=learned
+        --seeds 2,0,1 --set estep.prior=learned
 
 (``loss.FIELD`` for a field of the loss, e.g. the anchor term from step 0 on single starts of seeds 3-8:
 ``--blocks k4-default-baseseed1 --weightings surprisal-share --cap 600 --seeds 3,4,5,6,7,8 --starts 1
---remedy loss.anchor_start_step=0``), and to the base model's own seed (blocks k4-default-baseseed1,
+--set loss.anchor_start_step=0``), and to the base model's own seed (blocks k4-default-baseseed1,
 k4-default-baseseed2: the same recipe, another draw), to the number of starts compared after 400 steps
 (``--starts 1``: one initialisation, the default before), and to more latent slots, on a base that read the
 template at 1-8 slots (4 and 8 compared on it):
@@ -51,7 +51,7 @@ Strategies of unequal frequency (copy 0.8, rotate-left 0.2; k2-imbalanced-60: 0.
 (no balance over the batch) and with the E-step's Sinkhorn balance:
 
     python scripts/defaults_table.py OUT --blocks k2-imbalanced --cap 300
-    python scripts/defaults_table.py OUT --blocks k2-imbalanced --cap 300 --remedy estep.balance_iters=3
+    python scripts/defaults_table.py OUT --blocks k2-imbalanced --cap 300 --set estep.balance_iters=3
 
 The longest dilution, T/(t0+1) about 64 (x of 64 symbols, K = 2), with a base trained the usual way and
 one trained on the z-conditioned template at 4 slots only (`train-base --min-slots 4`):
@@ -86,13 +86,16 @@ from tokweight.pipeline.synth import DEFAULT_STRATEGIES, PRESETS, STRATEGIES
 from tokweight.report.tables import markdown_table
 from tokweight.training.control import OUTCOMES
 from tokweight.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting
-from tokweight.experiments.cells import CELL_LOSS_FIELDS, Cell, CellBudget, CellPlan, Loss, Remedies, run_cells
+from tokweight.config_files import assignment
+from tokweight.experiments.cells import CELL_LOSS_FIELDS, Cell, CellBudget, CellPlan, Overrides, run_cells
+from tokweight.experiments.recipes import with_recipe
 from tokweight.experiments.results import write_table_run
+from tokweight.training.configs import CVAEConfig
 from tokweight.training.train_base import BASE_PRESETS
-from tokweight.training.train_config import LossConfig, OptimConfig, default_remedies
+from tokweight.training.train_config import IOConfig, OptimConfig, TrainConfig
 
 WEIGHTINGS = ("uniform", "surprisal-share")
-BETA = 0.3  # the default's beta (BetaSchedule)
+BETA = 0.3  # the default's beta (LossConfig.beta)
 H0 = Setting("h0-n16", 0, 16, 16)
 LONG = Setting("n12-16", 0, 12, 16)  # the default preset's x: T/(t0+1) about 8-12
 H0_N64 = Setting("h0-n64", 0, 64, 64)  # one decision among 65 supervised tokens
@@ -154,35 +157,23 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
 }
 
 
-def remedy_fields(specs: list[str], latent: str) -> tuple[Remedies, Loss]:
-    """``--remedy FIELD=VALUE`` options as a cell's (RemedyConfig fields, LossConfig fields) over the default's;
-    VALUE is read as JSON (a number, true, ...) or else taken as a string; ``estep.FIELD`` sets a field of the
-    E-step's config, ``loss.FIELD`` one of the loss's (the anchor term's start, ...)."""
-    default, loss_default = default_remedies(latent), LossConfig()
-    fields, estep, loss = {}, {}, {}
-    groups = {"estep": (estep, default.estep), "loss": (loss, loss_default)}
-    for spec in specs:
-        key, sep, text = spec.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--remedy {spec!r}: expected FIELD=VALUE, e.g. estep.prior=learned")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
-        prefix, dot, rest = key.partition(".")
-        into, owner, name = (*groups[prefix], rest) if dot and prefix in groups else (fields, default, key)
-        into[name] = float(value) if isinstance(getattr(owner, name, None), float) and type(value) is int else value
-    if clash := sorted(set(loss) & set(CELL_LOSS_FIELDS)):
-        raise SystemExit(f"--remedy loss.{clash[0]}: the table sets the loss's {', '.join(CELL_LOSS_FIELDS)} itself "
-                         "(use --weightings; beta is the default's)")
+def cell_overrides(specs: list[str], latent: str) -> Overrides:
+    """``--set GROUP.FIELD=VALUE`` options as a cell's dotted TrainConfig overrides over the default's (the value
+    a TOML literal or else a string, as `tokweight train --set` reads it), checked on a probe config here rather
+    than in a worker process; the loss fields each cell sets itself are refused."""
     try:
-        if estep:
-            fields["estep"] = replace(default.estep, **estep)
-        replace(default, **fields)  # checked here, not in a worker process
-        replace(loss_default, **loss)
-    except (TypeError, ValueError) as e:
-        raise SystemExit(f"--remedy {' '.join(specs)}: {e}") from None
-    return tuple(fields.items()), tuple(loss.items())
+        overrides = dict(assignment(spec) for spec in specs)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if clash := sorted(k for k in overrides if k.removeprefix("loss.") in CELL_LOSS_FIELDS and k.startswith("loss.")):
+        raise SystemExit(f"--set {clash[0]}: the table sets the loss's {', '.join(CELL_LOSS_FIELDS)} itself "
+                         "(use --weightings; beta is the default's)")
+    probe = TrainConfig(IOConfig(checkpoint="c", data="d", out="o", store="s"), cvae=CVAEConfig(latent=latent))
+    try:
+        with_recipe(probe, "default", overrides)
+    except ValueError as e:
+        raise SystemExit(f"--set {' '.join(specs)}: {e}") from None
+    return tuple(overrides.items())
 
 
 def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[str, ...], cond: str, latent: str,
@@ -191,12 +182,12 @@ def run_block(name: str, root: Path, seeds: tuple[int, ...], weightings: tuple[s
     task, setting = BLOCKS[name]
     prep = prepare_setting(task, setting, root / name, echo)
     plan = CellPlan(task.k, slots, CellBudget(steps=cap, starts=starts, decode_examples=256), "default")
-    remedies, loss = remedy_fields(list(remedy), latent)
+    overrides = cell_overrides(list(remedy), latent)
     cells = [Cell(setting.name, latent, cond, w, BETA, s, group="grid" if latent == "discrete" else "continuous",
-                  loss=loss, remedies=remedies) for w in weightings for s in seeds]
+                  overrides=overrides) for w in weightings for s in seeds]
     rows = run_cells(cells, {setting.name: prep}, plan, root / name, echo, jobs)
     return [{"block": name, "cond": cond, "latent": latent, "k": task.k, "b_after_t0": prep.stats["base_b_after_t0"],
-             **{k: v for k, v in r.items() if k != "estep"}, "remedy": " ".join(remedy),
+             **r, "remedy": " ".join(remedy),
              "slots": "" if slots is None else f"{slots} slots",
              "starts": "" if starts == OptimConfig.starts else f"{starts} start{'s' if starts > 1 else ''}"}
             for r in rows]
@@ -243,9 +234,8 @@ def main() -> None:
     ap.add_argument("--weightings", default=",".join(WEIGHTINGS))
     ap.add_argument("--cond", default="prefix", help="z pathway (the default's: prefix)")
     ap.add_argument("--latent", default="discrete", choices=("discrete", "continuous"))
-    ap.add_argument("--remedy", action="append", default=[], metavar="FIELD=VALUE",
-                    help="a RemedyConfig field over the default's, estep.FIELD for the E-step's, loss.FIELD for "
-                    "the loss's (repeatable)")
+    ap.add_argument("--set", dest="remedy", action="append", default=[], metavar="GROUP.FIELD=VALUE",
+                    help="a TrainConfig field over the default's, as `tokweight train --set` (repeatable)")
     ap.add_argument("--slots", type=int, default=None, help="latent slots of the prefix pathway (default: "
                     "CVAEConfig's); more than the base's max_slots start from a template it never read")
     ap.add_argument("--starts", type=int, default=OptimConfig.starts, help="initialisations per cell (default: "
@@ -265,7 +255,7 @@ def main() -> None:
                     f"Seeds {list(seeds)}, beta {BETA}, cap {args.cap} steps, {len(rows)} cells; wall time "
                     f"{wall / 60:.1f} min (`python scripts/defaults_table.py {args.out} --jobs {args.jobs} --cap "
                     f"{args.cap} --blocks {args.blocks} --weightings {args.weightings} --cond {args.cond} "
-                    f"--latent {args.latent}{''.join(f' --remedy {r}' for r in args.remedy)}"
+                    f"--latent {args.latent}{''.join(f' --set {r}' for r in args.remedy)}"
                     f"{'' if args.slots is None else f' --slots {args.slots}'}"
                     f"{'' if args.starts == OptimConfig.starts else f' --starts {args.starts}'}`).")
 

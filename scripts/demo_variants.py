@@ -1,6 +1,6 @@
 """Variants of the default on the demo's data and budget (h0-n16, 4 slots, surprisal-share, beta 0.3, 300 steps),
 one axis at a time: the z pathway (--conds) and how far the latent rows start from the checkpoint's mean latent
-row (--norms, RemedyConfig.latent_embedding_norm, in units of the token-row spread; without it, the default's).
+row (--norms, CVAEConfig.latent_init_norm, in units of the token-row spread; without it, the default's).
 One row per variant and seed: eval's verdict, exact MI, I(z; strategy), the decoder's token-mean NLL at step 0
 (what the z pathway's init costs it) and at the end against the base's, and the decoder's response to z at the
 most surprising token (l_t0 spread) at step 0 and at the end.
@@ -28,7 +28,7 @@ from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.experiments.results import write_table_run
 
 DEMO = PRESETS["default"]
-BETA = 0.3  # the default's beta (BetaSchedule)
+BETA = 0.3  # the default's beta (LossConfig.beta)
 WEIGHTING = "surprisal-share"  # the default's
 SLOTS = 4  # the default's (CVAEConfig.slots)
 
@@ -40,13 +40,13 @@ def run(root: Path, conds: tuple[str, ...], norms: tuple[float | None, ...], see
     prep = prepare_setting(task, setting, root, print)
     plan = CellPlan(task.k, SLOTS, CellBudget(steps=DEMO.cvae_steps, decode_examples=DEMO.decode_examples), "default")
     cells = [Cell(setting.name, "discrete", cond, WEIGHTING, BETA, seed, group="cond",
-                  remedies=() if norm is None else (("latent_embedding_norm", norm),))
+                  overrides=() if norm is None else (("cvae.latent_init_norm", norm),))
              for cond in conds for norm in norms for seed in seeds]
     return run_cells(cells, {setting.name: prep}, plan, root, print, jobs)
 
 
 def table(rows: list[dict]) -> str:
-    out = [[r["cond"], "default" if r.get("latent_embedding_norm") is None else f"{r['latent_embedding_norm']:g}",
+    out = [[r["cond"], "default" if r.get("cvae.latent_init_norm") is None else f"{r['cvae.latent_init_norm']:g}",
             str(r["seed"]), r["outcome"], fixed(r["mi"]), fixed(r["strategy_mi"]), fixed(r["nll_init"]),
             f"{fixed(r['nll_token_mean'])} ({fixed(r['base_nll_token_mean'])})",
             f"{fixed(r['l_t0_spread_init'])} -> {fixed(r['l_t0_spread_end'])}", f"{r['wall_s']:.0f}"] for r in rows]

@@ -9,9 +9,8 @@ from click.testing import CliRunner
 
 from tokweight.training.convergence import Convergence, StopRule, converged, observe, val_mi, val_objective
 from tokweight.training.estep import EStepConfig
-from tokweight.training.schedules import BetaSchedule
 from tokweight.train_cli import train
-from tokweight.training.train_config import IOConfig, LossConfig, RemedyConfig, TrainConfig
+from tokweight.training.train_config import IOConfig, LossConfig, TrainConfig
 
 RULE = StopRule(patience=2, min_delta_objective=0.1, min_delta_mi=0.1)
 
@@ -62,13 +61,13 @@ def test_the_rule_reads_the_objective_and_the_mi_a_validation_reports():
 
 def test_validations_count_once_the_objective_stops_changing(tmp_path):
     io = IOConfig(checkpoint="c", data="d", out=str(tmp_path), store="s")
-    warm = LossConfig(beta=BetaSchedule(0.3, warmup_steps=100))
+    warm = LossConfig(beta=0.3, beta_warmup_steps=100)
     assert TrainConfig(io, loss=warm).objective_settles == 100  # the anchor starts with the warm-up's end
     assert TrainConfig(io, loss=LossConfig(beta=warm.beta, anchor_start_step=150)).objective_settles == 150
     assert TrainConfig(io, loss=LossConfig(beta=warm.beta, anchor_weight=0.0,
                                            anchor_start_step=150)).objective_settles == 100
-    warm_start = RemedyConfig(estep=EStepConfig(mode="label", until_step=300))
-    assert TrainConfig(io, loss=warm, remedies=warm_start).objective_settles == 300
+    warm_start = EStepConfig(mode="label", until_step=300)
+    assert TrainConfig(io, loss=warm, estep=warm_start).objective_settles == 300
 
 
 def test_train_says_why_it_stopped(tiny, tmp_path):

@@ -14,9 +14,7 @@ from safetensors.torch import load_file
 
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.convergence import StopRule
-from tokweight.experiments.recipes import with_recipe
 from tokweight.training.train import run
-from tokweight.training.schedules import BetaSchedule
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 TIMEOUT_S = 240
@@ -78,13 +76,13 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tiny, tiny_store, tmp
 
 
 COUPLED = {  # objectives with a term over the whole batch, and what couples it
-    "em-balanced": lambda cfg: with_recipe(cfg, "em-balanced"),  # Sinkhorn over the batch
+    "estep-balanced": lambda cfg: replace(cfg, estep=replace(cfg.estep, mode="hard", balance_iters=3)),  # Sinkhorn
     # v normalised to batch mean 1
     "example-inverse": lambda cfg: replace(cfg, loss=replace(cfg.loss, weighting="example-inverse")),
     "free-bits": lambda cfg: replace(cfg, loss=replace(cfg.loss, free_bits=0.5)),  # floor on the batch-mean KL
-    # remedies=None: the continuous latent's own defaults (the hard E-step over its draws, per example)
-    "free-bits-continuous": lambda cfg: replace(cfg, cvae=CVAEConfig(latent="continuous"), remedies=None,
-                                                loss=replace(cfg.loss, free_bits=0.1)),
+    # the continuous latent's own defaults (the hard E-step over its draws, per example)
+    "free-bits-continuous": lambda cfg: TrainConfig(cfg.io, cvae=CVAEConfig(latent="continuous"), optim=cfg.optim,
+                                                    log=cfg.log, loss=replace(cfg.loss, free_bits=0.1)),
 }
 
 
@@ -108,7 +106,7 @@ def test_two_ranks_resume_bitwise_and_stop_together(tiny, tiny_store, tmp_path):
     whole = common(tiny, tiny_store, tmp_path / "whole", batch_size=4)
     part = common(tiny, tiny_store, tmp_path / "part", batch_size=4)
     stops = replace(common(tiny, tiny_store, tmp_path / "stops", batch_size=4),
-                    loss=LossConfig(beta=BetaSchedule(0.3, warmup_steps=1)),
+                    loss=LossConfig(beta=0.3, beta_warmup_steps=1),
                     optim=replace(whole.optim, steps=6, stop=StopRule(patience=1, min_delta_objective=10.0,
                                                                       min_delta_mi=10.0)),
                     log=replace(whole.log, eval_every=1, eval_examples=32))

@@ -129,7 +129,7 @@ def test_every_command_runs_on_auto_by_default():
             else:
                 yield " ".join(prefix + (name,)), cmd
 
-    cli = {name: opt.default for name, cmd in commands(main) for opt in cmd.params if opt.name == "device"}
+    cli = {name: opt.default for name, cmd in commands(main) for opt in cmd.params if "--device" in opt.opts}
     assert {"extract", "train", "eval", "generate", "encode", "train-base"} <= set(cli)
     assert set(cli.values()) <= {"auto", None}, cli
     configs = (ExtractConfig, IOConfig, EvalConfig, GenerateConfig, EncodeConfig, BaseTrainConfig)

@@ -6,8 +6,14 @@ import torch
 
 from tokweight.training.cvae import CVAEOutput
 from tokweight.training.estep import (EStepConfig, assigned_reconstruction, assignment, assignment_kl, distillation,
-                            em_objective, exact_posterior, sinkhorn)
+                                      exact_posterior, sinkhorn)
+from tokweight.training.objective import em_objective
 from tokweight.training.latent import CategoricalLatent
+
+
+def E(**fields) -> EStepConfig:
+    """An E-step config with the pure functions' reference settings spelt out (a run resolves them per latent)."""
+    return EStepConfig(**{"follow_beta": False, "prior": "uniform", **fields})
 
 
 def brute_force_minimiser(R, log_p, beta, grid=60):
@@ -51,9 +57,9 @@ def test_sinkhorn_equipartitions_a_batch_that_prefers_one_value():
 def test_hard_assignment_is_the_argmin_and_uniform_prior_ignores_the_learned_one():
     R = torch.tensor([[2.0, 1.0, 3.0], [0.1, 0.5, 0.2]])
     log_p = torch.tensor([[0.0, -50.0, 0.0], [-50.0, 0.0, 0.0]])
-    hard = assignment(R, log_p, EStepConfig(mode="hard"))
+    hard = assignment(R, log_p, E(mode="hard"))
     assert hard.tolist() == [[0, 1, 0], [1, 0, 0]]
-    learned = assignment(R, log_p, EStepConfig(mode="hard", prior="learned"))
+    learned = assignment(R, log_p, E(mode="hard", prior="learned"))
     assert learned.tolist() == [[1, 0, 0], [0, 0, 1]]
 
 
@@ -73,7 +79,7 @@ def test_em_objective_trains_copies_by_assignment_and_the_posterior_by_distillat
     prior = torch.tensor([[0.5, 0.5]]).log()
     out = CVAEOutput(post, prior, nll, torch.zeros(1, 2))
     pi = torch.tensor([[0.5, 0.5]])  # R = (2.0, 1.0): k = 1 wins
-    obj = em_objective(latent, out, pi, beta=0.0, free_bits=0.0, cfg=EStepConfig(mode="hard"))
+    obj = em_objective(latent, out, pi, beta=0.0, free_bits=0.0, cfg=E(mode="hard"))
     assert obj.loss.item() == pytest.approx(1.0 - math.log(0.2))
     assert obj.recon.item() == pytest.approx(0.8 * 2.0 + 0.2 * 1.0)
     obj.loss.backward()
@@ -83,16 +89,16 @@ def test_em_objective_trains_copies_by_assignment_and_the_posterior_by_distillat
 
 def test_config_validation():
     with pytest.raises(ValueError, match="mode"):
-        EStepConfig(mode="viterbi")
+        E(mode="viterbi")
     with pytest.raises(ValueError, match="temperature"):
-        EStepConfig(temperature=0.0)
-    assert not EStepConfig(mode="hard", until_step=5).active(5) and EStepConfig(mode="hard").active(10 ** 6)
+        E(temperature=0.0)
+    assert not E(mode="hard", until_step=5).active(5) and E(mode="hard").active(10 ** 6)
 
 
 def test_follow_beta_is_the_exact_e_step_and_hard_at_beta_zero():
     R = torch.tensor([[0.4, 0.1, 0.9]])
     log_p = torch.tensor([[0.2, 0.3, 0.5]]).log()
-    cfg = EStepConfig(mode="soft", prior="learned", follow_beta=True, temperature=5.0)
+    cfg = E(mode="soft", prior="learned", follow_beta=True, temperature=5.0)
     assert torch.allclose(assignment(R, log_p, cfg, beta=0.3), exact_posterior(R, log_p, 0.3).exp())
     assert assignment(R, log_p, cfg, beta=0.0).tolist() == [[0.0, 1.0, 0.0]]
 
@@ -103,7 +109,7 @@ def test_em_objective_fits_the_prior_to_the_assignment_and_leaves_q_out_of_the_k
     post = torch.tensor([[0.8, 0.2]]).log().requires_grad_()
     prior = torch.tensor([[0.6, 0.4]]).log().requires_grad_()
     out = CVAEOutput(post, prior, nll, torch.zeros(1, 2))
-    obj = em_objective(latent, out, torch.tensor([[0.5, 0.5]]), beta=0.5, free_bits=0.0, cfg=EStepConfig(mode="hard"))
+    obj = em_objective(latent, out, torch.tensor([[0.5, 0.5]]), beta=0.5, free_bits=0.0, cfg=E(mode="hard"))
     assert obj.kl_term.item() == pytest.approx(-math.log(0.4))  # KL(one-hot at k=1 || p)
     assert obj.kl.item() == pytest.approx(0.8 * math.log(0.8 / 0.6) + 0.2 * math.log(0.2 / 0.4))
     obj.loss.backward()
@@ -119,10 +125,10 @@ def test_label_mode_assigns_the_true_strategy_whatever_r_says():
     labels = strategy_indices(("rotate-left", "copy", "copy"), ("copy", "rotate-left"), ("a", "b", "c"))
     assert labels.tolist() == [1, 0, 0]
     R = torch.tensor([[5.0, 0.0], [9.0, 0.0], [0.0, 1.0]])  # the decoder prefers k = 1 for the first two
-    a = assignment(R, torch.zeros(3, 2), EStepConfig(mode="label", balance_iters=3), labels=labels)
+    a = assignment(R, torch.zeros(3, 2), E(mode="label", balance_iters=3), labels=labels)
     assert a.tolist() == [[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]]
     with pytest.raises(ValueError, match="needs the batch's strategy labels"):
-        assignment(R, torch.zeros(3, 2), EStepConfig(mode="label"))
+        assignment(R, torch.zeros(3, 2), E(mode="label"))
 
 
 def test_labelled_examples_take_their_label_and_the_rest_the_e_step():
@@ -140,12 +146,12 @@ def test_labelled_examples_take_their_label_and_the_rest_the_e_step():
         labelled_indices(["sort"] * 4, ("copy", "reverse"), ["k0", "k1", "k2", "k3"], 1.0)
     R = torch.tensor([[5.0, 0.0], [9.0, 0.0], [0.0, 1.0]])  # the E-step prefers k = 1, 1, 0
     for mode in ("soft", "hard"):
-        cfg = EStepConfig(mode=mode, temperature=0.1, labelled=0.5)
+        cfg = E(mode=mode, temperature=0.1, labelled=0.5)
         a = assignment(R, torch.zeros(3, 2), cfg, labels=torch.tensor([0, -1, -1]))
         assert a[0].tolist() == [1.0, 0.0]  # labelled: its label, against R
         torch.testing.assert_close(a[1:], assignment(R, torch.zeros(3, 2), cfg)[1:])
     with pytest.raises(ValueError, match="only in mode soft or hard"):
-        EStepConfig(mode="label", labelled=0.1)
+        E(mode="label", labelled=0.1)
 
 
 def test_an_example_without_a_known_strategy_is_refused_by_key():
@@ -188,7 +194,7 @@ def test_continuous_e_step_weighs_draws_by_prior_over_proposal_and_distils_q_to_
     R = torch.tensor([[0.3, 0.5]], requires_grad=True)
     beta = 0.4
     obj = em_objective(latent, gaussian_out(R, mu, logvar, prior_mu, prior_logvar, z), torch.ones(1, 1), beta=beta,
-                       free_bits=0.0, cfg=EStepConfig(mode="soft", follow_beta=True, prior="learned"))
+                       free_bits=0.0, cfg=E(mode="soft", follow_beta=True, prior="learned"))
     # q* = p exp(-R / beta) / Z with q as the proposal: w_s = p(z_s) / q(z_s) * exp(-R_s / beta)
     log_w = torch.tensor([-0.5 * 0.25 + 0.5 - 0.3 / beta, -0.5 * 2.25 + 0.5 - 0.5 / beta])
     a = torch.softmax(log_w, 0)
@@ -204,20 +210,20 @@ def test_continuous_e_step_weighs_draws_by_prior_over_proposal_and_distils_q_to_
 
 def test_a_continuous_e_step_is_refused_what_it_cannot_do():
     from tokweight.training.configs import CVAEConfig
-    from tokweight.training.train_config import IOConfig, RemedyConfig, TrainConfig
+    from tokweight.training.train_config import IOConfig, TrainConfig
 
     io = IOConfig(checkpoint="c", data="d", out="o", store="s")
     continuous = CVAEConfig(latent="continuous")
     assert continuous.samples == 4 and CVAEConfig().samples == 1
-    assert TrainConfig(io=io, cvae=continuous).remedies.estep.mode == "hard"  # the default recipe
+    assert TrainConfig(io=io, cvae=continuous).estep.mode == "hard"  # the continuous latent's default
     for estep, match in ((EStepConfig(mode="label"), "mode soft or hard"),
                          (EStepConfig(mode="soft", prior="learned", balance_iters=3), "balance_iters 0"),
-                         (EStepConfig(mode="hard"), "prior 'learned'"),
+                         (EStepConfig(mode="hard", prior="uniform"), "prior 'learned'"),
                          (EStepConfig(mode="hard", prior="learned", labelled=0.1), "labelled 0")):
         with pytest.raises(ValueError, match=match):
-            TrainConfig(io=io, cvae=continuous, remedies=RemedyConfig(estep=estep))
+            TrainConfig(io=io, cvae=continuous, estep=estep)
     with pytest.raises(ValueError, match="samples >= 2"):
         TrainConfig(io=io, cvae=CVAEConfig(latent="continuous", samples=1))
-    TrainConfig(io=io, cvae=CVAEConfig(latent="continuous", samples=1), remedies=RemedyConfig())  # no E-step: fine
+    TrainConfig(io=io, cvae=CVAEConfig(latent="continuous", samples=1), estep=EStepConfig(mode="off"))  # fine
     with pytest.raises(ValueError, match="needs a continuous latent"):
         CVAEConfig(samples=2)

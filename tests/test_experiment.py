@@ -15,7 +15,8 @@ from tokweight.store.lock import StoreLock, StoreLockedError
 from tokweight.experiments import artefacts, cells, grid as exp
 from tokweight.experiments.artefacts import Setting, TaskConfig, synth_config
 from tokweight.experiments.grid import plot_amplification
-from tokweight.experiments.recipes import RECIPES, recipe_overrides, with_recipe
+from tokweight.config_files import preset_names
+from tokweight.experiments.recipes import recipe_overrides, with_recipe
 from tests.fixtures_experiment import TINY_BUDGET, TINY_TASK
 
 
@@ -128,23 +129,23 @@ def test_recipe_overrides_how_to_train_but_not_what_is_compared(tmp_path):
     prep = artefacts.Prepared(TINY_TASK.settings[0], tmp_path / "d", "k", tmp_path / "b", "fp", tmp_path / "s",
                               {"ratio_true": 1.0, "ratio_inspect": 1.0})
     cell = cells.Cell("h0", "discrete", "prefix", "surprisal-share", 0.3, 4)
-    plain = cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, "baseline"), tmp_path / "run")
-    for name in RECIPES:
+    plain = cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, "default"), tmp_path / "run")
+    for name in preset_names("recipes"):
         cfg = cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, name), tmp_path / "run")
         assert cfg == with_recipe(plain, name)  # the recipe check's path, not a second one
         assert (cfg.optim.lr, cfg.optim.steps, cfg.optim.batch_size) == \
             (TINY_BUDGET.lr, TINY_BUDGET.steps, TINY_BUDGET.batch_size)
-        assert (cfg.loss.beta.beta, cfg.cvae.cond, cfg.cvae.k, cfg.cvae.slots, cfg.loss.weighting, cfg.optim.seed) == \
+        assert (cfg.loss.beta, cfg.cvae.cond, cfg.cvae.k, cfg.cvae.slots, cfg.loss.weighting, cfg.optim.seed) == \
             (0.3, "prefix", 2, 3, "surprisal-share", 4)
     survival = cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, "survival"), tmp_path / "run")
-    assert survival.remedies.estep.mode == "label" and survival.cvae.posterior_pool == "mean"
-    with pytest.raises(ValueError, match="unknown recipe"):
+    assert survival.estep.mode == "label" and survival.cvae.posterior_pool == "mean"
+    with pytest.raises(ValueError, match="no recipes preset"):
         cells.train_config(cell, prep, cells.CellPlan(2, 3, TINY_BUDGET, "nope"), tmp_path / "run")
 
 
 def test_recipe_names():
-    assert recipe_overrides("baseline") == {} or "baseline" in RECIPES
-    with pytest.raises(ValueError, match="unknown recipe 'nope'"):
+    assert preset_names("recipes") == ["baseline", "default", "survival"] and recipe_overrides("default") == {}
+    with pytest.raises(ValueError, match="no recipes preset 'nope'"):
         recipe_overrides("nope")
 
 
@@ -181,7 +182,7 @@ def test_a_cell_key_covers_every_train_config_field_but_the_paths():
     moved = replace(tcfg, io=replace(tcfg.io, checkpoint="/x", data="/y", store="/z", out="/w"))
     assert cells.cell_key(moved, replace(prep, data=Path("/y"), base=Path("/x")), 8) == key
     changed = [replace(tcfg, loss=replace(tcfg.loss, anchor_weight=0.5)),
-               replace(tcfg, remedies=replace(tcfg.remedies, latent_embedding_norm=2.0)),
+               replace(tcfg, cvae=replace(tcfg.cvae, latent_init_norm=2.0)),
                replace(tcfg, cvae=replace(tcfg.cvae, posterior_pool="last")),
                replace(tcfg, optim=replace(tcfg.optim, lr=1e-3)), replace(tcfg, io=replace(tcfg.io, lanes=2))]
     keys = {cells.cell_key(c, prep, 8) for c in changed} | {cells.cell_key(tcfg, replace(prep, fingerprint="x"), 8),

@@ -38,23 +38,6 @@ RTOL, ATOL = 1e-5, 1e-6
 COMMON = {"io": {"num_workers": 0, "device": "cpu"}, "loss": {"policy": "precomputed"},
           "optim": {"steps": 8, "batch_size": 8, "seed": 0},
           "log": {"log_every": 1, "grad_diag_every": 0, "ckpt_every": 8, "eval_batch_size": 64}}
-# The configuration before the defaults became the from-scratch recipe: one z token, beta 1 from step 0, no
-# remedy, no anchor, lr 1e-3. Spelt out so that the runs recorded under it keep their numbers.
-PLAIN = {"cvae": {"cond": "token", "posterior_pool": "last"}, "loss": {"beta": {"beta": 1.0, "warmup_steps": 0},
-                                                                       "anchor_weight": 0.0, "anchor_margin": 0.0},
-         "remedies": {}, "optim": {"lr": 1e-3}}
-# Each run's own fields, JSON-native (TrainConfig.from_json turns the dicts into their configs).
-RUNS: dict[str, dict] = {
-    "discrete": {**PLAIN, "cvae": {**PLAIN["cvae"], "latent": "discrete", "k": 4}},
-    "continuous": {**PLAIN, "cvae": {**PLAIN["cvae"], "latent": "continuous"}},
-    "discrete-estep-hard": {**PLAIN, "cvae": {**PLAIN["cvae"], "latent": "discrete", "k": 4},
-                            "remedies": {"latent_embedding_norm": 3.0, "estep": {"mode": "hard", "balance_iters": 3}}},
-    "continuous-example-inverse-free-bits": {**PLAIN, "cvae": {**PLAIN["cvae"], "latent": "continuous"},
-                                             "loss": {**PLAIN["loss"], "weighting": "example-inverse",
-                                                      "free_bits": 0.1}},
-    "default": {},  # TrainConfig's defaults: what `tokweight train` runs
-}
-PATH_FIELDS = ("checkpoint", "data", "store", "out")
 
 
 def merged(*groups: dict) -> dict:
@@ -64,6 +47,26 @@ def merged(*groups: dict) -> dict:
         for name, fields in g.items():
             out[name] = {**out.get(name, {}), **fields}
     return out
+
+
+# The configuration before the defaults became the from-scratch method: one z token, beta 1 from step 0, no
+# E-step, the checkpoint's own latent rows, no anchor, lr 1e-3. Spelt out so that the runs recorded under it keep
+# their numbers.
+PLAIN = {"cvae": {"cond": "token", "posterior_pool": "last", "latent_init_norm": 0.0, "latent_init_center": False},
+         "loss": {"beta": 1.0, "beta_warmup_steps": 0, "anchor_weight": 0.0, "anchor_margin": 0.0},
+         "estep": {"mode": "off"}, "optim": {"lr": 1e-3}}
+# Each run's own fields, JSON-native (TrainConfig.from_json turns the dicts into their configs).
+RUNS: dict[str, dict] = {
+    "discrete": merged(PLAIN, {"cvae": {"latent": "discrete", "k": 4}}),
+    "continuous": merged(PLAIN, {"cvae": {"latent": "continuous"}}),
+    "discrete-estep-hard": merged(PLAIN, {"cvae": {"latent": "discrete", "k": 4, "latent_init_norm": 3.0},
+                                          "estep": {"mode": "hard", "balance_iters": 3, "follow_beta": False,
+                                                    "prior": "uniform"}}),
+    "continuous-example-inverse-free-bits": merged(PLAIN, {"cvae": {"latent": "continuous"},
+                                                           "loss": {"weighting": "example-inverse", "free_bits": 0.1}}),
+    "default": {},  # TrainConfig's defaults: what `tokweight train` runs
+}
+PATH_FIELDS = ("checkpoint", "data", "store", "out")
 
 
 def config(name: str, tiny, store, out: Path) -> TrainConfig:

@@ -97,7 +97,7 @@ def run_config(ckpt, data, store, out, *, cvae=CVAEConfig(k=2), steps=3) -> Trai
     """No --template anywhere: train reads it from the store."""
     return TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(out), num_workers=0,
                                 device="cpu"),
-                       cvae=cvae, loss=LossConfig(beta={"beta": 0.3}),
+                       cvae=cvae, loss=LossConfig(beta=0.3),
                        optim=OptimConfig(steps=steps, batch_size=8, lr=3e-4),
                        log=LogConfig(log_every=1, grad_diag_every=0, ckpt_every=3, eval_batch_size=16))
 

@@ -28,7 +28,7 @@ def hf_stores(tiny, hf_checkpoints, tmp_path_factory):
 def config(tiny, ckpt, store, out, *, policy="precomputed", steps=5, cvae=CVAEConfig()) -> TrainConfig:
     return TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(tiny[0]), store=str(store), out=str(out),
                                 num_workers=0),
-                       cvae=cvae, loss=LossConfig(policy=policy, beta={"beta": 0.3}),
+                       cvae=cvae, loss=LossConfig(policy=policy, beta=0.3),
                        optim=OptimConfig(steps=steps, batch_size=8, lr=3e-4),
                        log=LogConfig(log_every=1, grad_diag_every=0, ckpt_every=3))
 

@@ -23,7 +23,8 @@ from tokweight.training.faults import Hooks
 from tokweight.training.generate import GenerateConfig, run as generate
 from tokweight.training.run_dir import load_run, read_metrics
 from tokweight.training.stream import TrainStream
-from tokweight.training.train import forward_backward, optimizer_step, run, setup
+from tokweight.training.step import train_step
+from tokweight.training.train import run, setup
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 pytest.importorskip("peft")
@@ -50,7 +51,7 @@ def checkpoints(tiny_dropout, hf_checkpoints) -> dict[str, Path]:
 
 def config(tiny, ckpt, out, *, rank=RANK, steps=2, cvae=CVAEConfig(), ckpt_every=100) -> TrainConfig:
     return TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(tiny[0]), out=str(out), num_workers=0, device="cpu"),
-                       cvae=cvae, loss=LossConfig(policy="frozen", beta={"beta": 0.3, "warmup_steps": 2}),
+                       cvae=cvae, loss=LossConfig(policy="frozen", beta=0.3, beta_warmup_steps=2),
                        optim=OptimConfig(steps=steps, batch_size=8),
                        log=LogConfig(log_every=1, grad_diag_every=1, eval_every=0, ckpt_every=ckpt_every,
                                      eval_batch_size=64),
@@ -79,9 +80,7 @@ def trained_names(model) -> set[str]:
 
 
 def one_step(state, cfg, batch) -> None:
-    forward_backward(state, batch, cfg, cfg.optim.lr, logged=False)
-    optimizer_step(state, cfg.optim.grad_clip, cfg.optim.lr)
-    state.step += 1
+    train_step(state, batch, cfg, logged=False)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt"])

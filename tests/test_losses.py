@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from tokweight.training.configs import WEIGHTINGS, WeightingParams, check_free_bits
-from tokweight.training.losses import (WEIGHT_FUNCTIONS, anchor_penalty, categorical_kl, free_bits_kl, gaussian_kl,
+from tokweight.training.configs import check_free_bits
+from tokweight.training.losses import (WEIGHTINGS, WeightingParams, anchor_penalty, categorical_kl, free_bits_kl, gaussian_kl,
                                        reconstruction_weights, surprisal_share_weights, weighted_reconstruction)
 
 # two examples, T = 3 and 2 (T_max = 3); the second is padded
@@ -166,6 +166,16 @@ def test_excess_share_of_a_flat_example_is_surprisal_share():
     assert not degenerate.any()
 
 
-def test_every_configured_weighting_has_a_function():
-    """TrainConfig validates against configs.WEIGHTINGS; reconstruction_weights dispatches on WEIGHT_FUNCTIONS."""
-    assert tuple(WEIGHT_FUNCTIONS) == WEIGHTINGS
+def test_each_weighting_declares_what_it_needs():
+    """A weighting that reads an example's own b falls back to uniform where b sums to 0; one that reads the
+    dataset's mean needs a store (TrainConfig refuses it without one)."""
+    from tokweight.training.train_config import IOConfig, LossConfig, TrainConfig
+
+    b, mask = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
+    for name, weighting in WEIGHTINGS.items():
+        _, degenerate = reconstruction_weights(name, b, mask, P)
+        assert bool(degenerate.all()) == weighting.per_example, name
+    io = IOConfig(checkpoint="c", data="d", out="o")
+    assert [n for n, w in WEIGHTINGS.items() if w.needs_dataset_mean] == ["distribution-rescale"]
+    with pytest.raises(ValueError, match="needs --store"):
+        TrainConfig(io, loss=LossConfig(weighting="distribution-rescale", policy="frozen"))

@@ -8,46 +8,41 @@ import torch
 from tokweight.pipeline.checkpoint import load_checkpoint
 from tokweight.training.configs import CVAEConfig, EStepConfig
 from tokweight.training.cvae import build_cvae, spread_latent_embeddings, token_row_spread
-from tokweight.experiments.recipes import check_recipe, with_recipe
+from tokweight.experiments.recipes import recipe_overrides, with_recipe
 from tokweight.training.run_dir import load_run
 from tokweight.training.train import run
-from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, RemedyConfig, TrainConfig
+from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 
 def config(tiny, out, beta=1.0, weighting="surprisal-share", **groups):
     data, ckpt = tiny
     base = dict(io=IOConfig(checkpoint=str(ckpt), data=str(data), out=str(out), num_workers=0),
-                loss=LossConfig(policy="frozen", weighting=weighting, beta={"beta": beta}),
+                loss=LossConfig(policy="frozen", weighting=weighting, beta=beta),
                 optim=OptimConfig(steps=4, batch_size=8),
                 log=LogConfig(log_every=1, grad_diag_every=2, ckpt_every=4, eval_batch_size=64, eval_every=2,
                               eval_examples=32))
     return TrainConfig(**{**base, **groups})
 
 
-def remedies(cfg, **kw):
-    return replace(cfg, remedies=replace(cfg.remedies, **kw))
-
-
-REMEDIES = {
-    "estep-hard-balanced": dict(remedies=RemedyConfig(estep=EStepConfig(mode="hard", balance_iters=3))),
-    "estep-soft-learned-prior-warm-start": dict(remedies=RemedyConfig(
-        estep=EStepConfig(mode="soft", temperature=0.5, prior="learned", until_step=2))),
-    "latent-embedding-norm": dict(remedies=RemedyConfig(latent_embedding_norm=3.0)),
-    "separate-encoder-em": dict(cvae=CVAEConfig(posterior_encoder="separate", encoder_d_model=16),
-                                remedies=RemedyConfig(estep=EStepConfig(mode="hard", balance_iters=2))),
+VARIANTS = {
+    "estep-hard-balanced": dict(estep=EStepConfig(mode="hard", balance_iters=3)),
+    "estep-soft-learned-prior-warm-start": dict(estep=EStepConfig(mode="soft", temperature=0.5, follow_beta=False,
+                                                                  prior="learned", until_step=2)),
+    "plain-objective-latent-rows-replaced": dict(estep=EStepConfig(mode="off"),
+                                                 cvae=CVAEConfig(latent_init_norm=3.0, latent_init_center=False)),
     "default": {},
 }
 
 
-@pytest.mark.parametrize("name", sorted(REMEDIES))
-def test_a_short_run_per_remedy_gives_finite_metrics(tiny, tmp_path, name):
-    cfg = config(tiny, tmp_path / name, beta=0.1, **REMEDIES[name])
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_short_run_per_variant_gives_finite_metrics(tiny, tmp_path, name):
+    cfg = config(tiny, tmp_path / name, beta=0.1, **VARIANTS[name])
     result = run(cfg)
     assert 0 <= result["mi"] <= math.log(cfg.cvae.k) + 1e-9 and math.isfinite(result["recon"])
     recs = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in recs if "loss" in r]
     assert len(train) == 4 and all(math.isfinite(r["loss"]) and math.isfinite(r["R_spread_weighted"]) for r in train)
-    assert [r["estep"] for r in train] == [cfg.remedies.estep.active(s) for s in range(4)]
+    assert [r["estep"] for r in train] == [cfg.estep.active(s) for s in range(4)]
     assert [r["step"] for r in recs if r.get("split") == "val"] == [2, 4]  # periodic, then the final one
     assert TrainConfig.from_json(json.loads((tmp_path / name / "config.json").read_text())) == cfg
     load_run(tmp_path / name)  # the run's model rebuilds from its config
@@ -61,31 +56,18 @@ def test_spread_latent_embeddings_are_orthogonal_with_the_given_norm(tiny):
     assert torch.allclose(E @ E.T, 6.25 * torch.eye(4), atol=1e-4)
 
 
-def test_separate_encoder_owns_the_posterior_and_leaves_the_backbone_out():
-    from tokweight.pipeline.model import GPT, ModelConfig
-    from tokweight.pipeline.vocab import Vocab
-
-    vocab = Vocab(symbols=("a", "b"), k_max=4)
-    backbone = GPT(ModelConfig(vocab_size=len(vocab), d_model=32, n_head=4))
-    model = build_cvae(backbone, vocab, CVAEConfig(posterior_encoder="separate", encoder_d_model=16))
-    owned = {id(p) for p in model.posterior_parameters}
-    assert owned.isdisjoint(id(p) for p in backbone.parameters())
-    assert model.latent.head.in_features == 16
-
-
-def test_recipes_set_only_remedy_fields(tiny, tmp_path):
+def test_recipes_set_only_how_the_latent_is_learnt(tiny, tmp_path):
     cfg = config(tiny, tmp_path, weighting="uniform", beta=0.3)
-    em = with_recipe(cfg, "em-balanced")
-    assert em.remedies == RemedyConfig(estep=EStepConfig(mode="hard", balance_iters=3), latent_embedding_norm=3.0)
-    assert replace(em, remedies=cfg.remedies) == cfg  # nothing but the remedies moved
+    plain = with_recipe(cfg, "baseline")
+    assert plain.estep.mode == "off" and plain.cvae.latent_init_norm == 0.0
+    assert replace(plain, estep=cfg.estep, cvae=cfg.cvae) == cfg  # nothing but the recipe's fields moved
     assert with_recipe(cfg, "default") == cfg
-    assert with_recipe(cfg, "baseline").remedies == RemedyConfig()  # no remedy: not the default's
-    with pytest.raises(ValueError, match="unknown recipe"):
+    with pytest.raises(ValueError, match="no recipes preset 'magic'"):
         with_recipe(cfg, "magic")
-    with pytest.raises(ValueError, match="beta"):
-        check_recipe({"beta": {"beta": 0.0}})
-    with pytest.raises(ValueError, match="cvae.cond"):
-        check_recipe({"cvae": {"cond": "prefix"}})
+    assert set(recipe_overrides("survival")) == {"estep.mode", "estep.until_step", "cvae.latent_init_norm",
+                                                 "cvae.latent_init_center", "cvae.posterior_pool"}
+    nudged = with_recipe(cfg, "default", {"cvae.latent_init_norm": 0.7})  # a cell's own override
+    assert nudged.cvae.latent_init_norm == 0.7
 
 
 def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re_initialised(tiny, tmp_path):
@@ -94,7 +76,7 @@ def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re
     from tokweight.training.stream import EvalStream, loader
     from tokweight.training.train import setup
 
-    state = setup(config(tiny, tmp_path, remedies=RemedyConfig(latent_embedding_norm=3.0)), Ranks())
+    state = setup(config(tiny, tmp_path, cvae=CVAEConfig(latent_init_norm=3.0, latent_init_center=False)), Ranks())
     batch = next(iter(loader(EvalStream(state.spec), 0)))
     reference = Frozen(load_checkpoint(tiny[1]).model)(batch)
     assert torch.equal(state.baseline(batch, None), reference)
@@ -116,11 +98,12 @@ def test_train_with_only_the_required_flags_builds_the_default_config(tiny, tmp_
     saved = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
     assert saved == TrainConfig(io=saved.io, loss=LossConfig(policy="frozen"), optim=OptimConfig(steps=2, batch_size=4))
     assert (saved.cvae.cond, saved.cvae.slots, saved.cvae.posterior_pool) == ("prefix", 4, "mean")
-    assert saved.remedies.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform")
-    assert (saved.loss.beta.beta, saved.loss.beta.warmup_steps, saved.optim.lr) == (0.3, 100, 3e-4)
+    assert saved.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform")
+    assert (saved.cvae.latent_init_norm, saved.cvae.latent_init_center) == (0.5, True)
+    assert (saved.loss.beta, saved.loss.beta_warmup_steps, saved.optim.lr) == (0.3, 100, 3e-4)
     assert saved.loss.anchor_weight_at(99) == 0.0 and saved.loss.anchor_weight_at(100) == 1.0
     assert saved.io.device == "auto"
-    removed = CliRunner().invoke(train, args + ["--recipe", "em-balanced"])
+    removed = CliRunner().invoke(train, args + ["--recipe", "baseline"])
     assert removed.exit_code != 0 and "No such option '--recipe'" in removed.output
 
 
@@ -130,7 +113,7 @@ def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
     from tokweight.training.train import label_names, setup
 
     cfg = with_recipe(config(tiny, tmp_path, weighting="uniform", beta=0.3), "survival")
-    assert cfg.remedies.estep.mode == "label" and cfg.remedies.latent_embedding_center
+    assert cfg.estep.mode == "label" and cfg.cvae.latent_init_center
     assert cfg.cvae.posterior_pool == "mean"
     state = setup(cfg, Ranks())
     assert state.strategy_names == tuple(load_synth_config(tiny[0]).strategies)
@@ -149,17 +132,17 @@ def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
     (tmp_path / "foreign").mkdir()
     with pytest.raises(ValueError, match="foreign/dataset.json"):
         label_names(replace(cfg, io=replace(cfg.io, data=str(tmp_path / "foreign"))))
-    with pytest.raises(ValueError, match="latent_embedding_center needs"):
-        remedies(cfg, latent_embedding_norm=0.0)
+    with pytest.raises(ValueError, match="latent_init_norm must be >= 0"):
+        CVAEConfig(latent_init_norm=-1.0)
 
 
 def test_the_continuous_latent_gets_spread_slots_the_hard_e_step_over_its_draws_and_one_start_by_default(tiny,
                                                                                                         tmp_path):
     cfg = config(tiny, tmp_path, cvae=CVAEConfig(latent="continuous"))
-    assert cfg.remedies == RemedyConfig(estep=EStepConfig(mode="hard", follow_beta=True, prior="learned"),
-                                        latent_embedding_norm=1.0, latent_embedding_center=True)
+    assert cfg.estep == EStepConfig(mode="hard", follow_beta=True, prior="learned")
+    assert (cfg.cvae.latent_init_norm, cfg.cvae.latent_init_center) == (1.0, True)
     assert (cfg.cvae.cond, cfg.cvae.z_dim, cfg.cvae.samples) == ("prefix", 2, 4)
-    assert config(tiny, tmp_path).remedies.estep.mode == "soft"
+    assert config(tiny, tmp_path).estep.mode == "soft"
     assert (cfg.optim.starts, config(tiny, tmp_path).optim.starts) == (1, 3)  # resolved, so config.json says it
     named = config(tiny, tmp_path, cvae=CVAEConfig(latent="continuous"), optim=OptimConfig(steps=4, starts=3))
     assert named.optim.starts == 3 and TrainConfig.from_json(named.to_json()) == named
@@ -179,7 +162,7 @@ def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):
     result = CliRunner().invoke(train, args)
     assert result.exit_code == 0, result.output
     saved = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
-    assert saved.cvae.slots == 2 and saved.remedies.estep.follow_beta
+    assert saved.cvae.slots == 2 and saved.estep.follow_beta
     assert [saved.loss.anchor_weight_at(s) for s in (0, 1)] == [0.0, 2.0]
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     assert all(r["anchor"] >= 0 and math.isfinite(r["anchor"]) and r["l_t0_spread"] >= 0 for r in recs)
@@ -193,7 +176,6 @@ def test_train_labelled_sets_the_default_e_steps_share_and_refuses_a_bad_one(tin
     from click.testing import CliRunner
 
     from tokweight.train_cli import train
-    from tokweight.training.train_config import default_remedies
 
     data, ckpt = tiny
     args = ["--checkpoint", str(ckpt), "--data", str(data), "--policy", "frozen", "--steps", "2", "--batch-size", "4",
@@ -201,8 +183,7 @@ def test_train_labelled_sets_the_default_e_steps_share_and_refuses_a_bad_one(tin
     result = CliRunner().invoke(train, args + ["--out", str(tmp_path / "a"), "--labelled", "0.2"])
     assert result.exit_code == 0, result.output
     saved = TrainConfig.from_json(json.loads((tmp_path / "a" / "config.json").read_text()))
-    default = default_remedies("discrete")
-    assert saved.remedies == replace(default, estep=replace(default.estep, labelled=0.2))
+    assert saved.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform", labelled=0.2)
     for bad, message in ((["--labelled", "1.5"], "labelled must be a share in [0, 1]"),
                          (["--labelled", "0.2", "--latent", "continuous"], "labelled 0")):
         refused = CliRunner().invoke(train, args + ["--out", str(tmp_path / "b")] + bad)
@@ -214,11 +195,11 @@ def test_labelled_examples_reach_the_e_step_as_their_strategies_index(tiny, tmp_
     from tokweight.training import estep
 
     cfg = config(tiny, tmp_path)
-    cfg = remedies(cfg, estep=replace(cfg.remedies.estep, labelled=1.0))
+    cfg = replace(cfg, estep=replace(cfg.estep, labelled=1.0))
     names = tuple(load_synth_config(tiny[0]).strategies)
     seen, real = [], estep.strategy_indices
     monkeypatch.setattr(estep, "strategy_indices", lambda s, n, k: seen.append((list(s), n)) or real(s, n, k))
     run(replace(cfg, optim=replace(cfg.optim, steps=2)))
     assert len(seen) == 2 and all(n == names for _, n in seen)  # every example of both steps, in the data's order
     assert sum(map(len, (s for s, _ in seen))) == 2 * cfg.optim.batch_size
-    assert json.loads((tmp_path / "config.json").read_text())["remedies"]["estep"]["labelled"] == 1.0
+    assert json.loads((tmp_path / "config.json").read_text())["estep"]["labelled"] == 1.0

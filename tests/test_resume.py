@@ -18,7 +18,6 @@ import torch
 from tokweight.training.convergence import StopRule
 from tokweight.training.faults import Hooks
 from tokweight.training.run_dir import CheckpointWriteError
-from tokweight.training.schedules import BetaSchedule
 from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
@@ -44,7 +43,7 @@ def config(tiny_dropout, out: Path, name: str) -> TrainConfig:
     spec = RUNS[name]
     return TrainConfig(io=IOConfig(checkpoint=str(ckpt), data=str(data), out=str(out), num_workers=spec["workers"],
                                    lanes=spec["lanes"], shuffle_buffer=16, device="cpu"),
-                       loss=LossConfig(policy="frozen", beta=BetaSchedule(0.3, warmup_steps=2)),
+                       loss=LossConfig(policy="frozen", beta=0.3, beta_warmup_steps=2),
                        optim=OptimConfig(steps=STEPS, batch_size=8, lr_decay=LR_DECAY, stop=spec["stop"]),
                        log=LogConfig(log_every=1, grad_diag_every=0, ckpt_every=CKPT_EVERY, eval_every=2,
                                      eval_examples=64, eval_batch_size=64))

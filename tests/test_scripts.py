@@ -20,20 +20,17 @@ def test_script_answers_help(script, monkeypatch, capsys):
     assert "usage:" in capsys.readouterr().out.lower()  # argparse: "usage:", click: "Usage:"
 
 
-def test_defaults_table_reads_a_remedy_over_the_default_and_refuses_a_bad_one():
-    remedy_fields = runpy.run_path(str(SCRIPTS[0].parent / "defaults_table.py"))["remedy_fields"]
-    remedies, loss = remedy_fields(["estep.prior=learned", "latent_embedding_norm=1", "loss.anchor_start_step=0"],
-                                   "discrete")
-    fields = dict(remedies)
-    assert dict(loss) == {"anchor_start_step": 0}
-    assert fields["latent_embedding_norm"] == 1.0 and isinstance(fields["latent_embedding_norm"], float)
-    assert fields["estep"].prior == "learned" and fields["estep"].follow_beta  # the rest: the default's
-    for bad, message in ((["estep.prior=bogus"], "estep prior must be one of"), (["prior"], "expected FIELD=VALUE"),
+def test_defaults_table_reads_a_setting_over_the_default_and_refuses_a_bad_one():
+    cell_overrides = runpy.run_path(str(SCRIPTS[0].parent / "defaults_table.py"))["cell_overrides"]
+    fields = dict(cell_overrides(["estep.prior=learned", "cvae.latent_init_norm=1.0", "loss.anchor_start_step=0"],
+                                 "discrete"))
+    assert fields == {"estep.prior": "learned", "cvae.latent_init_norm": 1.0, "loss.anchor_start_step": 0}
+    for bad, message in ((["estep.prior=bogus"], "estep prior must be one of"), (["prior"], "group.field=value"),
                          (["estep.nope=1"], "nope"),
                          (["loss.anchor_weight=-1"], "anchor_weight"),
                          (["loss.weighting=sum"], "sets the loss's weighting")):
         with pytest.raises(SystemExit, match=message):
-            remedy_fields(bad, "discrete")
+            cell_overrides(bad, "discrete")
 
 
 def test_merge_probe_recovers_a_planted_order_and_finds_the_shared_values():

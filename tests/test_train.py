@@ -11,7 +11,7 @@ from tokweight.training.baselines import Frozen, dynamic
 from tokweight.training.cvae import CVAEConfig, build_cvae
 from tokweight.training.data import StreamSpec, split_urls
 from tokweight.training.run_dir import load_run
-from tokweight.training.schedules import BetaSchedule, lr_at, lr_decay_window
+from tokweight.training.schedules import lr_at, lr_decay_window
 from tokweight.training.stream import EvalStream, loader
 from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
@@ -96,11 +96,11 @@ def test_config_refusals(tiny, tmp_path):
 
 
 def test_beta_schedules():
-    assert BetaSchedule(0.5, warmup_steps=0).at(7) == 0.5
-    lin = BetaSchedule(1.0, warmup_steps=4)
-    assert [lin.at(s) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert LossConfig(beta=0.5, beta_warmup_steps=0).beta_at(7) == 0.5
+    lin = LossConfig(beta=1.0, beta_warmup_steps=4)
+    assert [lin.beta_at(s) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
     with pytest.raises(ValueError):
-        BetaSchedule(1.0, warmup_steps=-1)
+        LossConfig(beta=1.0, beta_warmup_steps=-1)
 
 
 def test_the_learning_rate_falls_to_0_over_the_last_fraction_of_the_run():

@@ -18,7 +18,6 @@ from tokweight.training.control import (CONTROL_FLOOR, label_free_control, likel
 from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.metrics import EvalRecords, gaussian_mi
 from tokweight.experiments.recipes import with_recipe
-from tokweight.training.schedules import BetaSchedule
 from tokweight.training.train import run as train
 from tokweight.training.train_base import BaseTrainConfig
 from tokweight.training.train_base import run as train_base
@@ -58,7 +57,7 @@ def lead_run(tmp_path_factory):
                                num_workers=0),
                       cvae=CVAEConfig(k=2, cond="token"),
                       loss=LossConfig(policy="frozen", token_weighted_reconstruction_weight=0.5,
-                                      beta=BetaSchedule(0.3, warmup_steps=0), anchor_weight=0.0),
+                                      beta=0.3, beta_warmup_steps=0, anchor_weight=0.0),
                       optim=OptimConfig(steps=200, batch_size=16, lr=3e-3), log=LogConfig(eval_every=0))
     train(with_recipe(cfg, "survival"))
     return root / "data", root / "run"

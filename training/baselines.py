@@ -10,18 +10,18 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from tokweight.pipeline.backbone import s_nll
-from tokweight.pipeline.model import GPT
-from tokweight.training.configs import POLICIES
-from tokweight.training.cvae import CVAEOutput
-from tokweight.training.data import TrainBatch
 
-Baseline = Callable[[TrainBatch, CVAEOutput], torch.Tensor]
+if TYPE_CHECKING:
+    from tokweight.training.cvae import CVAEOutput
+    from tokweight.training.data import TrainBatch
+
+Baseline = Callable[["TrainBatch", "CVAEOutput"], torch.Tensor]
 
 
 def precomputed(batch: TrainBatch, out: CVAEOutput) -> torch.Tensor:
@@ -37,7 +37,7 @@ def dynamic(batch: TrainBatch, out: CVAEOutput) -> torch.Tensor:
 class Frozen:
     """b from a frozen copy of the baseline model (no gradients, eval mode)."""
 
-    def __init__(self, model: GPT):
+    def __init__(self, model):
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
 
     def __call__(self, batch: TrainBatch, out: CVAEOutput | None = None) -> torch.Tensor:
@@ -71,11 +71,31 @@ class AdaptersOff:
             self.backbone.train(training)
 
 
-def make_baseline(policy: str, baseline_model: GPT | None) -> Baseline:
-    if policy == "frozen":
-        if baseline_model is None:
-            raise ValueError("policy 'frozen' needs the baseline model")
-        return Frozen(baseline_model)
+def frozen(model) -> Frozen:
+    if model is None:
+        raise ValueError("policy 'frozen' needs the baseline model")
+    return Frozen(model)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Where b comes from, and what that needs: ``make(baseline model or None)`` -> the step's ``Baseline``."""
+
+    name: str
+    make: Callable[[torch.nn.Module | None], Baseline]
+    needs_store: bool = False  # b is the store's row, joined into the batch by the data stream
+    frozen_model: bool = False  # a frozen copy of the baseline model runs one extra z-free pass a step
+
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (
+    Policy("precomputed", lambda model: precomputed, needs_store=True),
+    Policy("frozen", frozen, frozen_model=True),
+    Policy("dynamic", lambda model: dynamic),
+)}
+"""Every policy by name: the names ``LossConfig.policy`` accepts."""
+
+
+def make_baseline(policy: str, baseline_model) -> Baseline:
     if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    return {"precomputed": precomputed, "dynamic": dynamic}[policy]
+        raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {policy!r}")
+    return POLICIES[policy].make(baseline_model)

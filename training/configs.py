@@ -1,26 +1,24 @@
 """The training components' configs and the names they validate against: frozen dataclasses, each
 field documented, checked in ``__post_init__``.
 
-Implementation modules import their config from here (``cvae.py`` builds a CVAE from a
-``CVAEConfig``, ``estep.py`` runs an ``EStepConfig``, ``losses.py`` weights by ``WeightingParams``),
-and so does ``train_config.py``, which groups them into a run's ``TrainConfig``: a config never
-imports the code it configures.
+Implementation modules import their config from here (``cvae.py`` builds a CVAE from a ``CVAEConfig``,
+``estep.py`` runs an ``EStepConfig``), and so does ``train_config.py``, which groups them into a run's
+``TrainConfig``. A field whose default depends on the latent is None here and resolved by
+``TrainConfig`` (``resolved``), so a run's config.json holds the values it ran with.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+
+from tokweight.training.losses import WEIGHTINGS
 
 COND_MODES = ("token", "prefix", "layernorm", "memory")
 """z pathways (``conditioning.py``)."""
-POLICIES = ("precomputed", "frozen", "dynamic")
-"""Where b comes from each step (``baselines.py``)."""
-WEIGHTINGS = ("uniform", "sum", "surprisal-share", "inverse-surprisal", "example-inverse", "distribution-rescale",
-              "excess-share")
-"""Reconstruction weightings (``losses.WEIGHT_FUNCTIONS`` computes each)."""
 ESTEP_MODES = ("off", "soft", "hard", "label")
 ESTEP_PRIORS = ("uniform", "learned")
+LATENTS = ("discrete", "continuous")
 
 
 @dataclass(frozen=True)
@@ -28,56 +26,47 @@ class CVAEConfig:
     latent: str = "discrete"
     """"discrete" (K values, exact expectation) or "continuous" (Gaussian, reparameterised)."""
     k: int = 4
-    """Latent values of a discrete latent (<= the vocabulary's k_max)."""
+    """Latent values of a discrete latent (<= the vocabulary's k_max); clusters for a continuous one's eval."""
     z_dim: int = 2
-    """Dimensions of a continuous latent. From scratch on h0-n16 (surprisal-share, the E-step over 4 draws,
-    300 steps, seed 0), 8 dimensions left the decoder ignoring z (MI estimate 0.27 hard, 0.31 soft) and 2 kept
-    it (0.68 hard) with the decoder whole: a dimension's slot column is the offset / sqrt(F) long, and 8
-    dimensions with the offset doubled (so each column as long as at 2) found z as well (0.50) at a larger
-    cost to the decoder (NLL 0.136 against 0.078; docs/results.md, "The continuous latent from scratch")."""
+    """Dimensions of a continuous latent. Each dimension's share of a slot's offset is 1/sqrt(z_dim), so a
+    larger z moves the decoder's input less per dimension (docs/results.md, the continuous latent)."""
     samples: int | None = None
-    """Draws of a continuous latent per example, each a decoder copy (a discrete latent's copies are its K
-    values). More than one gives its E-step values to choose among, as the discrete latent's K passes do
-    (``estep.py``). None: 4 for a continuous latent, as many passes as the K = 4 discrete default; 1 for a
-    discrete one."""
+    """Draws of a continuous latent per example, each a decoder copy, among which its E-step chooses (a discrete
+    latent's copies are its K values). None: 4 for a continuous latent (as many passes as the K = 4 discrete
+    default), 1 for a discrete one."""
     prior: str = "learned"
     """Continuous prior: "learned" (conditional, from the decoder at <z>) or "standard" N(0, I)."""
     cond: str = "prefix"
-    """z pathway: "token" (one slot), "prefix" (`slots` slots), "layernorm" (one slot + LayerNorm modulation)
-    or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder).
-    From scratch one slot collapsed under every weighting; a 4-slot prefix kept z on 12 of 12 seeds. On the demo's
-    data and budget (h0-n16, default recipe with the latent rows then at norm 1, 300 steps; `python
-    scripts/demo_variants.py OUT --jobs 2`, 6 cells in 3.4 min), seeds 0 / 1 / 2, exact MI (I(z; strategy)), decoder
-    NLL vs the base's 0.133:
-      prefix-4                             0.683 / 0.686 / 0.665 (same), whole, NLL 0.003-0.008
-      memory, projection at 0.02 (GPT-2)   0.093 / 0.049 / 0.030 (0.000 / 0.012 / 0.015), damaged, NLL 0.19-0.21
-      memory, at the keys' scale (now)     0.670 / 0.677 / 0.675 (0.669 / 0.677 / 0.674), whole, NLL 0.006-0.010
-    At 0.02 the memory stayed a tenth of a token's keys and values for 300 steps (AdamW moves a weight ~lr a
-    step); started at their scale it matches the prefix (docs/results.md, "The memory pathway")."""
+    """z pathway: "token" (one slot), "prefix" (``slots`` slots), "layernorm" (one slot + LayerNorm modulation)
+    or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder). One slot
+    is a bottleneck the decoder's response to z does not grow through (docs/results.md, the z pathways)."""
     slots: int | None = None
     """Latent slots of the z-conditioned template (prefix only; 1 otherwise); None: 4 for the prefix."""
     posterior_pool: str = "mean"
-    """Which z-free states the posterior head reads: "last" (the state at <eos>) or "mean" (the mean
-    of the states that predict S). Measured on the experiment's h0-n16 base: with the true strategy
-    as the distillation target, "last" stayed at strategy MI 0.000 for 300 steps, "mean" reached
-    NMI 1.0 in 90 (the strategy is in every state after t0, which must predict y; <eos> predicts nothing)."""
-    posterior_encoder: str = "shared"
-    """What the posterior head reads: "shared" (the backbone's z-free pass) or "separate" (a small
-    Transformer of its own, so posterior updates leave the decoder alone)."""
-    encoder_layers: int = 1
-    """Layers of the separate posterior encoder."""
-    encoder_d_model: int = 64
-    """Width of the separate posterior encoder (4 heads)."""
+    """Which z-free states the posterior head reads: "last" (the state at <eos>) or "mean" (the mean of the
+    states that predict S, each of which holds the strategy once it is revealed; <eos> predicts nothing)."""
+    latent_init_norm: float | None = None
+    """The latent rows' offset from the checkpoint's mean latent row at the start, in units of the checkpoint's
+    token-row spread (``cvae.token_row_spread``): the K rows (discrete) or the slot projection's columns
+    (continuous) start as that mean plus orthogonal directions of this norm, so each value differs from step 0
+    while the base still reads "a z goes here" (``cvae.spread_latent_embeddings``,
+    ``Conditioning.init_slots``). 0: the checkpoint's own, nearly parallel rows. None: 0.5 discrete, 1.0
+    continuous."""
+    latent_init_center: bool = True
+    """Offset the rows from the checkpoint's mean latent row (True), or replace them by orthogonal rows of that
+    norm around 0 (False: inputs the base never read)."""
 
     def __post_init__(self):
-        if self.latent not in ("discrete", "continuous"):
-            raise ValueError(f"latent must be 'discrete' or 'continuous', got {self.latent!r}")
+        if self.latent not in LATENTS:
+            raise ValueError(f"latent must be one of {LATENTS}, got {self.latent!r}")
         if self.cond not in COND_MODES:
             raise ValueError(f"cond must be one of {COND_MODES}, got {self.cond!r}")
         if self.slots is None:
             object.__setattr__(self, "slots", 4 if self.cond == "prefix" else 1)
         if self.samples is None:
             object.__setattr__(self, "samples", 4 if self.latent == "continuous" else 1)
+        if self.latent_init_norm is None:
+            object.__setattr__(self, "latent_init_norm", 0.5 if self.latent == "discrete" else 1.0)
         if self.k < 2 or self.z_dim < 1 or self.slots < 1 or self.samples < 1:
             raise ValueError("need k >= 2, z_dim >= 1, slots >= 1, samples >= 1")
         if self.latent == "discrete" and self.samples != 1:
@@ -88,10 +77,8 @@ class CVAEConfig:
             raise ValueError(f"prior must be 'learned' or 'standard', got {self.prior!r}")
         if self.posterior_pool not in ("last", "mean"):
             raise ValueError(f"posterior_pool must be 'last' or 'mean', got {self.posterior_pool!r}")
-        if self.posterior_encoder not in ("shared", "separate"):
-            raise ValueError(f"posterior_encoder must be 'shared' or 'separate', got {self.posterior_encoder!r}")
-        if self.encoder_layers < 1 or self.encoder_d_model < 4 or self.encoder_d_model % 4:
-            raise ValueError("need encoder_layers >= 1 and encoder_d_model a positive multiple of 4")
+        if self.latent_init_norm < 0:
+            raise ValueError(f"latent_init_norm must be >= 0, got {self.latent_init_norm}")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -99,64 +86,69 @@ class CVAEConfig:
 
 @dataclass(frozen=True)
 class EStepConfig:
-    mode: str = "off"
-    """"off": decoder copies weighted by the amortised q (the plain objective); "soft": by
-    q* = softmax(log p - R / temperature); "hard": by the one-hot argmax of q*; "label": by the
-    one-hot of the example's ground-truth strategy (its index in the dataset's strategies)."""
+    """The E-step (``estep.py``): which examples each decoder copy learns from. The default is the exact E-step of
+    the objective J at the step's beta, q*(k) = softmax(-R(k) / beta) (discrete); for a continuous latent, the
+    hard choice of each example's best draw."""
+
+    mode: str | None = None
+    """"soft": copies weighted by q* = softmax(log p - R / temperature); "hard": by the one-hot argmax of q*;
+    "label": by the one-hot of the example's ground-truth strategy; "off": by the amortised q (the plain
+    objective, no E-step). None: "soft" for a discrete latent, "hard" for a continuous one."""
     temperature: float = 1.0
-    """Of q* (nats of R per nat of log q). Under "hard" it only shapes the balancing before the
-    argmax (an unbalanced argmax does not depend on it)."""
-    follow_beta: bool = False
-    """Soft mode: use the step's beta as the temperature, which makes q* the exact E-step of J;
-    at beta = 0 that is the hard argmin."""
-    prior: str = "uniform"
-    """p(k|x) inside q*: "uniform" (Shen et al.'s choice against rich-get-richer) or "learned"."""
+    """Of q* (nats of R per nat of log q), when not ``follow_beta``. Under "hard" it only shapes the balancing
+    before the argmax."""
+    follow_beta: bool = True
+    """Use the step's beta as the temperature, which makes q* the exact E-step of J (at beta = 0 the hard
+    argmin)."""
+    prior: str | None = None
+    """p(k|x) inside q*: "uniform" (against rich-get-richer: a value's falling usage is not fed back into its
+    share) or "learned". None: "uniform" for a discrete latent, "learned" for a continuous one (its importance
+    weights need the prior the model has)."""
     balance_iters: int = 0
-    """Sinkhorn-Knopp iterations making the batch's assignment equipartitioned over k (0: off)."""
-    posterior_weight: float = 1.0
-    """Weight of the distillation cross-entropy -sum_k a(k) log q(k) training the amortised posterior."""
+    """Sinkhorn-Knopp iterations making the batch's assignment equipartitioned over k (0: off). A balance gives
+    each value 1/K of every batch, which a strategy code has only when the strategies are equally frequent."""
     until_step: int = 0
     """E-step objective for steps < until_step, then the plain objective (a warm start); 0: every step."""
     labelled: float = 0.0
     """Soft and hard modes: the share of the examples with a strategy label (picked by a hash of the key, the
     same ones every step) whose assignment is their label's value (the one-hot of its index in the dataset's
     strategies) instead of q*'s; 0: none. A few labels tie each value to one strategy, which the objective
-    alone cannot (docs/results.md, "What the merge is")."""
+    alone cannot."""
 
     def __post_init__(self):
-        if self.mode not in ESTEP_MODES:
+        if self.mode is not None and self.mode not in ESTEP_MODES:
             raise ValueError(f"estep mode must be one of {ESTEP_MODES}, got {self.mode!r}")
-        if self.prior not in ESTEP_PRIORS:
+        if self.prior is not None and self.prior not in ESTEP_PRIORS:
             raise ValueError(f"estep prior must be one of {ESTEP_PRIORS}, got {self.prior!r}")
-        if not self.temperature > 0 or self.balance_iters < 0 or self.posterior_weight < 0 or self.until_step < 0:
-            raise ValueError("need temperature > 0, balance_iters >= 0, posterior_weight >= 0, until_step >= 0")
-        if not 0 <= self.labelled <= 1 or (self.labelled and self.mode not in ("soft", "hard")):
+        if not self.temperature > 0 or self.balance_iters < 0 or self.until_step < 0:
+            raise ValueError("need temperature > 0, balance_iters >= 0, until_step >= 0")
+        if not 0 <= self.labelled <= 1 or (self.labelled and self.mode not in (None, "soft", "hard")):
             raise ValueError(f"estep labelled must be a share in [0, 1], and only in mode soft or hard (mode "
                              f"{self.mode!r}, labelled {self.labelled})")
 
+    def resolved(self, latent: str, samples: int) -> EStepConfig:
+        """This config with the latent's defaults filled in, checked against what the latent can do: a continuous
+        latent's E-step weighs its draws of z, not values that mean strategies (no label mode, no labels), nor
+        values a batch can be balanced over, and its importance weights need the learned prior and more than one
+        draw to choose among."""
+        continuous = latent == "continuous"
+        cfg = replace(self, mode=self.mode or ("hard" if continuous else "soft"),
+                      prior=self.prior or ("learned" if continuous else "uniform"))
+        if not continuous or cfg.mode == "off":
+            return cfg
+        if cfg.mode == "label" or cfg.labelled or cfg.balance_iters or cfg.prior != "learned":
+            raise ValueError("a continuous latent's E-step weighs its draws of z: it takes mode soft or hard with "
+                             f"prior 'learned', balance_iters 0 and labelled 0, not mode {cfg.mode!r}, prior "
+                             f"{cfg.prior!r}, balance_iters {cfg.balance_iters}, labelled {cfg.labelled}")
+        if samples < 2:
+            raise ValueError(f"a continuous latent's E-step chooses among its draws: set samples >= 2, not {samples}")
+        return cfg
+
     def active(self, step: int) -> bool:
-        return self.mode != "off" and (self.until_step == 0 or step < self.until_step)
+        return self.mode not in (None, "off") and (self.until_step == 0 or step < self.until_step)
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class WeightingParams:
-    """Constants the weightings need besides b and the mask."""
-
-    eps: float = 1e-6
-    """Added to a weight sum; also the degenerate threshold on sum_t b_t (nats)."""
-    eps_inv: float = 1e-2
-    """Floor under b in inverse-surprisal, 1 / (b + eps_inv): bounds a token's weight (nats)."""
-    dataset_mean_b: float | None = None
-    """Dataset mean of mean_t b_t (nats), read from the store; distribution-rescale only."""
-
-    def __post_init__(self):
-        if not self.eps > 0 or not self.eps_inv > 0:
-            raise ValueError("eps and eps_inv must be > 0")
-        if self.dataset_mean_b is not None and not self.dataset_mean_b > 0:
-            raise ValueError(f"dataset_mean_b must be > 0, got {self.dataset_mean_b}")
 
 
 def check_free_bits(free_bits: float, latent: str, k: int) -> None:

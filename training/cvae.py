@@ -19,7 +19,7 @@ copies of the prefix's work. Not with the layernorm and memory pathways, whose z
 
 Posterior input: the z-free hidden state at the last position (``<eos>``), which has
 attended to all of x and y, or the mean of the states that predict S (``posterior_pool``).
-The model returns per-token NLLs; the objective is a pure function of them (``objective``).
+The model returns per-token NLLs; the objective is a pure function of them (``objective.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from tokweight.training.configs import CVAEConfig
 from tokweight.training.data import TrainBatch
 from tokweight.training.global_batch import LOCAL, GlobalBatch
 from tokweight.training.latent import CategoricalLatent, GaussianLatent
-from tokweight.training.losses import free_bits_kl, weighted_reconstruction
 
 
 @dataclass
@@ -88,11 +87,10 @@ class Frame:
 
 
 class CVAE(nn.Module):
-    def __init__(self, backbone: GPT, latent: nn.Module, conditioning: Conditioning, encoder: GPT | None = None,
-                 pool: str = "last", share_prefix: bool = True):
+    def __init__(self, backbone: GPT, latent: nn.Module, conditioning: Conditioning, pool: str = "last",
+                 share_prefix: bool = True):
         super().__init__()
         self.backbone, self.latent, self.conditioning = backbone, latent, conditioning
-        self.encoder = encoder  # None: the posterior reads the backbone's z-free pass
         self.pool = pool  # CVAEConfig.posterior_pool
         self.share_prefix = share_prefix  # exact either way (tests/test_shared_prefix.py); off: for the bench
 
@@ -102,18 +100,12 @@ class CVAE(nn.Module):
 
     @property
     def posterior_parameters(self) -> list[nn.Parameter]:
-        """The posterior's own parameters (head, and the separate encoder if any): where the
-        gradient diagnostic is measured and what aggressive posterior updates move."""
-        own = list(self.latent.head.parameters())
-        return own + (list(self.encoder.parameters()) if self.encoder is not None else [])
+        """The posterior head's own parameters: where the gradient diagnostic is measured."""
+        return list(self.latent.head.parameters())
 
-    def posterior_input(self, batch: TrainBatch, hidden_free: torch.Tensor | None = None,
-                        frame: Frame = Frame()) -> torch.Tensor:
-        """(B, d_post) what the posterior head reads from the z-free sequence: the encoder's states
-        or the backbone's (``hidden_free`` (B, L, d) in ``frame``, which the caller has already computed),
-        at <eos> ("last") or averaged over the positions that predict S ("mean")."""
-        if self.encoder is not None:
-            hidden_free, frame = self.encoder(batch.zfree.input_ids)[1], Frame()
+    def posterior_input(self, batch: TrainBatch, hidden_free: torch.Tensor, frame: Frame = Frame()) -> torch.Tensor:
+        """(B, d) what the posterior head reads from the backbone's z-free states ``hidden_free`` (B, L, d) in
+        ``frame``: the state at <eos> ("last") or their mean over the positions that predict S ("mean")."""
         if self.pool == "mean":
             states = gather_s(hidden_free, frame.pos(batch.zfree.logit_pos))  # (B, T_max, d)
             mask = batch.zfree.mask[..., None].to(states.dtype)
@@ -162,34 +154,27 @@ class CVAE(nn.Module):
 
 def check_backbone(backbone, cfg: CVAEConfig) -> None:
     """Refuse what this backbone cannot do, naming it: a Hugging Face model has no z-modulable
-    LayerNorms (``n_layernorms`` 0) and no config a separate GPT encoder could copy."""
+    LayerNorms (``n_layernorms`` 0)."""
     kind = getattr(backbone.cfg, "model_type", "") or "tokweight"
     if cfg.cond == "layernorm" and not backbone.cfg.n_layernorms:
         raise ValueError(f"the layernorm z pathway needs a backbone whose LayerNorms it can modulate; the {kind!r} "
                          "backbone has none: use --cond token, prefix or memory")
-    if cfg.posterior_encoder == "separate" and not isinstance(backbone, GPT):
-        raise ValueError(f"a separate posterior encoder copies the built-in GPT's config; the {kind!r} backbone "
-                         "is not one: use the shared posterior")
 
 
 def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
     """backbone: the built-in GPT or any backbone with its interface (``pipeline.backbone``)."""
     check_backbone(backbone, cfg)
     d, n_ln = backbone.cfg.d_model, backbone.cfg.n_layernorms
-    encoder = None
-    if cfg.posterior_encoder == "separate":
-        encoder = GPT(replace(backbone.cfg, n_layer=cfg.encoder_layers, d_model=cfg.encoder_d_model, n_head=4))
-    d_post = cfg.encoder_d_model if encoder is not None else d
     if cfg.latent == "discrete":
         if cfg.k > vocab.k_max:
             raise ValueError(f"k={cfg.k} exceeds the vocabulary's {vocab.k_max} latent tokens <z_0>..: append the "
                              "missing ones first (add_latent_tokens)")
-        latent = CategoricalLatent(cfg.k, d_post, [vocab.latent_id(k) for k in range(cfg.k)])
+        latent = CategoricalLatent(cfg.k, d, [vocab.latent_id(k) for k in range(cfg.k)])
     else:
-        latent = GaussianLatent(cfg.z_dim, d_post, cfg.prior, cfg.samples)
+        latent = GaussianLatent(cfg.z_dim, d, cfg.prior, cfg.samples)
     conditioning = Conditioning(cfg.cond, cfg.slots, d, n_ln, latent.features, continuous=cfg.latent == "continuous",
                                 memory_shape=backbone.memory_shape)
-    return CVAE(backbone, latent, conditioning, encoder, cfg.posterior_pool)
+    return CVAE(backbone, latent, conditioning, cfg.posterior_pool)
 
 
 def latent_tokens_needed(cfg: CVAEConfig) -> int:
@@ -245,16 +230,12 @@ def spread_latent_embeddings(backbone: GPT, latent_ids: list[int], norm: float, 
     """Re-initialise the rows of ``<z_0..z_{K-1}>`` as mutually orthogonal random vectors of one norm;
     with ``center``, as the checkpoint's mean latent row plus such vectors, orthogonal to that mean.
 
-    Why: an entangled checkpoint never sees a latent token, and with tied embeddings every
-    unseen token's row receives the same push (its logit pushed down), so the K rows end
-    up nearly parallel (cosine ~0.997 on the default checkpoint): the decoder starts
-    almost z-invariant. Orthogonal rows give each k a distinct direction from step 0.
-    Replacing the rows, though, feeds the decoder inputs it never saw (a base trained with
-    z sections reads its mean latent row as "ignore"): on the experiment's h0-n16 base (token
-    rows 1.09 from their mean, RMS) the token-mean NLL at step 0 is 0.069 nats with the
-    checkpoint's rows and 5.15 with orthogonal rows of norm 3 in one slot. Centred rows cost less, but
-    4 slots add up the offset: 0.11 with the checkpoint's rows, 0.12 / 0.25 / 1.11 / 4.47 with centred
-    rows at norm 0.3 / 0.5 / 0.7 / 1 (0.18 at norm 1 in one slot).
+    Why: an entangled checkpoint never sees a latent token, and with tied embeddings every unseen token's row
+    receives the same push (its logit pushed down), so the K rows end up nearly parallel: the decoder starts
+    almost z-invariant. Orthogonal rows give each k a distinct direction from step 0. Replacing the rows,
+    though, feeds the decoder inputs it never saw (a base trained with z sections reads its mean latent row as
+    "ignore"), and the offsets add up over several slots: centred rows at a fraction of the token-row spread
+    keep the decoder near intact (docs/results.md, the latent rows' start).
     """
     K, d = len(latent_ids), backbone.cfg.d_model
     if K + center > d:
@@ -280,21 +261,3 @@ def write_rows(embedding: nn.Module, ids: torch.Tensor, rows: torch.Tensor) -> N
             parametrization.write(ids, rows)
     else:
         embedding.weight[ids] = rows
-
-
-@dataclass
-class Objective:
-    loss: torch.Tensor  # () recon + beta * kl_term
-    recon: torch.Tensor  # () batch mean of E_q[R(z)]
-    kl_term: torch.Tensor  # () the KL as optimised (free bits applied)
-    kl: torch.Tensor  # (B,) or (B, D) nats
-
-
-def objective(latent: nn.Module, out: CVAEOutput, pi: torch.Tensor, beta: float, free_bits: float = 0.0,
-              batch: GlobalBatch = LOCAL) -> Objective:
-    """J = mean_i E_q[R_i(z)] + beta * KL term; pi (B, T_max) from losses.reconstruction_weights."""
-    R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, copies)
-    recon = latent.expectation(R, out.post).mean()
-    kl = latent.kl(out.post, out.prior)
-    kl_term = free_bits_kl(kl, free_bits, batch)
-    return Objective(recon + beta * kl_term, recon, kl_term, kl)

@@ -1,26 +1,21 @@
-"""Remedies that make a discrete latent learnable, as pure functions of tensors.
+"""The E-step: which decoder copy explains each example, as pure functions of tensors.
 
-With K small, the decoder's K passes give every R(k) exactly, so the posterior that
-minimises the objective for a fixed decoder is available without the amortised head:
+With K small, the decoder's K passes give every R(k) exactly, so the posterior that minimises the objective
+for a fixed decoder is available without the amortised head:
 
     J(q) = sum_k q(k) R(k) + beta * KL(q || p)   is minimised by
     q*(k) = p(k|x) exp(-R(k) / beta) / Z          (a softmax over -R / beta),
 
-(derivative of the Lagrangian: R(k) + beta (log q(k) - log p(k) + 1) + mu = 0). At
-beta -> 0 it is a hard argmin over k. R is the chosen weighting's reconstruction, so the
-weighting sets *which tokens* separate the k; its overall scale acts as 1 / temperature
-(uniform R = sum R / T: a hard E-step cannot tell uniform and sum apart).
+(derivative of the Lagrangian: R(k) + beta (log q(k) - log p(k) + 1) + mu = 0). At beta -> 0 it is a hard
+argmin over k. R is the chosen weighting's reconstruction, so the weighting sets *which tokens* separate the
+k; its overall scale acts as 1 / temperature.
 
-Used as an E-step (EM; Shen et al. 2019, "Mixture Models for Diverse Machine
-Translation: Tricks of the Trade", hard EM with a uniform prior): decoder copy k is
-trained on the examples assigned to k, and the amortised posterior is distilled towards
-the assignment. A balanced assignment (Sinkhorn-Knopp equipartition over the batch, as
-in SwAV, Caron et al. 2020) keeps one k from taking every example ("rich get richer").
-
-The "label" mode assigns each example to its ground-truth strategy instead: a supervised
-warm start (with ``until_step``) that hands the plain objective a CVAE which already uses
-z, so what follows measures whether z *survives* a given beta, apart from whether it can
-be *found* (the collapse-threshold sweep, tokweight/experiments/sweep.py).
+Used as an E-step (EM; Shen et al. 2019, "Mixture Models for Diverse Machine Translation: Tricks of the
+Trade", with a uniform prior against rich-get-richer): decoder copy k is trained on the examples assigned to
+k, and the amortised posterior is distilled towards the assignment (``objective.py``). A balanced assignment
+(Sinkhorn-Knopp equipartition over the batch, as in SwAV, Caron et al. 2020) keeps one k from taking every
+example. The "label" mode assigns each example to its ground-truth strategy instead (a supervised warm start
+with ``until_step``); ``labelled`` fixes a share of the examples to their label's value.
 """
 
 from __future__ import annotations
@@ -32,9 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from tokweight.training.configs import EStepConfig
-from tokweight.training.cvae import Objective
 from tokweight.training.global_batch import LOCAL, GlobalBatch
-from tokweight.training.losses import free_bits_kl, weighted_reconstruction
 
 
 def exact_posterior(R: torch.Tensor, log_prior: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -64,6 +57,9 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
     Balancing acts on q* before the argmax, so a hard assignment is balanced too, and over
     the global ``batch``: Sinkhorn's columns are sums over all of its rows.
     """
+    if cfg.mode is None or cfg.prior is None:
+        raise ValueError("the E-step's mode and prior are unset: resolve the config for the latent first "
+                         "(EStepConfig.resolved)")
     R = R.detach()
     if cfg.mode == "label":
         if labels is None:
@@ -130,36 +126,3 @@ def assignment_kl(a: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
     """KL(a || p) = sum_k a(k) (log a(k) - log p(k)) with 0 log 0 = 0: (B, K) -> (B,) nats; a detached."""
     a = a.detach()
     return (torch.xlogy(a, a) - a * log_prior).sum(-1)
-
-
-def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig,
-                 labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL):
-    """J_EM = mean_i [sum_c a_ic R_ic + w * CE(a_i, q_i)] + beta * KL term(a || p), a = assignment(R, p).
-
-    The M-step of each part against the E-step's a (detached): the decoder copies learn from
-    a, the amortised posterior is distilled to a, and the prior fits a through beta * KL(a || p),
-    which is J's own prior gradient at q = a. The posterior gets no KL gradient: a already
-    holds beta (under ``follow_beta``), and pulling q to p as well would count the prior twice.
-    Reported: ``recon`` = E_q[R] and ``kl`` = KL(q || p) of the amortised posterior, as in
-    the plain objective. ``labels`` (B,): strategy indices, for mode "label" only.
-
-    A continuous latent's copies are S draws z_s from q rather than every value, so a is the
-    self-normalised importance weight of q*(z) = p(z|x) exp(-R(z) / beta) / Z with q as the proposal
-    (reweighted wake-sleep, Bornschein & Bengio 2015): log p - log q enters where the discrete prior
-    does. q is distilled to the weighted draws (-sum_s a_s log q(z_s)), the prior fits them, and the
-    decoder learns most from the draws that explain y, as the discrete copy k learns from its examples.
-    """
-    R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, copies)
-    z = None if out.z is None else out.z.detach()  # each copy's value, a target: q and p fit it, not move it
-    log_p, log_q = latent.log_density(out.prior, z), latent.log_density(out.post, z)  # (B, copies) each
-    log_target = log_p - log_q.detach() if latent.sampled else log_p  # the E-step's p, by the proposal
-    a = assignment(R, log_target, cfg, beta, labels, batch)
-    fit = assigned_reconstruction(R, a).mean() + cfg.posterior_weight * distillation(log_q, a).mean()
-    if latent.sampled:  # q*'s density at its draws, log q + log(S a); the KL's gradient reaches the prior only
-        log_a = log_q.detach() + torch.log(a * a.shape[-1])
-        kl = (torch.where(a > 0, a * log_a, 0) - a * log_p).sum(-1)
-    else:
-        kl = assignment_kl(a, log_p)
-    kl_term = free_bits_kl(kl, free_bits, batch)
-    recon = latent.expectation(R, out.post).mean().detach()
-    return Objective(fit + beta * kl_term, recon, kl_term, latent.kl(out.post, out.prior).detach())

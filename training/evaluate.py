@@ -39,7 +39,7 @@ from tokweight.pipeline.ranks import resolve_device
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.templates import template_ids, y_ids
 from tokweight.training.baselines import make_baseline
-from tokweight.training.configs import WeightingParams
+from tokweight.training.losses import WeightingParams
 from tokweight.training.control import (label_free_control, likelihood_control, reference_control, strategy_execution,
                                         z_use)
 from tokweight.training.cvae import CVAE

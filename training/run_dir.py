@@ -137,28 +137,34 @@ def committed_checkpoint(run: str | Path) -> Path:
 
 
 def config_differences(saved: TrainConfig, mine: TrainConfig) -> list[str]:
-    """The fields ("optim.lr") in which two runs differ, the step count aside: a longer run extends one."""
+    """The fields ("optim.lr") in which two runs differ, the step count and the run directory aside: a longer run
+    extends one, and a run goes on from a start trained in another directory."""
     a, b = saved.to_json(), mine.to_json()
-    return sorted(f"{g}.{k}" for g in b for k in b[g] if (g, k) != ("optim", "steps") and a[g][k] != b[g][k])
+    same = {("optim", "steps"), ("io", "out")}
+    return sorted(f"{g}.{k}" for g in b for k in b[g] if (g, k) not in same and a[g][k] != b[g][k])
 
 
 def resume(cfg: TrainConfig, model: CVAE, opt: torch.optim.Optimizer, init_fingerprint: str, rank: int = 0,
-           world: int = 1) -> dict | None:
+           world: int = 1, continue_from: Path | None = None) -> dict | None:
     """The committed checkpoint's state.json, its model and optimizer loaded into ``model`` and ``opt``,
-    and this rank's RNG states under "rng"; None when there is none. Refuses one from another config,
-    init checkpoint or number of ranks. Rank 0 cuts metrics.jsonl back to what it held when the
-    checkpoint was written (to nothing without one), so that the steps a resumed run redoes are
-    logged once."""
+    and this rank's RNG states under "rng"; None when there is none. The checkpoint is RUN's, or, where RUN
+    has none yet, that of ``continue_from`` (the start a run with several starts goes on from). Refuses one
+    from another config, init checkpoint or number of ranks. Rank 0 cuts metrics.jsonl back to what it held
+    when the checkpoint was written (to nothing without one; a start's log up to its checkpoint when RUN goes on
+    from it), so that the steps a resumed run redoes are logged once."""
     out = Path(cfg.io.out)
-    ckpt = committed_checkpoint(out)
+    source = out
+    if continue_from is not None and not (committed_checkpoint(out) / "state.json").is_file():
+        source = Path(continue_from)
+    ckpt = committed_checkpoint(source)
     if not (ckpt / "state.json").is_file():
         if rank == 0:  # a run killed before its first checkpoint starts over
             truncate(out / "metrics.jsonl", 0)
         return None
     # read back through TrainConfig, so an old run's flat config and fields added since compare at their defaults
-    differ = config_differences(read_config(out), cfg)
+    differ = config_differences(read_config(source), cfg)
     if differ:
-        raise ValueError(f"{out} holds a run with another config ({', '.join(differ)} differ); use a new --out")
+        raise ValueError(f"{source} holds a run with another config ({', '.join(differ)} differ); use a new --out")
     meta = json.loads((ckpt / "state.json").read_text())
     if meta["init_fingerprint"] != init_fingerprint:
         raise ValueError(f"{ckpt} was trained from checkpoint {meta['init_fingerprint']}, not {init_fingerprint}")
@@ -170,6 +176,10 @@ def resume(cfg: TrainConfig, model: CVAE, opt: torch.optim.Optimizer, init_finge
     rng = load_file(ckpt / "rng.safetensors") if (ckpt / "rng.safetensors").is_file() else {}
     meta["rng"] = {name.split(".")[0]: t for name, t in rng.items() if name.endswith(f".{rank}")}
     if rank == 0 and "metrics_bytes" in meta:
+        if source != out:
+            out.mkdir(parents=True, exist_ok=True)
+            with open(source / "metrics.jsonl", "rb") as f:
+                (out / "metrics.jsonl").write_bytes(f.read(meta["metrics_bytes"]))
         truncate(out / "metrics.jsonl", meta["metrics_bytes"])
     return meta
 
@@ -197,7 +207,7 @@ def load_run(run: str | Path, device: str = "cpu") -> tuple[TrainConfig, CVAE, V
         raise FileNotFoundError(f"{run}: no checkpoint/state.json (not a tokweight train run, or not started)")
     meta = json.loads((run / "checkpoint" / "state.json").read_text())
     cfg = read_config(run)
-    cvae = CVAEConfig(**meta["cvae"])
+    cvae = cfg.cvae
     backbone, vocab = run_backbone(run, cfg, meta, cvae)
     model = build_cvae(backbone, vocab, cvae)
     if cfg.lora.rank:

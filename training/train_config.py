@@ -1,26 +1,24 @@
 """TrainConfig: a CVAE train run's configuration, one frozen group per component.
 
-``io`` (paths, loading, device), ``cvae`` (the model and its latent), ``loss`` (weighting,
-where b comes from, beta, the anchor term), ``remedies`` (what makes a discrete latent
-learnable from scratch), ``optim`` (steps, batch, AdamW, seed), ``log`` (metrics lines,
-validations, checkpoints) and ``lora`` (adapters on a frozen backbone). Each group checks its own fields; TrainConfig checks what spans two.
+``io`` (paths, loading, device), ``cvae`` (the model, its latent and how its latent rows start), ``loss``
+(weighting, where b comes from, beta, the anchor term), ``estep`` (which examples each decoder copy learns
+from), ``optim`` (steps, batch, AdamW, seed, starts), ``log`` (metrics lines, validations, checkpoints) and
+``lora`` (adapters on a frozen backbone). Each group checks its own fields; TrainConfig checks what spans two
+and resolves the defaults that depend on the latent, so a run's config.json holds what it ran with.
 
-The defaults are the recipe that keeps z from scratch with the decoder whole
-(docs/results/from-scratch/): a 4-slot prefix (``CVAEConfig``), surprisal-share with beta 0.3
-warmed up over 100 steps and the anchor term from the end of the warm-up (``LossConfig``), the
-exact E-step of J with centred latent rows (``default_remedies``, discrete latent), lr 3e-4 falling
-linearly to 0 over the run's last fifth (``OptimConfig.lr_decay``).
-`tokweight train`, `demo` and `experiment` all build these dataclasses; none repeats a default.
+The dataclass defaults are the method as `tokweight train` runs it (``training/objective.py``);
+docs/results.md says what each was chosen from. Every command builds these dataclasses; none repeats a default.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from tokweight.training.configs import (POLICIES, WEIGHTINGS, CVAEConfig, EStepConfig, LoRAConfig, WeightingParams,
-                                       check_free_bits)
+from tokweight.training.baselines import POLICIES
+from tokweight.training.configs import CVAEConfig, EStepConfig, LoRAConfig, check_free_bits
 from tokweight.training.convergence import StopRule
-from tokweight.training.schedules import BetaSchedule
+from tokweight.training.losses import WEIGHTINGS, WeightingParams
+from tokweight.training.schedules import warmed_up
 
 
 @dataclass(frozen=True)
@@ -89,90 +87,54 @@ class LossConfig:
     """inverse-surprisal's floor under b (nats)."""
     policy: str = "precomputed"
     """Where b comes from: precomputed (store), frozen (extra pass), dynamic (current backbone)."""
-    beta: BetaSchedule = field(default_factory=BetaSchedule)
-    """The KL weight over training."""
+    beta: float = 0.3
+    """The KL weight after the warm-up."""
+    beta_warmup_steps: int = 100
+    """Steps of beta's linear rise from 0 (0: beta from the first step). Under the E-step beta is its temperature
+    too: at the full beta from step 0 it drowns the small differences z makes at first."""
     free_bits: float = 0.0
     """KL floor lambda in nats (0: off); refused at >= log K for a discrete latent."""
     anchor_weight: float = 1.0
     """Weight of the anchor term E_q[mean_t relu(l_t(z) - b_t - anchor_margin)] (losses.anchor_penalty),
     q detached: keeps the tokens surprisal-share hardly weighs (b_t near 0) from rising above the base
-    model, which they did without it (decoder 0.86 nats per token against the base's 0.19 on one seed of
-    h3-n5); 0: off."""
+    model, which they do without it; 0: off."""
     anchor_margin: float = 0.05
     """Nats a token may rise above the base model's b_t before the anchor term acts."""
     anchor_start_step: int | None = None
     """Steps before the anchor term acts; None: the beta warm-up's. From scratch it must wait until z is
     found: from step 0 its pull back to the base also removes the asymmetry at t0 that the E-step
-    amplifies (h0-n16, beta 1: 2 of 3 seeds lost z)."""
+    amplifies."""
 
     def __post_init__(self):
         if min(self.anchor_weight, self.anchor_margin, self.anchor_start_step or 0) < 0:
             raise ValueError("anchor_weight, anchor_margin and anchor_start_step must be >= 0")
-        if isinstance(self.beta, dict):
-            object.__setattr__(self, "beta", BetaSchedule(**self.beta))
+        if self.beta < 0 or self.beta_warmup_steps < 0:
+            raise ValueError(f"need beta >= 0 and beta_warmup_steps >= 0, got {self.beta} and {self.beta_warmup_steps}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {sorted(WEIGHTINGS)}, got {self.weighting!r}")
         if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+            raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
         if not 0 <= self.token_weighted_reconstruction_weight <= 1:
             raise ValueError("token_weighted_reconstruction_weight must be in [0, 1]")
         WeightingParams(self.eps, self.eps_inv)  # validates both
 
     @property
     def needs_store(self) -> bool:
-        return self.policy == "precomputed" or self.weighting == "distribution-rescale"
+        """Whether b or the weighting's constant comes from a store."""
+        return POLICIES[self.policy].needs_store or WEIGHTINGS[self.weighting].needs_dataset_mean
 
     @property
     def anchor_start(self) -> int:
         """The first step (0-based) at which the anchor term acts."""
-        return self.beta.warmup_steps if self.anchor_start_step is None else self.anchor_start_step
+        return self.beta_warmup_steps if self.anchor_start_step is None else self.anchor_start_step
+
+    def beta_at(self, step: int) -> float:
+        """beta at ``step`` (0-based), on its warm-up."""
+        return warmed_up(self.beta, step, self.beta_warmup_steps)
 
     def anchor_weight_at(self, step: int) -> float:
         """The anchor term's weight at ``step`` (0-based): 0 before its start step."""
         return self.anchor_weight if step >= self.anchor_start else 0.0
-
-
-@dataclass(frozen=True)
-class RemedyConfig:
-    """Remedies against a discrete latent's collapse (``estep.py``, docs/latent-learnability.md). The
-    dataclass's own defaults are "no remedy"; a run's default is ``default_remedies(latent)``."""
-
-    estep: EStepConfig = field(default_factory=EStepConfig)
-    """EM-style E-step from the decoder's own passes: a discrete latent's K values, a continuous one's draws
-    (``estep.py``)."""
-    latent_embedding_norm: float = 0.0
-    """> 0: re-initialise the K latent token embeddings as orthogonal vectors of this norm before
-    training (``cvae.spread_latent_embeddings``); 0 keeps the checkpoint's (nearly parallel) rows. A
-    continuous z's slot projection starts at the mean latent row, offset by about this norm
-    (``Conditioning.init_slots``); 0 keeps GPT-2's 0.02 init, near-zero slots. In units of the
-    checkpoint's token-row spread (``cvae.token_row_spread``: the RMS distance of its rows from their
-    mean), so that one value means the same input perturbation on any backbone."""
-    latent_embedding_center: bool = False
-    """With latent_embedding_norm: offset the orthogonal rows from the checkpoint's mean latent row
-    (kept out of their span) instead of replacing the rows. The base model has learnt to read that
-    mean row as "a z, ignore it": the decoder starts intact (docs/latent-learnability.md)."""
-
-    def __post_init__(self):
-        if isinstance(self.estep, dict):
-            object.__setattr__(self, "estep", EStepConfig(**self.estep))
-        if self.latent_embedding_norm < 0:
-            raise ValueError("latent_embedding_norm must be >= 0")
-        if self.latent_embedding_center and not self.latent_embedding_norm > 0:
-            raise ValueError("latent_embedding_center needs latent_embedding_norm > 0 (the offset from the mean row)")
-
-    def check_latent(self, latent: str, samples: int) -> None:
-        """Refuse what a continuous latent's E-step cannot do: it weighs draws of z, not values that mean
-        strategies (no label mode, no labelled examples), nor values a batch can be balanced over (no Sinkhorn), and its
-        importance weights need the prior the model has, and more than one draw to choose among."""
-        estep = self.estep
-        if latent == "discrete" or estep.mode == "off":
-            return
-        if estep.mode == "label" or estep.labelled or estep.balance_iters or estep.prior != "learned":
-            raise ValueError("a continuous latent's E-step weighs its draws of z: it takes mode soft or hard with "
-                             f"prior 'learned', balance_iters 0 and labelled 0, not mode {estep.mode!r}, prior "
-                             f"{estep.prior!r}, balance_iters {estep.balance_iters}, labelled {estep.labelled}")
-        if samples < 2:
-            raise ValueError(f"a continuous latent's E-step chooses among its draws: set samples >= 2, not {samples}")
 
 
 @dataclass(frozen=True)
@@ -181,22 +143,16 @@ class OptimConfig:
 
     steps: int = 6000
     """The cap on optimizer steps (global: every rank takes them all); the run stops earlier once ``stop``
-    says it converged. On the small synthetic preset (K = 4, batch 32) the default rule stopped seeds 0
-    and 1 at steps 4100 and 3950: the cap leaves half as much again."""
+    says it converged."""
     batch_size: int = 32
     """Examples per step per rank."""
     lr: float = 3e-4
-    """AdamW learning rate until ``lr_decay``'s fall. At 1e-3 the first steps under surprisal-share took a
-    decoder from 0.07 to 1.3 nats per token; at 1e-4 z was only partly found in 200 steps."""
+    """AdamW learning rate until ``lr_decay``'s fall."""
     lr_decay: float = 0.2
     """Fraction of the run over which the learning rate falls linearly to 0 at its end
     (``schedules.lr_decay_window``): the cap's last steps, or, once the stop rule says the run converged, as
     many steps more (0: a constant rate, and a run stops where it converges). At a constant rate the posterior
-    stays soft: over 12 K = 4 runs of 600 steps the last 120 falling raised I(z; strategy) on 11 (+0.015 to
-    +0.093; near-perfect codes 1.182-1.273 -> 1.259-1.291 of log 4 = 1.386) and brought every decoder's NLL to
-    0.40-0.67 of its constant-rate twin's (docs/results.md, "A learning rate that settles at the end")."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
+    stays soft to the end."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (0: off)."""
     seed: int = 0
@@ -205,8 +161,9 @@ class OptimConfig:
     """When validation says the run converged (``convergence.py``); read at each periodic validation."""
     starts: int | None = None
     """Initialisations trained ``start_steps`` each (start i of seed s has seed s * starts + i), of which the one
-    whose decoder reconstructs validation best goes on to ``steps`` (``train.best_start``); None:
-    ``default_starts`` of the latent."""
+    whose decoder reconstructs validation best goes on to ``steps`` (``train.run``); None: 3 for a discrete
+    latent, whose values settle on a code early and keep it (a code that merges strategies reconstructs worse);
+    1 for a continuous one, whose merged code reconstructs better, so the comparison would choose it."""
     start_steps: int = 400
     """Steps each start trains before they are compared; a run capped at no more has one start."""
 
@@ -245,45 +202,12 @@ class LogConfig:
             raise ValueError("grad_diag_every and eval_every must be >= 0")
 
 
-GROUPS = {"io": IOConfig, "cvae": CVAEConfig, "loss": LossConfig, "remedies": RemedyConfig, "optim": OptimConfig,
+GROUPS = {"io": IOConfig, "cvae": CVAEConfig, "loss": LossConfig, "estep": EStepConfig, "optim": OptimConfig,
           "log": LogConfig, "lora": LoRAConfig}
 
 
-def default_remedies(latent: str) -> RemedyConfig:
-    """The remedies a run gets unless it names its own: for a discrete latent, the soft E-step at the step's
-    beta with a uniform prior inside it (q* = softmax(-R(k) / beta); the learned p(k|x) there feeds a value's
-    falling usage back into its share of the examples: at K = 8, values whose decoder copies still had the
-    least R on 2.5-8.4% of the examples fell to usage 0.001-0.014, and without it every value stays in use and
-    I(z; strategy) is 0.816 against 0.744, at K = 4 0.884 against 0.793 over 6 cells, at K = 2 the same;
-    docs/results.md, "The learned prior inside the E-step"), not balanced over the batch (a balance gives each
-    value 1/K of every batch, which a strategy code has only when the strategies are equally frequent; with
-    copy 0.8 and rotate-left 0.2 it left I(z; strategy) at 0.10 of 0.50 nats, and 0.49 without it, 3 of 3
-    seeds; docs/results.md, "Strategies of unequal frequency"), and latent rows
-    centred on the checkpoint's mean latent row, offset by half the token-row spread (distinct, yet read by
-    the base as "a z": 4 slots of them cost the h0-n16 decoder 0.33-0.41 nats at step 0, where offsets of 0.92
-    of the spread cost 4.3-4.5, and z was kept alike on 3 of 3 seeds; scripts/demo_variants.py --norms). The
-    continuous latent: its slots spread from the mean latent row by one token-row spread (Conditioning.init_slots),
-    and the hard E-step over its draws (each example's draw of least R / beta - log p / q; no balancing): with 4
-    draws of a 2-dimensional z the soft one left the decoder ignoring z (h0-n16, 300 steps: MI estimate 0.22),
-    the hard one kept it (0.68; soft needed 8 draws)."""
-    if latent != "discrete":
-        return RemedyConfig(estep=EStepConfig(mode="hard", follow_beta=True, prior="learned"),
-                            latent_embedding_norm=1.0, latent_embedding_center=True)
-    return RemedyConfig(estep=EStepConfig(mode="soft", follow_beta=True, prior="uniform"),
-                        latent_embedding_norm=0.5, latent_embedding_center=True)
-
-
 def default_starts(latent: str) -> int:
-    """Starts a run gets unless it names its own. Three for a discrete latent: its values settle on a code
-    within a few hundred steps and keep it, and a code that merges strategies reconstructs worse (K = 4, 12
-    starts in 4 runs: the chosen start was the best strategy code of its three on 3 and within 0.02 nats of
-    it on the fourth, I(z; strategy) 1.004 against 0.834 for one start). One for a continuous latent, whose
-    merged code reconstructs better: a 2-dimensional z that gives sort and sort-desc one region, the decoder
-    choosing between them per input, has a narrower posterior (sigma along its first dimension 0.13-0.16
-    against a code's 0.38-0.46), and at K = 4 the least validation NLL at step 400 chose such a start in the 2
-    of 3 runs that had one (0.148 and 0.157 against 0.169-0.229; k-means NMI 0.74 at the end, against 0.97
-    for single starts of seeds 0-2; docs/results.md, "The continuous latent under the settling learning
-    rate")."""
+    """Starts a run gets unless it names its own (``OptimConfig.starts``)."""
     return 3 if latent == "discrete" else 1
 
 
@@ -292,13 +216,13 @@ class TrainConfig:
     io: IOConfig
     """Paths, loading and device."""
     cvae: CVAEConfig = field(default_factory=CVAEConfig)
-    """Latent, z pathway and slots, posterior encoder."""
+    """Latent, z pathway and slots, posterior read, latent rows' start."""
     loss: LossConfig = field(default_factory=LossConfig)
-    """Weighting, b's policy, beta schedule and free bits."""
-    remedies: RemedyConfig | None = None
-    """E-step and latent embedding init; None: ``default_remedies`` of the latent."""
+    """Weighting, b's policy, beta schedule, free bits, anchor term."""
+    estep: EStepConfig = field(default_factory=EStepConfig)
+    """The E-step over the decoder's copies (None fields: the latent's defaults)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
-    """Steps, batch size, AdamW, seed."""
+    """Steps, batch size, AdamW, seed, starts."""
     log: LogConfig = field(default_factory=LogConfig)
     """Metrics lines, diagnostics, validations and checkpoints."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
@@ -308,11 +232,9 @@ class TrainConfig:
         for name, group in GROUPS.items():  # from_json hands the groups over as dicts
             if isinstance(getattr(self, name), dict):
                 object.__setattr__(self, name, group(**getattr(self, name)))
-        if self.remedies is None:
-            object.__setattr__(self, "remedies", default_remedies(self.cvae.latent))
+        object.__setattr__(self, "estep", self.estep.resolved(self.cvae.latent, self.cvae.samples))
         if self.optim.starts is None:
             object.__setattr__(self, "optim", replace(self.optim, starts=default_starts(self.cvae.latent)))
-        self.remedies.check_latent(self.cvae.latent, self.cvae.samples)
         if self.io.store is None and self.loss.needs_store:
             raise ValueError(f"policy {self.loss.policy!r} with weighting {self.loss.weighting!r} needs --store")
         check_free_bits(self.loss.free_bits, self.cvae.latent, self.cvae.k)
@@ -323,18 +245,57 @@ class TrainConfig:
         (when it ever is), an E-step warm start (``until_step``) over. The stop rule counts validations
         from there."""
         anchor = self.loss.anchor_start if self.loss.anchor_weight > 0 else 0
-        estep = self.remedies.estep.until_step if self.remedies.estep.mode != "off" else 0
-        return max(self.loss.beta.warmup_steps, anchor, estep)
+        estep = self.estep.until_step if self.estep.mode != "off" else 0
+        return max(self.loss.beta_warmup_steps, anchor, estep)
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_json(cls, obj: dict) -> TrainConfig:
-        """A config.json (``to_json``); a group or field this version does not have is refused by name."""
+        """A config.json (``to_json``; one written before the E-step and the latent rows' start had their own
+        groups is read too); a group or field this version does not have is refused by name."""
+        obj = from_beta_group(from_remedies(obj))
         unknown = set(obj) - {f.name for f in fields(cls)}
         for name, group in GROUPS.items():
             unknown |= {f"{name}.{k}" for k in set(obj.get(name) or {}) - {f.name for f in fields(group)}}
         if unknown:
             raise ValueError(f"config fields {sorted(unknown)} belong to no TrainConfig group")
-        return cls(**obj)
+        try:
+            return cls(**obj)
+        except TypeError as e:  # a value of the wrong type, or a field of a nested group that is not there
+            raise ValueError(f"configuration: {e}") from None
+
+
+def from_remedies(obj: dict) -> dict:
+    """A config.json of before the ``estep`` group: its ``remedies`` group ({"estep": {...},
+    "latent_embedding_norm", "latent_embedding_center"}, whose own defaults were "no remedy") as ``estep`` and
+    the ``cvae`` fields of the latent rows' start. Unchanged if it has no ``remedies``."""
+    if "remedies" not in obj:
+        return obj
+    obj, remedies = dict(obj), dict(obj["remedies"] or {})
+    del obj["remedies"]
+    estep = {"mode": "off", "follow_beta": False, "prior": "uniform", **(remedies.pop("estep", None) or {})}
+    obj["estep"] = drop_defaults(estep, {"posterior_weight": 1.0})
+    cvae = drop_defaults(dict(obj.get("cvae") or {}),
+                         {"posterior_encoder": "shared", "encoder_layers": 1, "encoder_d_model": 64})
+    obj["cvae"] = {**cvae, "latent_init_norm": remedies.pop("latent_embedding_norm", 0.0),
+                   "latent_init_center": remedies.pop("latent_embedding_center", False)}
+    obj["optim"] = drop_defaults(dict(obj.get("optim") or {}), {"weight_decay": 0.0})
+    return obj
+
+
+def from_beta_group(obj: dict) -> dict:
+    """A config.json of before beta's fields joined ``loss``: its ``loss.beta`` group {"beta", "warmup_steps"}."""
+    loss = obj.get("loss") or {}
+    if not isinstance(loss.get("beta"), dict):
+        return obj
+    beta = dict(loss["beta"])
+    flat = {**loss, "beta": beta.pop("beta", 0.3), **({"beta_warmup_steps": beta.pop("warmup_steps")}
+                                                       if "warmup_steps" in beta else {}), **beta}
+    return {**obj, "loss": flat}
+
+
+def drop_defaults(group: dict, removed: dict) -> dict:
+    """``group`` without the removed fields that hold their one value (any other is left to be refused)."""
+    return {k: v for k, v in group.items() if not (k in removed and v == removed[k])}

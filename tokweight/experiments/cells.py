@@ -22,8 +22,7 @@ from tokweight.store.lock import StoreLock
 from tokweight.training.control import OUTCOMES
 from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, key_of, read_json
 from tokweight.experiments.recipes import with_recipe
-from tokweight.training.schedules import BetaSchedule
-from tokweight.training.train_config import OptimConfig
+from tokweight.training.train_config import LossConfig, OptimConfig
 
 METRICS = ("mi", "strategy_mi", "kl", "strategy_nmi", "control_accuracy", "recon_uniform", "recon", "active_units")
 """Per-cell numbers: mi (exact, discrete only), strategy_mi (exact I(z; strategy), discrete only), kl,
@@ -42,8 +41,8 @@ Loss = tuple[tuple[str, object], ...]
 """LossConfig fields as (name, value) pairs."""
 CELL_LOSS_FIELDS = ("weighting", "policy", "beta")
 """The LossConfig fields every cell sets itself (``train_config``), which its ``Loss`` pairs cannot."""
-Remedies = tuple[tuple[str, object], ...]
-"""RemedyConfig fields as (name, value) pairs (the E-step's value an EStepConfig)."""
+Overrides = tuple[tuple[str, object], ...]
+"""Dotted TrainConfig fields as (name, value) pairs, e.g. ("cvae.latent_init_norm", 0.7)."""
 
 
 @dataclass(frozen=True)
@@ -60,20 +59,14 @@ class CellBudget:
     """Initialisations compared after ``OptimConfig.start_steps`` (train's ``--starts``)."""
     decode_examples: int = 128
     """Test examples decoded per latent value for the control accuracy."""
-    beta_warmup_steps: int = BetaSchedule.warmup_steps
-    """> 0: beta rises linearly from 0 to the cell's beta over this many steps; 0: constant beta. The
-    from-scratch recipe needs it: at the full beta from step 0 the E-step's temperature is far above the
-    spread of R across k, and q* stays at the prior (docs/latent-learnability.md, section 6)."""
+    beta_warmup_steps: int = LossConfig.beta_warmup_steps
+    """> 0: beta rises linearly from 0 to the cell's beta over this many steps; 0: constant beta."""
 
     def __post_init__(self):
         if min(self.steps, self.batch_size) < 1 or self.decode_examples < 1 or not self.lr > 0:
             raise ValueError("need steps, batch_size, decode_examples >= 1 and lr > 0")
         if self.beta_warmup_steps < 0:
             raise ValueError("beta_warmup_steps must be >= 0")
-
-    def beta(self, beta: float) -> BetaSchedule:
-        """The cell's BetaSchedule: the linear warm-up to ``beta`` (constant without one)."""
-        return BetaSchedule(beta, self.beta_warmup_steps)
 
 
 @dataclass(frozen=True)
@@ -87,7 +80,7 @@ class CellPlan:
     budget: CellBudget
     """Steps and evaluation size."""
     recipe: str
-    """Name in experiments.recipes.RECIPES: the remedy fields every cell trains with."""
+    """Name of a recipe (tokweight/presets/recipes/): how every cell makes its latent learnable."""
     loss: Loss = ()
     """LossConfig fields every cell sets besides weighting, policy and beta (the mixing weight lambda, the
     anchor term): how the decoder is kept whole, not what is compared."""
@@ -109,8 +102,8 @@ class Cell:
     """The user task's name of the compared objective: the weighting and its repair; None in the synthetic jobs."""
     loss: Loss = ()
     """The arm's LossConfig fields, on top of the plan's."""
-    remedies: Remedies = ()
-    """RemedyConfig fields on top of the recipe's: a remedy's setting compared (scripts/demo_variants.py --norms)."""
+    overrides: Overrides = ()
+    """Dotted TrainConfig fields on top of the recipe's: a setting compared (scripts/demo_variants.py --norms)."""
 
     @property
     def label(self) -> str:
@@ -120,13 +113,13 @@ class Cell:
     def columns(self) -> dict:
         """Its columns in a job's cells.csv: the arm where there is one, what is compared, the arm's loss and remedy
         fields."""
-        axes = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("arm", "loss", "remedies")}
-        return ({} if self.arm is None else {"arm": self.arm}) | axes | dict(self.loss) | dict(self.remedies)
+        axes = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("arm", "loss", "overrides")}
+        return ({} if self.arm is None else {"arm": self.arm}) | axes | dict(self.loss) | dict(self.overrides)
 
 
 def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
-    """The cell's axes (latent, K, pathway, weighting, beta, seed) on the budget, then the recipe's
-    remedy fields by ``with_recipe``: a recipe says how to train, the cell what is compared."""
+    """The cell's axes (latent, K, pathway, weighting, beta, seed) on the budget, then the recipe's overrides
+    and the cell's own by ``with_recipe``: a recipe says how to train, the cell what is compared."""
     from tokweight.training.configs import CVAEConfig
     from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
@@ -136,12 +129,12 @@ def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
                     num_workers=0),
         cvae=CVAEConfig(latent=cell.latent, k=plan.k, cond=cell.cond,
                         slots=plan.prefix_slots if cell.cond == "prefix" else 1),
-        loss=LossConfig(weighting=cell.weighting, policy="precomputed", beta=b.beta(cell.beta),
+        loss=LossConfig(weighting=cell.weighting, policy="precomputed", beta=cell.beta,
+                        beta_warmup_steps=b.beta_warmup_steps,
                         **(dict(plan.loss) | dict(cell.loss))),
         optim=OptimConfig(steps=b.steps, starts=b.starts, batch_size=b.batch_size, lr=b.lr, seed=cell.seed),
         log=LogConfig(grad_diag_every=b.steps, ckpt_every=b.steps))
-    cfg = with_recipe(cfg, plan.recipe)
-    return replace(cfg, remedies=replace(cfg.remedies, **dict(cell.remedies))) if cell.remedies else cfg
+    return with_recipe(cfg, plan.recipe, dict(cell.overrides))
 
 
 def cell_spec(tcfg, prep: Prepared, decode_examples: int) -> dict:

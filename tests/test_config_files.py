@@ -1,0 +1,94 @@
+"""One configuration system: `train --config FILE` (TOML, or a run's own config.json), `--set group.field=value`
+reaching every field, and flags whose type and shown default come from the dataclasses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tokweight.cli import main
+from tokweight.config_files import build, flat, parse_value, preset, preset_names, with_sets, with_values
+from tokweight.flags import default_of, resolve
+from tokweight.train_cli import FLAGS, train_config
+from tokweight.training.configs import CVAEConfig
+from tokweight.training.train_config import IOConfig, TrainConfig
+
+IO = {"io": {"checkpoint": "/c", "data": "/d", "out": "/o", "store": "/s"}}
+
+
+def test_every_field_is_reached_by_set():
+    """Each leaf of the resolved config, set to its own value through --set, gives the same config back; a field
+    that does not exist is refused by its dotted name."""
+    default = TrainConfig.from_json(IO)
+    leaves = flat(default.to_json())
+    assert len(leaves) > 50
+    for key, value in leaves.items():
+        assert TrainConfig.from_json(with_values(default.to_json(), {key: value})) == default, key
+    changed = train_config(None, {}, ("io.checkpoint=/c", "io.data=/d", "io.out=/o", "io.store=/s", "loss.beta=0.5",
+                                      "estep.balance_iters=3", "optim.stop.patience=4", "cvae.cond=\"token\""))
+    assert (changed.loss.beta, changed.estep.balance_iters, changed.optim.stop.patience, changed.cvae.cond) == \
+        (0.5, 3, 4, "token")
+    with pytest.raises(ValueError, match=r"loss.betta"):
+        train_config(None, {}, ("io.checkpoint=/c", "io.data=/d", "io.out=/o", "io.store=/s", "loss.betta=0.5"))
+
+
+def test_a_flags_help_shows_the_dataclass_default_and_every_flag_names_a_field():
+    """The help of each flag, as `tokweight train --help` prints it, ends with the dataclass's default (or the
+    rule that resolves it)."""
+    helps = {opt.opts[0]: opt.help for opt in main.commands["train"].params}
+    assert CliRunner().invoke(main, ["train", "--help"]).exit_code == 0
+    for flag in FLAGS:
+        resolve(TrainConfig, flag.field)  # a field that exists
+        shown = flag.default if flag.default is not None else default_of(TrainConfig, flag.field)
+        if shown is None or flag.field in ("io.checkpoint", "io.data", "io.out"):
+            assert "[default:" not in helps[flag.name], flag.name
+            continue
+        assert helps[flag.name].endswith(f"[default: {shown}]"), (flag.name, helps[flag.name], shown)
+
+
+def test_a_toml_file_flags_and_set_apply_in_order(tmp_path):
+    path = tmp_path / "cfg.toml"
+    path.write_text('[io]\ncheckpoint = "/c"\ndata = "/d"\nout = "/o"\nstore = "/s"\n'
+                    '[loss]\nbeta = 0.7\nweighting = "sum"\n[optim]\nsteps = 50\n')
+    cfg = train_config(str(path), {"optim.steps": 60}, ("loss.beta=0.2",))
+    assert (cfg.loss.beta, cfg.loss.weighting, cfg.optim.steps) == (0.2, "sum", 60)
+    with pytest.raises(ValueError, match="missing --checkpoint, --data"):
+        train_config(None, {"io.out": "/o"}, ())
+    (tmp_path / "bad.toml").write_text("[loss\nbeta=")
+    with pytest.raises(ValueError, match="bad.toml: not a valid toml configuration"):
+        train_config(str(tmp_path / "bad.toml"), {}, ())
+    assert parse_value("0.5") == 0.5 and parse_value("true") is True and parse_value("prefix") == "prefix"
+    assert with_sets({}, ["a.b=[1, 2]"]) == {"a": {"b": [1, 2]}}
+
+
+def test_a_runs_own_config_json_trains_to_the_same_losses(tiny, tiny_store, tmp_path):
+    data, ckpt = tiny
+    args = ["train", "--checkpoint", str(ckpt), "--data", str(data), "--store", str(tiny_store), "--steps", "3",
+            "--batch-size", "8", "--num-workers", "0", "--log-every", "1", "--starts", "1"]
+    first = CliRunner().invoke(main, args + ["--out", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(main, ["train", "--config", str(tmp_path / "a" / "config.json"),
+                                      "--out", str(tmp_path / "b")])
+    assert again.exit_code == 0, again.output
+
+    def losses(run):
+        return [json.loads(x)["loss"] for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+                if '"loss"' in x]
+
+    assert losses("a") == losses("b") and len(losses("a")) == 3
+    refused = CliRunner().invoke(main, ["train", "--config", str(tmp_path / "a" / "config.json"), "--out",
+                                        str(tmp_path / "c"), "--set", "loss.nope=1"])
+    assert refused.exit_code == 1 and "loss.nope" in refused.output and "Traceback" not in refused.output
+
+
+def test_presets_are_files_built_into_their_dataclasses():
+    assert {"baseline", "default", "survival"} <= set(preset_names("recipes"))
+    with pytest.raises(ValueError, match="no recipes preset 'nope'"):
+        preset("recipes", "nope")
+    assert build(CVAEConfig, {"k": 3, "cond": "token"}) == CVAEConfig(k=3, cond="token")
+    with pytest.raises(ValueError, match="cvae.kk: no such field"):
+        build(CVAEConfig, {"kk": 3}, "cvae.")
+    assert build(TrainConfig, {"io": {"checkpoint": "c", "data": "d", "out": "o", "store": "s"}}).io == \
+        IOConfig(checkpoint="c", data="d", out="o", store="s")
