@@ -261,8 +261,8 @@ class HFCache:
 
 
 class HFBackbone(nn.Module):
-    """An ``AutoModelForCausalLM`` behind the built-in GPT's interface: ``hidden``, ``head``,
-    ``forward`` -> (logits, hidden), ``embed`` and ``wte`` (the input embedding)."""
+    """An ``AutoModelForCausalLM`` behind the built-in GPT's interface: ``hidden``, ``extend`` (decoding's
+    growing cache), ``head``, ``forward`` -> (logits, hidden), ``embed`` and ``wte`` (the input embedding)."""
 
     def __init__(self, model):
         super().__init__()

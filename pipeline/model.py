@@ -110,9 +110,10 @@ def nothing_before(N: int, device) -> SharedPrefix:
     return SharedPrefix(None, torch.zeros(N, 0, dtype=torch.bool, device=device))
 
 
-def memory_prefix(cache, memory: torch.Tensor) -> SharedPrefix:
-    """The prefix a memory (N, ...) makes: its one position, seen by every row, taking no position."""
-    return SharedPrefix(cache, torch.ones(len(memory), 1, dtype=torch.bool, device=memory.device), unpositioned=1)
+def memory_prefix(memory: torch.Tensor) -> SharedPrefix:
+    """The prefix a memory (N, ...) makes: its one position, seen by every row, taking no position (its cache
+    is the caller's)."""
+    return SharedPrefix(None, torch.ones(len(memory), 1, dtype=torch.bool, device=memory.device), unpositioned=1)
 
 
 def continues(prefix: SharedPrefix | None, memory: torch.Tensor | None, N: int, device) -> SharedPrefix:
@@ -120,7 +121,7 @@ def continues(prefix: SharedPrefix | None, memory: torch.Tensor | None, N: int, 
     without a cache: the caller holds it)."""
     if memory is not None:
         memory_alone(memory, prefix)  # refuses both
-        return memory_prefix(None, memory)
+        return memory_prefix(memory)
     return nothing_before(N, device) if prefix is None else prefix
 
 
