@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.extras import require
-from tokweight.pipeline.model import SharedPrefix, memory_alone, memory_layers, suffix_positions
+from tokweight.pipeline.model import SharedPrefix, continues, memory_layers, suffix_positions
 from tokweight.pipeline.templates import TEMPLATE_VERSION, TOKWEIGHT, Rendered, Template, cut_at_y, text_parts
 from tokweight.pipeline.vocab import SPECIALS, latent_token
 from tokweight.store.fingerprint import canonical_json
@@ -261,8 +261,8 @@ class HFCache:
 
 
 class HFBackbone(nn.Module):
-    """An ``AutoModelForCausalLM`` behind the built-in GPT's interface: ``hidden``, ``head``,
-    ``forward`` -> (logits, hidden), ``embed`` and ``wte`` (the input embedding)."""
+    """An ``AutoModelForCausalLM`` behind the built-in GPT's interface: ``hidden``, ``extend`` (decoding's
+    growing cache), ``head``, ``forward`` -> (logits, hidden), ``embed`` and ``wte`` (the input embedding)."""
 
     def __init__(self, model):
         super().__init__()
@@ -309,28 +309,45 @@ class HFBackbone(nn.Module):
         ``prefix`` (``self.prefix``), the L tokens continue it: its cache, a mask of the prefix positions
         each row sees, and positions from the row's prefix length. With a ``memory`` (``GPT.hidden``),
         they continue a cache holding its one position per layer (``memory_cache``), positions from 0."""
+        if prefix is not None or memory is not None:
+            return self.extend(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory)[0]
+        self._check(idx, ln_cond)
+        inputs = {"inputs_embeds": tok_emb} if tok_emb is not None else {"input_ids": idx}
+        return self.model.base_model(**inputs, use_cache=False).last_hidden_state
+
+    def extend(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
+               prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, SharedPrefix]:
+        """``hidden``'s (B, L, d) states, and the prefix a next token continues (``GPT.extend``): a
+        ``DynamicCache`` of what idx continued (a copy of ``prefix``'s, a ``memory``'s one position, or an empty
+        one), which the forward grows by idx's own L, with the mask of the positions each row sees."""
+        self._check(idx, ln_cond)
+        B, L = idx.shape
+        before = continues(prefix, memory, B, idx.device)
+        cache = self._cache(before, memory)
+        inputs = {"inputs_embeds": tok_emb} if tok_emb is not None else {"input_ids": idx}
+        inputs[self.cache_kwarg] = cache
+        own = torch.ones(B, L, dtype=torch.long, device=idx.device)
+        hidden = self.model.base_model(**inputs, use_cache=True, attention_mask=torch.cat([before.valid.long(), own], 1),
+                                       position_ids=suffix_positions(before, L, self.cfg.block_size, idx.device)
+                                       ).last_hidden_state
+        return hidden, before.continued(HFCache(cache), L)
+
+    def _check(self, idx: torch.Tensor, ln_cond: torch.Tensor | None) -> None:
         if ln_cond is not None:
             raise ValueError(f"the layernorm z pathway is not available on a {self.cfg.model_type!r} Hugging Face "
                              "backbone; use --cond token, prefix or memory")
-        B, L = idx.shape
-        if L > self.cfg.block_size:
-            raise ValueError(f"sequence length {L} exceeds the model's context of {self.cfg.block_size}")
-        inputs = {"inputs_embeds": tok_emb} if tok_emb is not None else {"input_ids": idx}
-        if prefix is None and memory is None:
-            return self.model.base_model(**inputs, use_cache=False).last_hidden_state
-        cache, seen, positions = self._past(prefix, memory, L)
-        inputs[self.cache_kwarg] = cache
-        own = torch.ones(B, L, dtype=torch.long, device=idx.device)
-        return self.model.base_model(**inputs, use_cache=True, attention_mask=torch.cat([seen.long(), own], 1),
-                                     position_ids=positions).last_hidden_state
+        if idx.shape[1] > self.cfg.block_size:
+            raise ValueError(f"sequence length {idx.shape[1]} exceeds the model's context of {self.cfg.block_size}")
 
-    def _past(self, prefix: SharedPrefix | None, memory: torch.Tensor | None, L: int) -> tuple:
-        """What L tokens continue: (a cache, the (B, P) positions of it each row sees, the tokens' (B, L) positions)."""
-        if memory is None:
-            return (prefix.cache.repeated(1).cache, prefix.valid,
-                    suffix_positions(prefix, L, self.cfg.block_size, prefix.valid.device))
-        seen = memory_alone(memory, prefix)
-        return self.memory_cache(memory), seen, torch.arange(L, device=seen.device).expand(len(seen), L)
+    def _cache(self, before: SharedPrefix, memory: torch.Tensor | None):
+        """The cache a forward continues and grows in place: a copy of a prefix's (which stays as it was), a new
+        one holding a memory's position, or an empty one."""
+        if memory is not None:
+            return self.memory_cache(memory)
+        if before.cache is not None:
+            return before.cache.repeated(1).cache
+        return _transformers().DynamicCache(config=self.model.config)
 
     def memory_cache(self, memory: torch.Tensor):
         """A ``DynamicCache`` pre-filled with the memory's one key/value position per layer (its layers typed by the

@@ -8,7 +8,8 @@ The CVAE hooks are optional arguments of `forward`:
 - `tok_emb` replaces the token embeddings (a continuous z written into latent slots);
 - `ln_cond` modulates every LayerNorm's scale and shift (z-conditioned LayerNorm);
 - `prefix` (from `GPT.prefix`) is a shared prefix's keys and values: the sequences given
-  continue it, so several continuations of one prefix compute it once;
+  continue it, so several continuations of one prefix compute it once; `GPT.extend` returns
+  one that holds its input too, so a decode runs each new token as one position against it;
 - `memory` is one extra key/value position per layer that every position attends to (z as
   memory, Optimus-style): given directly as keys and values, it has no position of its own.
 The model returns logits and the final hidden states, never a loss; ``hidden`` returns the
@@ -72,10 +73,15 @@ class KVCache:
 class SharedPrefix:
     """A prefix that suffixes continue: its keys and values, and which of its P positions each
     row may attend to (rows' prefixes differ in length; a shorter one is followed by tokens that
-    are not its own). Row r's suffix starts at position ``start[r]``."""
+    are not its own). Row r's suffix starts at position ``start[r]``.
+
+    Decoding grows one (``GPT.extend``): the prompt's keys and values, then one position per new token
+    (``continued``). A memory's one position leads such a cache; it is no token and takes no position
+    (``unpositioned``), so the tokens' positions are as without it."""
 
     cache: Any  # a backbone's cache with ``repeated(n)``: KVCache for the GPT
     valid: torch.Tensor  # (N, P) bool
+    unpositioned: int = 0  # leading cache positions that hold no token (a memory's one)
 
     @classmethod
     def of(cls, cache, lengths: torch.Tensor, width: int) -> SharedPrefix:
@@ -84,14 +90,39 @@ class SharedPrefix:
 
     @property
     def start(self) -> torch.Tensor:
-        return self.valid.sum(1)  # (N,) long: the valid positions are a row's first ``start``
+        return self.valid.sum(1) - self.unpositioned  # (N,) long: the position of the next token
 
     def repeated(self, n: int) -> SharedPrefix:
         """Each row ``n`` times, for as many suffixes: the prefix is still computed once, and the
         gradients of its copies sum into it."""
         if n == 1:
             return self
-        return SharedPrefix(self.cache.repeated(n), self.valid.repeat_interleave(n, 0))
+        return SharedPrefix(self.cache.repeated(n), self.valid.repeat_interleave(n, 0), self.unpositioned)
+
+    def continued(self, cache, L: int) -> SharedPrefix:
+        """This prefix followed by L tokens that every later token sees; ``cache`` holds all P + L positions."""
+        own = torch.ones(len(self.valid), L, dtype=torch.bool, device=self.valid.device)
+        return SharedPrefix(cache, torch.cat([self.valid, own], 1), self.unpositioned)
+
+
+def nothing_before(N: int, device) -> SharedPrefix:
+    """The prefix of sequences that start at position 0: no positions (its cache is never read)."""
+    return SharedPrefix(None, torch.zeros(N, 0, dtype=torch.bool, device=device))
+
+
+def memory_prefix(memory: torch.Tensor) -> SharedPrefix:
+    """The prefix a memory (N, ...) makes: its one position, seen by every row, taking no position (its cache
+    is the caller's)."""
+    return SharedPrefix(None, torch.ones(len(memory), 1, dtype=torch.bool, device=memory.device), unpositioned=1)
+
+
+def continues(prefix: SharedPrefix | None, memory: torch.Tensor | None, N: int, device) -> SharedPrefix:
+    """What N sequences continue, as a prefix: ``prefix``, a memory's one position, or nothing (the latter two
+    without a cache: the caller holds it)."""
+    if memory is not None:
+        memory_alone(memory, prefix)  # refuses both
+        return memory_prefix(memory)
+    return nothing_before(N, device) if prefix is None else prefix
 
 
 def memory_layers(memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -252,6 +283,18 @@ class GPT(nn.Module):
                  every position attends to; the tokens' positions still start at 0.
         """
         return self._blocks(idx, tok_emb, ln_cond, prefix, memory)[0]
+
+    def extend(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
+               prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, SharedPrefix]:
+        """``hidden``'s (B, L, d) states, and the prefix a next token continues: the keys and values idx continued
+        (``prefix``'s, a ``memory``'s one position, or none) followed by idx's own L. Decoding runs the prompt
+        through it once, then each new token against what the last call returned (``training.decode``)."""
+        hidden, own = self._blocks(idx, tok_emb, ln_cond, prefix, memory)
+        past, _ = self._past(prefix, memory)
+        layers = [kv if p is None else (torch.cat([p[0], kv[0]], 2), torch.cat([p[1], kv[1]], 2))
+                  for p, kv in zip(past, own)]  # per layer (keys, values), each (B, n_head, P + L, d_head)
+        return hidden, continues(prefix, memory, len(idx), idx.device).continued(KVCache(layers), idx.shape[1])
 
     def prefix(self, idx: torch.Tensor, lengths: torch.Tensor) -> SharedPrefix:
         """The keys and values of prefixes idx (B, P), row i's own being its first lengths[i] tokens."""

@@ -4,6 +4,11 @@ A decode continues the z-conditioned template up to where y starts (built-in tem
 <z> slots </z> <y>``; a chat template: the generation prompt, then the slots) one token at a time until
 every row has emitted the template's end token (``vocab.end_id``: ``</y>``, or the end of the turn). Each step runs the backbone's head on the
 last position only: (N, V) logits, never (N, L, V).
+
+The prompt, with what the z pathway puts in it, runs once and fills a key/value cache; each new token then
+runs as one position against it (``continue_cached``): a new token costs one position's work plus attention
+over the cache, not the whole sequence's. ``continue_until`` recomputes every position at every step: the
+reference.
 """
 
 from __future__ import annotations
@@ -58,6 +63,28 @@ def continue_until(next_logits, prefix: torch.Tensor, end: int, max_new: int, pi
         if done.all():
             break
     return ids
+
+
+@torch.no_grad()
+def continue_cached(backbone, prefix: torch.Tensor, end: int, max_new: int, pick: Pick = greedy, *,
+                    tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
+                    memory: torch.Tensor | None = None) -> torch.Tensor:
+    """``continue_until`` over ``backbone.hidden(ids, tok_emb=, ln_cond=, memory=)`` with a key/value cache: the
+    prompt ``prefix`` (N, L) runs once (``tok_emb`` (N, L, d) its embeddings, a ``memory`` the cache's first
+    position), then each new token one position against the cache, which grows by it (``backbone.extend``);
+    ``ln_cond`` modulates every position. The same tokens as recomputing every position at every step."""
+    if max_new < 1:
+        return prefix
+    hidden, past = backbone.extend(prefix, tok_emb=tok_emb, ln_cond=ln_cond, memory=memory)
+    out, done = [prefix], torch.zeros(len(prefix), dtype=torch.bool, device=prefix.device)
+    for step in range(max_new):
+        nxt = pick(backbone.head(hidden[:, -1]))  # (N,)
+        out.append(nxt[:, None])
+        done |= nxt == end
+        if step == max_new - 1 or done.all():
+            break
+        hidden, past = backbone.extend(nxt[:, None], ln_cond=ln_cond, prefix=past)  # (N, 1, d)
+    return torch.cat(out, 1)
 
 
 def until_end(row: list[int], end: int) -> list[int]:
@@ -117,10 +144,11 @@ def z_next_logits(model: CVAE, slot_pos: torch.Tensor, z: torch.Tensor, slot_ids
 
 @torch.no_grad()
 def decode_ids(model: CVAE, prompts: list[Prompt], z: torch.Tensor, slot_ids: torch.Tensor | None, end: int,
-               max_new: int | None, pick: Pick = greedy) -> list[list[int]]:
+               max_new: int | None, pick: Pick = greedy, *, cached: bool = True) -> list[list[int]]:
     """The ids of y (up to ``end``, excluded) for every (prompt, latent value): z (V, F) features, slot_ids (V,)
     or None. Returns len(prompts) * V id lists, prompt-major. Prompts are batched by length; max_new None: as
-    many tokens as the backbone's context leaves."""
+    many tokens as the backbone's context leaves. ``cached`` False: every step recomputes every position (the
+    reference the cached decode is tested against, and the benchmark's baseline)."""
     V, device = z.shape[0], next(model.parameters()).device
     groups, outputs = defaultdict(list), {}
     for i, p in enumerate(prompts):
@@ -129,9 +157,13 @@ def decode_ids(model: CVAE, prompts: list[Prompt], z: torch.Tensor, slot_ids: to
         prefix = torch.tensor([prompts[i].ids for i in idx], device=device).repeat_interleave(V, 0)  # (n*V, L)
         sid = None if slot_ids is None else slot_ids.to(device).repeat(len(idx))
         slot_pos = torch.tensor([slots], device=device).expand(len(prefix), len(slots))
-        next_logits = z_next_logits(model, slot_pos, z.to(device).repeat(len(idx), 1), sid)
-        room = model.backbone.cfg.block_size - length
-        rows = continue_until(next_logits, prefix, end, room if max_new is None else min(max_new, room), pick)
+        zs, room = z.to(device).repeat(len(idx), 1), model.backbone.cfg.block_size - length
+        n = room if max_new is None else min(max_new, room)
+        if cached:
+            inputs, kwargs = model.conditioning.decoder_inputs(model.backbone, prefix, slot_pos, zs, sid)
+            rows = continue_cached(model.backbone, inputs, end, n, pick, **kwargs)
+        else:
+            rows = continue_until(z_next_logits(model, slot_pos, zs, sid), prefix, end, n, pick)
         for row, ids in enumerate(rows[:, length:].tolist()):
             outputs[idx[row // V] * V + row % V] = until_end(ids, end)
     return [outputs[j] for j in range(len(prompts) * V)]

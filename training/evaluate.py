@@ -44,7 +44,7 @@ from tokweight.training.control import (label_free_control, likelihood_control, 
                                         z_use)
 from tokweight.training.cvae import CVAE
 from tokweight.training.data import StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows, split_urls
-from tokweight.training.decode import continue_until, greedy_decode, latent_values, until_end
+from tokweight.training.decode import continue_cached, continue_until, greedy_decode, latent_values, until_end
 from tokweight.training.metrics import contingency, kmeans, matched_labels
 from tokweight.training.run_dir import load_run
 from tokweight.training.stream import EvalStream, loader
@@ -73,9 +73,11 @@ class EvalConfig:
 
 
 @torch.no_grad()
-def base_greedy_decode(base, vocab, samples: list[Sample], max_new: int) -> list[tuple[str, ...]]:
+def base_greedy_decode(base, vocab, samples: list[Sample], max_new: int, *, cached: bool = True
+                       ) -> list[tuple[str, ...]]:
     """The base (z-free) model's greedy y for every sample, from its own template up to <y>: what the
-    entangled model does without a latent, the reference a decoder must not fall below."""
+    entangled model does without a latent, the reference a decoder must not fall below. ``cached`` False:
+    recomputing every position at every step (``decode.continue_until``, the reference)."""
     end, outputs, by_len = vocab.end_id, {}, defaultdict(list)
     device = next(base.parameters()).device
     for i, s in enumerate(samples):
@@ -84,7 +86,8 @@ def base_greedy_decode(base, vocab, samples: list[Sample], max_new: int) -> list
     for start, rows in by_len.items():
         prefix = torch.tensor([ids for _, ids in rows], device=device)
         room = min(max_new, base.cfg.block_size - start)
-        decoded = continue_until(lambda ids: base.head(base.hidden(ids)[:, -1]), prefix, end, room)
+        decoded = (continue_cached(base, prefix, end, room) if cached
+                   else continue_until(lambda ids: base.head(base.hidden(ids)[:, -1]), prefix, end, room))
         for (i, _), row in zip(rows, decoded[:, start:].tolist()):
             outputs[i] = tuple(vocab.decode(until_end(row, end)))
     return [outputs[i] for i in range(len(samples))]
