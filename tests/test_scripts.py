@@ -114,3 +114,14 @@ def test_merge_probe_ranks_each_values_strategy_among_the_bases_choices(tiny):
     shares = probe["base_choice_shares"](nll, hits, ["a", "b", "c"])
     assert np.allclose(shares[0], [0.5, 0.5, 0.0])  # a: 1st choice on input 0; c: 2nd on input 1
     assert np.allclose(shares[1], [0.5, 0.0, 0.5]) and np.allclose(shares[2], [0.0, 0.0, 0.5])
+
+
+def test_gpu_check_runs_every_stage_on_a_tiny_model_on_the_cpu(tmp_path, monkeypatch, capsys):
+    """The GPU check's stages, end to end, on the CPU: the script a lent device runs must not fail there first."""
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", str(tmp_path), "--small", "--device", "cpu", "--rows", "120"])
+    runpy.run_path(str(SCRIPTS[0].parent / "gpu_check.py"), run_name="__main__")
+    table = (tmp_path / "gpu_check.md").read_text()
+    stages = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "stage" not in line]
+    assert stages == ["convert", "extract", "train full", "train LoRA", "eval", "generate", "encode"]
+    assert (tmp_path / "run-lora" / "checkpoint" / "state.json").is_file()
+    assert len((tmp_path / "outputs.jsonl").read_text().splitlines()) == 64
