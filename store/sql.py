@@ -124,14 +124,18 @@ def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None 
     return con
 
 
-def add_posteriors(con: duckdb.DuckDBPyConnection, run: str | Path) -> None:
-    """The view ``posteriors`` over every ``RUN/posteriors-<split>.parquet`` (a ``split`` column tells them apart)."""
+def add_posteriors(con: duckdb.DuckDBPyConnection, run: str | Path, one_strategy: float = 0.9) -> None:
+    """The view ``posteriors`` over every ``RUN/posteriors-<split>.parquet`` (a ``split`` column tells them apart),
+    and ``latent_values``: per split and latent value, its examples, the shares of their strategy labels and its
+    status: "one strategy" when the most common label takes >= ``one_strategy`` of its labelled examples, "merge"
+    when a second takes >= 1 - ``one_strategy``, else "unreliable"; "no labels" without any."""
     files = sorted(Path(run).glob(POSTERIORS_FILE.format(split="*")))
     if not files:
         raise ValueError(f"run {run} holds no {POSTERIORS_FILE.format(split='<split>')}: write one with "
                          f"`tokweight encode --run {run} --data DATA --split SPLIT`")
     file_list = ", ".join(_sql_string(str(f)) for f in files)
     con.execute(f"CREATE VIEW posteriors AS SELECT * FROM read_parquet([{file_list}], union_by_name = true)")
+    con.execute(read_sql("latent_values").replace("$one_strategy", repr(float(one_strategy))))
 
 
 def _rows_source(con: duckdb.DuckDBPyConnection, view: StoreView, i: int, shards: Collection[str] | None) -> str:
@@ -225,7 +229,7 @@ def describe(con: duckdb.DuckDBPyConnection) -> str:
     """The documented views' columns and types, then the example queries."""
     lines = []
     has_posteriors = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'posteriors'").fetchone()[0]
-    for view in VIEWS + (("posteriors",) if has_posteriors else ()):
+    for view in VIEWS + (("posteriors", "latent_values") if has_posteriors else ()):
         lines.append(f"{view}:")
         for name, dtype, *_ in con.execute(f"DESCRIBE {view}").fetchall():
             lines.append(f"  {name:<22} {dtype}")

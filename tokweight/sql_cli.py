@@ -51,12 +51,13 @@ def sql_cmd(store, query, fingerprints, q, tau, eps, fmt, out, max_rows, exact_q
     import duckdb
 
     from tokweight.store.sql import QUANTILE_TOKENS, EstimatorParams, add_posteriors, connect, describe
+    from tokweight.training.control import ONE_STRATEGY
 
     try:
         con = connect(store, fingerprints, EstimatorParams(q=q, tau=tau, eps=eps),
                       quantile_tokens=None if exact_quantiles else QUANTILE_TOKENS)
         if run_dir is not None:
-            add_posteriors(con, run_dir)
+            add_posteriors(con, run_dir, ONE_STRATEGY)
         if query is None:
             click.echo(describe(con))
             return

@@ -67,6 +67,14 @@ the strategy matches at random, so the tilt's sign is a coin's, however long y i
 I(z; strategy) 0.001 tilted 0.33 nats on 17 tokens, a surprisal-share cell with 0.002 tilted 1.38, and one with
 0.024 tilted 5.0)."""
 OUTCOMES = ("z used, decoder whole", "z used, decoder damaged", "z not used")
+ONE_STRATEGY = 0.9
+"""A latent value names one strategy when at least this share of its decodes execute its most common strategy
+(synthetic data), or, where no decode says, of the labelled examples its posterior picks carry its most common
+label. Below it the value is a merge: a code the objective cannot tell from a strategy code (two values that
+share two strategies, each choosing per input), which reconstructs as well and means nothing across inputs."""
+VALUE_RULE = (f"a value names one strategy when >= {ONE_STRATEGY:g} of its decodes execute one strategy (synthetic "
+              f"data), else of the labelled examples its posterior picks carry one label; below that it is a merge, "
+              f"which decodes by a different strategy on different inputs")
 
 
 def reference_control(outputs: list, refs: list, assigned: list[int], latent_labels: dict) -> dict:
@@ -273,3 +281,40 @@ def z_statement(outcome: str, metrics: dict, control: dict, free: dict, likeliho
     if outcome != OUTCOMES[2]:
         parts.append(whole_reason)
     return f"{outcome}: " + "; ".join(parts) + "."
+
+
+def value_report(clusters: list[int], strategies: list, executes: dict | None, V: int) -> dict:
+    """Per latent value, whether it can be trusted to mean one strategy: the examples the posterior gives it
+    (clusters[i]: example i's value over the split; strategies[i] its label or None), their labels' shares, the
+    shares of strategies its decodes execute (``strategy_execution``'s ``executes``, synthetic data, or None),
+    and its status (``VALUE_RULE``, ``value_status``)."""
+    values = {}
+    for v in range(V):
+        labels = [s for c, s in zip(clusters, strategies) if c == v and s is not None]
+        row = {"examples": int(sum(c == v for c in clusters)), "labels": shares(labels),
+               "decodes": None if executes is None else dict(executes[str(v)])}
+        ranked = sorted(((p, n) for n, p in (row["decodes"] or row["labels"] or {}).items() if n != "none"),
+                        reverse=True)
+        row["strategy"], row["share"] = (ranked[0][1], ranked[0][0]) if ranked else (None, None)
+        row["status"] = value_status([p for p, _ in ranked])
+        values[str(v)] = row
+    return {"values": values, "rule": VALUE_RULE, "one_strategy": ONE_STRATEGY,
+            "trusted": [int(v) for v, r in values.items() if r["status"] == "one strategy"]}
+
+
+def value_status(ranked: list[float]) -> str:
+    """A value's status from the shares of its strategies, largest first: one strategy, a merge (a second one
+    takes >= 1 - ONE_STRATEGY), unreliable (it mostly executes no strategy) or unknown (nothing says)."""
+    if not ranked:
+        return "unknown"
+    if ranked[0] >= ONE_STRATEGY:
+        return "one strategy"
+    return "merge" if len(ranked) > 1 and ranked[1] >= 1 - ONE_STRATEGY else "unreliable"
+
+
+def shares(names: list) -> dict | None:
+    """{name: share} of a list of names, most common first; None for an empty list."""
+    if not names:
+        return None
+    counts = {n: names.count(n) for n in sorted(set(names))}
+    return {n: c / len(names) for n, c in sorted(counts.items(), key=lambda t: -t[1])}

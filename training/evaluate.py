@@ -41,7 +41,7 @@ from tokweight.pipeline.templates import template_ids, y_ids
 from tokweight.training.baselines import make_baseline
 from tokweight.training.losses import WeightingParams
 from tokweight.training.control import (label_free_control, likelihood_control, reference_control, strategy_execution,
-                                        z_use)
+                                        value_report, z_use)
 from tokweight.training.cvae import CVAE
 from tokweight.training.data import StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows, split_urls
 from tokweight.training.decode import continue_cached, continue_until, greedy_decode, latent_values, until_end
@@ -173,8 +173,9 @@ def run_eval(cfg: EvalConfig) -> dict:
                                [own_value[s.key] for s in samples]) if samples else {}
     likelihood = split_likelihood_control(records.rows, matched, metrics, tcfg.cvae.latent)
     verdict = z_use(metrics, decode, tcfg.cvae.latent, likelihood)
+    values = value_report(clusters.tolist(), records.rows["strategy"], decode.get("executes"), tcfg.cvae.k)
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,
-              "metrics": metrics, "z_used": verdict, "likelihood": likelihood, "decode": decode}
+              "metrics": metrics, "z_used": verdict, "likelihood": likelihood, "decode": decode, "values": values}
     Path(cfg.run, "eval.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 

@@ -12,8 +12,28 @@ from tokweight.training.control import CHANCE, CONTROL_RULE, MATCHING, RATES
 def write_eval_md(run: str | Path, evaluated: dict) -> Path:
     """RUN/eval.md of ``evaluated`` (what run_eval returned, or eval.json read back); its path."""
     path = Path(run, "eval.md")
-    path.write_text(eval_markdown(evaluated["metrics"], evaluated["decode"], evaluated["z_used"]))
+    text = eval_markdown(evaluated["metrics"], evaluated["decode"], evaluated["z_used"])
+    if evaluated.get("values"):
+        text += "\n" + "\n\n".join(values_section(evaluated["values"])) + "\n"
+    path.write_text(text)
     return path
+
+
+def values_section(report: dict) -> list[str]:
+    """eval.md's table of which latent values to trust (``control.value_report``)."""
+    def listed(shares: dict | None) -> str:
+        return "" if not shares else ", ".join(f"{n} {p:.2f}" for n, p in shares.items() if p >= 0.005)
+
+    rows = [[v, str(r["examples"]), listed(r["labels"]), listed(r["decodes"]), r["status"]]
+            for v, r in report["values"].items()]
+    trusted = report["trusted"]
+    said = (f"values naming one strategy: {', '.join(map(str, trusted))}" if trusted
+            else "no value names one strategy")
+    return ["## Which latent values to trust",
+            markdown_table(["latent", "examples (posterior)", "their labels", "strategies its decodes execute",
+                            "status"], rows),
+            f"{said}. Rule: {report['rule']}. A merge reconstructs as well as a strategy code, so the loss cannot "
+            "show it: a few labels (`train --labelled`) name the values."]
 
 
 def eval_markdown(metrics: dict, decode: dict, verdict: dict) -> str:
