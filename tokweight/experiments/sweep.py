@@ -14,7 +14,7 @@ of y's other tokens counts in the latter (it did in the first em-exact sweep, st
 The prediction concerns survival: whether a z that is in use outlives beta. So the default
 recipe, "survival", starts every cell from the same supervised warm start (z = the true
 strategy for 200 steps) and then trains the plain objective at the cell's beta; whether z
-can be *found* at all is the learnability question (docs/latent-learnability.md).
+can be *found* at all is the learnability question (docs/history/2026-11-latent-learnability.md).
 
 When no beta of the grid kept z there is no beta_c: it is reported as NO_BETA, never
 as 0. Data, base models, stores and cells are the experiment grid's (tokweight.experiments),
