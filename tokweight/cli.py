@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from tokweight.pipeline.data_option import DataSource
 from tokweight.pipeline.extract_cli import extract
 from tokweight.report.cli import evaluate as eval_cmd, inspect_cmd
 from tokweight.store.cli import store
@@ -126,7 +127,7 @@ def convert(jsonl, out, shard_size, on_bad, val_fraction, test_fraction, seed, s
 
 
 @main.command("train-base")
-@click.option("--data", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--data", type=DataSource(), required=True)
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Checkpoint directory.")
 @click.option("--preset", type=click.Choice(["tiny", "small", "default"]), default="default")
 @click.option("--steps", type=int, default=None)

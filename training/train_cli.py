@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import click
 
+from tokweight.pipeline.data_option import DataSource
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.training.configs import COND_MODES, POLICIES, WEIGHTINGS, CVAEConfig, EStepConfig, LoRAConfig
 from tokweight.training.convergence import StopRule
@@ -46,7 +47,7 @@ def with_labelled(latent: str | None, labelled: float | None) -> RemedyConfig | 
 @click.command("train")
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, resolve_path=True), required=True,
               help="Entangled checkpoint to initialise the CVAE from.")
-@click.option("--data", type=click.Path(exists=True, file_okay=False, resolve_path=True), required=True)
+@click.option("--data", type=DataSource(resolve=True), required=True)
 @click.option("--store", type=click.Path(file_okay=False, resolve_path=True), default=None,
               help="Baseline store root (`tokweight extract` wrote it); needed by the default policy.")
 @click.option("--out", type=click.Path(file_okay=False, resolve_path=True), required=True, help="Run directory (resumed if present).")
