@@ -124,7 +124,10 @@ def url_duplicates(directory: Path, fmt: str, records: list[Record], policy: str
     later: a committed part is not rewritten under its readers; the others follow in name order."""
     manifest = load_manifest(directory)
     committed = {p.name: p.sha256 for p in manifest.parts} if manifest is not None else {}
-    listed = lambda r: r.part is not None and committed.get(r.part.name) == r.part.sha256  # noqa: E731
+
+    def listed(record: Record) -> bool:
+        return record.part is not None and committed.get(record.part.name) == record.part.sha256
+
     first: dict[str, str] = {}
     for record in filter(listed, records):
         later_occurrences(first, where(record), part_keys(directory, fmt, record), "skip")
