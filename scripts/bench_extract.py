@@ -53,7 +53,7 @@ from tokweight.pipeline.bucketing import padded_fraction, plan_batches
 from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
                               score_batch, uses_reader_process)
-from tokweight.pipeline.extract_plan import InputShard, Task
+from tokweight.pipeline.extract_plan import InputShard, Task, run_inputs
 from tokweight.pipeline.shards import resolve_shards, shard_name
 from tokweight.pipeline.synth import PRESETS, write_dataset
 from tokweight.store.baseline_store import BaselineStore
@@ -184,6 +184,14 @@ def http_server(directory: Path):
         server.wait()
 
 
+def read_inputs(source: str, ckpt, batch_tokens: int) -> None:
+    """The reading stage over every input of ``source`` as extraction plans it: local tars hashed first, URLs
+    fetched as they are read."""
+    for i, shard in enumerate(run_inputs(source)[1]):
+        prepare_shard(Task(shard, f"part-{i:05d}.parquet", 0), ckpt.vocab, ckpt.model.cfg.block_size, "error",
+                      batch_tokens)
+
+
 def http_mode(args: argparse.Namespace, workdir: Path, data: Path, ckpt_dir: Path) -> None:
     """Extraction from the shards served over HTTP against from local disk: interleaved rounds, reader process."""
     root, paths = resolve_shards(data)
@@ -199,8 +207,13 @@ def http_mode(args: argparse.Namespace, workdir: Path, data: Path, ckpt_dir: Pat
 
         times, loads = interleaved({"local disk": lambda: extraction(str(data), "store-disk"),
                                     "HTTP": lambda: extraction(str(listing), "store-http")}, args.repeats)
+        ckpt = load_backbone(ckpt_dir)
+        reading = {name: timed(lambda: read_inputs(source, ckpt, args.batch_tokens))
+                   for name, source in (("local disk", str(data)), ("HTTP", str(listing)))}
     print(f"data: {data} ({len(paths)} shards, {sum(p.stat().st_size for p in paths) / 2**20:.1f} MiB), "
           f"threads={args.threads}, device={args.device}, reader process; {os.cpu_count()} CPUs")
+    print("reading alone, in this process (inputs hashed or fetched, read, encoded, batched): "
+          + ", ".join(f"{name} {t:.3f} s" for name, t in reading.items()))
     for name, ts in times.items():
         runs = ", ".join(f"{t:.2f} s at load {at:.2f}" for t, at in zip(ts, loads[name]))
         print(f"extract from {name:<11} median {statistics.median(ts):7.3f} s  (runs: {runs})")
