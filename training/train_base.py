@@ -32,7 +32,7 @@ from tokweight.pipeline.vocab import Vocab
 @dataclass(frozen=True)
 class BaseTrainConfig:
     data: str
-    """Dataset directory holding train/ and val/ shards (and dataset.json, if synthetic)."""
+    """Dataset directory holding train/ and val/ shards (and dataset.json, if synthetic), or their URLs."""
     out: str
     """Checkpoint directory to write."""
     steps: int = 1500
