@@ -1,4 +1,4 @@
-"""JSON lines or Parquet -> WebDataset shards in the docs/contract.md §5 schema, split into train/val/test, with a report.
+"""JSON lines or Parquet -> WebDataset shards (docs/contract.md §5), split into train/val/test, with a report.
 
 Each line is an object with ``x`` and ``y`` (lists of string tokens), optional
 ``strategy`` and ``t0``, and an optional ``key`` (default ``line-<lineno>``). Lines are
@@ -209,9 +209,9 @@ class _BadLines:
                 for neg, reason, message in sorted(self._kept, reverse=True)]
 
     def named(self) -> list[str]:
-        """"line 3 (reason: message)" of each listed bad line, as errors name them."""
-        return [f"{self.source.where(-neg)} ({reason}: {message})" for neg, reason, message in sorted(self._kept,
-                                                                                                         reverse=True)]
+        """'line 3 (reason: message)' of each listed bad line, as errors name them."""
+        listed = sorted(self._kept, reverse=True)  # by line
+        return [f"{self.source.where(-neg)} ({reason}: {message})" for neg, reason, message in listed]
 
 
 def _line_key(record: dict, lineno: int, source: JsonLines | ParquetRows) -> str:
@@ -257,7 +257,8 @@ class _Plan:
         if clean != key:
             self.dotted.append((lineno, key, split))
         elif key in self.taken:
-            raise SampleError("duplicate-key", f"key {key!r} is already the key of {self.source.where(self.taken[key])}")
+            holder = self.source.where(self.taken[key])
+            raise SampleError("duplicate-key", f"key {key!r} is already the key of {holder}")
         else:
             self._place(lineno, key, split)
 
@@ -266,8 +267,8 @@ class _Plan:
             clean = clean_key(key)
             holder = self.claimed.get(clean) or self.taken.get(clean)
             if holder:
-                self.bad.add(lineno, SampleError(
-                    "duplicate-key", f"key {key!r} cleans to {clean!r}, already the key of {self.source.where(holder)}"))
+                self.bad.add(lineno, SampleError("duplicate-key", f"key {key!r} cleans to {clean!r}, already the key "
+                                                                  f"of {self.source.where(holder)}"))
             else:
                 self._place(lineno, clean, split)
                 self.key_map[key] = clean

@@ -90,7 +90,8 @@ class ParquetRows:
             raise ValueError(f"--columns maps {', '.join(map(repr, unknown))}, which is no sample field: map "
                              f"{', '.join(SAMPLE_FIELDS)} (e.g. x=question,y=answer)")
         files = [pq.ParquetFile(p) for p in self.paths]
-        self.fields = [self._fields(path, f.schema_arrow.names, columns, split_field) for path, f in zip(self.paths, files)]
+        self.fields = [self._fields(path, f.schema_arrow.names, columns, split_field)
+                       for path, f in zip(self.paths, files)]
         self.starts = [0]  # global index - 1 of each file's first row
         for f in files:
             self.starts.append(self.starts[-1] + f.metadata.num_rows)

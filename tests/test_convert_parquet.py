@@ -75,7 +75,8 @@ def test_a_glob_of_files_is_read_in_name_order_and_rows_are_named_in_their_file(
 def test_missing_columns_and_bad_options_are_one_line_and_write_nothing(tmp_path):
     path = write_parquet(tmp_path / "qa.parquet", [{"question": ["a"], "answer": ["b"]}])
     cases = [
-        ([], f"{path}: no column for x, y; its columns are question, answer: map them with --columns x=COLUMN,y=COLUMN"),
+        ([], f"{path}: no column for x, y; its columns are question, answer: map them with --columns "
+             "x=COLUMN,y=COLUMN"),
         (["--columns", "x=question,y=reply"], f"{path}: no column for y (column 'reply'); its columns are question, "
                                               "answer: map them with --columns x=COLUMN,y=COLUMN"),
         (["--columns", "x=question,why=answer"], "--columns maps 'why', which is no sample field"),
@@ -85,7 +86,8 @@ def test_missing_columns_and_bad_options_are_one_line_and_write_nothing(tmp_path
         result = CliRunner().invoke(main, ["convert", "--parquet", str(path), "--out", str(tmp_path / "o"), *extra])
         assert result.exit_code != 0 and expected in result.stderr and "Traceback" not in result.output, result.stderr
     assert not (tmp_path / "o").exists()
-    both = CliRunner().invoke(main, ["convert", "--parquet", str(path), "--jsonl", str(path), "--out", str(tmp_path / "o")])
+    both = CliRunner().invoke(main, ["convert", "--parquet", str(path), "--jsonl", str(path),
+                                     "--out", str(tmp_path / "o")])
     assert both.exit_code == 1 and "either a JSON lines file (--jsonl) or Parquet (--parquet)" in both.stderr
     ok = CliRunner().invoke(main, ["convert", "--parquet", str(path), "--columns", "x=question,y=answer",
                                    "--out", str(tmp_path / "o")])

@@ -37,7 +37,7 @@ from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import dataset_json, iter_shard, resolve_shards, shard_name
 from tokweight.pipeline.templates import Batch, Layout, check_length, collate, s_targets, template_ids
-from tokweight.pipeline.urls import FetchError, Retry, ShardChangedError, fetch, is_url, is_url_data
+from tokweight.pipeline.urls import Retry, ShardChangedError, fetch, is_url, is_url_data
 from tokweight.pipeline.vocab import Vocab, checkpoint_vocab
 
 
