@@ -107,3 +107,17 @@ def test_train_base_train_and_eval_take_urls(tiny, served, tmp_path):
     assert server.requests["test/shard-000000.tar"] >= 1
     encoded = CliRunner().invoke(main, ["encode", "--run", run, "--data", data, "--split", "val"])
     assert encoded.exit_code == 0, encoded.output
+
+
+def test_the_experiment_splits_urls_and_keys_them_by_the_content_the_store_streamed(tiny, served):
+    from tokweight.training.experiments.artefacts import data_key
+    from tokweight.training.experiments.own_task.inputs import content_key, dataset, split_shards
+
+    server, data, store = served
+    assert dataset(data) == data and dataset(str(tiny[0])) == tiny[0]
+    shards = split_shards(dataset(data))
+    assert shards["test"] == [server.url("test/shard-000000.tar")] and len(shards["train"]) == 4
+    fingerprint = load_checkpoint(tiny[1]).fingerprint
+    assert content_key(data, shards, store, fingerprint) == data_key(tiny[0], split_shards(tiny[0]))
+    with pytest.raises(ValueError, match=r"has no 'val' split with shards \(http://.*/val/\)"):
+        split_shards(server.url("{train,test}/shard-000000.tar"))
