@@ -121,3 +121,11 @@ def test_the_experiment_splits_urls_and_keys_them_by_the_content_the_store_strea
     assert content_key(data, shards, store, fingerprint) == data_key(tiny[0], split_shards(tiny[0]))
     with pytest.raises(ValueError, match=r"has no 'val' split with shards \(http://.*/val/\)"):
         split_shards(server.url("{train,test}/shard-000000.tar"))
+
+
+def test_ground_truth_for_inspect_is_read_from_urls(tiny, tiny_store, served):
+    from tokweight.pipeline.labels import ground_truth_from_data
+
+    server, data, store = served
+    over_http = ground_truth_from_data(store, [], data)
+    assert over_http.num_rows == 768 and over_http.equals(ground_truth_from_data(tiny_store, [], str(tiny[0])))
