@@ -1,8 +1,11 @@
-"""JSON lines -> WebDataset shards in the docs/contract.md §5 schema, split into train/val/test, with a report.
+"""JSON lines or Parquet -> WebDataset shards (docs/contract.md §5), split into train/val/test, with a report.
 
 Each line is an object with ``x`` and ``y`` (lists of string tokens), optional
 ``strategy`` and ``t0``, and an optional ``key`` (default ``line-<lineno>``). Lines are
-checked exactly as ``parse_sample`` checks shard samples.
+checked exactly as ``parse_sample`` checks shard samples. Parquet rows are records the
+same way, their columns mapped to those fields (``columns``; a null is an absent field, a
+row's default key ``row-<n>``), read row group by row group; everything said below of
+lines holds of rows (pipeline.convert_sources).
 
 Keys. A legal key (no '.', '/' or whitespace) is stored unchanged. Any other key is
 cleaned (those characters become '_') only when the clean key is free: no line of the
@@ -18,29 +21,28 @@ added or removed, or by a field of each line (``split_field``).
 Two passes over the file: the first checks every line and decides its key and split
 (every legal key must be known before a dotted key may take its clean form), so a bad
 line under ``on_bad="error"`` stops the run before anything is written; the second
-writes each split's shards, decoding only that split's lines again.
+writes each split's shards, decoding only that split's lines again. Neither holds the
+file: per line, only its split and its stored key are kept.
 """
 
 from __future__ import annotations
 
 import hashlib
 import heapq
-import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from tokweight.pipeline.convert_sources import SAMPLE_FIELDS, JsonLines, ParquetRows
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.samples import Sample, sample_from_record
 from tokweight.pipeline.shards import prepare_output_dir, shard_name, write_shards
 from tokweight.store.durable import write_json_atomic
-from tokweight.store.parts import sha256_path
 
 _UNSAFE = re.compile(r"[.\s/]")
 _SPLIT_NAME = re.compile(r"[a-z0-9_-]+")
 SPLIT_ORDER = ("train", "val", "test")  # dataset.json lists these first, then any others by name
-SAMPLE_FIELDS = ("key", "x", "y", "strategy", "t0")
 DEFAULT_FRACTION = 0.1  # val and test each, when neither a fraction nor a split field is given
 MAX_LISTED_BAD_LINES = 100  # in dataset.json; the count is always complete
 ERROR_LISTED = 5  # bad lines named in the error message
@@ -131,10 +133,10 @@ def _split_order(name: str) -> tuple[int, str]:
 
 @dataclass(frozen=True)
 class ConvertConfig:
-    """One conversion of a JSON lines file into a dataset directory."""
+    """One conversion of a JSON lines file, or Parquet files, into a dataset directory."""
 
-    jsonl: str
-    """The JSON lines file."""
+    jsonl: str | None
+    """The JSON lines file (or None, and ``parquet``)."""
     out: str
     """The dataset directory: ``<split>/shard-NNNNNN.tar`` and ``dataset.json``."""
     shard_size: int = 1000
@@ -151,8 +153,18 @@ class ConvertConfig:
     """Take each line's split from this field instead of the key hash."""
     overwrite: bool = False
     """Replace a dataset ``out`` already holds (its shards and dataset.json are deleted first)."""
+    parquet: str | None = None
+    """A Parquet file or a glob of them, read instead of ``jsonl``."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """Parquet: sample field -> column ({"x": "question", "y": "answer"}); a field not given reads the column
+    of its own name where there is one."""
 
     def __post_init__(self):
+        if (self.jsonl is None) == (self.parquet is None):
+            raise ValueError("convert reads one source: give either a JSON lines file (--jsonl) or Parquet "
+                             "(--parquet), not both or neither")
+        if self.columns and self.parquet is None:
+            raise ValueError("--columns maps Parquet columns: it needs --parquet")
         if self.on_bad not in ("error", "skip"):
             raise ValueError(f"on_bad must be 'error' or 'skip', got {self.on_bad!r}")
         if self.shard_size < 1:
@@ -168,6 +180,11 @@ class ConvertConfig:
                              "--test-fraction")
         return FieldSplit(self.split_field)
 
+    def source(self) -> JsonLines | ParquetRows:
+        if self.jsonl is not None:
+            return JsonLines(self.jsonl)
+        return ParquetRows(self.parquet, self.columns, self.split_field)
+
 
 # ---------------------------------------------------------------- pass one: every line's fate
 
@@ -175,7 +192,8 @@ class ConvertConfig:
 class _BadLines:
     """Bad lines: the count, and the first ``MAX_LISTED_BAD_LINES`` by line number (found in any order)."""
 
-    def __init__(self):
+    def __init__(self, source: JsonLines | ParquetRows):
+        self.source = source
         self.count = 0
         self._kept: list[tuple[int, str, str]] = []  # a heap of (-line, reason, message): the largest line on top
 
@@ -186,28 +204,19 @@ class _BadLines:
             heapq.heappop(self._kept)
 
     def listed(self) -> list[dict]:
-        return [{"line": -neg, "reason": reason, "message": message}
+        """{"line": N} (Parquet: {"file", "row"}), "reason", "message" of each listed bad line, in file order."""
+        return [{**self.source.entry(-neg), "reason": reason, "message": message}
                 for neg, reason, message in sorted(self._kept, reverse=True)]
 
-
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    with open(path, "rb") as lines:  # split on b"\n" only, decode line by line
-        yield from enumerate(lines, start=1)
-
-
-def _decode(line: bytes) -> dict:
-    try:
-        record = json.loads(line.rstrip(b"\r\n").decode("utf-8"))  # so the error's "line 1" is this line
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SampleError("bad-json", f"json does not decode: {exc}") from None
-    if not isinstance(record, dict):
-        raise SampleError("wrong-type", f"line must hold a json object, got {type(record).__name__}")
-    return record
+    def named(self) -> list[str]:
+        """'line 3 (reason: message)' of each listed bad line, as errors name them."""
+        listed = sorted(self._kept, reverse=True)  # by line
+        return [f"{self.source.where(-neg)} ({reason}: {message})" for neg, reason, message in listed]
 
 
-def _line_key(record: dict, lineno: int) -> str:
+def _line_key(record: dict, lineno: int, source: JsonLines | ParquetRows) -> str:
     """The line's own key, as written (not yet cleaned)."""
-    key = record.get("key", f"line-{lineno}")
+    key = record.get("key", source.default_key(lineno))
     if not isinstance(key, str) or not key.strip():
         raise SampleError("bad-key", f"field 'key' must be a non-empty string, got {key!r}")
     return key
@@ -216,31 +225,30 @@ def _line_key(record: dict, lineno: int) -> str:
 class _Plan:
     """Pass one: each line's split (None: blank, bad or refused) and stored key, before a shard is written."""
 
-    def __init__(self, rule: HashSplit | FieldSplit):
-        self.rule = rule
+    def __init__(self, rule: HashSplit | FieldSplit, source: JsonLines | ParquetRows):
+        self.rule, self.source = rule, source
         self.split_of_line: list[str | None] = []  # index lineno - 1
-        self.bad, self.blank = _BadLines(), 0
+        self.bad, self.blank = _BadLines(source), 0
         self.claimed: dict[str, int] = {}  # legal key -> first line holding it, bad lines too: never cleaned into
         self.taken: dict[str, int] = {}  # stored key -> the line that will be written under it
         self.dotted: list[tuple[int, str, str]] = []  # (line, key, split): decided once every legal key is known
         self.key_map: dict[str, str] = {}  # original -> stored, for cleaned keys
 
-    def read(self, path: Path) -> _Plan:
-        for lineno, line in _lines(path):
+    def read(self) -> _Plan:
+        for lineno, line in self.source.records():
             self.split_of_line.append(None)
-            if not line.strip():
+            if self.source.blank(line):
                 self.blank += 1
                 continue
             try:
-                self._check(lineno, line)
+                self._check(lineno, self.source.decode(line))
             except SampleError as error:
                 self.bad.add(lineno, error)
         self._clean_dotted()
         return self
 
-    def _check(self, lineno: int, line: bytes) -> None:
-        record = _decode(line)
-        key = _line_key(record, lineno)
+    def _check(self, lineno: int, record: dict) -> None:
+        key = _line_key(record, lineno, self.source)
         clean = clean_key(key)
         if clean == key:
             self.claimed.setdefault(key, lineno)
@@ -249,7 +257,8 @@ class _Plan:
         if clean != key:
             self.dotted.append((lineno, key, split))
         elif key in self.taken:
-            raise SampleError("duplicate-key", f"key {key!r} is already the key of line {self.taken[key]}")
+            holder = self.source.where(self.taken[key])
+            raise SampleError("duplicate-key", f"key {key!r} is already the key of {holder}")
         else:
             self._place(lineno, key, split)
 
@@ -258,8 +267,8 @@ class _Plan:
             clean = clean_key(key)
             holder = self.claimed.get(clean) or self.taken.get(clean)
             if holder:
-                self.bad.add(lineno, SampleError(
-                    "duplicate-key", f"key {key!r} cleans to {clean!r}, already the key of line {holder}"))
+                self.bad.add(lineno, SampleError("duplicate-key", f"key {key!r} cleans to {clean!r}, already the key "
+                                                                  f"of {self.source.where(holder)}"))
             else:
                 self._place(lineno, clean, split)
                 self.key_map[key] = clean
@@ -273,10 +282,10 @@ class _Plan:
         return sorted(seen | set(self.rule.names()), key=_split_order)
 
 
-def _bad_lines_error(path: Path, bad: _BadLines) -> ValueError:
-    listed = ", ".join(f"line {b['line']} ({b['reason']}: {b['message']})" for b in bad.listed()[:ERROR_LISTED])
+def _bad_lines_error(bad: _BadLines) -> ValueError:
+    listed = ", ".join(bad.named()[:ERROR_LISTED])
     more = f", and {bad.count - ERROR_LISTED} more" if bad.count > ERROR_LISTED else ""
-    return ValueError(f"{path}: {bad.count} bad line(s): {listed}{more}; "
+    return ValueError(f"{bad.source.label}: {bad.count} bad {bad.source.unit}(s): {listed}{more}; "
                       "fix them, or skip them with `tokweight convert --on-bad skip` (on_bad='skip')")
 
 
@@ -342,20 +351,21 @@ class _Vocabulary:
         return sample
 
 
-def _split_samples(path: Path, plan: _Plan, name: str, vocab: _Vocabulary) -> Iterator[Sample]:
+def _split_samples(plan: _Plan, name: str, vocab: _Vocabulary) -> Iterator[Sample]:
     """Split ``name``'s samples in line order, under their stored keys (its lines were checked in pass one)."""
-    for split, (lineno, line) in zip(plan.split_of_line, _lines(path)):
+    source = plan.source
+    for split, (lineno, line) in zip(plan.split_of_line, source.records()):
         if split == name:
-            record = _decode(line)
-            yield vocab.note(sample_from_record(record, clean_key(_line_key(record, lineno))))
+            record = source.decode(line)
+            yield vocab.note(sample_from_record(record, clean_key(_line_key(record, lineno, source))))
 
 
 def _write_splits(cfg: ConvertConfig, plan: _Plan, vocab: _Vocabulary) -> dict:
-    path, out_dir = Path(cfg.jsonl), Path(cfg.out)
+    out_dir = Path(cfg.out)
     counts = {name: plan.split_of_line.count(name) for name in plan.split_names()}
     splits = {}
     for name, samples in counts.items():
-        shards = write_shards(_split_samples(path, plan, name, vocab), out_dir / name, shard_size=cfg.shard_size)
+        shards = write_shards(_split_samples(plan, name, vocab), out_dir / name, shard_size=cfg.shard_size)
         splits[name] = {"samples": samples, "shards": [shard_name(out_dir, p) for p in shards]}
     return splits
 
@@ -365,17 +375,18 @@ def _write_dataset(cfg: ConvertConfig, plan: _Plan) -> dict:
     prepare_output_dir(cfg.out, overwrite=cfg.overwrite)
     vocab = _Vocabulary()
     splits = _write_splits(cfg, plan, vocab)
-    sha256, size = sha256_path(cfg.jsonl)
+    unit = plan.source.unit
     info = {
         "generator": "tokweight.convert",
-        "source": {"name": Path(cfg.jsonl).name, "size": size, "sha256": sha256},
-        "config": {"shard_size": cfg.shard_size, "on_bad": cfg.on_bad, "split": plan.rule.describe()},
+        "source": plan.source.describe(),
+        "config": {"shard_size": cfg.shard_size, "on_bad": cfg.on_bad, "split": plan.rule.describe(),
+                   **({"columns": dict(cfg.columns)} if cfg.parquet is not None else {})},
         "symbols": sorted(vocab.symbols),
         "strategies": sorted(vocab.strategies),  # pipeline.labels reads them: latent value k <-> strategies[k]
         "splits": splits,
         "key_map": plan.key_map,
-        "bad_lines": {"count": plan.bad.count, "lines": plan.bad.listed()},
-        "blank_lines": plan.blank,
+        f"bad_{unit}s": {"count": plan.bad.count, f"{unit}s": plan.bad.listed()},
+        **({"blank_lines": plan.blank} if cfg.jsonl is not None else {}),
     }
     write_json_atomic(Path(cfg.out) / "dataset.json", info)
     return info
@@ -390,9 +401,9 @@ def run(cfg: ConvertConfig) -> dict:
     """
     out_dir = Path(cfg.out)
     _refuse_existing(out_dir, cfg.overwrite)
-    plan = _Plan(cfg.rule()).read(Path(cfg.jsonl))
+    plan = _Plan(cfg.rule(), cfg.source()).read()
     if plan.bad.count and cfg.on_bad == "error":
-        raise _bad_lines_error(Path(cfg.jsonl), plan.bad)
+        raise _bad_lines_error(plan.bad)
     created = _first_missing(out_dir)
     try:
         return _write_dataset(cfg, plan)

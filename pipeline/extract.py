@@ -2,7 +2,8 @@
 
 Per input shard, a stream of stages:
 
-    read_samples   tar -> Sample, in shard order (bad samples raise or are counted)
+    read_samples   tar (a local file, or a URL's bytes fetched once) -> Sample, in shard order
+                   (bad samples raise or are counted)
     drop_later_occurrences   Sample -> Sample: keys an earlier shard of the run has are duplicates
     encode         Sample -> Encoded: z-free ids, layout, position in the shard
     ShardBatches   Encoded -> batches of similar length (pipeline.bucketing), collated
@@ -20,6 +21,8 @@ rank 0 takes the store lock and plans (``pipeline.extract_plan``: which parts ar
 on disk with a matching sha256, which are to be written, under which names); each rank
 writes its shards' parts (temp name, fsync, rename) and a journal record per part; rank 0
 commits the manifest last. An exception commits nothing; re-running resumes from the journal.
+Keys must be unique across shards: local tars are checked before anything is read, URLs as
+they are read and again before the commit (``pipeline.extract_plan``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import tarfile
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -44,10 +47,12 @@ from tokweight.pipeline.checkpoint import Checkpoint
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.extract_reader import cpus_per_process, read_ahead, reader_pays
-from tokweight.pipeline.extract_plan import Plan, Task, cross_shard_duplicates, make_plan, skip_duplicates
+from tokweight.pipeline.extract_plan import (Plan, Task, cross_shard_duplicates, later_occurrences, make_plan,
+                                            run_inputs, skip_duplicates, url_duplicates, where)
 from tokweight.pipeline.ranks import RankFailed, Ranks, resolve_device
 from tokweight.pipeline.samples import Sample
-from tokweight.pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name, tar_keys
+from tokweight.pipeline.shards import iter_shard, scan_shard, tar_keys
+from tokweight.pipeline.urls import Retry, fetch, is_url_data
 from tokweight.pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate,
                                          template_ids, template_option)
 from tokweight.pipeline.vocab import Vocab
@@ -57,7 +62,7 @@ from tokweight.store.lock import StoreLock
 from tokweight.store.manifest import Manifest, Provenance, Record
 from tokweight.store.resume import remove_temporaries
 from tokweight.store.schema import PART_SCHEMA
-from tokweight.store.writer import StoreWriter, hash_inputs
+from tokweight.store.writer import InputShard, StoreWriter, refuse_identical
 
 POLICIES = ("error", "skip")
 
@@ -67,7 +72,8 @@ class ExtractConfig:
     checkpoint: str
     """Checkpoint directory of the frozen z-free (entangled) base model."""
     data: str
-    """Dataset directory (every *.tar below it) or a glob of shards."""
+    """Dataset directory (every *.tar below it), a glob of shards, or URLs (pipeline.urls): a brace pattern of
+    http(s):// or pipe: URLs, or a file listing one per line."""
     store: str
     """Store root; parts go to STORE/fingerprint=<checkpoint fingerprint>/."""
     format: str = PARQUET
@@ -94,6 +100,8 @@ class ExtractConfig:
     """True: read, parse, encode and batch shards in a separate (spawned) process, ahead of the model, on
     another core; False: all in this process (no ~2 s worker start: tiny inputs, tests); None (default):
     a reader process where it pays, by ``reader_pays`` (CPUs, torch threads, device). Same parts either way."""
+    retry: Retry = Retry()
+    """How a URL that fails transiently is retried (attempts, backoff); local shards are not retried."""
 
     def __post_init__(self):
         check_format(self.format)
@@ -126,11 +134,12 @@ class Encoded:
 ErrorHandler = Callable[[SampleError], None] | None
 
 
-def read_samples(path: Path, shard: str, on_error: ErrorHandler,
-                 members: list[tarfile.TarInfo] | None = None) -> Iterator[Sample]:
+def read_samples(path: Path | str, shard: str, on_error: ErrorHandler,
+                 members: list[tarfile.TarInfo] | None = None, data: bytes | None = None) -> Iterator[Sample]:
     """Stage: one shard's valid samples in file order (shards.iter_shard does the per-sample checks,
-    dotted keys included). members: ``scan_shard(path)`` if the caller has scanned the tar already."""
-    for _, sample in iter_shard(path, on_error=on_error, members=members, name=shard):
+    dotted keys included). members: ``scan_shard(path)`` if the caller has scanned the tar already;
+    data: the bytes of the URL ``path``, fetched once (``read_input``)."""
+    for _, sample in iter_shard(path, on_error=on_error, members=members, name=shard, data=data):
         yield sample
 
 
@@ -320,13 +329,25 @@ class PreparedShard:
     in_tar: int  # samples in the tar: rows + skipped (a duplicate's extra copies are not samples)
 
 
-def prepare_shard(task: Task, vocab: Vocab, block_size: int, policy: str, batch_tokens: int) -> PreparedShard:
+def read_input(task: Task, retry: Retry) -> tuple[Task, bytes | None]:
+    """(the task, None) for a local tar; for a URL its bytes, fetched once, and the task with their size and
+    sha256. A URL read before (its size and sha256 known) must give the same bytes: ShardChangedError."""
+    shard = task.shard
+    if shard.url is None:
+        return task, None
+    fetched = fetch(shard.url, retry, None if shard.sha256 is None else (shard.size, shard.sha256))
+    return replace(task, shard=replace(shard, size=fetched.size, sha256=fetched.sha256)), fetched.data
+
+
+def prepare_shard(task: Task, vocab: Vocab, block_size: int, policy: str, batch_tokens: int,
+                  retry: Retry = Retry()) -> PreparedShard:
     """Read, encode and batch one shard. A truncated tar raises, or under 'skip' is marked whole."""
     skips = None if policy == "error" else ShardSkips()
     name = task.shard.name
+    task, data = read_input(task, retry)  # a URL's fault raises FetchError, whatever the policy
     try:
-        members = scan_shard(task.shard.path, name)
-        samples = read_samples(task.shard.path, name, skips, members)  # stream: Sample, file order
+        members = scan_shard(task.shard.source if data is None else data, name)
+        samples = read_samples(task.shard.source, name, skips, members, data)  # stream: Sample, file order
         samples = drop_later_occurrences(samples, task.duplicates, name, skips)  # keys unique across shards
         encoded = list(encode(samples, vocab, block_size, name, skips))  # Encoded, file order
     except SampleError as error:
@@ -354,10 +375,30 @@ def uses_reader_process(cfg: ExtractConfig, tasks: int) -> bool:
 
 def prepared_shards(tasks: list[Task], vocab: Vocab, block_size: int, cfg: ExtractConfig) -> Iterator[PreparedShard]:
     """Stage: the rank's tasks, prepared, in order: here, or read ahead by a reader process
-    (``uses_reader_process``, pipeline.extract_reader)."""
+    (``uses_reader_process``, pipeline.extract_reader); URLs' keys checked across the rank's shards."""
     prepare = partial(prepare_shard, vocab=vocab, block_size=block_size, policy=cfg.on_bad_sample,
-                      batch_tokens=cfg.batch_tokens)
-    yield from (read_ahead(tasks, prepare) if uses_reader_process(cfg, len(tasks)) else map(prepare, tasks))
+                      batch_tokens=cfg.batch_tokens, retry=cfg.retry)
+    prepared = read_ahead(tasks, prepare) if uses_reader_process(cfg, len(tasks)) else map(prepare, tasks)
+    if tasks and tasks[0].shard.url is not None:
+        prepared = unique_across_shards(prepared, prepare, cfg.on_bad_sample)
+    yield from prepared
+
+
+def unique_across_shards(prepared: Iterator[PreparedShard], prepare: Callable[[Task], PreparedShard],
+                         policy: str) -> Iterator[PreparedShard]:
+    """Stage (URLs, whose keys are known only once read): a key that an earlier shard of this rank holds
+    raises (``later_occurrences``), or under 'skip' the shard is read again (``prepare``) leaving it out:
+    rare, and its bytes must not have changed. Keys of other ranks' shards are checked before the commit."""
+    first: dict[str, str] = {}  # key -> the first shard (as ``where`` names it) that holds it
+    try:
+        for shard in prepared:
+            keys = [] if shard.rows is None else shard.rows.keys
+            later = later_occurrences(first, where(shard.task.shard), keys, policy)
+            if later:
+                shard = prepare(replace(shard.task, duplicates={**shard.task.duplicates, **later}))
+            yield shard
+    finally:
+        getattr(prepared, "close", lambda: None)()
 
 
 def extract_part(prepared: PreparedShard, table: pa.Table | None, writer: StoreWriter) -> Record:
@@ -373,10 +414,11 @@ def extract_part(prepared: PreparedShard, table: pa.Table | None, writer: StoreW
                              prepared.skipped_keys)
 
 
-def provenance(ckpt: Checkpoint, cfg: ExtractConfig, data_root: Path) -> Provenance:
+def provenance(ckpt: Checkpoint, cfg: ExtractConfig, data_root: Path | str) -> Provenance:
+    root = data_root if isinstance(data_root, str) else str(data_root.resolve())  # a root URL, or a folder
     return Provenance(template_version=TEMPLATE_VERSION, checkpoint_path=str(Path(cfg.checkpoint).resolve()),
                       model_config=ckpt.model.cfg.to_json(), vocab=tuple(ckpt.vocab.tokens),
-                      data_root=str(data_root.resolve()), extract_config=asdict(cfg),
+                      data_root=root, extract_config=asdict(cfg),
                       template=ckpt.vocab.template.to_json())
 
 
@@ -395,15 +437,34 @@ def _plan_on_rank0(cfg: ExtractConfig, directory: Path, ranks: Ranks, lock: Stor
         try:
             lock.acquire()
             remove_temporaries(directory)
-            root, paths = resolve_shards(cfg.data)
-            shards = hash_inputs({shard_name(root, path): path for path in paths})
-            plan = make_plan(directory, shards, cfg.format, ranks.world)
-            if not plan.committed:  # keys unique across every rank's shards: one check, here
+            root, shards = run_inputs(cfg.data)
+            urls = is_url_data(cfg.data)
+            plan = make_plan(directory, shards, cfg.format, ranks.world, cfg.retry if urls else None)
+            if not plan.committed and not urls:  # keys unique across every rank's shards: one check, here
                 plan.tasks = skip_duplicates(plan.tasks, cross_shard_duplicates(shards, cfg.on_bad_sample))
             result = (root, shards, plan)
         except Exception as e:  # every rank must learn that there is no plan
             result = e
     return ranks.broadcast(result)
+
+
+def _unique_urls(records: list[Record], ckpt: Checkpoint, cfg: ExtractConfig, writer: StoreWriter,
+                 device: torch.device) -> list[Record]:
+    """This run's records, checked before the commit (rank 0, URLs): two inputs of identical content are
+    refused, and a key that an earlier shard's part holds too raises (``url_duplicates``), or under 'skip'
+    the later shard is extracted again here without it (read again: its bytes must not have changed)."""
+    refuse_identical(r.input for r in records)
+    later = url_duplicates(writer.directory, cfg.format, records, cfg.on_bad_sample)
+    redone = {}
+    for record in (r for r in records if r.input.name in later):
+        source = record.input
+        shard = InputShard(None, source.name, source.size, source.sha256, source.url)
+        task = Task(shard, source.part, 0, later[source.name])
+        prepared = prepare_shard(task, ckpt.vocab, ckpt.model.cfg.block_size, cfg.on_bad_sample, cfg.batch_tokens,
+                                 cfg.retry)
+        table = score_shard(prepared.rows, ckpt.model, device, lambda tokens: None)
+        redone[source.name] = extract_part(prepared, table, writer)
+    return [redone.get(r.input.name, r) for r in records]
 
 
 def rank_tasks(plan: Plan, ranks: Ranks) -> list[Task]:
@@ -470,7 +531,10 @@ def run(cfg: ExtractConfig) -> dict:
             written = [rec for _, recs in outcomes for rec in recs]
             manifest: Manifest | None = None
             if ranks.is_main:
-                manifest = writer.commit(plan.carried + plan.done + written, provenance(ckpt, cfg, data_root))
+                records = plan.done + written
+                if shards and shards[0].url is not None:
+                    records = _unique_urls(records, ckpt, cfg, writer, ranks.device(cfg.device))
+                manifest = writer.commit(plan.carried + records, provenance(ckpt, cfg, data_root))
         finally:
             lock.release()
         wall = time.perf_counter() - t_start
@@ -482,6 +546,8 @@ def run(cfg: ExtractConfig) -> dict:
         if manifest is not None:
             summary |= {"parts": len(manifest.parts), "stats": manifest.stats(), "skipped": manifest.skipped(),
                         "skipped_shards": manifest.skipped_by_input()}
+        if plan.changed:  # journaled URL parts whose URL streams other bytes now: extracted again
+            summary["changed_shards"] = [where(r) for r in plan.changed]
         return summary
     finally:
         ranks.close()

@@ -1,6 +1,7 @@
 """What a dataset knows of its own ground truth: one interface for training, evaluation and inspection.
 
-Read from the dataset's ``dataset.json`` and its samples, never from how it was made:
+Read from the dataset's ``dataset.json`` (beside its shards: in its folder, or at the root of
+its URLs) and its samples, never from how it was made:
 ``synth`` data implements all of it (the generator can say what each strategy outputs),
 converted data as far as its labels go (the ``strategy`` and ``t0`` of its lines), and a
 folder of foreign shards only what its samples carry.
@@ -15,14 +16,13 @@ folder of foreign shards only what its samples carry.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
 from tokweight.pipeline.samples import Sample
-from tokweight.pipeline.shards import iter_samples, resolve_shards
+from tokweight.pipeline.shards import dataset_json, iter_samples, resolve_shards
 from tokweight.pipeline.synth import SynthConfig, candidate_sequences, consistent_at_t0, symbol_name
 
 
@@ -50,11 +50,10 @@ class DatasetLabels:
 
 
 def load_labels(data: str | Path) -> DatasetLabels:
-    """The labels of dataset directory ``data`` (its dataset.json; none: an unlabelled folder of shards)."""
-    meta = Path(data) / "dataset.json"
-    if not meta.is_file():
+    """The labels of dataset ``data``, a directory or URLs (its dataset.json; none: unlabelled shards)."""
+    info = dataset_json(data)
+    if info is None:
         return DatasetLabels("unknown")
-    info = json.loads(meta.read_text())
     if info.get("generator") == "tokweight.synth":
         synth = SynthConfig(**info["config"])
         return DatasetLabels("tokweight.synth", tuple(synth.strategies), synth)
@@ -70,7 +69,8 @@ def ground_truth_from_data(store: str | Path, fingerprints: list[str], data: str
     """(fingerprint, shard, key, strategy, t0) of every sample in ``data`` whose shard the store holds.
 
     A data shard is matched to a manifest input by size and sha256 (so a moved dataset
-    still matches), and ``shard`` is that input's name, as in the stored rows.
+    still matches; a URL by the URL it was extracted from), and ``shard`` is that input's name,
+    as in the stored rows.
     """
     from tokweight.store.baseline_store import BaselineStore
 

@@ -10,11 +10,16 @@ the dot (it splits a member name at the key's first dot), are found from the mem
 reported under their real key. Every stage (extraction, training, evaluation) reads shards through ``iter_shard``,
 so a bad sample is found, and named, the same way in each: its key and the shard's name
 relative to the dataset root (``shard_name``).
+
+A shard given by URL (pipeline.urls: http(s), ``pipe:``) is fetched once into memory, its
+sha256 computed while it streams, and then checked and read exactly as a local file is:
+``scan_shard`` and ``iter_shard`` take its bytes (``data``) in place of a path.
 """
 
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 import posixpath  # tar member names are '/'-separated
@@ -28,6 +33,8 @@ from webdataset.tariterators import base_plus_ext, group_by_keys
 
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.samples import Sample, check_key, parse_sample, sample_to_json
+from tokweight.pipeline.urls import (Retry, expand, fetch, fetch_if_present, is_url, is_url_data, sibling, url_name,
+                                     url_root)
 
 ErrorHandler = Callable[[SampleError], None]
 _META = re.compile(r"__[^/]*__($|/)")  # members WebDataset skips (tariterators.tar_file_iterator)
@@ -96,12 +103,15 @@ def prepare_output_dir(out_dir: str | Path, *, overwrite: bool = False) -> None:
 # ---------------------------------------------------------------- finding
 
 
-def resolve_shards(data: str | Path) -> tuple[Path, list[Path]]:
-    """(root, sorted shard paths) for a directory (every ``*.tar`` below it) or a glob.
+def resolve_shards(data: str | Path) -> tuple[Path, list[Path]] | tuple[str, list[str]]:
+    """(root, sorted shard paths) for a directory (every ``*.tar`` below it) or a glob; (root URL, sorted
+    URLs) for URLs (``pipeline.urls``: a pattern or a file listing them).
 
     ``root`` is what shard names are relative to: the directory itself, or the longest
-    common parent directory of the glob's matches.
+    common parent directory of the glob's matches or of the URLs' locations.
     """
+    if is_url_data(data):
+        return _resolve_urls(data)
     path = Path(data)
     if path.is_dir():
         root, shards = path, [p for p in path.rglob("*.tar") if p.is_file()]
@@ -114,27 +124,65 @@ def resolve_shards(data: str | Path) -> tuple[Path, list[Path]]:
     return root, sorted(shards, key=lambda p: shard_name(root, p))
 
 
+def _resolve_urls(data: str | Path) -> tuple[str, list[str]]:
+    urls = expand(data)
+    if not urls:
+        raise FileNotFoundError(f"no shard URLs in {str(data)!r}: list one URL per line")
+    root = url_root(urls)
+    names: dict[str, str] = {}
+    for url in urls:
+        name = url_name(root, url)
+        if name in names:
+            raise ValueError(f"{url} and {names[name]} both name the shard {name!r} (a URL listed twice?): "
+                             "list each shard once")
+        names[name] = url
+    return root, [names[name] for name in sorted(names)]
+
+
 def shard_name(root: str | Path, path: str | Path) -> str:
-    """The shard's name: its posix path relative to ``root``, e.g. ``train/shard-000000.tar``."""
+    """The shard's name: its posix path relative to ``root``, e.g. ``train/shard-000000.tar`` (a URL's:
+    its location relative to the root URL); ValueError if it is not below ``root``."""
+    if is_url(str(path)):
+        return url_name(str(root), str(path))
     return Path(path).relative_to(Path(root)).as_posix()
+
+
+def dataset_json(data: str | Path, retry: Retry = Retry()) -> dict | None:
+    """The ``dataset.json`` beside a dataset's shards (labels, splits, symbols), or None if there is none: in
+    a local directory, or at the root of its URLs (fetched the way the first shard is)."""
+    if not is_url_data(data):
+        meta = Path(data) / "dataset.json"
+        return json.loads(meta.read_text()) if meta.is_file() else None
+    root, urls = resolve_shards(data)
+    url = sibling(urls[0], root, "dataset.json")
+    raw = fetch_if_present(url, retry)
+    try:
+        return None if raw is None else json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{url}: dataset.json does not decode: {exc}") from None
 
 
 # ---------------------------------------------------------------- checking
 
 
-def scan_shard(path: str | Path, name: str | None = None) -> list[tarfile.TarInfo]:
+def _binary(source: str | Path | bytes):
+    """A local tar opened for reading, or a fetched shard's bytes as a file."""
+    return io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
+
+
+def scan_shard(path: str | Path | bytes, name: str | None = None) -> list[tarfile.TarInfo]:
     """The regular members, in order; SampleError('truncated-shard') naming the shard ``name``
-    (default: the path) if incomplete.
+    (default: the path) if incomplete. ``path``: a local tar, or a fetched shard's bytes.
 
     Complete means: every member's data is present and an all-zero end-of-archive
     block follows the last member.
     """
-    shard = str(path) if name is None else name
+    shard = (str(path) if not isinstance(path, bytes) else "<bytes>") if name is None else name
     try:
         plain = _plain_members(path)
         if plain is not None:
             return plain
-        with tarfile.open(path, "r:*") as tar:
+        with _binary(path) as f, tarfile.open(fileobj=f, mode="r:*") as tar:
             members = [m for m in tar if m.isreg()]  # walks every header
             tar.fileobj.seek(tar.offset)  # just past the last member's padded data
             marker = tar.fileobj.read(tarfile.BLOCKSIZE)
@@ -152,14 +200,14 @@ _END_BLOCK = tarfile.NUL * tarfile.BLOCKSIZE
 _PLAIN_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE)
 
 
-def _plain_members(path: str | Path) -> list[tarfile.TarInfo] | None:
+def _plain_members(path: str | Path | bytes) -> list[tarfile.TarInfo] | None:
     """``scan_shard``'s members read off the headers directly, where every header is a plain file or
     directory and an end-of-archive block follows the last member; None for anything else (a pax,
     long-name, link or sparse header, a ustar prefix, a bad checksum, a short read, a compressed
     tar), which tarfile then scans and names. tarfile's own header parsing was half of reading a
     shard (52 ms of ~110 for 2000 samples), and extraction scans each shard twice."""
     members, offset = [], 0
-    with open(path, "rb") as f:
+    with _binary(path) as f:
         while (header := f.read(tarfile.BLOCKSIZE)) != _END_BLOCK:
             member = _plain_member(header, offset)
             if member is None:
@@ -267,13 +315,14 @@ def _continue_after_duplicate_name(exn: Exception) -> bool:
     raise exn
 
 
-def _raw_samples(url: str, members: list[tarfile.TarInfo], name: str) -> Iterator[dict]:
+def _raw_samples(url: str, members: list[tarfile.TarInfo], name: str, data: bytes | None = None) -> Iterator[dict]:
     """Raw WebDataset dicts of one shard in file order: the scanned members' data, grouped as WebDataset groups.
+    ``data``: the shard's bytes, fetched from ``url``; None reads the local file ``url``.
 
     Members that WebDataset skips (``__meta__`` names, names without a suffix) are not read.
     """
-    try:
-        with tarfile.open(url, "r:*") as tar:  # parses the first header only: the rest come from scan_shard
+    try:  # tarfile parses the first header only: the rest come from scan_shard
+        with _binary(url if data is None else data) as f, tarfile.open(fileobj=f, mode="r:*") as tar:
             files = (dict(fname=m.name, data=_member_data(tar, m), __url__=url, __local_path__=url)
                      for m in members if _member_key(m.name)[0] is not None)
             yield from group_by_keys(files, handler=_continue_after_duplicate_name)
@@ -314,14 +363,19 @@ def _report_bad_names(names: list[str], shard: str, on_error: ErrorHandler | Non
 
 
 def iter_shard(url: str | Path, *, on_error: ErrorHandler | None = None,
-               members: list[tarfile.TarInfo] | None = None, name: str | None = None) -> Iterator[tuple[str, Sample]]:
+               members: list[tarfile.TarInfo] | None = None, name: str | None = None,
+               data: bytes | None = None, retry: Retry = Retry()) -> Iterator[tuple[str, Sample]]:
     """(url, Sample) for one shard; see ``iter_samples``. ``members``: ``scan_shard(url)`` if already done;
-    ``name``: the shard's name in errors (``shard_name``; default: the url)."""
+    ``name``: the shard's name in errors (``shard_name``; default: the url); ``data``: a URL's bytes if
+    already fetched, else a URL is fetched here (``urls.fetch``, retried per ``retry``)."""
     url = str(url)
     name = url if name is None else name
-    members = scan_shard(url, name) if members is None else members  # truncated-shard is raised whatever on_error says
+    if data is None and is_url(url):
+        data = fetch(url, retry).data
+    if members is None:  # truncated-shard is raised whatever on_error says
+        members = scan_shard(url if data is None else data, name)
     seen = _report_bad_names([m.name for m in members], name, on_error)  # before anything is yielded
-    for raw in _raw_samples(url, members, name):
+    for raw in _raw_samples(url, members, name, data):
         key = raw.get("__key__")
         if key in seen:  # a later occurrence of a duplicate key, or a dotted key's residue: reported above
             continue

@@ -23,6 +23,11 @@ headline figure, which a neighbour's burst in one round moves least:
 
 --checkpoint may be a tokweight checkpoint or a Hugging Face model directory.
 
+With --http, only this: extraction of the same shards served over HTTP on this machine (a
+local ``http.server`` process, read through a URL list) against extraction from local disk,
+both with the reader process (which overlaps the fetch with the forward), interleaved, and the
+median ratio within rounds (target >= 0.9).
+
 Tokens are S tokens (the ones stored) for every throughput, so the ratios compare
 like with like.
 """
@@ -33,8 +38,11 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,7 +53,7 @@ from tokweight.pipeline.bucketing import padded_fraction, plan_batches
 from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
                               score_batch, uses_reader_process)
-from tokweight.pipeline.extract_plan import InputShard, Task
+from tokweight.pipeline.extract_plan import InputShard, Task, run_inputs
 from tokweight.pipeline.shards import resolve_shards, shard_name
 from tokweight.pipeline.synth import PRESETS, write_dataset
 from tokweight.store.baseline_store import BaselineStore
@@ -157,7 +165,60 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hf-export", action="store_true",
                         help="also time the checkpoint exported with export-hf, through the Hugging Face path")
+    parser.add_argument("--http", action="store_true",
+                        help="only compare extraction over HTTP (a local http.server process) with local disk")
     return parser.parse_args()
+
+
+@contextmanager
+def http_server(directory: Path):
+    """The base URL of a local ``http.server`` process serving ``directory`` (a process, so that serving
+    takes no GIL from the extraction measured beside it)."""
+    server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory",
+                               str(directory)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port 40123 (http://127.0.0.1:40123/) ..."
+        yield line.split("(", 1)[1].split(")", 1)[0]
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def read_inputs(source: str, ckpt, batch_tokens: int) -> None:
+    """The reading stage over every input of ``source`` as extraction plans it: local tars hashed first, URLs
+    fetched as they are read."""
+    for i, shard in enumerate(run_inputs(source)[1]):
+        prepare_shard(Task(shard, f"part-{i:05d}.parquet", 0), ckpt.vocab, ckpt.model.cfg.block_size, "error",
+                      batch_tokens)
+
+
+def http_mode(args: argparse.Namespace, workdir: Path, data: Path, ckpt_dir: Path) -> None:
+    """Extraction from the shards served over HTTP against from local disk: interleaved rounds, reader process."""
+    root, paths = resolve_shards(data)
+    with http_server(data) as base:
+        listing = workdir / "urls.txt"
+        listing.write_text("".join(f"{base}{shard_name(root, p)}\n" for p in paths))
+
+        def extraction(source: str, store_name: str) -> None:
+            store = workdir / store_name
+            shutil.rmtree(store, ignore_errors=True)
+            run(ExtractConfig(checkpoint=str(ckpt_dir), data=source, store=str(store), batch_tokens=args.batch_tokens,
+                              device=args.device, progress=False, reader_process=True))
+
+        times, loads = interleaved({"local disk": lambda: extraction(str(data), "store-disk"),
+                                    "HTTP": lambda: extraction(str(listing), "store-http")}, args.repeats)
+        ckpt = load_backbone(ckpt_dir)
+        reading = {name: timed(lambda: read_inputs(source, ckpt, args.batch_tokens))
+                   for name, source in (("local disk", str(data)), ("HTTP", str(listing)))}
+    print(f"data: {data} ({len(paths)} shards, {sum(p.stat().st_size for p in paths) / 2**20:.1f} MiB), "
+          f"threads={args.threads}, device={args.device}, reader process; {os.cpu_count()} CPUs")
+    print("reading alone, in this process (inputs hashed or fetched, read, encoded, batched): "
+          + ", ".join(f"{name} {t:.3f} s" for name, t in reading.items()))
+    for name, ts in times.items():
+        runs = ", ".join(f"{t:.2f} s at load {at:.2f}" for t, at in zip(ts, loads[name]))
+        print(f"extract from {name:<11} median {statistics.median(ts):7.3f} s  (runs: {runs})")
+    ratio = statistics.median(disk / http for disk, http in zip(times["local disk"], times["HTTP"]))
+    print(f"HTTP / local disk throughput, within rounds: {ratio:.3f}  (target >= 0.9)")
 
 
 def interleaved(rounds: dict, repeats: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
@@ -183,6 +244,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     workdir = Path(args.workdir)
     data, ckpt_dir = prepare(workdir, args.data, args.checkpoint, args.train_steps)
+    if args.http:
+        return http_mode(args, workdir, data, ckpt_dir)
     ckpt = load_backbone(ckpt_dir, device=args.device)
     batches, pad = build_batches(data, ckpt, args.batch_tokens)
     s_tokens = sum(int(b.mask.sum()) for b in batches)

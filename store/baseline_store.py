@@ -4,8 +4,9 @@ Readers open a store only if its manifest verifies (store.manifest.read_manifest
 own checksum), open only the parts it lists, and check each part's sha256 against the
 manifest before parsing it, so a torn, damaged or stray file is an error naming the file
 and its repair, never silently wrong numbers. A store of an older schema version reads
-like a current one (store.parts.read_part computes the columns it lacks). Input shards are matched by content
-(size, then sha256 of the tar), so a moved dataset still joins and a changed one never does.
+like a current one (store.parts.read_part computes the columns it lacks). Local input shards are matched by
+content (size, then sha256 of the tar), so a moved dataset still joins and a changed one never does; a URL by
+the URL extraction read it from (its reader then checks the bytes it streams against the entry's sha256).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tokweight.store.manifest import FINGERPRINT_PREFIX, MANIFEST_NAME, list_fingerprint_dirs, read_manifest
+from tokweight.store.manifest import FINGERPRINT_PREFIX, MANIFEST_NAME, is_url, list_fingerprint_dirs, read_manifest
 from tokweight.store.parts import read_part, sha256_path
 
 
@@ -116,7 +117,9 @@ class StoreView:
         return self._shard_sha[cache_key]
 
     def input_for_shard(self, shard_path: str | Path) -> dict:
-        """The manifest's input entry whose (size, sha256) equals this tar's."""
+        """The manifest's input entry whose (size, sha256) equals this tar's; for a URL, the entry read from it."""
+        if is_url(shard_path):
+            return self._input_for_url(shard_path)
         path = Path(shard_path)
         size = path.stat().st_size
         same_size = [e for e in self.manifest["inputs"] if e["size"] == size]
@@ -127,6 +130,13 @@ class StoreView:
                     return entry
         raise KeyError(f"shard {path} ({size} bytes) matches no input of {self.dir}: it was not extracted "
                        "with this checkpoint, or it changed since")
+
+    def _input_for_url(self, url: str) -> dict:
+        for entry in self.manifest["inputs"]:
+            if entry.get("url") == url:
+                return entry
+        raise KeyError(f"shard {url} matches no input of {self.dir}: it was not extracted with this checkpoint "
+                       "from this URL")
 
     def _part_for_shard(self, shard_path) -> str:
         entry = self.input_for_shard(shard_path)

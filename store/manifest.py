@@ -53,6 +53,15 @@ REPAIR = ("re-run the `tokweight extract` that wrote this store (the same --chec
 _NUMBERED = re.compile(r"^part-(\d{5})(\.\w+)$")  # part-NNNNN<suffix>: a part, or its journal record
 
 
+URL_PREFIXES = ("http://", "https://", "pipe:")
+"""Inputs read through a URL (pipeline/urls.py): the store knows them by URL, not by where a file lies."""
+
+
+def is_url(location: object) -> bool:
+    """Whether a shard's location is a URL (http, https or a ``pipe:`` command) rather than a local path."""
+    return isinstance(location, str) and location.startswith(URL_PREFIXES)
+
+
 def tool_version() -> str:
     return version(TOOL)
 
@@ -124,19 +133,26 @@ def write_checked_json(path: Path, obj: dict) -> None:
 
 @dataclass(frozen=True)
 class InputEntry:
-    """An input shard as a manifest lists it; a store matches shards by (size, sha256), not by name."""
+    """An input shard as a manifest lists it; a store matches a local shard by (size, sha256), not by name,
+    and a URL's by its URL (its bytes are known only once streamed, and then must hash to ``sha256``)."""
 
     name: str  # relative to the data root, e.g. "train/shard-000000.tar"
     size: int
-    sha256: str
+    sha256: str  # of the bytes read: a URL's computed while it was streamed
     samples: int | None  # in the tar: rows + skipped samples; None for a shard skipped whole
     part: str | None  # the part made of it; None for a shard skipped whole
     skipped: str | None = None  # why a shard has no part ("truncated-shard"); not in the JSON otherwise
+    url: str | None = None  # where a URL input was read from; not in the JSON for a local shard
+
+    def identity(self) -> tuple:
+        """What a run's input is matched by: its URL, or a local tar's (size, sha256)."""
+        return ("url", self.url) if self.url is not None else (self.size, self.sha256)
 
     def to_json(self) -> dict:
         entry = asdict(self)
-        if self.skipped is None:
-            del entry["skipped"]
+        for optional in ("skipped", "url"):
+            if entry[optional] is None:
+                del entry[optional]
         return entry
 
     @classmethod

@@ -1,9 +1,12 @@
 """The store's resume protocol: which of a run's input shards already have an intact part, and which
 part name each of the others gets (under the store lock, before anything is written).
 
-Shards are identified by size and sha256, so a moved dataset still matches its parts and
-changed data never does. A part is done when the committed manifest, or the journal of an
-interrupted run, names it and the file on disk hashes to the recorded sha256. A manifest
+Local shards are identified by size and sha256, so a moved dataset still matches its parts and
+changed data never does. A URL is identified by the URL itself, whose bytes are known only once
+streamed: a committed URL input is not read again, and a journaled one (an interrupted run's)
+counts only if ``verify`` finds that its bytes still hash to the record (those that do not are
+``changed``, and extracted again). A part is done when the committed manifest, or the journal
+of an interrupted run, names it and the file on disk hashes to the recorded sha256. A manifest
 that does not verify (its own checksum) is treated as absent: the journal records, which
 commits keep, give back every part of this run's inputs that is intact (the others are
 re-extracted), and those of other inputs are carried into the new manifest.
@@ -15,6 +18,7 @@ every part the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +35,11 @@ class Resume:
     done: list[Record] = field(default_factory=list)  # records of this run's inputs already on disk
     carried: list[Record] = field(default_factory=list)  # committed records of inputs not in this run
     committed: bool = False  # every input of this run is in the committed manifest and verified
+    changed: list[Record] = field(default_factory=list)  # journaled URL inputs whose bytes no longer match
+
+
+Verify = Callable[[list[Record]], set[str]]
+"""Journal records of URL inputs -> the URLs whose bytes still hash to their record (pipeline.extract_plan)."""
 
 
 def _committed_manifest(directory: Path, fmt: str) -> Manifest | None:
@@ -52,34 +61,46 @@ def _intact(directory: Path, record: Record | None) -> bool:
     return path.exists() and sha256_path(path)[0] == record.part.sha256
 
 
-def resume(directory: Path, shards: list[InputShard], fmt: str) -> Resume:
-    """What of ``shards`` the fingerprint directory already holds intact, and the part names of the rest."""
+def resume(directory: Path, shards: list[InputShard], fmt: str, verify: Verify | None = None) -> Resume:
+    """What of ``shards`` the fingerprint directory already holds intact, and the part names of the rest.
+
+    verify: for journaled URL inputs (see the module docstring); None trusts them as they are.
+    """
     damaged = damaged_manifest(directory) is not None
     manifest = None if damaged else _committed_manifest(directory, fmt)
-    committed = {(r.input.size, r.input.sha256): r for r in (manifest.records() if manifest else [])}
-    journal = {(r.input.size, r.input.sha256, r.part.name): r for r in read_records(directory)}
+    committed = {r.input.identity(): r for r in (manifest.records() if manifest else [])}
+    journal = {(r.input.identity(), r.part.name): r for r in read_records(directory)}
     next_index = 1 + max((part_index(r.part.name) for r in committed.values() if r.part), default=-1)
     state = Resume(committed=not damaged)
+    found: list[tuple[int, str, Record | None, bool]] = []  # (index, part name, record, from the journal)
     for i, shard in enumerate(shards):
-        record = committed.get((shard.size, shard.sha256))
+        record = committed.get(shard.identity())
         if record is not None:
-            name = record.input.part
-        else:
-            state.committed = False
-            name = part_name(next_index, fmt)
-            next_index += 1
-            record = journal.get((shard.size, shard.sha256, name))
-        if _intact(directory, record):
+            found.append((i, record.input.part, record, False))
+            continue
+        state.committed = False
+        name = part_name(next_index, fmt)
+        next_index += 1
+        found.append((i, name, journal.get((shard.identity(), name)), True))
+    found = [(i, name, record if _intact(directory, record) else None, journaled)
+             for i, name, record, journaled in found]
+    unread = [r for _, _, r, journaled in found if journaled and r is not None and r.input.url is not None]
+    same = verify(unread) if verify is not None and unread else {r.input.url for r in unread}
+    for i, name, record, journaled in found:
+        if record is not None and journaled and record.input.url is not None and record.input.url not in same:
+            state.changed.append(record)
+            record = None
+        if record is not None:
             state.done.append(record)
         else:
             state.committed = False
             state.todo.append((i, name))
-    ours = {(s.size, s.sha256) for s in shards}
+    ours = {s.identity() for s in shards}
     state.carried = [r for key, r in committed.items() if key not in ours]
     if damaged:  # the damaged manifest's other inputs, as far as their records and parts survive
         names = {name for _, name in state.todo} | {r.input.part for r in state.done}
-        state.carried += [r for (size, sha, name), r in journal.items()
-                          if (size, sha) not in ours and name not in names and _intact(directory, r)]
+        state.carried += [r for (key, name), r in journal.items()
+                          if key not in ours and name not in names and _intact(directory, r)]
     return state
 
 

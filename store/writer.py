@@ -1,6 +1,7 @@
 """Writing one fingerprint directory, in the manner of mosaicml streaming's MDSWriter: parts first, the manifest last.
 
     hash_inputs   input tars -> InputShard: name, size and sha256, by which a store knows its inputs
+    url_inputs    input URLs -> InputShard: name and URL; size and sha256 are those of the bytes streamed
     write_part    a PART_SCHEMA table -> its part (temp name, fsync, rename), then its journal record
     commit        every input's record -> manifest.json (temp name, fsync, rename), the commit point;
                   the journal records it folds in stay, so that a damaged manifest can be rebuilt
@@ -32,15 +33,25 @@ from tokweight.store.parts import sha256_path, write_part
 
 @dataclass(frozen=True)
 class InputShard:
-    """An input tar: where it is now, and how the store knows it (name, size, sha256)."""
+    """An input tar: where it is now, and how the store knows it (name, size, sha256; a URL's also its URL)."""
 
-    path: Path
+    path: Path | None  # a local tar; None for a URL
     name: str  # relative to the data root, e.g. "train/shard-000000.tar"
-    size: int
-    sha256: str
+    size: int | None  # None: a URL not streamed yet
+    sha256: str | None  # of the bytes read; None: a URL not streamed yet
+    url: str | None = None  # http(s):// or pipe: (pipeline/urls.py)
+
+    @property
+    def source(self) -> str:
+        """What a reader opens: the URL, or the local path."""
+        return self.url if self.url is not None else str(self.path)
+
+    def identity(self) -> tuple:
+        """``InputEntry.identity`` of this input: a URL is known before it is read, a local tar by content."""
+        return ("url", self.url) if self.url is not None else (self.size, self.sha256)
 
     def entry(self, samples: int | None, part: str | None, skipped: str | None = None) -> InputEntry:
-        return InputEntry(self.name, self.size, self.sha256, samples, part, skipped)
+        return InputEntry(self.name, self.size, self.sha256, samples, part, skipped, self.url)
 
 
 def hash_inputs(paths: Mapping[str, Path]) -> list[InputShard]:
@@ -49,13 +60,27 @@ def hash_inputs(paths: Mapping[str, Path]) -> list[InputShard]:
     for name, path in paths.items():
         sha, size = sha256_path(path)
         shards.append(InputShard(path, name, size, sha))
+    refuse_identical(shards)
+    return shards
+
+
+def url_inputs(urls: Mapping[str, str]) -> list[InputShard]:
+    """The input URLs (name -> URL, in that order), not read: their size and sha256 come from the stream
+    that extracts them (``refuse_identical`` then checks them)."""
+    return [InputShard(None, name, None, None, url) for name, url in urls.items()]
+
+
+def refuse_identical(shards: Iterable[InputShard | InputEntry]) -> None:
+    """ValueError naming two inputs of identical content (size and sha256), wherever they were read from."""
     seen: dict[tuple, str] = {}
     for s in shards:
+        if s.sha256 is None:
+            continue
+        where = s.name if s.url is None else f"{s.name} ({s.url})"
         if (s.size, s.sha256) in seen:
-            raise ValueError(f"shards {seen[(s.size, s.sha256)]!r} and {s.name!r} have identical content; "
+            raise ValueError(f"shards {seen[(s.size, s.sha256)]!r} and {where!r} have identical content; "
                              "a store matches shards by content, so each input must be distinct")
-        seen[(s.size, s.sha256)] = s.name
-    return shards
+        seen[(s.size, s.sha256)] = where
 
 
 class StoreWriteError(OSError):

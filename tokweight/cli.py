@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from tokweight.pipeline.data_option import DataSource
 from tokweight.extract_cli import extract
 from tokweight.report_cli import evaluate as eval_cmd, inspect_cmd
 from tokweight.store_cli import store
@@ -93,8 +94,22 @@ def synth(out, preset, seed, header_len, trailer_len, min_len, max_len):
                            **info["stats"]}, indent=1))
 
 
+def parse_columns(ctx, param, value: str | None) -> dict[str, str]:
+    """--columns x=question,y=answer -> {"x": "question", "y": "answer"}."""
+    pairs = [item.partition("=") for item in (value or "").split(",") if item.strip()]
+    if any(not field.strip() or not sep or not column.strip() for field, sep, column in pairs):
+        raise click.BadParameter(f"{value!r}: give FIELD=COLUMN pairs separated by commas, e.g. x=question,y=answer")
+    return {field.strip(): column.strip() for field, _, column in pairs}
+
+
 @main.command()
-@click.option("--jsonl", type=click.Path(exists=True, dir_okay=False), required=True)
+@click.option("--jsonl", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A JSON lines file, one sample per line.")
+@click.option("--parquet", default=None,
+              help="A Parquet file or a glob of them (quoted), read row group by row group, instead of --jsonl.")
+@click.option("--columns", callback=parse_columns, default=None,
+              help="Parquet columns of the sample fields key, x, y, strategy, t0: x=question,y=answer. "
+                   "A field not given reads the column of its own name, if there is one.")
 @click.option("--out", type=click.Path(file_okay=False), required=True,
               help="Dataset directory to write: OUT/{train,val,test}/shard-NNNNNN.tar and OUT/dataset.json.")
 @click.option("--shard-size", type=int, default=1000)
@@ -110,23 +125,24 @@ def synth(out, preset, seed, header_len, trailer_len, min_len, max_len):
 @click.option("--split-field", default=None,
               help="Take each line's split from this field (a name of [a-z0-9_-]) instead of the key hash.")
 @click.option("--overwrite", is_flag=True, help="Replace the dataset OUT already holds.")
-def convert(jsonl, out, shard_size, on_bad, val_fraction, test_fraction, seed, split_field, overwrite):
-    """Convert JSON lines ({"x": [...], "y": [...], ...}) into train/val/test WebDataset shards."""
+def convert(jsonl, parquet, columns, out, shard_size, on_bad, val_fraction, test_fraction, seed, split_field,
+            overwrite):
+    """Convert JSON lines ({"x": [...], "y": [...], ...}) or Parquet rows into train/val/test WebDataset shards."""
     from tokweight.pipeline.convert import ConvertConfig, run
 
     try:
         info = run(ConvertConfig(jsonl=jsonl, out=out, shard_size=shard_size, on_bad=on_bad,
                                  val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
-                                 split_field=split_field, overwrite=overwrite))
+                                 split_field=split_field, overwrite=overwrite, parquet=parquet, columns=columns))
     except (ValueError, OSError) as e:  # bad lines, bad options, a folder in use: one line, no traceback
         raise click.ClickException(str(e)) from None
+    bad = "bad_lines" if jsonl is not None else "bad_rows"
     click.echo(json.dumps({"out": out, "splits": {k: v["samples"] for k, v in info["splits"].items()},
-                           "bad_lines": info["bad_lines"]["count"], "keys_cleaned": len(info["key_map"])},
-                          indent=1))
+                           bad: info[bad]["count"], "keys_cleaned": len(info["key_map"])}, indent=1))
 
 
 @main.command("train-base")
-@click.option("--data", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--data", type=DataSource(), required=True)
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Checkpoint directory.")
 @click.option("--preset", type=click.Choice(["tiny", "small", "default"]), default="default")
 @click.option("--steps", type=int, default=None)

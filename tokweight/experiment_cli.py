@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from tokweight.pipeline.data_option import DataSource
 from tokweight.pipeline.threads import set_threads, threads_option
 
 
@@ -37,7 +38,7 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
               help="Cells trained at once, one process and torch thread each (default: 1; sweep: min(2, CPUs)).")
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
               help="Your own task: the entangled checkpoint (tokweight or Hugging Face); needs --data.")
-@click.option("--data", type=click.Path(exists=True, file_okay=False), default=None,
+@click.option("--data", type=DataSource(), default=None,
               help="Your own task: the dataset, with train/val/test splits (tokweight convert).")
 @click.option("--store", type=click.Path(file_okay=False), default=None,
               help="Your own task: the store to extract into and read (default: OUT/store).")

@@ -17,7 +17,9 @@ from tokweight.store.formats import PARQUET, PART_FORMATS
 @click.command("extract")
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), required=True,
               help="Checkpoint directory of the frozen z-free base model.")
-@click.option("--data", required=True, help="Dataset directory (every *.tar below it) or a glob of shards.")
+@click.option("--data", required=True,
+              help="Dataset directory (every *.tar below it), a glob of shards, or URLs: a brace pattern of http(s):// "
+                   "or pipe: URLs (https://host/d/train/shard-{000000..000099}.tar), or a file listing one per line.")
 @click.option("--store", type=click.Path(file_okay=False), required=True, help="Store root directory.")
 @click.option("--format", "fmt", type=click.Choice(PART_FORMATS), default=PARQUET)
 @click.option("--batch-tokens", type=int, default=16384, help="Computed tokens per forward batch.")
@@ -61,4 +63,7 @@ def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, template,
         click.echo(f"store {summary['store']} is complete for these inputs: nothing to do", err=True)
     if line := Skips(summary.get("skipped_shards")).summary_line():
         click.echo(line, err=True)
+    if changed := summary.get("changed_shards"):
+        click.echo(f"extracted {len(changed)} shard(s) again, changed since their parts were written: "
+                   f"{', '.join(changed)}", err=True)
     click.echo(json.dumps(summary, indent=1))

@@ -27,6 +27,8 @@ class Flag:
     default: str | None = None
     """The default as shown, for a field whose default is resolved later (e.g. per latent); None: the
     dataclass's."""
+    type: click.ParamType | None = None
+    """A click type that checks the value (e.g. a path that must exist); None: the field's type."""
 
     @property
     def dest(self) -> str:
@@ -79,7 +81,7 @@ def option(cls, flag: Flag):
     text = f"{flag.help}  [default: {default}]".strip() if default not in (None, "None") else flag.help
     if kind is bool:
         return click.option(flag.name, flag.dest, is_flag=True, default=None, help=text)
-    click_type = click.Choice(flag.choices) if flag.choices else {int: int, float: float}.get(kind, str)
+    click_type = flag.type or (click.Choice(flag.choices) if flag.choices else {int: int, float: float}.get(kind, str))
     return click.option(flag.name, flag.dest, type=click_type, default=None, help=text)
 
 

@@ -11,6 +11,7 @@ import json
 import click
 
 from tokweight.sql_cli import estimator_options, exact_quantiles_option, fingerprint_option, store_argument
+from tokweight.pipeline.data_option import DataSource
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.train_cli import echo_skips, given
 
@@ -18,7 +19,7 @@ from tokweight.train_cli import echo_skips, given
 @click.command("inspect")
 @store_argument
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
-@click.option("--data", type=click.Path(exists=True, file_okay=False), default=None,
+@click.option("--data", type=DataSource(), default=None,
               help="The dataset the store was extracted from: fills in ground truth (strategy, t0) the store lacks.")
 @fingerprint_option
 @estimator_options
@@ -40,7 +41,7 @@ def inspect_cmd(store, out, data, fingerprints, q, tau, eps, exact_quantiles):
 
 @click.command("eval")
 @click.option("--run", "run_dir", type=click.Path(exists=True, file_okay=False), required=True)
-@click.option("--data", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--data", type=DataSource(), required=True)
 @click.option("--split", default="test")
 @click.option("--decode-examples", type=int, default=256)
 @click.option("--device", default=None, help="auto (CUDA when present), cpu, cuda or cuda:N.  [default: auto]")

@@ -10,6 +10,7 @@ import os
 import click
 
 from tokweight.flags import Flag, options
+from tokweight.pipeline.data_option import DataSource
 from tokweight.flags import given as flags_given
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.training.baselines import POLICIES
@@ -18,8 +19,10 @@ from tokweight.training.losses import WEIGHTINGS
 from tokweight.training.train_config import TrainConfig
 
 FLAGS = (
-    Flag("--checkpoint", "io.checkpoint", "Entangled checkpoint to initialise the CVAE from (required)."),
-    Flag("--data", "io.data", "The dataset: a directory with train/ and val/ shards (required)."),
+    Flag("--checkpoint", "io.checkpoint", "Entangled checkpoint to initialise the CVAE from (required).",
+         type=click.Path(exists=True, file_okay=False, resolve_path=True)),
+    Flag("--data", "io.data", "The dataset (required): a directory with train/ and val/ shards, or their URLs "
+         "(http(s):// or pipe: patterns, or a file of URLs).", type=DataSource(resolve=True)),
     Flag("--store", "io.store", "Baseline store root (`tokweight extract` wrote it); the default policy reads it."),
     Flag("--out", "io.out", "Run directory, resumed if it holds this run (required)."),
     Flag("--latent", "cvae.latent", choices=LATENTS),
@@ -34,7 +37,8 @@ FLAGS = (
          "lambda in (1 - lambda) * uniform + lambda * weighting."),
     Flag("--policy", "loss.policy", "Where b comes from: the store, an extra frozen pass, or the current backbone.",
          choices=tuple(POLICIES)),
-    Flag("--baseline-checkpoint", "io.baseline_checkpoint", "Checkpoint b came from (default: --checkpoint)."),
+    Flag("--baseline-checkpoint", "io.baseline_checkpoint", "Checkpoint b came from (default: --checkpoint).",
+         type=click.Path(exists=True, file_okay=False, resolve_path=True)),
     Flag("--beta", "loss.beta", "KL weight after the warm-up."),
     Flag("--warmup-steps", "loss.beta_warmup_steps", "Steps of beta's linear warm-up from 0."),
     Flag("--labelled", "estep.labelled",
@@ -94,12 +98,10 @@ def given(**options) -> dict:
     return {k: v for k, v in options.items() if v is not None}
 
 
-def is_url(data: str) -> bool:
-    return "://" in data or data.startswith("pipe:")
-
-
 def absolute(values: dict) -> dict:
-    """Local paths made absolute, so that a run's config.json works from any directory."""
+    """Local paths made absolute, so that a run's config.json works from any directory (a URL stays as it is)."""
+    from tokweight.store.manifest import is_url
+
     out = {k: (os.path.abspath(v) if k in LOCAL_PATHS and v else v) for k, v in values.items()}
     if out.get("io.data") and not is_url(out["io.data"]):
         out["io.data"] = os.path.abspath(out["io.data"])

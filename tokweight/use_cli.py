@@ -7,6 +7,7 @@ import json
 
 import click
 
+from tokweight.pipeline.data_option import DataSource
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.train_cli import echo_skips, given
 
@@ -26,7 +27,7 @@ device_option = click.option("--device", default=None,
 @click.option("--seed", type=int, default=None, help="Seed of the sampling draws.  [default: 0]")
 @click.option("--max-new-tokens", type=int, default=None,
               help="Tokens of y at most.  [default: what the backbone's context leaves]")
-@click.option("--data", type=click.Path(exists=True, file_okay=False), default=None,
+@click.option("--data", type=DataSource(), default=None,
               help="Continuous latent: the dataset whose split's posterior means give the K centres, as eval.")
 @click.option("--split", default=None, help="Split of --data for the centres.  [default: test]")
 @click.option("--batch-size", type=int, default=None, help="Input lines decoded together.  [default: 64]")
@@ -48,7 +49,7 @@ def generate(run_dir, input_path, out, temperature, seed, max_new_tokens, data, 
 
 @click.command("encode")
 @run_option
-@click.option("--data", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--data", type=DataSource(), required=True)
 @click.option("--split", default=None, help="[default: test]")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Parquet file.  [default: RUN/posteriors-<split>.parquet, the view posteriors of "

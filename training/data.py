@@ -3,7 +3,8 @@
 A stream is a chain of generator stages, each ``Iterator[A] -> Iterator[B]``; the first
 three run per shard (``shard_examples``):
 
-    shard url  -> (url, Sample)                       pipeline.shards.iter_shard
+    shard url  -> (url, Sample)                       pipeline.shards.iter_shard (a URL fetched once, its
+                                                      bytes checked against the store's sha256)
                -> (url, Sample, stored row | None)    join_store: by (__url__, __key__), before any shuffle
                -> Example                             encode: templates, T and echoed-id checks
                -> Example (shuffled)                  shuffle (seeded)
@@ -20,10 +21,11 @@ The training stream over these stages (lanes, ranks, workers) is ``stream.py``.
 
 from __future__ import annotations
 
-import json
 import random
+import shlex
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -33,8 +35,9 @@ import torch
 
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.samples import Sample
-from tokweight.pipeline.shards import iter_shard, resolve_shards, shard_name
+from tokweight.pipeline.shards import dataset_json, iter_shard, resolve_shards, shard_name
 from tokweight.pipeline.templates import Batch, Layout, check_length, collate, s_targets, template_ids
+from tokweight.pipeline.urls import Retry, ShardChangedError, fetch, is_url, is_url_data
 from tokweight.pipeline.vocab import Vocab, checkpoint_vocab
 
 
@@ -82,7 +85,7 @@ def shards_without_rows(view, urls: Iterable[str]) -> list[str]:
 
 def extract_command(checkpoint: str, data: str, store: str) -> str:
     """The command that adds the missing shards' rows to the store (committed parts are kept)."""
-    return f"tokweight extract --checkpoint {checkpoint} --data {data} --store {store}"
+    return f"tokweight extract --checkpoint {checkpoint} --data {shlex.quote(str(data))} --store {store}"
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class StoredShard:
     skipped: dict[str, str]  # key -> the reason extraction left it out for
     whole: str | None  # why extraction skipped the whole tar (then no rows); None: it has a part
     where: str  # the store and both fingerprints, for errors
+    digest: tuple[int, str] | None = None  # (size, sha256) a URL's bytes must have: those its part was made of
 
 
 def stored_shard(view, url: str, fingerprint: str) -> StoredShard:
@@ -104,10 +108,11 @@ def stored_shard(view, url: str, fingerprint: str) -> StoredShard:
             return StoredShard({}, {}, whole, where)
         rows = view.rows_for_shard(url)
         skipped = view.skipped_keys(url)
+        entry = view.input_for_shard(url) if is_url(url) else None
     except KeyError as e:
         raise StoreMismatchError(f"shard {url} has no part in {where}: {e}") from None
     _refuse_nonfinite_b(rows, url, where)
-    return StoredShard(rows, skipped, None, where)
+    return StoredShard(rows, skipped, None, where, None if entry is None else (entry["size"], entry["sha256"]))
 
 
 def _refuse_nonfinite_b(rows: dict[str, dict], shard: str, where: str) -> None:
@@ -316,8 +321,9 @@ class StreamSpec:
     seed: int = 0
     shuffle_buffer: int = 256
     lanes: int = 1
-    root: str | None = None  # the dataset root that shards are named relative to in errors and counts
+    root: str | None = None  # the dataset (its root, or the --data that gave its URLs) shards are named relative to
     on_bad_sample: str = "error"  # a bad sample the store does not record as skipped: "error" or "skip"
+    retry: Retry = Retry()  # how a URL that fails transiently is retried
 
     def __post_init__(self):
         if self.on_bad_sample not in ("error", "skip"):
@@ -333,7 +339,7 @@ def shard_label(spec: StreamSpec, view, url: str) -> str:
     without a root, the store's name for it (relative to the root extraction read); else the url."""
     try:
         if spec.root is not None:
-            return shard_name(spec.root, url)
+            return shard_name(data_root(spec.root), url)
         if view is not None:
             return view.input_for_shard(url)["name"]
     except (ValueError, KeyError):  # not below the root, or not in the store (joining it raises)
@@ -341,22 +347,41 @@ def shard_label(spec: StreamSpec, view, url: str) -> str:
     return url
 
 
-def shard_examples(spec: StreamSpec, view, url: str, name: str) -> tuple[list[Example], dict[str, int]]:
+@lru_cache(maxsize=8)
+def data_root(data: str) -> str:
+    """What shards of ``data`` are named relative to: a local dataset itself, or the root of its URLs."""
+    return resolve_shards(data)[0] if is_url_data(data) else data
+
+
+def read_bytes(spec: StreamSpec, url: str, stored: StoredShard | None) -> tuple[bytes | None, int]:
+    """(a URL's bytes, fetched once, or None for a local tar; the shard's size). A URL whose bytes are not
+    those its stored part was made of is a StoreMismatchError naming it."""
+    if not is_url(url):
+        return None, Path(url).stat().st_size
+    try:
+        fetched = fetch(url, spec.retry, None if stored is None else stored.digest)
+    except ShardChangedError as error:
+        raise StoreMismatchError(f"{error}; its stored rows are not this shard's: {REMEDY}") from None
+    return fetched.data, fetched.size
+
+
+def shard_examples(spec: StreamSpec, view, url: str, name: str) -> tuple[list[Example], dict[str, int], int]:
     """One shard (``name``: its ``shard_label``) read, joined with the store (``view``, None without one) and
-    encoded: (its examples in file order, the samples left out per reason). A bad sample raises
-    SampleError, or is skipped (``BadSamples``)."""
+    encoded: (its examples in file order, the samples left out per reason, the shard's bytes). A bad sample
+    raises SampleError, or is skipped (``BadSamples``); a URL that cannot be read raises FetchError."""
     stored = None if view is None else stored_shard(view, url, spec.store.fingerprint)
     if stored is not None and stored.whole is not None:
-        return [], {stored.whole: 1}
+        return [], {stored.whole: 1}, 0
+    data, size = read_bytes(spec, url, stored)
     bad = BadSamples(name, spec.on_bad_sample, None if stored is None else stored.skipped)
-    samples = iter_shard(url, on_error=bad, name=name)  # (url, Sample); bad samples go to ``bad``
+    samples = iter_shard(url, on_error=bad, name=name, data=data)  # (url, Sample); bad samples go to ``bad``
     try:
         examples = list(_encoded(spec, view, stored, bad, samples))
     except SampleError as error:  # a truncated tar raises whatever the handler says
         if error.reason != "truncated-shard" or spec.on_bad_sample == "error":
             raise
-        return [], {error.reason: 1}
-    return examples, dict(bad.counts)
+        return [], {error.reason: 1}, size
+    return examples, dict(bad.counts), size
 
 
 def kept_samples(spec: StreamSpec, n: int) -> list[Sample]:
@@ -366,10 +391,11 @@ def kept_samples(spec: StreamSpec, n: int) -> list[Sample]:
     for url in spec.urls:
         if len(kept) >= n:
             break
-        examples, _ = shard_examples(spec, view, url, shard_label(spec, view, url))
+        examples, _, _ = shard_examples(spec, view, url, shard_label(spec, view, url))
         keys = {ex.key for ex in examples}
         if keys:  # read again for the samples themselves: bad ones are known to be left out
-            kept += [s for _, s in iter_shard(url, on_error=lambda error: None) if s.key in keys][: n - len(kept)]
+            samples = iter_shard(url, on_error=lambda error: None, retry=spec.retry)
+            kept += [s for _, s in samples if s.key in keys][: n - len(kept)]
     return kept
 
 
@@ -385,15 +411,34 @@ def split_urls(data: str | Path, split: str) -> tuple[str, ...]:
 
     The splits are the subfolders that hold shards, and those dataset.json lists (convert
     lists a split a small file left empty). A folder with no such subfolder (shards at its
-    top, as convert wrote before it split) or a glob is every split at once.
+    top, as convert wrote before it split) or a glob is every split at once. URLs split
+    alike by the first folder of their names (``.../train/shard-000000.tar``, ``.../val/...``).
     """
+    if is_url_data(data):
+        return _split_of_urls(data, split)
     root = Path(data)
     subdirs = [d.name for d in root.iterdir() if d.is_dir() and any(d.rglob("*.tar"))] if root.is_dir() else []
     if not subdirs:
         return tuple(str(p) for p in resolve_shards(data)[1])
-    meta = root / "dataset.json"
-    listed = json.loads(meta.read_text()).get("splits", {}) if meta.is_file() else {}
-    names = sorted({*listed, *subdirs}, key=lambda name: ({"train": 0, "val": 1, "test": 2}.get(name, 3), name))
-    if split not in names:
-        raise ValueError(f"{root} has no split {split!r}: its splits are {', '.join(names)}; pass one of them")
+    _check_split(data, split, subdirs)
     return tuple(str(p) for p in resolve_shards(root / split)[1])
+
+
+def _check_split(data: str | Path, split: str, found: Iterable[str]) -> None:
+    """ValueError unless ``split`` is among the splits found or those dataset.json lists."""
+    listed = (dataset_json(data) or {}).get("splits", {})
+    names = sorted({*listed, *found}, key=lambda name: ({"train": 0, "val": 1, "test": 2}.get(name, 3), name))
+    if split not in names:
+        raise ValueError(f"{data} has no split {split!r}: its splits are {', '.join(names)}; pass one of them")
+
+
+def _split_of_urls(data: str | Path, split: str) -> tuple[str, ...]:
+    root, urls = resolve_shards(data)
+    folders = {url: name.split("/")[0] for url in urls if "/" in (name := shard_name(root, url))}
+    if not folders:
+        return tuple(urls)
+    _check_split(data, split, folders.values())
+    chosen = tuple(url for url, folder in folders.items() if folder == split)
+    if not chosen:
+        raise FileNotFoundError(f"no shard URLs of split {split!r} in {data}: dataset.json lists it, but it is empty")
+    return chosen

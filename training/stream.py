@@ -17,13 +17,13 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import chain, islice
-from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import webdataset as wds
 
 from tokweight.pipeline.errors import SampleError, Skips
+from tokweight.pipeline.urls import FetchError
 from tokweight.training.data import (Example, StoreMismatchError, StreamSpec, TrainBatch, batched, collate_examples, open_store,
                            shard_examples, shard_label, shuffle)
 
@@ -87,11 +87,11 @@ def shard_decoder(spec: StreamSpec) -> Callable[[int, str], DecodedShard]:
         before = view.bytes_read if view is not None else 0
         name = shard_label(spec, view, url)
         try:
-            examples, skipped = shard_examples(spec, view, url, name)
-        except (SampleError, StoreMismatchError) as error:
+            examples, skipped, size = shard_examples(spec, view, url, name)
+        except (SampleError, StoreMismatchError, FetchError) as error:
             return DecodedShard(lane, url, name, [], 0, error=error)
         from_store = view.bytes_read - before if view is not None else 0
-        return DecodedShard(lane, url, name, examples, Path(url).stat().st_size + from_store, skipped)
+        return DecodedShard(lane, url, name, examples, size + from_store, skipped)
 
     return decode
 
@@ -211,7 +211,7 @@ class EvalStream(torch.utils.data.IterableDataset):
 
         def examples(url: str) -> list[Example]:
             name = shard_label(self.spec, view, url)
-            kept, skipped = shard_examples(self.spec, view, url, name)
+            kept, skipped, _ = shard_examples(self.spec, view, url, name)
             skips.add(name, skipped)
             return kept
 

@@ -23,7 +23,8 @@ from tokweight.pipeline.labels import DatasetLabels, load_labels
 from tokweight.pipeline.model import GPT, ModelConfig
 from tokweight.pipeline.ranks import resolve_device
 from tokweight.pipeline.samples import Sample
-from tokweight.pipeline.shards import iter_samples, resolve_shards
+from tokweight.pipeline.shards import dataset_json, iter_samples, resolve_shards, shard_name
+from tokweight.pipeline.urls import is_url_data
 from tokweight.pipeline.templates import collate, template_ids
 from tokweight.pipeline.vocab import Vocab
 
@@ -31,7 +32,7 @@ from tokweight.pipeline.vocab import Vocab
 @dataclass(frozen=True)
 class BaseTrainConfig:
     data: str
-    """Dataset directory holding train/ and val/ shards (and dataset.json, if synthetic)."""
+    """Dataset directory holding train/ and val/ shards (and dataset.json, if synthetic), or their URLs."""
     out: str
     """Checkpoint directory to write."""
     steps: int = 1500
@@ -87,6 +88,10 @@ BASE_PRESETS = {
 
 
 def load_split(data: str | Path, split: str) -> list[Sample]:
+    """The samples of ``data/split/`` (URLs: of ``<root>/split/...``), or of the whole dataset if it has no such split."""
+    if is_url_data(data):
+        root, urls = resolve_shards(data)
+        return [s for _, s in iter_samples([u for u in urls if shard_name(root, u).startswith(f"{split}/")] or urls)]
     root = Path(data)
     _, urls = resolve_shards(root / split if (root / split).is_dir() else root)
     return [s for _, s in iter_samples([str(u) for u in urls])]
@@ -94,9 +99,9 @@ def load_split(data: str | Path, split: str) -> list[Sample]:
 
 def dataset_vocab(data: str | Path, samples: list[Sample], k_max: int) -> Vocab:
     """Symbols listed in dataset.json (generator or converter), else those seen in the samples."""
-    meta = Path(data) / "dataset.json"
-    if meta.is_file():
-        symbols = json.loads(meta.read_text())["symbols"]
+    info = dataset_json(data)
+    if info is not None:
+        symbols = info["symbols"]
     else:
         symbols = sorted({t for s in samples for t in (*s.x, *s.y)})
     return Vocab(tuple(symbols), k_max=k_max)

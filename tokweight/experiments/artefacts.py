@@ -132,7 +132,7 @@ class Prepared:
     """A setting's artefacts and what they measured."""
 
     setting: Setting
-    data: Path
+    data: Path | str  # a folder, or URLs (pipeline.urls)
     data_key: str
     base: Path
     fingerprint: str

@@ -23,8 +23,8 @@ from tokweight.training.configs import COND_MODES
 from tokweight.training.configs import CVAEConfig
 from tokweight.experiments.artefacts import Echo, coerce_nested
 from tokweight.experiments.cells import CONTROL, STATUSES, Cell, CellBudget, CellPlan, Loss, run_cells
-from tokweight.experiments.own_task.inputs import (SETTING, Checkpoint, check_store, latent_k, prepare,
-                                                            read_checkpoint, split_shards)
+from tokweight.experiments.own_task.inputs import (SETTING, Checkpoint, check_store, dataset, latent_k,
+                                                            prepare, read_checkpoint, split_shards)
 from tokweight.experiments.own_task.render import plot_arms, render
 from tokweight.experiments.recipes import recipe_overrides
 from tokweight.experiments.results import GROUP_KEYS, log_grid, mean_std, seed_stats, write_csv
@@ -158,11 +158,11 @@ def cell_line(cell: Cell, record: dict) -> str:
 def resolve(cfg: OwnTaskConfig):
     """(cfg with K resolved, the checkpoint): every check that needs no work done, before DIR is made."""
     ckpt = read_checkpoint(cfg.checkpoint, cfg.template)
-    split_shards(Path(cfg.data))
+    split_shards(dataset(cfg.data))
     if cfg.store is not None:
         check_store(Path(cfg.store), ckpt.fingerprint, cfg.checkpoint)
     recipe_overrides(cfg.recipe)  # an unknown recipe: no work
-    return replace(cfg, k=latent_k(Path(cfg.data), cfg.k)), ckpt
+    return replace(cfg, k=latent_k(dataset(cfg.data), cfg.k)), ckpt
 
 
 def run(cfg: OwnTaskConfig, echo: Echo = print, command: str | None = None) -> dict:
@@ -176,7 +176,7 @@ def run(cfg: OwnTaskConfig, echo: Echo = print, command: str | None = None) -> d
     cells = own_cells(cfg)
     echo(f"[experiment] own task: K = {cfg.k}, {len(cells)} cells of {cfg.budget.steps} steps, recipe {cfg.recipe}, "
          f"z pathway {cfg.cond}, {cfg.jobs} at a time")
-    prep = prepare(ckpt, Path(cfg.data), cfg.store_dir, echo)
+    prep = prepare(ckpt, dataset(cfg.data), cfg.store_dir, echo)
     rows = run_cells(cells, {SETTING: prep}, cfg.plan, root, echo, cfg.jobs, cell_line)
     agg = aggregate_arms(rows)
     wall = time.perf_counter() - start

@@ -4,7 +4,9 @@ the store predicts before any CVAE is trained.
 Each check fails with one line naming the file or key and what to do (the CLI prints it as
 ``Error: ...``). The dataset's key hashes every shard's split, name, size and sha256, so an
 edited shard gives new cells; the store is extract's own (a complete store for the checkpoint's
-fingerprint over the same shards does nothing, a stale or missing one is written).
+fingerprint over the same shards does nothing, a stale or missing one is written). A dataset
+given by URLs (pipeline.urls) splits by URL prefix, and its key takes each shard's size and
+sha256 from the store, which took them as the shard streamed.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokweight.pipeline.urls import is_url_data
 from tokweight.report.tables import fixed
-from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, data_key
+from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, data_key, key_of
 
 SPLITS = ("train", "val", "test")
 """The CVAE trains on train, validates on val and is reported on test."""
@@ -24,27 +27,40 @@ PROFILE_POSITIONS = 12
 """Positions of S shown in the report's surprisal profile."""
 
 
-def split_shards(data: Path) -> dict[str, list[Path]]:
-    """split -> its shards (``data/<split>/**/*.tar``); a split that is missing or empty is refused."""
+def dataset(data: str) -> Path | str:
+    """``--data`` as the experiment passes it on: a local folder as a Path, URLs as they are."""
+    return data if is_url_data(data) else Path(data)
+
+
+def split_shards(data: Path | str) -> dict[str, list[Path] | list[str]]:
+    """split -> its shards (``data/<split>/**/*.tar``, or the URLs named ``<split>/...``); a split that is
+    missing or empty is refused."""
     out = {}
     for split in SPLITS:
-        shards = sorted((data / split).rglob("*.tar")) if (data / split).is_dir() else []
+        if isinstance(data, str):
+            from tokweight.pipeline.shards import resolve_shards, shard_name
+
+            root, urls = resolve_shards(data)
+            shards, where = [u for u in urls if shard_name(root, u).startswith(f"{split}/")], f"{root}{split}/"
+        else:
+            shards, where = sorted((data / split).rglob("*.tar")) if (data / split).is_dir() else [], data / split
         if not shards:
-            raise ValueError(f"{data} has no {split!r} split with shards ({data / split}): the experiment trains on "
+            raise ValueError(f"{data} has no {split!r} split with shards ({where}): the experiment trains on "
                              f"train, validates on val and reports on test; convert with --val-fraction and "
                              f"--test-fraction above 0, or with a --split-field naming all of {', '.join(SPLITS)}")
         out[split] = shards
     return out
 
 
-def latent_k(data: Path, k: int | None) -> int:
+def latent_k(data: Path | str, k: int | None) -> int:
     """K: ``k`` if given, else the number of the data's strategy labels (train appends the latent tokens a
     checkpoint lacks)."""
     from tokweight.pipeline.labels import load_labels
 
     labels = load_labels(data).strategies
     if k is None and len(labels) < 2:
-        raise ValueError(f"{data / 'dataset.json'} lists {len(labels)} strategy label(s), so K is unknown: pass "
+        meta = data / "dataset.json" if isinstance(data, Path) else f"the dataset.json of {data}"
+        raise ValueError(f"{meta} lists {len(labels)} strategy label(s), so K is unknown: pass "
                          "--k K (the latent's number of values), or give the JSON lines a 'strategy' field")
     return len(labels) if k is None else k
 
@@ -141,7 +157,19 @@ def base_nll(store: Path, fingerprint: str, test: list[Path]) -> float:
     return BaselineStore(store).open(fingerprint).mean_example_mean_b(test)
 
 
-def prepare(checkpoint: Checkpoint, data: Path, store: Path, echo: Echo) -> Prepared:
+def content_key(data: Path | str, shards: dict[str, list], store: Path, fingerprint: str) -> str:
+    """``artefacts.data_key``; for URLs from the store's entries (name, size and sha256 of the bytes streamed),
+    which were read as the shards streamed, so that no shard is read again."""
+    if isinstance(data, Path):
+        return data_key(data, shards)
+    from tokweight.store.baseline_store import BaselineStore
+
+    view = BaselineStore(store).open(fingerprint)
+    entries = {split: [view.input_for_shard(url) for url in urls] for split, urls in shards.items()}
+    return key_of({split: [[e["name"], e["size"], e["sha256"]] for e in listed] for split, listed in entries.items()})
+
+
+def prepare(checkpoint: Checkpoint, data: Path | str, store: Path, echo: Echo) -> Prepared:
     """Store extracted (or found complete), the dataset keyed, the store's predictions over it: the
     ``Prepared`` every cell reads (no generator setting: a user task has none)."""
     start = time.perf_counter()
@@ -154,4 +182,5 @@ def prepare(checkpoint: Checkpoint, data: Path, store: Path, echo: Echo) -> Prep
     echo(f"[store] {checkpoint.fingerprint[:12]}: {'complete already' if reused else 'extracted'}; "
          f"{stats['examples']} examples, dilution (t0+1)/T {fixed(stats['mean_dilution'])}, base token-mean "
          f"NLL on test {fixed(stats['base_nll_test'])} nats ({time.perf_counter() - start:.0f} s)")
-    return Prepared(None, data, data_key(data, shards), Path(checkpoint.path), checkpoint.fingerprint, store, stats)
+    key = content_key(data, shards, store, checkpoint.fingerprint)
+    return Prepared(None, data, key, Path(checkpoint.path), checkpoint.fingerprint, store, stats)
