@@ -4,8 +4,9 @@ pathway x T/(t0+1) x weighting, and the from-scratch beta sweep, on the experime
     python scripts/run_science.py ROOT PHASE [--steps N]
 
 ROOT holds data/, base/, store/ and runs/ (content-keyed, shared by every phase, so a rerun resumes
-and a cell two phases share is trained once); each phase writes its tables to
-docs/results/from-scratch/PHASE/. Cells run one at a time, one torch thread.
+and a cell two phases share is trained once); each phase writes its tables to ROOT/tables/PHASE/ (those of
+the runs docs/history/ records are in docs/history/results/from-scratch/). Cells run one at a time, one torch
+thread.
 """
 
 from __future__ import annotations
@@ -24,13 +25,17 @@ from tokweight.experiments.artefacts import DEFAULT_SETTINGS, Setting, TaskConfi
 from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.experiments.results import write_csv
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "results" / "from-scratch"
 LONG = Setting("h0-n32", 0, 32, 32)
 """The longer setting of the map: T = 33, T/(t0+1) about 33."""
 TASK = TaskConfig(settings=DEFAULT_SETTINGS + (LONG,))
 MAIN_SETTINGS = tuple(s.name for s in DEFAULT_SETTINGS)
 RECIPE = "default"  # the from-scratch recipe these runs found, now train's default remedies
 LR, WARMUP = 3e-4, 100
+
+
+def tables(root: Path) -> Path:
+    """Where the phases write their tables and figures."""
+    return root / "tables"
 
 
 def budget(steps: int) -> CellBudget:
@@ -48,8 +53,8 @@ def main_table(root: Path, steps: int) -> dict:
                                 seeds=(0, 1, 2), continuous_weightings=(), cond_modes=("prefix",), cond="prefix",
                                 prefix_slots=4, budget=budget(steps), recipe=RECIPE, jobs=1)
     result = grid.run(cfg, command=f"scripts/run_science.py {root} main --steps {steps}")
-    copy_outputs(root, DOCS / "main", ("results.md", "results.csv", "cells.csv", "mi_vs_ratio.png",
-                                       "settings.csv", "experiment_config.json"))
+    copy_outputs(root, tables(root) / "main", ("results.md", "results.csv", "cells.csv", "mi_vs_ratio.png",
+                                                "settings.csv", "experiment_config.json"))
     return result
 
 
@@ -60,8 +65,8 @@ def full_grid(root: Path, steps: int) -> dict:
     cfg = grid.ExperimentConfig(out=str(root), continuous_weightings=(), cond="prefix", prefix_slots=4,
                                 budget=budget(steps), recipe=RECIPE, jobs=1)
     result = grid.run(cfg, command=f"scripts/run_science.py {root} grid --steps {steps}")
-    copy_outputs(root, DOCS / "grid", ("results.md", "results.csv", "cells.csv", "mi_vs_ratio.png", "settings.csv",
-                                       "experiment_config.json"))
+    copy_outputs(root, tables(root) / "grid", ("results.md", "results.csv", "cells.csv", "mi_vs_ratio.png",
+                                                "settings.csv", "experiment_config.json"))
     return result
 
 
@@ -101,7 +106,7 @@ def decoder(root: Path, steps: int, beta: float = 0.3, variants: tuple[str, ...]
         plan = CellPlan(TASK.k, 4, replace(budget(steps), lr=lr), recipe, tuple(sorted(loss.items())))
         rows += run_plan(cells, plan, root, name)
     base = {s: prepared(root, (s,))[s].stats["base_val_nll"] for s in DECODER_SETTINGS}
-    dest = DOCS / ("decoder" if beta == 0.3 else f"decoder-beta-{beta:g}")
+    dest = tables(root) / ("decoder" if beta == 0.3 else f"decoder-beta-{beta:g}")
     write_table(DECODER_TABLE, rows, dest, extra={"base_val_nll": lambda r: base[r["setting"]]})
     (dest / "summary.md").write_text(decoder_summary(rows, base) + "\n")
     print(decoder_summary(rows, base))
@@ -154,7 +159,8 @@ def map_grid(root: Path, steps: int, seeds: int = 1, pathways: tuple[str, ...] =
                  for w in MAP_WEIGHTINGS]
         rows += [{**r, "pathway": pathway(cond, slots)}
                  for r in run_plan(cells, CellPlan(TASK.k, slots, budget(steps), RECIPE), root, "map")]
-    dest = DOCS / ("map" if len(chosen) == len(MAP_PATHWAYS) else "-".join(["map", *(pathway(*p) for p in chosen)]))
+    name = "map" if len(chosen) == len(MAP_PATHWAYS) else "-".join(["map", *(pathway(*p) for p in chosen)])
+    dest = tables(root) / name
     write_table(MAP_TABLE, rows, dest)
     (dest / "summary.md").write_text(map_summary(rows, chosen) + "\n")
     print(map_summary(rows, chosen))
@@ -222,8 +228,9 @@ def beta_sweep(root: Path, steps: int) -> None:
     cfg = sw.SweepConfig(out=str(root), settings=MAIN_SETTINGS, betas=SWEEP_BETAS, seeds=(0,), budget=budget(steps),
                          recipe=RECIPE, cond="prefix", prefix_slots=4, refine=SWEEP_REFINE, jobs=1)
     sw.run(cfg, command=f"scripts/run_science.py {root} sweep --steps {steps}")
-    copy_outputs(root, DOCS / "sweep", ("beta_threshold.md", "beta_threshold.csv", "beta_cells.csv", "beta_ratio.csv",
-                                        "mi_vs_beta.png", "mi_vs_step.png", "sweep_config.json"))
+    copy_outputs(root, tables(root) / "sweep", ("beta_threshold.md", "beta_threshold.csv", "beta_cells.csv",
+                                                 "beta_ratio.csv", "mi_vs_beta.png", "mi_vs_step.png",
+                                                 "sweep_config.json"))
 
 
 # ---------------------------------------------------------------- tables
@@ -283,14 +290,14 @@ def anchor_late(root: Path, steps: int) -> None:
     name = "anchor w=1 m=0.05 from step 100"
     loss, lr, recipe = DECODER_VARIANTS[name]
     base = {s: prepared(root, (s,))[s].stats["base_val_nll"] for s in DECODER_SETTINGS}
-    for beta, earlier in ((0.3, DOCS / "decoder"), (1.0, DOCS / "decoder-beta-1")):
+    for beta, earlier in ((0.3, tables(root) / "decoder"), (1.0, tables(root) / "decoder-beta-1")):
         cells = [Cell(s, "discrete", "prefix", "surprisal-share", beta, seed) for s in DECODER_SETTINGS
                  for seed in (0, 1, 2)]
         rows = run_plan(cells, CellPlan(TASK.k, 4, replace(budget(steps), lr=lr), recipe, tuple(sorted(loss.items()))),
                         root, name)
         with (earlier / "rows.csv").open() as f:
             before = [{k: float(v) if k in NUMBERS else v for k, v in r.items()} for r in csv.DictReader(f)]
-        dest = DOCS / f"decoder-anchor-late-beta-{beta:g}"
+        dest = tables(root) / f"decoder-anchor-late-beta-{beta:g}"
         write_table(DECODER_TABLE, rows, dest, extra={"base_val_nll": lambda r: base[r["setting"]]})
         (dest / "summary.md").write_text(decoder_summary(before + rows, base) + "\n")
         print(decoder_summary(before + rows, base))
