@@ -80,6 +80,6 @@ class Ranks:
 
     def close(self) -> None:
         if self._dist is not None and self._owns_group:
-            self._dist.barrier()  # without it, 2 of 16 two-rank runs ended in SIGABRT at exit
+            self._dist.barrier()  # without it two-rank runs sometimes ended in SIGABRT at exit (docs/reference.md)
             self._dist.destroy_process_group()
         self._dist = None

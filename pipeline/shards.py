@@ -205,7 +205,7 @@ def _plain_members(path: str | Path | bytes) -> list[tarfile.TarInfo] | None:
     directory and an end-of-archive block follows the last member; None for anything else (a pax,
     long-name, link or sparse header, a ustar prefix, a bad checksum, a short read, a compressed
     tar), which tarfile then scans and names. tarfile's own header parsing was half of reading a
-    shard (52 ms of ~110 for 2000 samples), and extraction scans each shard twice."""
+    shard, and extraction scans each shard twice (docs/benchmarks.md)."""
     members, offset = [], 0
     with _binary(path) as f:
         while (header := f.read(tarfile.BLOCKSIZE)) != _END_BLOCK:

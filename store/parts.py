@@ -8,8 +8,8 @@ a Zarr directory's sha256 is taken over its files in sorted order (relative path
 bytes).
 
 Parquet: one row per example with list columns, zstd, BYTE_STREAM_SPLIT on the float
-lists (about 25% smaller than plain for surprisals), dictionary encoding only on the
-string columns, page checksums, one row group.
+lists (surprisals compress better split by byte: docs/benchmarks.md), dictionary encoding only
+on the string columns, page checksums, one row group.
 Zarr 3 (no ragged dtype): per list column a flat ``values`` array plus one shared
 ``offsets`` (N+1, int64); strings as ``dtype=str``; nullable columns get a ``<name>_valid``
 bool array; one chunk per array, NaN fill for floats, zstd with its frame checksum.

@@ -52,8 +52,8 @@ EXAMPLE_QUERIES = (
 VIEWS = ("examples", "tokens", "vocab", "manifests", "store_rows")
 QUANTILE_TOKENS = 2**20
 """Above this many tokens profile_by_position's quantiles come from a sample of examples
-(views.sql). On bench_sql's 10M-token store their exact quantiles cost about 4 scans of b,
-a sample of 2^20 tokens about 0.8 (2^18: 0.3, 2^21: 1.0)."""
+(views.sql): exact quantiles cost several scans of b, a sample of this size less than one
+(docs/benchmarks.md, SQL)."""
 POSTERIORS_FILE = "posteriors-{split}.parquet"
 """`tokweight encode`'s file in a run directory, which ``add_posteriors`` reads."""
 _ROWS_SCHEMA = pa.schema([pa.field("fingerprint", pa.string(), nullable=False), *PART_SCHEMA])

@@ -56,8 +56,8 @@ class Conditioning(nn.Module):
         (``token_key_values``). A discrete z's one-hot picks one such column; a continuous z's F standard-normal
         features sum F of them, so its columns are 1/sqrt(F) as long.
 
-        Why: at GPT-2's 0.02 the memory was a tenth of a token's keys and values, and AdamW at lr 3e-4 moves a
-        weight by about lr a step, so after 300 steps it still was (docs/results.md, "The memory pathway").
+        Why: started at GPT-2's std 0.02 the memory stays far below a token's keys and values for hundreds of
+        steps (AdamW moves a weight by about lr a step), and z is not found (docs/results.md, "The z pathways").
         """
         layers, heads, head_dim = self.memory_shape
         features = self.memory_proj.in_features
@@ -74,9 +74,9 @@ class Conditioning(nn.Module):
         latent row (the bias), offset per slot by random directions orthogonal to it, each column 1/sqrt(F)
         long, so that a standard-normal z of F features moves a slot by about ``norm``.
 
-        Why: at GPT-2's 0.02 the projection gives the slots near-zero embeddings, inputs the base never read,
-        which AdamW at lr 3e-4 grows by about lr a step (the memory pathway's projection stayed at init scale
-        for 300 steps)."""
+        Why: at GPT-2's std 0.02 the projection gives the slots near-zero embeddings, inputs the base never read,
+        which AdamW grows by about lr a step (the memory pathway's projection stayed near its init scale for
+        hundreds of steps: docs/results.md, "The z pathways")."""
         slots, d, features = self.slots, self.d_model, self.slot_proj.in_features
         if features >= d:
             raise ValueError(f"cannot make {features} directions orthogonal to the mean row in d_model={d}")

@@ -24,10 +24,9 @@ from tokweight.pipeline.samples import Sample
 from tokweight.training.metrics import MI_FLOOR, POSTERIOR_RULES, hungarian_accuracy
 
 CONTROL_FLOOR = 0.05
-"""The least gain over chance (a share of the examples) that counts as control, besides 2 SE. Why 1 in 20: at
-0.01 a latent that moves 1 example in 50 passed (the demo's uniform arm: first token 0.484 against 0.469 at an
-exact MI of 0.02; a K = 8 uniform cell: exact match +0.021 at 0.017), while the weakest code measured, a K = 8
-value set with I(z; strategy) 0.26, gains 0.23 on the first token."""
+"""The least gain over chance (a share of the examples) that counts as control, besides 2 SE. Why 1 in 20: at 1 in
+100 traces passed (latents that carry almost nothing and move a few examples), while the weakest code measured
+gains several times 1 in 20 (docs/results.md, "The verdict's thresholds")."""
 CONTROL_RULE = (f"control above chance: the exact-match or the first-token rate under the matched latent value "
                 f"exceeds chance by >= {CONTROL_FLOOR} and by > 2 SE (paired over examples)")
 CHANCE = "chance: the same examples decoded under each of the other latent values (their mean)"
@@ -50,22 +49,19 @@ WHOLE_RULE = (f"decoder whole: under each example's own latent value (argmax q; 
 LIKELIHOOD_FLOOR = math.log(2)
 """The least mean log-likelihood ratio (nats) that counts: the reference at least twice as likely under its matched
 latent value. Why not a share over chance like the decode controls' floor: a trace moves likelihoods long before it
-flips a decode. Eleven uniform K = 2 cells whose posterior carries nothing of the strategy (I(z; strategy) 0.000) tilt
-the reference's likelihood by -0.14 to +0.25 nats, five of them by a share over chance above 0.05 (0.527-0.562
-against 0.438-0.473); the cells whose decoder codes the strategy on a base that decodes nothing gain 39-61 nats."""
+flips a decode. Cells whose posterior carries nothing of the strategy tilt the reference's likelihood by a fraction
+of a nat, some of them by a share over chance above the decodes' floor, while a decoder that codes the strategy on a
+base that decodes nothing gains tens of nats (docs/results.md, "The verdict's thresholds")."""
 LIKELIHOOD_RULE = (f"likelihood above chance: the posterior's I(z; strategy) is >= {MI_FLOOR} nats (else the matching "
                    f"of values to strategies is arbitrary), and with y teacher-forced, log p(y|x,k) under the latent "
                    f"value k matched to the example's strategy exceeds log of the other values' mean p(y|x,j) by >= "
                    f"log 2 = {LIKELIHOOD_FLOOR:.3f} nats on average and by > 2 SE")
 """Why beside the decodes: a greedy decode shows z only where z flips an argmax. On a base that reproduces nothing,
 a z that moves the likelihood of every token of y without flipping the first one is invisible to both decode
-controls (a K = 2 cell on a base that had not learnt the copy: I(z; strategy) 0.362, first-token gain 0.008, its
-NLL 0.18 nats per token below the uniform cells'). Why the label-matched value and not the posterior's own: argmax q
-has read y, so its value has the higher likelihood whenever q follows the decoder, also for a z that means nothing.
-Why the gate on I(z; strategy): the matching comes from the posterior's clusters, and a posterior that knows nothing of
-the strategy matches at random, so the tilt's sign is a coin's, however long y is (on one base a uniform cell with
-I(z; strategy) 0.001 tilted 0.33 nats on 17 tokens, a surprisal-share cell with 0.002 tilted 1.38, and one with
-0.024 tilted 5.0)."""
+controls. Why the label-matched value and not the posterior's own: argmax q has read y, so its value has the higher
+likelihood whenever q follows the decoder, also for a z that means nothing. Why the gate on I(z; strategy): the
+matching comes from the posterior's clusters, and a posterior that knows nothing of the strategy matches at random,
+so the tilt's sign is a coin's and its size grows with y's length (docs/results.md, "The verdict's thresholds")."""
 OUTCOMES = ("z used, decoder whole", "z used, decoder damaged", "z not used")
 ONE_STRATEGY = 0.9
 """A latent value names one strategy when at least this share of its decodes execute its most common strategy

@@ -27,9 +27,8 @@ from dataclasses import asdict, dataclass, replace
 class StopRule:
     patience: int = 10
     """Counted validations without an improvement before the run converges (0: off, the run trains to its cap).
-    At 50 steps a validation: 500 steps. On the small synthetic preset (seed 0) neither number improved
-    from step 250 until z was found at step 600: a patience of 6 stopped that run at step 550, 7 let
-    it go on."""
+    At 50 steps a validation: 500 steps. Generous, because a run can sit on a plateau for several validations
+    before z is found (docs/results.md, "Why each default")."""
     min_delta_objective: float = 0.01
     """Nats the val objective must fall below its best to count as an improvement."""
     min_delta_mi: float = 0.01

@@ -235,7 +235,7 @@ def spread_latent_embeddings(backbone: GPT, latent_ids: list[int], norm: float, 
     almost z-invariant. Orthogonal rows give each k a distinct direction from step 0. Replacing the rows,
     though, feeds the decoder inputs it never saw (a base trained with z sections reads its mean latent row as
     "ignore"), and the offsets add up over several slots: centred rows at a fraction of the token-row spread
-    keep the decoder near intact (docs/results.md, the latent rows' start).
+    keep the decoder near intact (docs/results.md, "Why each default").
     """
     K, d = len(latent_ids), backbone.cfg.d_model
     if K + center > d:

@@ -67,8 +67,8 @@ def usage(q: np.ndarray) -> dict:
 
 # The floors below which the posterior is called flat (it carries no information about x, y), and
 # with it the strategy NMI / accuracy uninformative: argmax q or k-means of mu then sorts examples
-# by noise, and a near-uniform contingency can still score well (a discrete run with exact MI 0.000
-# reported NMI 0.58; a collapsed continuous one, 0 active units, NMI 1.0).
+# by noise, and a near-uniform contingency can still score well, even perfectly (docs/results.md,
+# "The verdict's thresholds").
 MI_FLOOR = 0.01
 """nats: discrete exact MI, continuous MI estimate."""
 ACTIVE_UNIT_THRESHOLD = 0.01
