@@ -29,7 +29,7 @@ class CVAEConfig:
     """Latent values of a discrete latent (<= the vocabulary's k_max); clusters for a continuous one's eval."""
     z_dim: int = 2
     """Dimensions of a continuous latent. Each dimension's share of a slot's offset is 1/sqrt(z_dim), so a
-    larger z moves the decoder's input less per dimension (docs/results.md, the continuous latent)."""
+    larger z moves the decoder's input less per dimension (docs/results.md, "The continuous latent")."""
     samples: int | None = None
     """Draws of a continuous latent per example, each a decoder copy, among which its E-step chooses (a discrete
     latent's copies are its K values). None: 4 for a continuous latent (as many passes as the K = 4 discrete
@@ -39,7 +39,7 @@ class CVAEConfig:
     cond: str = "prefix"
     """z pathway: "token" (one slot), "prefix" (``slots`` slots), "layernorm" (one slot + LayerNorm modulation)
     or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder). One slot
-    is a bottleneck the decoder's response to z does not grow through (docs/results.md, the z pathways)."""
+    is a bottleneck the decoder's response to z does not grow through (docs/results.md, "The z pathways")."""
     slots: int | None = None
     """Latent slots of the z-conditioned template (prefix only; 1 otherwise); None: 4 for the prefix."""
     posterior_pool: str = "mean"
