@@ -4,7 +4,7 @@ Per input shard, a stream of stages:
 
     read_samples   tar -> Sample, in shard order (bad samples raise or are counted)
     drop_later_occurrences   Sample -> Sample: keys an earlier shard of the run has are duplicates
-    encode         Sample -> Encoded: z-free ids, layout, position in the shard
+    encode         Sample -> Encoded: z-free ids, layout, position in the shard (rows tokenized in batches)
     ShardBatches   Encoded -> batches of similar length (pipeline.bucketing), collated
     score_shard    batches -> b, entropy, top-1 over S, float32, scattered back to shard
                    order, + the derived columns (store.derived) -> one PART_SCHEMA table
@@ -49,7 +49,7 @@ from tokweight.pipeline.ranks import RankFailed, Ranks, resolve_device
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_shard, resolve_shards, scan_shard, shard_name, tar_keys
 from tokweight.pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate,
-                                         template_ids, template_option)
+                                         template_ids_many, template_option)
 from tokweight.pipeline.vocab import Vocab
 from tokweight.store.derived import derived_columns, scalar_arrays
 from tokweight.store.formats import PARQUET, check_format
@@ -135,7 +135,7 @@ def read_samples(path: Path, shard: str, on_error: ErrorHandler,
 
 
 def drop_later_occurrences(samples: Iterable[Sample], duplicates: dict[str, str], shard: str,
-                           skips: ShardSkips | None) -> Iterator[Sample]:
+                           skips: ShardSkips | InOrder | None) -> Iterator[Sample]:
     """Stage: samples whose key an earlier shard of the run has (``extract_plan.cross_shard_duplicates``)
     are left out, counted as 'duplicate-key'; under 'error' (``skips`` None) the plan has raised already."""
     for sample in samples:
@@ -149,13 +149,41 @@ def drop_later_occurrences(samples: Iterable[Sample], duplicates: dict[str, str]
         skips.later_occurrence(error)
 
 
-def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str,
-           on_error: ErrorHandler) -> Iterator[Encoded]:
-    """Stage: samples -> z-free ids; unknown symbols and too-long sequences are bad samples."""
-    index = 0
-    for sample in samples:
+ENCODE_ROWS = 1024  # samples encoded together: a chat or string template's rows go to the tokenizer in one call
+
+
+def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str, on_error: ErrorHandler,
+           reading: InOrder | None = None) -> Iterator[Encoded]:
+    """Stage: samples -> z-free ids, ``ENCODE_ROWS`` at a time (``templates.template_ids_many``); unknown symbols
+    and too-long sequences are bad samples. Bad samples come out in file order: the samples read before a bad one
+    that the reading stages found (held back by ``reading``, or raised) are encoded before it is passed on."""
+    counter = iter(range(1 << 62))  # Encoded.index: position among the kept samples
+    held: list[Sample] = []
+    upstream = iter(samples)
+    while True:
         try:
-            ids, layout = template_ids(vocab, sample.x, sample.y, key=sample.key)
+            sample = next(upstream, None)
+        except SampleError:  # the 'error' policy: the reading stages raise, after the samples before
+            yield from _encoded(held, vocab, block_size, shard, on_error, counter)
+            raise
+        if sample is None or len(held) == ENCODE_ROWS or (reading is not None and reading.waiting):
+            yield from _encoded(held, vocab, block_size, shard, on_error, counter)
+            held = []
+            if reading is not None:
+                reading.release()
+        if sample is None:
+            return
+        held.append(sample)
+
+
+def _encoded(samples: list[Sample], vocab: Vocab, block_size: int, shard: str, on_error: ErrorHandler,
+             counter: Iterator[int]) -> Iterator[Encoded]:
+    results = template_ids_many(vocab, [s.x for s in samples], [s.y for s in samples], [s.key for s in samples])
+    for sample, result in zip(samples, results):
+        try:
+            if isinstance(result, SampleError):
+                raise result
+            ids, layout = result
             check_length(len(ids), block_size, key=sample.key)
         except SampleError as error:
             error = error.located(shard=shard)
@@ -163,8 +191,28 @@ def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str,
                 raise error from None
             on_error(error)
             continue
-        yield Encoded(index, sample, ids, layout)
-        index += 1
+        yield Encoded(next(counter), sample, ids, layout)
+
+
+class InOrder:
+    """The reading stages' error handler in front of ``ShardSkips`` while ``encode`` holds samples back: a bad
+    sample they find waits until the samples read before it are encoded, so that bad samples are counted, and
+    their keys listed, in file order."""
+
+    def __init__(self, skips: ShardSkips):
+        self.skips = skips
+        self.waiting: list[tuple[Callable[[SampleError], None], SampleError]] = []
+
+    def __call__(self, error: SampleError) -> None:
+        self.waiting.append((self.skips, error))
+
+    def later_occurrence(self, error: SampleError) -> None:
+        self.waiting.append((self.skips.later_occurrence, error))
+
+    def release(self) -> None:
+        for report, error in self.waiting:
+            report(error)
+        self.waiting.clear()
 
 
 @dataclass
@@ -323,12 +371,13 @@ class PreparedShard:
 def prepare_shard(task: Task, vocab: Vocab, block_size: int, policy: str, batch_tokens: int) -> PreparedShard:
     """Read, encode and batch one shard. A truncated tar raises, or under 'skip' is marked whole."""
     skips = None if policy == "error" else ShardSkips()
+    reading = None if skips is None else InOrder(skips)  # the reading stages' bad samples, in order with encode's
     name = task.shard.name
     try:
         members = scan_shard(task.shard.path, name)
-        samples = read_samples(task.shard.path, name, skips, members)  # stream: Sample, file order
-        samples = drop_later_occurrences(samples, task.duplicates, name, skips)  # keys unique across shards
-        encoded = list(encode(samples, vocab, block_size, name, skips))  # Encoded, file order
+        samples = read_samples(task.shard.path, name, reading, members)  # stream: Sample, file order
+        samples = drop_later_occurrences(samples, task.duplicates, name, reading)  # keys unique across shards
+        encoded = list(encode(samples, vocab, block_size, name, skips, reading))  # Encoded, file order
     except SampleError as error:
         if error.reason != "truncated-shard" or skips is None:
             raise
