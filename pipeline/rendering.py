@@ -170,6 +170,11 @@ class Spans:
                    "", pieces.after[:cut_c], ids(tail), False, crossing(added, head, middle),
                    crossing(added, middle, tail))
 
+    @property
+    def kind(self) -> str:
+        whole = self.joint and not self.head and not self.tail
+        return "whole rows" if whole else "spans between the template's special tokens"
+
     def texts(self, x: str, y: str) -> tuple[str | None, str, int]:
         """(x's span or None when joint, y's span, where y starts in it)."""
         if self.joint:
@@ -179,8 +184,9 @@ class Spans:
 
     def crosses(self, x_span: str | None, y_span: str) -> bool:
         """Whether an added token could form across a span's edge (the row is then rendered per row)."""
-        return any(edges[0] and span.startswith(edges[0]) or edges[1] and span.endswith(edges[1])
-                   for span, edges in ((x_span, self.x_edges), (y_span, self.y_edges)) if span is not None)
+        (x_starts, x_ends), (y_starts, y_ends) = self.x_edges, self.y_edges
+        return bool(x_span is not None and (x_starts and x_span.startswith(x_starts) or x_ends and x_span.endswith(x_ends))
+                    or y_starts and y_span.startswith(y_starts) or y_ends and y_span.endswith(y_ends))
 
 
 class Renderer:
@@ -207,13 +213,17 @@ class Renderer:
         if pieces is None:
             return cls(tokenizer, None, "per row: the template does not render x and y as given between fixed text")
         encode, (added, clean) = batch_encoder(tokenizer), added_tokens(tokenizer)
+        candidates = {}  # kind -> Spans: where the template has no clean added token, its spans are whole rows
+        for tokens in (clean, set()):
+            spans = Spans.of(pieces, encode, added, tokens)
+            candidates.setdefault(spans.kind, spans)
         tried = []
-        for name, tokens in (("spans between the template's special tokens", clean), ("whole rows", set())):
-            renderer = cls(tokenizer, Spans.of(pieces, encode, added, tokens), f"once: {name}")
+        for kind, spans in candidates.items():
+            renderer = cls(tokenizer, spans, f"once: {kind}")
             bad = renderer.first_difference(PROBES + tuple((f"a{t}b", t) for t in added), reference)
             if bad is None:
                 return renderer
-            tried.append(f"{name} differ on probe {bad!r}")
+            tried.append(f"{kind} differ on probe {bad!r}")
         return cls(tokenizer, None, f"per row: {'; '.join(tried)}")
 
     def first_difference(self, probes: Sequence[tuple[str, str]], reference: Reference) -> tuple[str, str] | None:

@@ -23,6 +23,7 @@ The logit that predicts sequence position p sits at p - 1 (next-token prediction
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -135,7 +136,12 @@ class Skeleton:
 
     @classmethod
     def rendered(cls, tail: int) -> Skeleton:
-        return cls(0, 0, 0, 0, 0, tail)
+        return _rendered_skeleton(tail)
+
+
+@functools.lru_cache(maxsize=64)
+def _rendered_skeleton(tail: int) -> Skeleton:  # one per tail length: a template's rows share it
+    return Skeleton(0, 0, 0, 0, 0, tail)
 
 
 @dataclass(frozen=True)
