@@ -43,7 +43,7 @@ from tokweight.pipeline.bucketing import bucket
 from tokweight.pipeline.checkpoint import Checkpoint
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
-from tokweight.pipeline.extract_reader import cpus_per_process, read_ahead, reader_pays
+from tokweight.pipeline.extract_reader import cpus_per_process, gc_frozen, read_ahead, reader_pays
 from tokweight.pipeline.extract_plan import Plan, Task, cross_shard_duplicates, make_plan, skip_duplicates
 from tokweight.pipeline.ranks import RankFailed, Ranks, resolve_device
 from tokweight.pipeline.samples import Sample
@@ -544,7 +544,7 @@ def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, writer: Store
     records: list[Record] = []
     writing: Future | None = None  # at most one part in flight: its errors surface one shard later
     shards = prepared_shards(mine, ckpt.vocab, ckpt.model.cfg.block_size, cfg)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-write") as background:
+    with gc_frozen(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-write") as background:
         try:
             for prepared in shards:
                 table = None if prepared.rows is None else score_shard(prepared.rows, ckpt.model, device, bar.update)

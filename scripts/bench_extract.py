@@ -55,6 +55,7 @@ from tokweight.pipeline.bucketing import padded_fraction, plan_batches
 from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
                               score_batch, uses_reader_process)
+from tokweight.pipeline.extract_reader import gc_frozen
 from tokweight.pipeline.extract_plan import InputShard, Task
 from tokweight.pipeline.shards import resolve_shards, shard_name
 from tokweight.pipeline.synth import PRESETS, write_dataset
@@ -120,11 +121,13 @@ def build_batches(data: Path, ckpt, batch_tokens: int):
 
 
 def read_all(data: Path, ckpt, batch_tokens: int) -> None:
-    """The reading stage alone (tar scan, WebDataset, JSON, validation, encoding, batching) over every shard."""
+    """The reading stage alone (tar scan, WebDataset, JSON, validation, encoding, batching) over every shard, with
+    the garbage collector as extraction runs it (``gc_frozen``)."""
     root, paths = resolve_shards(data)
-    for i, path in enumerate(paths):
-        task = Task(InputShard(path, shard_name(root, path), 0, ""), f"part-{i:05d}.parquet", 0)
-        prepare_shard(task, ckpt.vocab, ckpt.model.cfg.block_size, "error", batch_tokens)
+    with gc_frozen():
+        for i, path in enumerate(paths):
+            task = Task(InputShard(path, shard_name(root, path), 0, ""), f"part-{i:05d}.parquet", 0)
+            prepare_shard(task, ckpt.vocab, ckpt.model.cfg.block_size, "error", batch_tokens)
 
 
 def read_on_one_core(data: Path, ckpt, batch_tokens: int, repeats: int) -> tuple[float, float]:
