@@ -331,7 +331,7 @@ class Scored:
             return cls(rows, batch, tuple(t.cpu() for t in values))
         values = tuple(t.to("cpu", non_blocking=True) for t in values)  # into pinned memory
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(device))
         return cls(rows, batch, values, event)
 
     def ready(self) -> tuple[np.ndarray, ...]:
