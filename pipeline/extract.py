@@ -282,7 +282,8 @@ class ScoreInputs:
     def of(cls, batch: Batch) -> ScoreInputs:
         length = int(batch.logit_pos.max()) + 1
         rows = torch.arange(len(batch.input_ids), device=batch.logit_pos.device)[:, None]  # (B, 1)
-        return cls(batch.input_ids[:, :length], (rows * length + batch.logit_pos)[batch.mask], batch.targets[batch.mask])
+        positions = (rows * length + batch.logit_pos)[batch.mask]  # (N,)
+        return cls(batch.input_ids[:, :length], positions, batch.targets[batch.mask])
 
     def to(self, device: torch.device) -> ScoreInputs:
         return ScoreInputs(*(to_device(t, device) for t in (self.input_ids, self.positions, self.targets)))

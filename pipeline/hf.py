@@ -97,7 +97,8 @@ class TokenizerVocab:
         self.end_id = self._template["</y>"] if template.builtin else self._end_token()
         self._reserved = set(self._template.values()) | set(self._latent) | {self.end_id}
         self._tokens = tuple(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))  # id order, once
-        self._renderer = None if template.builtin else Renderer.of(tokenizer, lambda x, y: self._texts(x, y, None), self._cut)
+        self._renderer = None if template.builtin else Renderer.of(tokenizer, lambda x, y: self._texts(x, y, None),
+                                                                   self._cut)
 
     @property
     def rendering(self) -> str:

@@ -184,9 +184,8 @@ class Spans:
 
     def crosses(self, x_span: str | None, y_span: str) -> bool:
         """Whether an added token could form across a span's edge (the row is then rendered per row)."""
-        (x_starts, x_ends), (y_starts, y_ends) = self.x_edges, self.y_edges
-        return bool(x_span is not None and (x_starts and x_span.startswith(x_starts) or x_ends and x_span.endswith(x_ends))
-                    or y_starts and y_span.startswith(y_starts) or y_ends and y_span.endswith(y_ends))
+        return any(starts and span.startswith(starts) or ends and span.endswith(ends)
+                   for span, (starts, ends) in ((x_span, self.x_edges), (y_span, self.y_edges)) if span is not None)
 
 
 class Renderer:
