@@ -32,7 +32,7 @@ from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.templates import Rendered, cut_at_y, or_error
 
 SENTINELS = ("\ue000tokweight-x\ue001", "\ue000tokweight-y\ue001")  # private-use characters: no template writes them
-CHECK_EVERY = 64  # rows rendered once per row rendered again per row and compared
+CHECK_EVERY = 64  # of the rows rendered once, one in CHECK_EVERY is rendered per row as well and compared
 PROBES = (  # (x, y): what a template could trim, escape, rewrite or a tokenizer could merge across a span's edge
     ("what is 3 plus 4?", "7 is the sum"),
     (" leading space", " leading space"),

@@ -93,6 +93,17 @@ def test_rendered_once_equals_rendered_per_row_over_varied_strings(vocabs, which
         for r, x, y, k in zip(once, xs, ys, keys)]
 
 
+def test_a_vocabulary_rendering_once_travels_to_the_reader_process(vocabs):
+    """Pickled (as the reader process receives it), it renders as before."""
+    import pickle
+
+    xs, ys, keys = varied_rows(50, seed=3)
+    copy = pickle.loads(pickle.dumps(vocabs["chat"]))
+    assert copy.rendering == vocabs["chat"].rendering
+    assert [outcome(r) for r in copy.render_many(xs, ys, keys)] == [
+        outcome(r) for r in vocabs["chat"].render_many(xs, ys, keys)]
+
+
 def test_a_token_that_begins_in_the_template_text_is_ys_first(vocabs):
     """"Answer:" then "3 is the sum": the whole string's " 3" begins in the prompt's text and is y's first token."""
     vocab = vocabs["text"]
