@@ -5,7 +5,7 @@ Per input shard, a stream of stages:
     read_samples   tar (a local file, or a URL's bytes fetched once) -> Sample, in shard order
                    (bad samples raise or are counted)
     drop_later_occurrences   Sample -> Sample: keys an earlier shard of the run has are duplicates
-    encode         Sample -> Encoded: z-free ids, layout, position in the shard
+    encode         Sample -> Encoded: z-free ids, layout, position in the shard (rows tokenized in batches)
     ShardBatches   Encoded -> batches of similar length (pipeline.bucketing), collated
     score_shard    batches -> b, entropy, top-1 over S, float32, scattered back to shard
                    order, + the derived columns (store.derived) -> one PART_SCHEMA table
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import tarfile
 import time
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
@@ -46,7 +46,7 @@ from tokweight.pipeline.bucketing import bucket
 from tokweight.pipeline.checkpoint import Checkpoint
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
-from tokweight.pipeline.extract_reader import cpus_per_process, read_ahead, reader_pays
+from tokweight.pipeline.extract_reader import cpus_per_process, gc_frozen, read_ahead, reader_pays
 from tokweight.pipeline.extract_plan import (Plan, Task, cross_shard_duplicates, later_occurrences, make_plan,
                                             run_inputs, skip_duplicates, url_duplicates, where)
 from tokweight.pipeline.ranks import RankFailed, Ranks, resolve_device
@@ -54,7 +54,7 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_shard, scan_shard, tar_keys
 from tokweight.pipeline.urls import Retry, fetch, is_url_data
 from tokweight.pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate,
-                                         template_ids, template_option)
+                                         template_ids_many, template_option)
 from tokweight.pipeline.vocab import Vocab
 from tokweight.store.derived import derived_columns, scalar_arrays
 from tokweight.store.formats import PARQUET, check_format
@@ -144,7 +144,7 @@ def read_samples(path: Path | str, shard: str, on_error: ErrorHandler,
 
 
 def drop_later_occurrences(samples: Iterable[Sample], duplicates: dict[str, str], shard: str,
-                           skips: ShardSkips | None) -> Iterator[Sample]:
+                           skips: ShardSkips | InOrder | None) -> Iterator[Sample]:
     """Stage: samples whose key an earlier shard of the run has (``extract_plan.cross_shard_duplicates``)
     are left out, counted as 'duplicate-key'; under 'error' (``skips`` None) the plan has raised already."""
     for sample in samples:
@@ -158,13 +158,41 @@ def drop_later_occurrences(samples: Iterable[Sample], duplicates: dict[str, str]
         skips.later_occurrence(error)
 
 
-def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str,
-           on_error: ErrorHandler) -> Iterator[Encoded]:
-    """Stage: samples -> z-free ids; unknown symbols and too-long sequences are bad samples."""
-    index = 0
-    for sample in samples:
+ENCODE_ROWS = 1024  # samples encoded together: a chat or string template's rows go to the tokenizer in one call
+
+
+def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str, on_error: ErrorHandler,
+           reading: InOrder | None = None) -> Iterator[Encoded]:
+    """Stage: samples -> z-free ids, ``ENCODE_ROWS`` at a time (``templates.template_ids_many``); unknown symbols
+    and too-long sequences are bad samples. Bad samples come out in file order: the samples read before a bad one
+    that the reading stages found (held back by ``reading``, or raised) are encoded before it is passed on."""
+    counter = iter(range(1 << 62))  # Encoded.index: position among the kept samples
+    held: list[Sample] = []
+    upstream = iter(samples)
+    while True:
         try:
-            ids, layout = template_ids(vocab, sample.x, sample.y, key=sample.key)
+            sample = next(upstream, None)
+        except SampleError:  # the 'error' policy: the reading stages raise, after the samples before
+            yield from _encoded(held, vocab, block_size, shard, on_error, counter)
+            raise
+        if sample is None or len(held) == ENCODE_ROWS or (reading is not None and reading.waiting):
+            yield from _encoded(held, vocab, block_size, shard, on_error, counter)
+            held = []
+            if reading is not None:
+                reading.release()
+        if sample is None:
+            return
+        held.append(sample)
+
+
+def _encoded(samples: list[Sample], vocab: Vocab, block_size: int, shard: str, on_error: ErrorHandler,
+             counter: Iterator[int]) -> Iterator[Encoded]:
+    results = template_ids_many(vocab, [s.x for s in samples], [s.y for s in samples], [s.key for s in samples])
+    for sample, result in zip(samples, results):
+        try:
+            if isinstance(result, SampleError):
+                raise result
+            ids, layout = result
             check_length(len(ids), block_size, key=sample.key)
         except SampleError as error:
             error = error.located(shard=shard)
@@ -172,8 +200,28 @@ def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str,
                 raise error from None
             on_error(error)
             continue
-        yield Encoded(index, sample, ids, layout)
-        index += 1
+        yield Encoded(next(counter), sample, ids, layout)
+
+
+class InOrder:
+    """The reading stages' error handler in front of ``ShardSkips`` while ``encode`` holds samples back: a bad
+    sample they find waits until the samples read before it are encoded, so that bad samples are counted, and
+    their keys listed, in file order."""
+
+    def __init__(self, skips: ShardSkips):
+        self.skips = skips
+        self.waiting: list[tuple[Callable[[SampleError], None], SampleError]] = []
+
+    def __call__(self, error: SampleError) -> None:
+        self.waiting.append((self.skips, error))
+
+    def later_occurrence(self, error: SampleError) -> None:
+        self.waiting.append((self.skips.later_occurrence, error))
+
+    def release(self) -> None:
+        for report, error in self.waiting:
+            report(error)
+        self.waiting.clear()
 
 
 @dataclass
@@ -226,46 +274,107 @@ def score_positions(logits_s: torch.Tensor, targets: torch.Tensor) -> tuple[torc
     return b, -(log_p.exp() * log_p).sum(dim=-1), log_p.argmax(dim=-1) == targets
 
 
+@dataclass(frozen=True)
+class ScoreInputs:
+    """What the model reads of a batch, made on the host (so that the device is never waited on to learn an index):
+
+    input_ids: (B, L) long, cut after the last position whose logits predict S (the tail </y> <eos> changes nothing)
+    positions: (N,) long, flat index row * L + position of each hidden state that predicts S, row-major over the mask
+    targets:   (N,) long, the S tokens they predict
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    targets: torch.Tensor
+
+    @classmethod
+    def of(cls, batch: Batch) -> ScoreInputs:
+        length = int(batch.logit_pos.max()) + 1
+        rows = torch.arange(len(batch.input_ids), device=batch.logit_pos.device)[:, None]  # (B, 1)
+        positions = (rows * length + batch.logit_pos)[batch.mask]  # (N,)
+        return cls(batch.input_ids[:, :length], positions, batch.targets[batch.mask])
+
+    def to(self, device: torch.device) -> ScoreInputs:
+        return ScoreInputs(*(to_device(t, device) for t in (self.input_ids, self.positions, self.targets)))
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device. To CUDA through pinned memory and without blocking the host: the copy is queued behind the
+    work already queued, and the host goes on to queue the forward (a copy from pageable memory would make the host
+    wait for the device to finish its queue first). Elsewhere the plain ``.to``: on the CPU, the tensor itself."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 @torch.inference_mode()
 def score_batch(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(b, entropy, top1), each (N,): the batch's S positions in row-major order of ``batch.mask``.
+    """(b, entropy, top1), each (N,): the batch's S positions in row-major order of ``batch.mask``."""
+    return score_inputs(model, ScoreInputs.of(batch))
 
-    The input is cut after the last position that predicts S (the tail </y> <eos> changes
-    nothing); the output head runs only on the hidden states that predict S, in chunks of
-    positions, so memory stays bounded whatever the vocabulary.
-    """
-    length = int(batch.logit_pos.max()) + 1
-    hidden = model.hidden(batch.input_ids[:, :length])  # (B, L, d)
-    rows = torch.arange(hidden.shape[0], device=hidden.device)[:, None].expand_as(batch.logit_pos)
-    hidden_s = hidden.reshape(-1, hidden.shape[-1])[(rows * length + batch.logit_pos)[batch.mask]]  # (N, d)
-    targets = batch.targets[batch.mask]  # (N,)
+
+@torch.inference_mode()
+def score_inputs(model, inputs: ScoreInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(b, entropy, top1), each (N,), of ``ScoreInputs`` on the model's device. The output head runs only on the
+    hidden states that predict S, in chunks of positions, so memory stays bounded whatever the vocabulary."""
+    hidden = model.hidden(inputs.input_ids)  # (B, L, d)
+    hidden_s = hidden.reshape(-1, hidden.shape[-1]).index_select(0, inputs.positions)  # (N, d)
     chunk = max(1, LOGIT_CHUNK_ELEMENTS // model.cfg.vocab_size)
-    scored = [score_positions(model.head(h), t) for h, t in zip(hidden_s.split(chunk), targets.split(chunk))]
+    scored = [score_positions(model.head(h), t) for h, t in zip(hidden_s.split(chunk), inputs.targets.split(chunk))]
     return tuple(torch.cat(values) for values in zip(*scored))
+
+
+@dataclass
+class Scored:
+    """A batch's outputs on their way to the host: ``values`` (b, entropy, top1), readable once ``ready``."""
+
+    rows: np.ndarray  # (B,) the batch's rows among the shard's
+    batch: Batch  # on the host
+    values: tuple[torch.Tensor, ...]
+    copied: object = None  # a torch.cuda.Event after the device-to-host copies; None: on the host already
+
+    @classmethod
+    def start(cls, model, rows: np.ndarray, batch: Batch, device: torch.device) -> Scored:
+        """Queue the batch's copy, forward and scoring on the device, and the outputs' copy back."""
+        values = score_inputs(model, ScoreInputs.of(batch).to(device))
+        if device.type != "cuda":
+            return cls(rows, batch, tuple(t.cpu() for t in values))
+        values = tuple(t.to("cpu", non_blocking=True) for t in values)  # into pinned memory
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        return cls(rows, batch, values, event)
+
+    def ready(self) -> tuple[np.ndarray, ...]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return tuple(t.numpy() for t in self.values)
 
 
 def score_shard(rows: ShardBatches, model, device: torch.device,
                 on_tokens: Callable[[int], None]) -> pa.Table:
     """Stage: every batch through the model, outputs scattered back to file order -> one PART_SCHEMA table.
 
-    Never returns NaN or inf: a non-finite output raises, naming the key and shard.
+    A batch is queued before the one before it is read back, so that on a GPU the device is always busy while
+    the host scatters. Never returns NaN or inf: a non-finite output raises, naming the key and shard.
     """
     starts = np.concatenate([[0], np.cumsum(rows.T, dtype=np.int64)])  # (N+1,) flat offsets of the rows
     n = int(starts[-1])
     b, entropy = np.zeros(n, np.float32), np.zeros(n, np.float32)  # flat, row after row, nats
     top1, target_id = np.zeros(n, np.bool_), np.zeros(n, np.int32)
+    flat = (b, entropy, top1, target_id)
+    queued: deque[Scored] = deque()
     for index, batch in rows.batches:
-        b_n, entropy_n, top1_n = (t.cpu().numpy() for t in score_batch(model, batch.to(device)))  # (N,)
-        mask = batch.mask.numpy()  # (B, T_max), True on each row's first T positions
-        finite = np.isfinite(b_n) & np.isfinite(entropy_n)
-        if not finite.all():
-            bad = rows.keys[int(index[np.nonzero(mask)[0][np.argmin(finite)]])]
-            raise FloatingPointError(f"non-finite surprisal or entropy for key {bad!r} in shard {rows.shard!r}: "
-                                     "the checkpoint is broken; nothing was written")
-        dest = (starts[index][:, None] + np.arange(mask.shape[1]))[mask]  # flat positions, row-major like [mask]
-        b[dest], entropy[dest], top1[dest] = b_n, entropy_n, top1_n
-        target_id[dest] = batch.targets.numpy()[mask]
-        on_tokens(len(dest))
+        queued.append(Scored.start(model, index, batch, device))
+        if len(queued) > 1:
+            on_tokens(_place(queued.popleft(), starts, flat, rows))
+    while queued:
+        on_tokens(_place(queued.popleft(), starts, flat, rows))
+    return part_table(rows, starts, *flat)
+
+
+def part_table(rows: ShardBatches, starts: np.ndarray, b: np.ndarray, entropy: np.ndarray, top1: np.ndarray,
+               target_id: np.ndarray) -> pa.Table:
+    """One PART_SCHEMA table of a shard's flat per-token outputs (row after row, ``starts`` (N+1,) their offsets)."""
     offsets = pa.array(starts.astype(np.int32))
     derived = derived_columns(b, rows.T)  # cumsum_b, the per-example sums (float64) and t0 estimates
 
@@ -286,6 +395,21 @@ def score_shard(rows: ShardBatches, model, device: torch.device,
         "t0": pa.array(rows.t0s, type=pa.int32()),
     }
     return pa.Table.from_pydict(columns, schema=PART_SCHEMA)
+
+
+def _place(scored: Scored, starts: np.ndarray, flat: tuple[np.ndarray, ...], rows: ShardBatches) -> int:
+    """A batch's outputs into the shard's flat (b, entropy, top1, target_id) columns; returns its S tokens."""
+    b_n, entropy_n, top1_n = scored.ready()  # (N,)
+    mask = scored.batch.mask.numpy()  # (B, T_max), True on each row's first T positions
+    finite = np.isfinite(b_n) & np.isfinite(entropy_n)
+    if not finite.all():
+        bad = rows.keys[int(scored.rows[np.nonzero(mask)[0][np.argmin(finite)]])]
+        raise FloatingPointError(f"non-finite surprisal or entropy for key {bad!r} in shard {rows.shard!r}: "
+                                 "the checkpoint is broken; nothing was written")
+    dest = (starts[scored.rows][:, None] + np.arange(mask.shape[1]))[mask]  # flat positions, row-major like [mask]
+    for column, values in zip(flat, (b_n, entropy_n, top1_n, scored.batch.targets.numpy()[mask])):
+        column[dest] = values
+    return len(dest)
 
 
 # ---------------------------------------------------------------- one shard -> one part
@@ -343,13 +467,14 @@ def prepare_shard(task: Task, vocab: Vocab, block_size: int, policy: str, batch_
                   retry: Retry = Retry()) -> PreparedShard:
     """Read, encode and batch one shard. A truncated tar raises, or under 'skip' is marked whole."""
     skips = None if policy == "error" else ShardSkips()
+    reading = None if skips is None else InOrder(skips)  # the reading stages' bad samples, in order with encode's
     name = task.shard.name
     task, data = read_input(task, retry)  # a URL's fault raises FetchError, whatever the policy
     try:
         members = scan_shard(task.shard.source if data is None else data, name)
-        samples = read_samples(task.shard.source, name, skips, members, data)  # stream: Sample, file order
-        samples = drop_later_occurrences(samples, task.duplicates, name, skips)  # keys unique across shards
-        encoded = list(encode(samples, vocab, block_size, name, skips))  # Encoded, file order
+        samples = read_samples(task.shard.source, name, reading, members, data)  # stream: Sample, file order
+        samples = drop_later_occurrences(samples, task.duplicates, name, reading)  # keys unique across shards
+        encoded = list(encode(samples, vocab, block_size, name, skips, reading))  # Encoded, file order
     except SampleError as error:
         if error.reason != "truncated-shard" or skips is None:
             raise
@@ -481,7 +606,7 @@ def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, writer: Store
     records: list[Record] = []
     writing: Future | None = None  # at most one part in flight: its errors surface one shard later
     shards = prepared_shards(mine, ckpt.vocab, ckpt.model.cfg.block_size, cfg)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-write") as background:
+    with gc_frozen(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-write") as background:
         try:
             for prepared in shards:
                 table = None if prepared.rows is None else score_shard(prepared.rows, ckpt.model, device, bar.update)
@@ -543,6 +668,8 @@ def run(cfg: ExtractConfig) -> dict:
                    "parts_written": parts_in(written), "parts_reused": parts_in(plan.done), "wall_s": round(wall, 3),
                    "tokens_written": tokens, "tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
                    "reader_process": uses_reader_process(cfg, len(rank_tasks(plan, ranks)))}
+        if not ckpt.vocab.template.builtin:  # how its rows became ids: rendered once, or per row and why
+            summary["rendering"] = ckpt.vocab.rendering
         if manifest is not None:
             summary |= {"parts": len(manifest.parts), "stats": manifest.stats(), "skipped": manifest.skipped(),
                         "skipped_shards": manifest.skipped_by_input()}

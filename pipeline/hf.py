@@ -30,7 +30,9 @@ from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.extras import require
 from tokweight.pipeline.model import SharedPrefix, continues, memory_layers, suffix_positions
-from tokweight.pipeline.templates import TEMPLATE_VERSION, TOKWEIGHT, Rendered, Template, cut_at_y, text_parts
+from tokweight.pipeline.rendering import Renderer
+from tokweight.pipeline.templates import (TEMPLATE_VERSION, TOKWEIGHT, Rendered, Template, cut_at_y, or_error,
+                                         text_parts)
 from tokweight.pipeline.vocab import SPECIALS, latent_token
 from tokweight.store.fingerprint import canonical_json
 
@@ -81,7 +83,8 @@ def read_template(path: Path) -> dict[str, str]:
 class TokenizerVocab:
     """The ``Vocab`` interface over a tokenizer, in the checkpoint's ``template``. The built-in template:
     template tokens by (renamed) name, data as symbol lists (one token each) or as strings (encoded with no
-    special tokens added). A chat or text template: x and y strings, ``render``ed as the model saw them."""
+    special tokens added). A chat or text template: x and y strings, ``render``ed as the model saw them (the
+    template rendered once: ``pipeline.rendering``)."""
 
     def __init__(self, tokenizer, renames: dict[str, str], source: Path, template: Template = TOKWEIGHT):
         self.tokenizer, self.renames, self.source, self.template = tokenizer, renames, source, template
@@ -94,6 +97,13 @@ class TokenizerVocab:
         self.end_id = self._template["</y>"] if template.builtin else self._end_token()
         self._reserved = set(self._template.values()) | set(self._latent) | {self.end_id}
         self._tokens = tuple(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))  # id order, once
+        self._renderer = None if template.builtin else Renderer.of(tokenizer, lambda x, y: self._texts(x, y, None),
+                                                                   self._cut)
+
+    @property
+    def rendering(self) -> str:
+        """How a chat or text template's rows become ids: "once: ..." (``pipeline.rendering``) or "per row: why"."""
+        return "built-in template" if self._renderer is None else self._renderer.why
 
     def _token_name(self, name: str) -> str:
         return self.renames.get(name, name)
@@ -171,8 +181,32 @@ class TokenizerVocab:
                               f"{self.tokenizer.convert_ids_to_tokens(clash[0])!r}", key=key)
 
     def render(self, x: Sequence[str] | str, y: Sequence[str] | str, *, key: str | None = None) -> Rendered:
-        """A sample in the chat or text template: one string, tokenized at once (the ids the model was
-        trained on, ``apply_chat_template``'s for a chat), cut at y (``templates.cut_at_y``)."""
+        """A sample in the chat or text template: the ids of one string tokenized at once (the ids the model was
+        trained on, ``apply_chat_template``'s for a chat), cut at y (``templates.cut_at_y``); ``_cut`` renders
+        them so, ``render_many`` gives the same from the template rendered once."""
+        result = self.render_many([x], [y], [key])[0]
+        if isinstance(result, SampleError):
+            raise result
+        return result
+
+    def render_many(self, xs: Sequence[Sequence[str] | str], ys: Sequence[Sequence[str] | str],
+                    keys: Sequence[str | None]) -> list[Rendered | SampleError]:
+        """``render`` of many samples, or the SampleError each raises; the rows' strings tokenized in one batch."""
+        out: list[Rendered | SampleError | None] = []
+        for x, y, key in zip(xs, ys, keys):
+            try:
+                self._check_texts(x, y, key)
+                out.append(None)
+            except SampleError as error:
+                out.append(error)
+        todo = [i for i, r in enumerate(out) if r is None]
+        rendered = self._renderer.render([xs[i] for i in todo], [ys[i] for i in todo], [keys[i] for i in todo],
+                                         self._cut)
+        for i, r in zip(todo, rendered):
+            out[i] = r if isinstance(r, SampleError) else or_error(self._checked, r, keys[i])
+        return out
+
+    def _check_texts(self, x, y, key: str | None) -> None:
         for name, value in (("x", x), ("y", y)):
             if not isinstance(value, str):
                 raise SampleError("wrong-type", f"{name} is a list of tokens, but the checkpoint's {self.template.kind} "
@@ -180,7 +214,9 @@ class TokenizerVocab:
                                   "lines with string fields), or extract with the built-in template", key=key)
         if not y:
             raise SampleError("empty-y", "y is empty: S would only hold the end token", key=key)
-        rendered = self._cut(x, y, key)
+
+    def _checked(self, rendered: Rendered, key: str | None) -> Rendered:
+        """The rendering, if y holds no template token and the end token is the template's."""
         self._refuse_reserved(rendered.y, "y", key)
         if rendered.end != self.end_id:
             raise SampleError("template-token", f"the template ends this y with "
@@ -189,6 +225,7 @@ class TokenizerVocab:
         return rendered
 
     def _cut(self, x: str, y: str, key: str | None) -> Rendered:
+        """The reference: the sample rendered alone, tokenized at once with offsets, cut at y."""
         prompt, full = self._texts(x, y, key)
         enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
         return cut_at_y(enc["input_ids"], enc["offset_mapping"], len(prompt), len(prompt) + len(y), key=key)

@@ -13,8 +13,9 @@ A checkpoint speaks one format (``Template``):
 - ``text``: literal text around ``{x}`` and ``{y}`` with a named end token after y;
   S is y's tokens and the end token; z's slots go right before y's tokens.
 
-A chat or text sample is one rendered string tokenized at once (so its ids are the ones the
-model was trained on); ``Rendered`` is that string's ids cut into prompt, y, end and tail.
+A chat or text sample's ids are those of one rendered string tokenized at once (the ones the
+model was trained on); ``Rendered`` is that string's ids cut into prompt, y, end and tail
+(``pipeline.rendering`` gives them from the template rendered once, rows tokenized in batches).
 Either way T = n + 1. Every per-token array in tokweight is indexed by position in S
 (0..T-1); the layouts below say where S position 0 sits in each template.
 The logit that predicts sequence position p sits at p - 1 (next-token prediction).
@@ -22,6 +23,7 @@ The logit that predicts sequence position p sits at p - 1 (next-token prediction
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -134,7 +136,12 @@ class Skeleton:
 
     @classmethod
     def rendered(cls, tail: int) -> Skeleton:
-        return cls(0, 0, 0, 0, 0, tail)
+        return _rendered_skeleton(tail)
+
+
+@functools.lru_cache(maxsize=64)
+def _rendered_skeleton(tail: int) -> Skeleton:  # one per tail length: a template's rows share it
+    return Skeleton(0, 0, 0, 0, 0, tail)
 
 
 @dataclass(frozen=True)
@@ -199,22 +206,26 @@ class Rendered:
 
 
 def cut_at_y(ids: Sequence[int], offsets: Sequence[tuple[int, int]], y_start: int, y_end: int, *,
-             key: str | None = None) -> Rendered:
+             before: Sequence[int] = (), after: Sequence[int] = (), key: str | None = None) -> Rendered:
     """A rendered string's ``ids`` and their character ``offsets`` cut at y's characters [y_start, y_end).
 
     y's tokens are those reaching into it: a token that begins in the prompt's text and ends in y's
     (" Paris" after "Answer:") is y's first, as the model predicts it. The token after y's is the end.
+    ``before`` and ``after``: the ids of text around the string that holds none of y's characters (a
+    template's constant text, tokenized once: ``pipeline.rendering``); the row is ``before + ids + after``.
     """
-    first = next((i for i, (_, stop) in enumerate(offsets) if stop > y_start), len(ids))
-    after = next((i for i in range(first, len(ids)) if offsets[i][0] >= y_end), len(ids))
-    if first == 0:
+    n = len(ids)
+    first = next((i for i, (_, stop) in enumerate(offsets) if stop > y_start), n)
+    stop = next((i for i in range(first, n) if offsets[i][0] >= y_end), n)
+    if first == 0 and not before:
         raise SampleError("template-token", "the template renders nothing before y", key=key)
-    if after == first:
+    if stop == first:
         raise SampleError("empty-y", "y is empty: S would only hold the end token", key=key)
-    if after == len(ids) or offsets[after - 1][1] > y_end:
+    if (stop == n and not after) or offsets[stop - 1][1] > y_end:
         raise SampleError("template-token", "y's last token runs on into the end token's text: the template "
                           "must put its end token right after y", key=key)
-    return Rendered(tuple(ids[:first]), tuple(ids[first:after]), ids[after], tuple(ids[after + 1:]))
+    rest = (*ids[stop:], *after)
+    return Rendered((*before, *ids[:first]), tuple(ids[first:stop]), rest[0], rest[1:])
 
 
 Text = Sequence[str] | str  # a list of symbols, looked up one to one, or a string for a tokenizer
@@ -226,9 +237,7 @@ def template_ids(vocab: Vocab, x: Text, y: Text, slot_ids: Sequence[int] = (), *
     latent slot), and its layout. The one place x and y become ids: the layout counts their
     tokens, which for a string is what the vocabulary's tokenizer made of it."""
     if not vocab.template.builtin:
-        r = vocab.render(x, y, key=key)
-        ids = [*r.prompt, *slot_ids, *r.y, r.end, *r.tail]
-        return ids, Layout(len(r.prompt), len(r.y), len(slot_ids), Skeleton.rendered(len(r.tail)))
+        return rendered_ids(vocab.render(x, y, key=key), slot_ids)
     x_ids = vocab.encode_symbols(x, key=key, field_name="x")
     y_ids = vocab.encode_symbols(y, key=key, field_name="y")
     if not y_ids:
@@ -237,6 +246,31 @@ def template_ids(vocab: Vocab, x: Text, y: Text, slot_ids: Sequence[int] = (), *
     z_section = [v("<z>"), *slot_ids, v("</z>")] if slot_ids else []
     ids = [v("<bos>"), v("<x>"), *x_ids, v("</x>"), *z_section, v("<y>"), *y_ids, v("</y>"), v("<eos>")]
     return ids, Layout(len(x_ids), len(y_ids), len(slot_ids))
+
+
+def rendered_ids(r: Rendered, slot_ids: Sequence[int] = ()) -> tuple[list[int], Layout]:
+    """A chat or text sample's ids with z's slots after its prompt, and its layout."""
+    ids = [*r.prompt, *slot_ids, *r.y, r.end, *r.tail]
+    return ids, Layout(len(r.prompt), len(r.y), len(slot_ids), Skeleton.rendered(len(r.tail)))
+
+
+def template_ids_many(vocab: Vocab, xs: Sequence[Text], ys: Sequence[Text], keys: Sequence[str | None],
+                      slot_ids: Sequence[int] = ()) -> list[tuple[list[int], Layout] | SampleError]:
+    """``template_ids`` of many samples, or the SampleError each raises: a chat or text template's rows
+    rendered together (``vocab.render_many``: the template's text tokenized once, x and y in one batch
+    call), the built-in template's one by one."""
+    render_many = None if vocab.template.builtin else getattr(vocab, "render_many", None)
+    if render_many is None:  # the built-in template, or a vocabulary that renders one sample at a time
+        return [or_error(template_ids, vocab, x, y, slot_ids, key=key) for x, y, key in zip(xs, ys, keys)]
+    return [r if isinstance(r, SampleError) else rendered_ids(r, slot_ids) for r in render_many(xs, ys, keys)]
+
+
+def or_error(fn, *args, **kwargs):
+    """``fn(...)``, or the SampleError it raises."""
+    try:
+        return fn(*args, **kwargs)
+    except SampleError as error:
+        return error
 
 
 def y_ids(vocab: Vocab, x: Text, y: Text, *, key: str | None = None) -> list[int]:

@@ -85,3 +85,22 @@ def test_reader_failure_survives_pickling_as_the_same_exception():
     other = pickle.loads(pickle.dumps(ReaderFailure.of(RuntimeError("refusing to write")))).exception()
     assert isinstance(other, RuntimeError) and str(other) == "refusing to write"
     assert "reader process" in other.__notes__[0]
+
+
+def test_gc_frozen_freezes_for_the_block_only_and_leaves_a_callers_freeze_alone():
+    import gc
+
+    from tokweight.pipeline.extract_reader import gc_frozen
+
+    assert gc.get_freeze_count() == 0
+    with gc_frozen():
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_frozen():
+            pass
+        assert gc.get_freeze_count() == frozen  # the caller's, untouched
+    finally:
+        gc.unfreeze()
