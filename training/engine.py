@@ -33,15 +33,14 @@ them; a resumed FSDP run loads the model before sharding and gives each rank its
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn as nn
 
 from tokweight.pipeline.model import GPT
 from tokweight.pipeline.ranks import Ranks
 from tokweight.training.run_dir import trained_state
-
-SHARDS = ("ddp", "fsdp")
-"""The engines ``IOConfig.shard`` names; a job of one process runs the model itself whatever it says."""
 
 
 def is_sharded(shard: str, world: int) -> bool:
@@ -89,6 +88,10 @@ def fully_shard_cvae(model: nn.Module, device: torch.device, world: int) -> nn.M
 
     if not isinstance(model.backbone, GPT):
         model.share_prefix = False  # why: the module docstring
+    # FSDP warns of every module output that is a view (the blocks' keys and values, the CVAE's NLLs): an in-place
+    # op on one would skip its pre-backward gather. Nothing here changes a module's output in place (two FSDP ranks
+    # train as one process does, tests/test_ddp.py).
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
     mesh = init_device_mesh(device.type, (world,))
     for block in transformer_blocks(model.backbone):
         fully_shard(block, mesh=mesh)

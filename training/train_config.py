@@ -21,6 +21,10 @@ from tokweight.training.losses import WEIGHTINGS, WeightingParams
 from tokweight.training.schedules import warmed_up
 
 
+SHARDS = ("ddp", "fsdp")
+"""How several ranks share the model (``IOConfig.shard``, ``engine.py``)."""
+
+
 @dataclass(frozen=True)
 class IOConfig:
     """Where the run reads and writes, and how it loads its data."""
@@ -65,7 +69,7 @@ class IOConfig:
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-        if self.shard not in ("ddp", "fsdp"):
+        if self.shard not in SHARDS:
             raise ValueError(f"shard must be 'ddp' or 'fsdp', got {self.shard!r}")
         if self.on_bad_sample not in ("error", "skip"):
             raise ValueError(f"on_bad_sample must be 'error' or 'skip', got {self.on_bad_sample!r}")
