@@ -152,9 +152,12 @@ def test_two_ranks_resume_bitwise_and_stop_together(tiny, tiny_store, tmp_path):
     runs = [whole, replace(part, optim=replace(part.optim, steps=2)), part, stops, starts, *singles]
     torchrun_runs(runs, tmp_path / "runs.json")
     chosen = json.loads((tmp_path / "starts" / "starts.json").read_text())["seed"]
+    chosen = json.loads((tmp_path / "starts" / "starts.json").read_text())["seed"]
     for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors"):
         assert (tmp_path / "part" / "checkpoint" / name).read_bytes() == \
             (tmp_path / "whole" / "checkpoint" / name).read_bytes(), name
+        assert (tmp_path / "starts" / "checkpoint" / name).read_bytes() == \
+            (tmp_path / f"seed-{chosen}" / "checkpoint" / name).read_bytes(), name
         assert (tmp_path / "starts" / "checkpoint" / name).read_bytes() == \
             (tmp_path / f"seed-{chosen}" / "checkpoint" / name).read_bytes(), name
     stop = json.loads((tmp_path / "stops" / "metrics.jsonl").read_text().splitlines()[-1])["stop"]
@@ -248,21 +251,26 @@ def test_every_path_on_two_ranks_equals_one_process(tiny, tiny_store, backbones,
 
 
 def fsdp_resume_runs(tiny, tiny_store, root: Path) -> list[TrainConfig]:
-    """An uninterrupted FSDP run of 4 steps, and one stopped at 2 and run again to 4."""
-    whole = io(common(tiny, tiny_store, root / "whole", batch_size=4), shard="fsdp")
-    part = io(common(tiny, tiny_store, root / "part", batch_size=4), shard="fsdp")
-    return [whole, replace(part, optim=replace(part.optim, steps=2)), part]
+    """FSDP runs: one of 4 steps, one stopped at 2 and run again to 4, and one with two starts of 2 steps (seeds 6
+    and 7, each sharded anew) with a single run from each of their seeds."""
+    whole, part, starts, *singles = (io(common(tiny, tiny_store, root / name, batch_size=4), shard="fsdp")
+                                     for name in ("whole", "part", "starts", "seed-6", "seed-7"))
+    return [whole, replace(part, optim=replace(part.optim, steps=2)), part,
+            replace(starts, optim=replace(starts.optim, starts=2, start_steps=2)),
+            *(replace(single, optim=replace(single.optim, seed=seed)) for single, seed in zip(singles, (6, 7)))]
 
 
 def test_fsdp_on_two_ranks_equals_one_process_writes_the_same_checkpoint_and_resumes(tiny, tiny_store, backbones,
                                                                                      tmp_path):
     """FSDP2 on 2 CPU ranks (gloo) on the default objective and the paths that reach it differently (the memory's
-    scale, adapters over frozen shards, recomputed blocks, Hugging Face decoder layers and tied embeddings): the
-    one-process result and log, a checkpoint of the unsharded run's files (eval loads it), and a run stopped at step
-    2 and resumed ends bitwise where the uninterrupted run ends."""
+    scale, adapters over frozen shards, recomputed blocks, Hugging Face decoder layers and tied embeddings, a clip
+    that acts on every step's sharded gradients): the one-process result and log, a checkpoint of the unsharded
+    run's files (eval loads it); a run stopped at step 2 and resumed ends bitwise where the uninterrupted run ends,
+    and so does the start a run with two starts chooses where a single run from its seed ends."""
     paths = {"default": lambda c: c, **{name: PATHS[name](backbones) for name in (
         "memory", "lora-frozen", "continuous-token-checkpointing", "frozen-plain-diagnostic", "llama")},
-             "gpt2-tied": lambda c: hf(c, backbones["gpt2"])}
+             "gpt2-tied": lambda c: hf(c, backbones["gpt2"]),
+             "clipped": lambda c: replace(c, optim=replace(c.optim, grad_clip=0.01))}
     differences = paths_alike(tiny, tiny_store, tmp_path, paths, "fsdp", fsdp_resume_runs(tiny, tiny_store, tmp_path))
     assert max(differences.values()) < MAX_RELATIVE_DIFFERENCE, differences
     one, two = (tmp_path / "default" / side / "checkpoint" for side in ("one", "two"))
@@ -272,6 +280,9 @@ def test_fsdp_on_two_ranks_equals_one_process_writes_the_same_checkpoint_and_res
     states = [json.loads((d / "state.json").read_text()) for d in (one, two)]
     assert states[0]["param_groups"] == states[1]["param_groups"]
     load_run(tmp_path / "default" / "two")
+    chosen = json.loads((tmp_path / "starts" / "starts.json").read_text())["seed"]
     for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors"):
         assert (tmp_path / "part" / "checkpoint" / name).read_bytes() == \
             (tmp_path / "whole" / "checkpoint" / name).read_bytes(), name
+        assert (tmp_path / "starts" / "checkpoint" / name).read_bytes() == \
+            (tmp_path / f"seed-{chosen}" / "checkpoint" / name).read_bytes(), name
