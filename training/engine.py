@@ -11,20 +11,20 @@ and the whole tensors a checkpoint holds when the model is sharded.
   whose full fine-tune does not fit one GPU. Parameters, gradients and AdamW's state are sharded over the ranks on
   dim 0 (DTensors). A block's parameters are all-gathered for each of its calls and freed after it: a step calls
   each block 3 times in the forward (the shared x prefix, the z-free pass, the K copies; 4 with the layernorm or
-  memory pathway's prior pass, 2 without a shared prefix) and gathers it again for each in the backward. The root
-  group (embeddings, the tied or untied output head, the final norm, the posterior, the prior and the z pathway)
-  stays whole from the CVAE's forward to the end of its backward, so the output head, which ``pipeline/head.py``
-  calls outside a module's forward and recomputes in the backward, and the posterior-gradient diagnostic read
-  whole tensors. Each block's gradient is reduce-scattered once per step, after the last of its calls' backwards
-  (autograd accumulates a parameter's gradient once, when every use has contributed); the clip reads the sharded
-  gradients (DTensors, whose norm is the global one). FSDP gathers a block again for a call's backward when the
-  gradient reaches that call's outputs; the built-in GPT's blocks return the shared prefix's keys and values, but a
-  Hugging Face decoder layer puts them in transformers' cache, where the gradient reaches them without passing an
-  output of the layer, after the layer was freed. So a Hugging Face backbone runs its passes whole under FSDP
-  (``CVAE.share_prefix`` off: the x prefix computed K + 2 times instead of once), as it does with gradient
-  checkpointing. The model is built, its latent rows spread, its memory
-  measured and a checkpoint loaded on the CPU, then sharded: a rank holds the whole model in host memory once, and
-  only its shard on its device.
+  memory pathway's prior pass, 2 without a shared prefix) and gathers it again for each in the backward. Its
+  gradient is reduce-scattered once, after the last of its calls' backwards (autograd accumulates a parameter's
+  gradient once every use has contributed). The root group (embeddings, the tied or untied output head, the final
+  norm, the posterior, the prior and the z pathway) stays whole from the CVAE's forward to the end of its backward,
+  so the output head, which ``pipeline/head.py`` calls outside a module's forward and recomputes in the backward,
+  and the posterior-gradient diagnostic read whole tensors. The clip reads the sharded gradients (DTensors, whose
+  norm is the global one).
+  FSDP gathers a block again for a call's backward when the gradient reaches one of that call's outputs. The
+  built-in GPT's blocks return the shared prefix's keys and values; a Hugging Face decoder layer puts them in
+  transformers' cache, where the gradient reaches them after the layer was freed, without passing its outputs. So
+  a Hugging Face backbone runs its passes whole under FSDP (``CVAE.share_prefix`` off: the x prefix computed K + 1
+  times instead of once), as it does with gradient checkpointing.
+  The model is built, its latent rows spread, its memory measured and a checkpoint loaded on the CPU, then sharded:
+  a rank holds the whole model in host memory once, and only its shard on its device.
 
 Checkpoints are the same files either way (``run_dir.py``): under FSDP every rank takes part in gathering the whole
 trained tensors and optimizer state onto rank 0's CPU (``torch.distributed.checkpoint.state_dict``), which writes
@@ -40,7 +40,7 @@ import torch.nn as nn
 
 from tokweight.pipeline.model import GPT
 from tokweight.pipeline.ranks import Ranks
-from tokweight.training.run_dir import trained_state
+from tokweight.training.run_dir import frozen_parameter_names, trained_state
 
 
 def is_sharded(shard: str, world: int) -> bool:
@@ -48,12 +48,12 @@ def is_sharded(shard: str, world: int) -> bool:
 
 
 def build_device(shard: str, world: int, device: torch.device) -> torch.device:
-    """Where the whole model is built, spread and resumed: the rank's device, or under FSDP the CPU (``engine``
+    """Where the whole model is built, spread and resumed: the rank's device, or under FSDP the CPU (``wrap``
     then moves each rank's shard to its device)."""
     return torch.device("cpu") if is_sharded(shard, world) else device
 
 
-def engine(model: nn.Module, shard: str, ranks: Ranks, device: torch.device) -> nn.Module:
+def wrap(model: nn.Module, shard: str, ranks: Ranks, device: torch.device) -> nn.Module:
     """What the step calls: the model itself in a job of one; DistributedDataParallel around it (which starts every
     rank from rank 0's parameters); or, under FSDP, the model itself, sharded in place (``fully_shard_cvae``)."""
     if ranks.world == 1:
@@ -116,15 +116,9 @@ def checkpoint_state(model: nn.Module, opt: torch.optim.Optimizer, sharded: bool
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     tensors = get_model_state_dict(model, options=options)
     named = get_optimizer_state_dict(model, opt, options=options)
-    kept = trained_state_names(model)
-    return ({k: v.contiguous().clone() for k, v in tensors.items() if k in kept},
+    frozen = frozen_parameter_names(model)  # a tied frozen weight's second name too
+    return ({k: v.contiguous().clone() for k, v in tensors.items() if k not in frozen},
             numbered(named) if named.get("param_groups") else {})
-
-
-def trained_state_names(model: nn.Module) -> set[str]:
-    """The state-dict names ``trained_state`` keeps (the model's, its frozen parameters aside)."""
-    frozen = {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
-    return {name for name in model.state_dict() if name not in frozen}
 
 
 def numbered(named: dict) -> dict:

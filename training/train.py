@@ -50,7 +50,7 @@ from tokweight.training.convergence import Convergence
 from tokweight.training.cvae import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed,
                                      spread_latent_embeddings, token_row_spread)
 from tokweight.training.data import StoreRef, StreamSpec, extract_command, shards_without_rows, split_urls
-from tokweight.training.engine import build_device, engine, is_sharded, load_optimizer_state
+from tokweight.training.engine import build_device, is_sharded, load_optimizer_state, wrap
 from tokweight.training.faults import NO_HOOKS, Hooks
 from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
@@ -111,7 +111,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None) -> 
             "backbone": init.meta.get("kind", "tokweight"), "template": init.vocab.template.to_json()}
     saved = resume(cfg, model, init.fingerprint, ranks.rank, ranks.world, continue_from) or {}
     sharded = is_sharded(cfg.io.shard, ranks.world)
-    runs = engine(model, cfg.io.shard, ranks, device)  # DDP around the model, or the model sharded in place
+    engine = wrap(model, cfg.io.shard, ranks, device)  # DDP around the model, or the model sharded in place
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr, weight_decay=0.0,
                             betas=(0.9, 0.95))
     if "optimizer" in saved:
@@ -119,7 +119,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None) -> 
     seed_dropout(cfg.optim.seed, ranks.rank)
     set_rng_states(saved.get("rng", {}), device)  # a resumed run's, which replace those
     progress = Progress(saved.get("step", 0), Convergence(**saved.get("convergence", {})), saved.get("converged_at"))
-    return State(model, runs, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
+    return State(model, engine, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
                  global_batch, ranks, device, meta, label_names(cfg), progress, sharded)
 
 
