@@ -16,7 +16,7 @@ from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.training.baselines import POLICIES
 from tokweight.training.configs import COND_MODES, LATENTS
 from tokweight.training.losses import WEIGHTINGS
-from tokweight.training.train_config import TrainConfig
+from tokweight.training.train_config import SHARDS, TrainConfig
 
 FLAGS = (
     Flag("--checkpoint", "io.checkpoint", "Entangled checkpoint to initialise the CVAE from (required).",
@@ -75,6 +75,10 @@ FLAGS = (
          choices=("float32", "bfloat16")),
     Flag("--grad-checkpointing", "io.grad_checkpointing",
          "Recompute activations in the backward instead of keeping them: less memory, more time."),
+    Flag("--shard", "io.shard",
+         "Under torchrun: ddp (every rank holds the whole model) or fsdp (parameters, gradients and optimizer state "
+         "sharded over the ranks per transformer block, for a model whose full fine-tune does not fit one GPU).",
+         choices=SHARDS),
     Flag("--lora-rank", "lora.rank",
          "Train LoRA adapters of this rank on every linear layer of a frozen backbone (alpha = rank), with the latent "
          "token rows and the CVAE's heads; needs pip install 'tokweight[lora]' (0: train every parameter)."),

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from tokweight.training.convergence import converged, observe, val_mi, val_objective
 from tokweight.training.data import split_urls
+from tokweight.training.engine import checkpoint_state
 from tokweight.training.faults import Hooks
 from tokweight.training.run_dir import append_metrics, metrics_size, save_checkpoint
 from tokweight.training.state import State, rng_states
@@ -84,15 +85,18 @@ class Checkpoint:
 
 def checkpoint(state: State, cfg, hooks: Hooks) -> None:
     """RUN/checkpoint/ at the run's step: what a resumed run needs to go on as if never stopped."""
+    main = state.global_batch.rank == 0
     rngs = state.ranks.gather(rng_states(state.device))  # a collective: every rank takes part
-    if state.global_batch.rank != 0:
+    if state.sharded or main:  # under FSDP a collective too
+        tensors, opt_state = checkpoint_state(state.model, state.opt, state.sharded)
+    if not main:
         return
     progress = state.progress
     meta = {"step": progress.step, **state.meta, "world": state.global_batch.world,
             "convergence": progress.convergence.to_json(), "converged_at": progress.converged_at,
             "metrics_bytes": metrics_size(cfg.io.out)}
     rng = {f"{name}.{rank}": t for rank, states in enumerate(rngs) for name, t in states.items()}
-    save_checkpoint(cfg.io.out, state.model, state.opt, state.spec.vocab, meta, rng, hooks.before_write)
+    save_checkpoint(cfg.io.out, tensors, opt_state, state.spec.vocab, meta, rng, hooks.before_write)
     hooks.after_checkpoint(progress.step)
 
 
@@ -102,6 +106,7 @@ def validate_run(state: State, cfg, examples: int | None = None) -> dict:
     spec = replace(state.spec, urls=split_urls(cfg.io.data, "val"), batch_size=cfg.log.eval_batch_size)
     ranks = state.global_batch
     metrics = validate(state.model, scoring, spec, split="val", step=state.progress.step, world=ranks.world,
-                       device=state.device, log=Path(cfg.io.out) if ranks.rank == 0 else None, examples=examples)
+                       device=state.device, log=Path(cfg.io.out) if ranks.rank == 0 else None, examples=examples,
+                       sharded=state.sharded)
     state.progress.skips.merge(metrics.get("skipped_shards", {}))
     return metrics

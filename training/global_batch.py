@@ -46,6 +46,14 @@ class GlobalBatch:
         dist.all_reduce(total)
         return local + (total / self.world - local).detach()
 
+    def average(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` averaged over the ranks, detached (``x`` itself in a job of one)."""
+        if self.world == 1:
+            return x
+        total = x.detach().clone()
+        dist.all_reduce(total)
+        return total / self.world
+
     def masked_mean(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """Detached mean of ``x`` (B,) over the global batch's rows where ``keep`` (B,) bool; nan if none."""
         if self.world == 1:

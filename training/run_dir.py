@@ -62,15 +62,17 @@ class CheckpointWriteError(OSError):
     """A checkpoint could not be written; the previous one is intact. The message says what to do."""
 
 
-def save_checkpoint(run: str | Path, model: CVAE, opt: torch.optim.Optimizer, vocab: Vocab, meta: dict,
+def save_checkpoint(run: str | Path, tensors: dict[str, torch.Tensor], opt_state: dict, vocab: Vocab, meta: dict,
                     rng: dict[str, torch.Tensor], before_write: Callable[[Path], None] = nothing) -> None:
-    """RUN/checkpoint/ with ``meta`` (step first) in its state.json and every rank's ``rng`` states: written
-    under checkpoint.tmp, then swapped in, so that a failed or interrupted save leaves the previous one
-    (``committed_checkpoint``). ``before_write(path)`` runs before each file (the fault hooks)."""
+    """RUN/checkpoint/ with the trained ``tensors`` (CPU, ``trained_state``'s names), AdamW's ``opt_state``
+    (``Optimizer.state_dict``'s form), ``meta`` (step first) in its state.json and every rank's ``rng`` states
+    (``engine.checkpoint_state`` gathers the first two, also from a sharded model): written under checkpoint.tmp,
+    then swapped in, so that a failed or interrupted save leaves the previous one (``committed_checkpoint``).
+    ``before_write(path)`` runs before each file (the fault hooks)."""
     out = Path(run)
     tmp, final, old = out / "checkpoint.tmp", out / "checkpoint", out / "checkpoint.old"
     try:
-        write_checkpoint_files(tmp, model, opt, vocab, meta, rng, before_write)
+        write_checkpoint_files(tmp, tensors, opt_state, vocab, meta, rng, before_write)
         if final.exists():
             final.rename(old)
         tmp.rename(final)
@@ -83,18 +85,14 @@ def save_checkpoint(run: str | Path, model: CVAE, opt: torch.optim.Optimizer, vo
                                             f"to resume from it") from None
 
 
-def write_checkpoint_files(tmp: Path, model: CVAE, opt: torch.optim.Optimizer, vocab: Vocab, meta: dict,
+def write_checkpoint_files(tmp: Path, tensors: dict[str, torch.Tensor], opt_state: dict, vocab: Vocab, meta: dict,
                            rng: dict[str, torch.Tensor], before_write: Callable[[Path], None]) -> None:
     """The checkpoint's files under ``tmp``, state.json last."""
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    # cloned: a backbone with tied input and output embeddings holds one tensor under two names,
-    # which safetensors refuses to write twice
-    model_tensors = {k: v.detach().cpu().contiguous().clone() for k, v in trained_state(model).items()}
-    opt_state = opt.state_dict()
     opt_tensors = {f"{i}.{name}": t.detach().cpu().contiguous()
                    for i, s in opt_state["state"].items() for name, t in s.items()}
-    writes = [("model.safetensors", lambda path: save_file(model_tensors, path)),
+    writes = [("model.safetensors", lambda path: save_file(tensors, path)),
               ("optimizer.safetensors", lambda path: save_file(opt_tensors or {"empty": torch.zeros(0)}, path)),
               ("rng.safetensors", lambda path: save_file(rng, path)),
               ("vocab.json", vocab.save),
@@ -137,16 +135,18 @@ def committed_checkpoint(run: str | Path) -> Path:
 
 
 def config_differences(saved: TrainConfig, mine: TrainConfig) -> list[str]:
-    """The fields ("optim.lr") in which two runs differ, the step count and the run directory aside: a longer run
-    extends one, and a run goes on from a start trained in another directory."""
+    """The fields ("optim.lr") in which two runs differ, the step count, the run directory and the engine aside: a
+    longer run extends one, a run goes on from a start trained in another directory, and sharded and unsharded runs
+    write the same checkpoint files."""
     a, b = saved.to_json(), mine.to_json()
-    same = {("optim", "steps"), ("io", "out")}
+    same = {("optim", "steps"), ("io", "out"), ("io", "shard")}
     return sorted(f"{g}.{k}" for g in b for k in b[g] if (g, k) not in same and a[g][k] != b[g][k])
 
 
-def resume(cfg: TrainConfig, model: CVAE, opt: torch.optim.Optimizer, init_fingerprint: str, rank: int = 0,
-           world: int = 1, continue_from: Path | None = None) -> dict | None:
-    """The committed checkpoint's state.json, its model and optimizer loaded into ``model`` and ``opt``,
+def resume(cfg: TrainConfig, model: CVAE, init_fingerprint: str, rank: int = 0, world: int = 1,
+           continue_from: Path | None = None) -> dict | None:
+    """The committed checkpoint's state.json, its model loaded into ``model`` (whole, before any sharding), AdamW's
+    state under "optimizer" (``read_optimizer``; the caller loads it into the optimizer it makes, sharded or not)
     and this rank's RNG states under "rng"; None when there is none. The checkpoint is RUN's, or, where RUN
     has none yet, that of ``continue_from`` (the start a run with several starts goes on from). Refuses one
     from another config, init checkpoint or number of ranks. Rank 0 cuts metrics.jsonl back to what it held
@@ -172,7 +172,7 @@ def resume(cfg: TrainConfig, model: CVAE, opt: torch.optim.Optimizer, init_finge
         raise ValueError(f"{ckpt} was written by {meta['world']} ranks, this run has {world}: resume it with "
                          f"{meta['world']} (torchrun --nproc-per-node {meta['world']}) or use a new --out")
     load_trained_state(model, ckpt / "model.safetensors")
-    load_optimizer(opt, ckpt / "optimizer.safetensors", meta["param_groups"])
+    meta["optimizer"] = read_optimizer(ckpt / "optimizer.safetensors", meta["param_groups"])
     rng = load_file(ckpt / "rng.safetensors") if (ckpt / "rng.safetensors").is_file() else {}
     meta["rng"] = {name.split(".")[0]: t for name, t in rng.items() if name.endswith(f".{rank}")}
     if rank == 0 and "metrics_bytes" in meta:
@@ -190,14 +190,14 @@ def truncate(path: Path, size: int) -> None:
         os.truncate(path, size)
 
 
-def load_optimizer(opt: torch.optim.Optimizer, path: Path, param_groups: list) -> None:
-    """Undo ``save_checkpoint``'s flattening of the optimizer state."""
+def read_optimizer(path: Path, param_groups: list) -> dict:
+    """Undo ``save_checkpoint``'s flattening of the optimizer state: ``Optimizer.state_dict``'s form."""
     nested: dict[int, dict] = {}
     for name, t in load_file(path).items():
         if name != "empty":
             i, key = name.split(".", 1)
             nested.setdefault(int(i), {})[key] = t
-    opt.load_state_dict({"state": nested, "param_groups": param_groups})
+    return {"state": nested, "param_groups": param_groups}
 
 
 def load_run(run: str | Path, device: str = "cpu") -> tuple[TrainConfig, CVAE, Vocab, dict]:

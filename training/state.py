@@ -46,8 +46,8 @@ class Progress:
 class State:
     """The live objects of a run, and its progress; the configs stay with the caller."""
 
-    model: CVAE  # the CVAE itself (``engine`` wraps it for the step's forward when several ranks train)
-    engine: torch.nn.Module  # what the step calls: the model, or DistributedDataParallel around it
+    model: CVAE  # the CVAE itself (sharded in place under FSDP)
+    engine: torch.nn.Module  # what the step calls: the model, or DistributedDataParallel around it (``engine.py``)
     opt: torch.optim.Optimizer
     baseline: Baseline
     params: WeightingParams
@@ -58,6 +58,7 @@ class State:
     meta: dict  # the run's part of the checkpoint's state.json (run_dir.save_checkpoint)
     strategy_names: tuple[str, ...] = ()  # an E-step that reads labels: latent value k is strategy_names[k]
     progress: Progress = field(default_factory=Progress)
+    sharded: bool = False  # FSDP: parameters, gradients and AdamW's state are sharded over the ranks (``engine.py``)
 
 
 def rng_states(device: torch.device) -> dict[str, torch.Tensor]:

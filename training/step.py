@@ -2,9 +2,9 @@
 
 ``train_step`` is the whole of it; the metrics record (``diagnostics``) is made on logged steps only, since
 its ``.item()`` calls wait for the device. Several ranks average their gradients through
-DistributedDataParallel (``state.engine``), overlapped with the backward; the terms that couple a batch's
-examples are computed over the global batch (``global_batch.py``), so N ranks with batch B step like one
-process with batch N * B.
+DistributedDataParallel or FSDP2 (``state.engine``, ``engine.py``), overlapped with the backward; the terms that
+couple a batch's examples are computed over the global batch (``global_batch.py``), so N ranks with batch B step
+like one process with batch N * B, and log it (``global_record``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from tokweight.training.cvae import CVAE
 from tokweight.training.data import TrainBatch
 from tokweight.training.estep import step_labels
+from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.losses import WeightingParams, example_kl, reconstruction_weights, weighted_reconstruction
 from tokweight.training.metrics import entropy, informative_token_spread, posterior_gradient_norms
 from tokweight.training.objective import Terms, step_loss
@@ -39,7 +40,7 @@ def train_step(state: State, batch: TrainBatch, cfg, logged: bool) -> dict | Non
     every = cfg.log.grad_diag_every
     record = diagnostics(state, batch, out, b, terms, lr, bool(every and progress.step % every == 0)) if logged else None
     state.opt.zero_grad(set_to_none=True)
-    terms.loss.backward()  # DistributedDataParallel averages the gradients over the ranks here
+    terms.loss.backward()  # DistributedDataParallel averages (FSDP reduce-scatters) the gradients over the ranks here
     optimizer_step(state, cfg.optim.grad_clip, lr)
     progress.step += 1
     return record
@@ -69,15 +70,32 @@ def optimizer_step(state: State, grad_clip: float, lr: float) -> None:
 
 def diagnostics(state: State, batch: TrainBatch, out, b: torch.Tensor, terms: Terms, lr: float,
                 gradient_norms: bool) -> dict:
-    """The step's metrics record. The posterior-gradient norms need the graphs: before the backward."""
-    model, obj = state.model, terms.obj
+    """The step's metrics record, over the global batch (``global_record``). The posterior-gradient norms need the
+    graphs: before the backward."""
+    model, obj, ranks = state.model, terms.obj, state.global_batch
     record = {"step": state.progress.step, "loss": obj.loss.item(), "recon": obj.recon.item(),
               "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": terms.beta,
               "lr": lr, "anchor": terms.anchor.item(), "degenerate": int(terms.degenerate.sum()),
               "estep": terms.estep, **latent_summary(model, out, batch, state.params, terms.pi, b)}
     if gradient_norms:
-        record |= posterior_gradient_norms(obj.recon, terms.beta * obj.kl_term, model.posterior_parameters)
-    return record
+        record |= posterior_gradient_norms(obj.recon, terms.beta * obj.kl_term, model.posterior_parameters,
+                                           ranks.average)
+    return global_record(record, ranks, state.device)
+
+
+def global_record(record: dict, ranks: GlobalBatch, device: torch.device) -> dict:
+    """A metrics record of this rank's rows -> the global batch's, so that N ranks log what one process logs: every
+    number (a list's too) averaged over the ranks, which hold equal rows (a batch mean's mean is the global mean;
+    the step's settings are the same on every rank), the count of degenerate examples summed. One all_reduce."""
+    if ranks.world == 1:
+        return record
+    keys = [k for k, v in record.items() if k not in ("step", "estep") and isinstance(v, (int, float, list))]
+    values = [record[k] if isinstance(record[k], list) else [record[k]] for k in keys]
+    flat = iter(ranks.average(torch.tensor(sum(values, []), dtype=torch.float64, device=device)).tolist())
+    means = {k: [next(flat) for _ in v] for k, v in zip(keys, values)}
+    out = {k: m if isinstance(record[k], list) else m[0] for k, m in means.items()}
+    out["degenerate"] = round(out["degenerate"] * ranks.world)
+    return record | out
 
 
 @torch.no_grad()

@@ -21,6 +21,10 @@ from tokweight.training.losses import WEIGHTINGS, WeightingParams
 from tokweight.training.schedules import warmed_up
 
 
+SHARDS = ("ddp", "fsdp")
+"""How several ranks share the model (``IOConfig.shard``, ``engine.py``)."""
+
+
 @dataclass(frozen=True)
 class IOConfig:
     """Where the run reads and writes, and how it loads its data."""
@@ -56,10 +60,17 @@ class IOConfig:
     on_bad_sample: str = "error"
     """A bad sample the store does not already record as skipped: "error" (named by key and shard) or
     "skip" (counted by reason). What extraction skipped is skipped whatever this says."""
+    shard: str = "ddp"
+    """How several ranks (torchrun) share the model (``engine.py``): "ddp", each rank holds all of it and the
+    gradients are averaged (DistributedDataParallel); "fsdp", parameters, gradients and AdamW's state are
+    sharded over the ranks per transformer block (FSDP2), for a backbone whose full fine-tune does not fit one
+    GPU. A job of one process runs the model itself either way."""
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.shard not in SHARDS:
+            raise ValueError(f"shard must be 'ddp' or 'fsdp', got {self.shard!r}")
         if self.on_bad_sample not in ("error", "skip"):
             raise ValueError(f"on_bad_sample must be 'error' or 'skip', got {self.on_bad_sample!r}")
         if self.lanes is not None and self.lanes < 1:

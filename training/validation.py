@@ -58,17 +58,28 @@ class PassRecords(EvalRecords):
         return self
 
 
+@dataclass(frozen=True)
+class Filler:
+    """A batch a rank runs again, unscored, so that its forwards' collectives meet those of ranks that still have
+    batches (``lockstep``)."""
+
+    batch: TrainBatch
+
+
 @torch.no_grad()
-def evaluate_pass(model: CVAE, batches: Iterable[TrainBatch | Skips], scoring: Scoring, device) -> PassRecords:
+def evaluate_pass(model: CVAE, batches: Iterable[TrainBatch | Skips | Filler], scoring: Scoring,
+                  device) -> PassRecords:
     """Per-example recon (weighted and uniform), KL, posterior and (discrete) y's NLL under each latent value over
-    the batches (this rank's), and the samples the stream skipped (its ``Skips`` items)."""
+    the batches (this rank's), and the samples the stream skipped (its ``Skips`` items); a ``Filler`` runs every
+    forward a batch runs and records nothing."""
     model.eval()
     records, loss = PassRecords(), scoring.loss
     for batch in batches:
         if isinstance(batch, Skips):
             records.skips.merge(batch)
             continue
-        batch = batch.to(device)
+        filler = isinstance(batch, Filler)
+        batch = (batch.batch if filler else batch).to(device)
         out = model(batch, generator=torch.Generator().manual_seed(scoring.seed))
         b = scoring.baseline(batch, out)
         pi, degenerate = reconstruction_weights(loss.weighting, b, batch.zfree.mask, scoring.params,
@@ -80,8 +91,11 @@ def evaluate_pass(model: CVAE, batches: Iterable[TrainBatch | Skips], scoring: S
         discrete = model.latent.kind == "discrete"
         post, logvar = (out.post.exp(), None) if discrete else out.post  # q (B, K), or mu and logvar (B, D)
         mask = batch.zfree.mask
+        nll_matched = matched_nll(model, batch, out)
+        if filler:
+            continue
         records.add(recon, recon_u, example_kl(kl), post, list(batch.strategies), degenerate, logvar,
-                    nll_matched=matched_nll(model, batch, out), nll_by_value=out.nll.sum(-1) if discrete else None,
+                    nll_matched=nll_matched, nll_by_value=out.nll.sum(-1) if discrete else None,
                     b_sum=(b * mask).sum(1), tokens=mask.sum(1), keys=list(batch.keys))
     model.train()
     return records
@@ -118,13 +132,42 @@ def first_batches(items: Iterable[TrainBatch | Skips], n: int) -> Iterator[Train
             return
 
 
+def lockstep(items: Iterable[TrainBatch | Skips], device) -> Iterator[TrainBatch | Skips | Filler]:
+    """Stage for a sharded model, whose every forward is a collective (FSDP): this rank's items, then, while another
+    rank still has batches, its last batch again as a ``Filler`` (a rank that read none gets one of another rank's
+    batches). One all_gather per batch says which ranks have one."""
+    items, last = iter(items), None
+    while True:
+        batch = None
+        for item in items:
+            if not isinstance(item, Skips):
+                batch = item
+                break
+            yield item
+        flags = [torch.zeros(2, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
+        dist.all_gather(flags, torch.tensor([batch is not None, batch is None and last is None], dtype=torch.int64,
+                                            device=device))
+        has, needs = torch.stack(flags).bool().cpu().unbind(1)  # (world,) each
+        if not has.any():
+            return
+        if needs.any():  # the first rank with a batch sends it to those that have none to repeat
+            box = [batch.to("cpu") if batch is not None else None]
+            dist.broadcast_object_list(box, src=int(has.nonzero()[0]))
+            last = box[0] if last is None else last
+        yield Filler(last) if batch is None else batch
+        last = batch if batch is not None else last
+
+
 def validate(model: CVAE, scoring: Scoring, spec: StreamSpec, *, split: str, step: int, world: int, device,
-             log: Path | None, examples: int | None = None) -> dict:
+             log: Path | None, examples: int | None = None, sharded: bool = False) -> dict:
     """Metrics over the split ``spec`` reads (its first ``examples`` rounded up to whole batches; None: all),
-    appended to ``log``/metrics.jsonl when given (rank 0's run directory)."""
+    appended to ``log``/metrics.jsonl when given (rank 0's run directory). ``sharded``: the model is sharded over
+    the ranks (FSDP), which run their batches in ``lockstep``."""
     batches = loader(EvalStream(spec), 0)
     if examples is not None:
         batches = first_batches(batches, -(-examples // spec.batch_size))
+    if sharded:
+        batches = lockstep(batches, device)
     records = gather_records(evaluate_pass(model, batches, scoring, device), world)
     metrics = {"split": split, "step": step, **scoring.metrics(records)}
     if log is not None:

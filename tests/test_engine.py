@@ -1,0 +1,111 @@
+"""The engines' single-process guarantees (``training/engine.py``); the multi-rank ones are in test_ddp.py.
+
+DistributedDataParallel runs with ``find_unused_parameters`` off, which fails a step after one in which a
+trainable parameter got no gradient: here every path a rank can take gives every trainable parameter one, in
+the warm-up's first step (beta 0, anchor off) and after it, with the posterior-gradient diagnostic's
+``autograd.grad`` before the backward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokweight.pipeline.backbone import load_backbone
+from tokweight.pipeline.ranks import Ranks
+from tokweight.training.configs import CVAEConfig, EStepConfig, LoRAConfig
+from tokweight.training.engine import numbered, transformer_blocks
+from tokweight.training.step import train_step
+from tokweight.training.stream import TrainStream
+from tokweight.training.train import pooled_key_values, setup
+from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+
+WARM = LossConfig(beta_warmup_steps=1)  # step 0 at beta 0 with the anchor off, step 1 at beta with the anchor on
+PATHS = {  # name: (backbone, TrainConfig groups)
+    "default": ("gpt", {}),
+    "memory": ("gpt", dict(cvae=CVAEConfig(cond="memory"))),
+    "layernorm": ("gpt", dict(cvae=CVAEConfig(cond="layernorm"))),
+    "continuous-token": ("gpt", dict(cvae=CVAEConfig(latent="continuous", cond="token"))),
+    "continuous-standard-prior": ("gpt", dict(cvae=CVAEConfig(latent="continuous", prior="standard"),
+                                              estep=EStepConfig(mode="off"))),
+    "estep-labels": ("gpt", dict(estep=EStepConfig(mode="label"))),
+    "frozen-plain": ("gpt", dict(loss=LossConfig(beta_warmup_steps=1, policy="frozen"), estep=EStepConfig(mode="off"))),
+    "dynamic": ("gpt", dict(loss=LossConfig(beta_warmup_steps=1, policy="dynamic"))),
+    "lora": ("gpt", dict(lora=LoRAConfig(rank=4))),
+    "checkpointing-bf16": ("gpt", dict(io=dict(grad_checkpointing=True, dtype="bfloat16"))),
+    "llama": ("llama", {}),
+    "gpt2-lora-memory": ("gpt2", dict(lora=LoRAConfig(rank=4), cvae=CVAEConfig(cond="memory"))),
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def path_config(tiny, store, ckpt, out: Path, groups: dict) -> TrainConfig:
+    """A 2-step run; an HF backbone has no store (its b is the dynamic policy's)."""
+    io = IOConfig(checkpoint=str(ckpt), data=str(tiny[0]), out=str(out), store=str(store) if store else None,
+                  num_workers=0, device="cpu", **groups.pop("io", {}))
+    loss = groups.pop("loss", WARM if store else LossConfig(beta_warmup_steps=1, policy="dynamic"))
+    return TrainConfig(io, loss=loss, optim=OptimConfig(steps=2, batch_size=8, starts=1),
+                       log=LogConfig(log_every=1, grad_diag_every=1, eval_every=0), **groups)
+
+
+@pytest.mark.parametrize("name", list(PATHS))
+def test_every_trainable_parameter_gets_a_gradient_in_every_step(tiny, tiny_store, hf_checkpoints, tmp_path, name):
+    backbone, groups = PATHS[name]
+    ckpt, store = (tiny[1], tiny_store) if backbone == "gpt" else (hf_checkpoints[backbone], None)
+    cfg = path_config(tiny, store, ckpt, tmp_path / "run", dict(groups))
+    state = setup(cfg, Ranks())
+    batches = TrainStream(state.spec, 0, 1).batches(0)
+    for step in range(2):
+        record = train_step(state, next(batches), cfg, logged=True)
+        without = [n for n, p in state.model.named_parameters() if p.requires_grad and p.grad is None]
+        assert not without, f"step {step}: no gradient for {without[:4]} ({len(without)})"
+        assert "grad_recon" in record and torch.isfinite(torch.tensor(record["loss"]))
+
+
+def test_pooled_key_values_are_those_of_the_union():
+    """Two ranks' measurements of the memory's scale pool into the one-process measurement."""
+    g = torch.Generator().manual_seed(0)
+    parts = [torch.randn(n, 3, 2, 2, 4, generator=g, dtype=torch.float64) * (1 + i) + i for i, n in enumerate((5, 9))]
+
+    def measure(seen):  # token_key_values' statistics over (positions, layers, 2, heads, head dim)
+        mean = seen.mean(0)
+        return mean, (seen - mean).norm(dim=-1).pow(2).mean(0).sqrt()
+
+    whole = measure(torch.cat(parts))
+    means, spreads = zip(*map(measure, parts))
+    pooled = pooled_key_values(torch.tensor([5.0, 9.0], dtype=torch.float64), torch.stack(means), torch.stack(spreads))
+    for got, want in zip(pooled, whole):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_blocks_fsdp_shards_are_the_transformer_layers(tiny, hf_checkpoints):
+    gpt = load_backbone(tiny[1]).model
+    assert transformer_blocks(gpt) == list(gpt.h)
+    for arch, layer in (("llama", "LlamaDecoderLayer"), ("gpt2", "GPT2Block")):
+        model = load_backbone(hf_checkpoints[arch]).model
+        blocks = transformer_blocks(model)
+        assert len(blocks) == 2 and {type(b).__name__ for b in blocks} == {layer}
+    model.model._no_split_modules = None
+    with pytest.raises(ValueError, match="'gpt2' backbone names no decoder layer class.*shard 'ddp'"):
+        transformer_blocks(model)
+
+
+def test_a_named_optimizer_state_is_numbered_as_the_optimizer_numbers_it():
+    """torch.distributed.checkpoint's state (keyed by name) -> ``Optimizer.state_dict``'s (by position)."""
+    named = {"state": {"b": {"step": 2}, "a": {"step": 1}},
+             "param_groups": [{"lr": 1.0, "params": ["a", "b"]}, {"lr": 2.0, "params": ["c"]}]}
+    assert numbered(named) == {"state": {1: {"step": 2}, 0: {"step": 1}},
+                               "param_groups": [{"lr": 1.0, "params": [0, 1]}, {"lr": 2.0, "params": [2]}]}
+
+
+def test_the_shard_field_is_checked(tiny, tmp_path):
+    with pytest.raises(ValueError, match="shard must be 'ddp' or 'fsdp', got 'zero3'"):
+        IOConfig(checkpoint=str(tiny[1]), data=str(tiny[0]), out=str(tmp_path), shard="zero3")
