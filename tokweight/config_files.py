@@ -99,6 +99,35 @@ def preset(kind: str, name: str) -> dict:
     return read(path)
 
 
+def defaults(cls) -> dict:
+    """The fields of ``cls`` that have a default, as plain data (a nested dataclass as its mapping)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return plain(out)
+
+
+def plain(obj) -> Any:
+    """Dataclasses as mappings and tuples as lists: ``build``'s input (``build`` turns them back)."""
+    def encode(value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return dataclasses.asdict(value)
+        raise TypeError(f"{type(value).__name__} is not configuration data")
+
+    return json.loads(json.dumps(obj, default=encode))
+
+
+def preset_config(cls, kind: str, name: str, on=None, **fields):
+    """The dataclass ``cls`` from preset ``name`` of ``kind``: its fields over ``on`` (an instance of ``cls``;
+    None: ``cls``'s defaults), a nested group field by field over that group's own, then ``fields`` (dotted
+    names: values)."""
+    start = plain(on) if on is not None else defaults(cls)
+    return build(cls, with_values(start, flat(preset(kind, name)) | plain(fields)))
+
+
 def build(cls, data: dict, where: str = ""):
     """The dataclass ``cls`` from a mapping of its fields (nested dataclasses from mappings, tuples from lists);
     a field ``cls`` does not have is refused by its dotted name."""

@@ -35,7 +35,8 @@ import numpy as np
 
 from tokweight.report.plots import figure, save_figures
 from tokweight.report.tables import fixed, markdown_table
-from tokweight.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all
+from tokweight.config_files import preset_config
+from tokweight.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all, synthetic_task
 from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.experiments.recipes import recipe_overrides
 from tokweight.experiments.results import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, aggregate,
@@ -46,12 +47,12 @@ from tokweight.training.metrics import entropy
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """The beta sweep (QUICK_SWEEP shrinks it)."""
+    """The beta sweep (``quick_sweep`` shrinks it)."""
 
     out: str
     """Results directory; shares data/, base/, store/ and runs/ with the experiment when it is the same."""
-    task: TaskConfig = field(default_factory=TaskConfig)
-    """Data and base models."""
+    task: TaskConfig = field(default_factory=synthetic_task)
+    """Data and base models (experiment/task.toml)."""
     settings: tuple[str, ...] = ()
     """Names of the task's settings to sweep; empty: all."""
     weightings: tuple[str, ...] = ("uniform", "sum", "surprisal-share")
@@ -69,7 +70,7 @@ class SweepConfig:
     1e-3 the first 10 Adam steps under surprisal-share took the h0-n16 decoder from 0.067 to 1.3
     nats per token (on tokens it barely weights); at 3e-4 it stays near 0.1."""
     recipe: str = "survival"
-    """Name in experiments.recipes.RECIPES applied to every cell; "baseline": none."""
+    """A recipe (tokweight/presets/recipes/) applied to every cell; "default": train's."""
     cond: str = "token"
     """z pathway of every cell."""
     prefix_slots: int = 1
@@ -105,8 +106,9 @@ class SweepConfig:
 
 
 def quick_sweep(cfg: SweepConfig) -> SweepConfig:
-    """--quick: the largest T/(t0+1) only, one seed; the full grid of betas, so the transition shows."""
-    return replace(cfg, settings=(cfg.task.settings[-1].name,), seeds=cfg.seeds[:1])
+    """--quick: ``cfg`` with the preset experiment/sweep-quick.toml's fields, on the largest T/(t0+1) only."""
+    return replace(preset_config(SweepConfig, "experiment", "sweep-quick", on=cfg),
+                   settings=(cfg.task.settings[-1].name,))
 
 
 # ---------------------------------------------------------------- running
