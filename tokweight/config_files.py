@@ -5,9 +5,10 @@ a TOML or JSON file (a run's own config.json is valid input). ``--set group.fiel
 field, the value read as a TOML literal (``0.5``, ``true``, ``"prefix"``, ``[0, 1]``) or else as a string.
 Presets are such files in ``tokweight/presets/<kind>/<name>.toml``: ``synth`` (SynthConfig), ``base``
 (BaseTrainConfig), ``demo`` (the demo's task and budget), ``recipes`` (TrainConfig overrides the experiments
-compare against the defaults), ``experiment`` (the experiment jobs' settings). The dataclasses are the schema:
-``build`` makes one from a mapping, nested dataclasses and tuples included, and refuses a field it does not
-have by its dotted name.
+compare against the defaults), ``experiment`` (the synthetic jobs' task and each job's --quick). The dataclasses
+are the schema and hold every default: ``build`` makes one from a mapping, nested dataclasses and tuples
+included, and refuses a field it does not have by its dotted name; ``preset_config`` reads a preset as the fields
+it changes over the dataclass's defaults (or over a given instance), a nested group field by field.
 """
 
 from __future__ import annotations

@@ -63,22 +63,22 @@ def shown(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def per_job(of: Callable, quick: bool = True) -> str:
+def per_job(of: Callable) -> str:
     """"default: grid A, sweep B, own task C[; --quick: ...]" of ``of(config)``; --quick's part where it differs."""
     def line(configs: dict) -> str:
         return ", ".join(f"{job} {shown(of(cfg))}" for job, cfg in configs.items())
 
-    full = line(job_configs(False))
-    fast = line(job_configs(True)) if quick else full
+    full, fast = line(job_configs(False)), line(job_configs(True))
     return f"default: {full}" + ("" if fast == full else f"; --quick: {fast}")
 
 
 def cell_count(job: str, cfg) -> int:
+    """The cells ``job`` runs under ``cfg`` (the sweep: before any bisection step)."""
     from tokweight.experiments import grid, own_task
+    from tokweight.experiments import sweep as sw
 
-    if job == "sweep":
-        return len(cfg.setting_names) * len(cfg.weightings) * len(cfg.seeds) * len(cfg.betas)
-    return len(grid.experiment_cells(cfg) if job == "grid" else own_task.own_cells(cfg))
+    cells = {"grid": grid.experiment_cells, "sweep": sw.grid_cells, "own task": own_task.own_cells}[job]
+    return len(cells(cfg))
 
 
 def budgets(quick: bool) -> str:
@@ -90,8 +90,8 @@ def budgets(quick: bool) -> str:
 
 
 def quick_help() -> str:
-    return (f"Fewer and shorter cells, to answer in minutes ({budgets(True)}; the sweep on the largest T/(t0+1) "
-            f"only). Without it: {budgets(False)}.")
+    return (f"Fewer and shorter cells ({budgets(True)}; the sweep on the largest T/(t0+1) only). Without it: "
+            f"{budgets(False)}.")
 
 
 def recipe_help() -> str:

@@ -114,6 +114,16 @@ def quick_sweep(cfg: SweepConfig) -> SweepConfig:
 # ---------------------------------------------------------------- running
 
 
+def sweep_groups(cfg: SweepConfig) -> list[tuple[str, str, int]]:
+    """Every (setting, weighting, seed) whose beta_c the sweep measures."""
+    return [(s, w, seed) for s in cfg.setting_names for w in cfg.weightings for seed in cfg.seeds]
+
+
+def grid_cells(cfg: SweepConfig) -> list[Cell]:
+    """The grid's cells: every group at every beta (bisection adds one cell per group and round)."""
+    return [Cell(s, "discrete", cfg.cond, w, b, seed, "sweep") for s, w, seed in sweep_groups(cfg) for b in cfg.betas]
+
+
 def run_sweep_cells(cfg: SweepConfig, prepared: dict, root: Path, echo: Echo) -> list[dict]:
     """The grid for every (setting, weighting, seed), then ``refine`` bisection rounds (each round
     one midpoint per (setting, weighting, seed) whose grid beta_c has a larger grid beta above it,
@@ -121,8 +131,8 @@ def run_sweep_cells(cfg: SweepConfig, prepared: dict, root: Path, echo: Echo) ->
     def run(cells: list[Cell]) -> list[dict]:
         return run_cells(cells, prepared, cfg.plan, root, echo, cfg.jobs)
 
-    groups = [(s, w, seed) for s in cfg.setting_names for w in cfg.weightings for seed in cfg.seeds]
-    grid = [Cell(s, "discrete", cfg.cond, w, b, seed, "sweep") for s, w, seed in groups for b in cfg.betas]
+    groups = sweep_groups(cfg)
+    grid = grid_cells(cfg)
     echo(f"[sweep] {len(cfg.setting_names)} settings x {len(cfg.weightings)} weightings x {len(cfg.seeds)} seeds "
          f"x {len(cfg.betas)} betas = {len(grid)} cells (+ up to {cfg.refine} bisection steps each), "
          f"{cfg.budget.steps} steps per cell, {cfg.jobs} at a time")
