@@ -91,7 +91,8 @@ def symbol_name(i: int) -> str:
 
 @dataclass(frozen=True)
 class SynthConfig:
-    """Everything that determines a synthetic dataset; same config, same bytes."""
+    """Everything that determines a synthetic dataset; same config, same bytes. Presets (`tokweight synth
+    --preset`) are files of the fields they change, tokweight/presets/synth/<name>.toml."""
 
     alphabet_size: int = 16
     """Number of data symbols x is drawn from (uniformly, with repetition)."""
@@ -160,18 +161,6 @@ class SynthConfig:
         """Every data symbol that can occur in x or y: the alphabet in id order, then the filler."""
         filler = [FILLER_SYMBOL] if self.header_len or self.trailer_len else []
         return [symbol_name(i) for i in range(self.alphabet_size)] + filler
-
-
-PRESETS: dict[str, SynthConfig] = {
-    # a few hundred short examples: generation and a training step in well under a second
-    "tiny": SynthConfig(alphabet_size=6, min_len=3, max_len=5, n_train=512, n_val=128, n_test=128,
-                        shard_size=128),
-    # long outputs decided by their first token or two: mean T/(t0+1) about 12
-    "default": SynthConfig(),
-    # the demo's data: the default task at half the length, mean T/(t0+1) about 6
-    "small": SynthConfig(alphabet_size=10, min_len=6, max_len=9, n_train=20000, n_val=1000, n_test=1000,
-                         shard_size=2000),
-}
 
 
 # ---------------------------------------------------------------- t0

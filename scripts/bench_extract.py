@@ -53,12 +53,12 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
 
+from tokweight.config_files import preset_config
 from tokweight.pipeline.bucketing import padded_fraction, plan_batches
 from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
@@ -66,10 +66,10 @@ from tokweight.pipeline.extract import (ExtractConfig, ShardBatches, cpus_per_pr
 from tokweight.pipeline.extract_reader import gc_frozen
 from tokweight.pipeline.extract_plan import InputShard, Task, run_inputs
 from tokweight.pipeline.shards import resolve_shards, shard_name
-from tokweight.pipeline.synth import PRESETS, write_dataset
+from tokweight.pipeline.synth import SynthConfig, write_dataset
 from tokweight.pipeline.templates import template_option
 from tokweight.store.baseline_store import BaselineStore
-from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig
+from tokweight.training.train_base import BaseTrainConfig
 from tokweight.training.train_base import run as train_base
 
 
@@ -103,13 +103,13 @@ def template_arg(template: str, workdir: Path) -> str:
 def prepare(workdir: Path, data: str | None, checkpoint: str | None, train_steps: int) -> tuple[Path, Path]:
     data = Path(data) if data else workdir / "data"
     if not (data / "dataset.json").is_file():
-        write_dataset(replace(PRESETS["default"], seed=0), data, overwrite=True)
+        write_dataset(preset_config(SynthConfig, "synth", "default", seed=0), data, overwrite=True)
     if checkpoint:
         return data, Path(checkpoint)
     ckpt = workdir / f"base-{train_steps}"
     if not (ckpt / "fingerprint.json").is_file():
-        train_base(BaseTrainConfig(data=str(data), out=str(ckpt), **{**BASE_PRESETS["default"],
-                                                                     "steps": train_steps, "eval_every": train_steps}))
+        train_base(preset_config(BaseTrainConfig, "base", "default", data=str(data), out=str(ckpt), steps=train_steps,
+                                 eval_every=train_steps))
     return data, ckpt
 
 

@@ -46,13 +46,15 @@ K = 4
 def prepare(work: Path) -> tuple[Path, Path, Path]:
     from tokweight.pipeline.extract import ExtractConfig
     from tokweight.pipeline.extract import run as extract
-    from tokweight.pipeline.synth import PRESETS, write_dataset
+    from tokweight.config_files import preset_config
+    from tokweight.pipeline.synth import SynthConfig, write_dataset
     from tokweight.training.train_base import BaseTrainConfig
     from tokweight.training.train_base import run as train_base
 
     data, ckpt, store = work / "data", work / "base", work / "store"
     if not (data / "dataset.json").exists():
-        write_dataset(replace(PRESETS["default"], n_train=2000, n_val=200, n_test=200, shard_size=500), data)
+        write_dataset(preset_config(SynthConfig, "synth", "default", n_train=2000, n_val=200, n_test=200,
+                                    shard_size=500), data)
     if not (ckpt / "fingerprint.json").exists():
         train_base(BaseTrainConfig(data=str(data), out=str(ckpt), steps=100, eval_every=100))
     extract(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store), progress=False))

@@ -82,16 +82,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tokweight.pipeline.synth import DEFAULT_STRATEGIES, PRESETS, STRATEGIES
+from tokweight.pipeline.synth import DEFAULT_STRATEGIES, STRATEGIES, SynthConfig
 from tokweight.report.tables import markdown_table
 from tokweight.training.control import OUTCOMES
-from tokweight.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting
-from tokweight.config_files import assignment
+from tokweight.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting, synthetic_task
+from tokweight.config_files import assignment, preset, preset_config
 from tokweight.experiments.cells import CELL_LOSS_FIELDS, Cell, CellBudget, CellPlan, Overrides, run_cells
 from tokweight.experiments.recipes import with_recipe
 from tokweight.experiments.results import write_table_run
 from tokweight.training.configs import CVAEConfig
-from tokweight.training.train_base import BASE_PRESETS
 from tokweight.training.train_config import IOConfig, OptimConfig, TrainConfig
 
 WEIGHTINGS = ("uniform", "surprisal-share")
@@ -100,22 +99,32 @@ H0 = Setting("h0-n16", 0, 16, 16)
 LONG = Setting("n12-16", 0, 12, 16)  # the default preset's x: T/(t0+1) about 8-12
 H0_N64 = Setting("h0-n64", 0, 64, 64)  # one decision among 65 supervised tokens
 H0_N16_T48 = Setting("h0-n16-t48", 0, 16, 16, trailer_len=48)  # the same, the last 48 a fixed ending
-SMALL = PRESETS["small"]
-DEFAULT_BASE = {k: v for k, v in BASE_PRESETS["default"].items() if k != "eval_every"}  # base_model sets it
+SMALL = preset_config(SynthConfig, "synth", "small")
+DEFAULT_SYNTH = preset_config(SynthConfig, "synth", "default")
+DEFAULT_BASE = {k: v for k, v in preset("base", "default").items() if k != "eval_every"}  # base_model sets it
 ALL_STRATEGIES = tuple(STRATEGIES)
+SYNTHETIC = synthetic_task()
+"""The experiments' task (presets/experiment/task.toml): its generator is every block's but the long ones' and
+k4's."""
 
 
-def long_task(names: tuple[str, ...], base, n_train: int = PRESETS["default"].n_train) -> tuple[TaskConfig, Setting]:
+def k2_task(setting: Setting, base, **synth) -> TaskConfig:
+    """The experiments' generator (with the fields ``synth`` changes) on one setting, with a base trained by
+    ``base``."""
+    return TaskConfig(settings=(setting,), synth=replace(SYNTHETIC.synth, **synth), base=base)
+
+
+def long_task(names: tuple[str, ...], base, n_train: int = DEFAULT_SYNTH.n_train) -> tuple[TaskConfig, Setting]:
     """The default preset's x (12-16 symbols) under the strategies ``names``, with a base trained by ``base`` on
     ``n_train`` examples."""
-    synth = replace(PRESETS["default"], strategies=names, n_train=n_train)
+    synth = replace(DEFAULT_SYNTH, strategies=names, n_train=n_train)
     return TaskConfig(settings=(LONG,), synth=synth, base=base), LONG
 
 
 BLOCKS = {  # name -> (task, setting): the data and the base model of each row group
-    "k2": (TaskConfig(settings=(H0,), base=base_model(1500)), H0),
-    "k2-imperfect": (TaskConfig(settings=(H0,), base=base_model(900)), H0),
-    **{f"k2-base{steps}": (TaskConfig(settings=(H0,), base=base_model(steps)), H0) for steps in (400, 700, 1000, 2200)},
+    "k2": (k2_task(H0, base_model(1500)), H0),
+    "k2-imperfect": (k2_task(H0, base_model(900)), H0),
+    **{f"k2-base{steps}": (k2_task(H0, base_model(steps)), H0) for steps in (400, 700, 1000, 2200)},
     **{f"k{len(names)}-long": long_task(names, base_model(3000, lr=2e-3))
        for names in (DEFAULT_STRATEGIES, ALL_STRATEGIES)},
     # the same tasks with `train-base --preset default`'s base (3 layers, d 128: 0.025 nats after t0 at K = 4),
@@ -128,13 +137,13 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
     # 384,000, each example seen once
     "k8-default-data384k": long_task(ALL_STRATEGIES, base_model(**{**DEFAULT_BASE, "steps": 6000}), 384_000),
     # its base reads the z-conditioned template at 3.19 nats per token (2.49 at 3000 steps): docs/results.md
-    "k2-n64": (TaskConfig(settings=(H0_N64,), base=base_model(1500)), H0_N64),
+    "k2-n64": (k2_task(H0_N64, base_model(1500)), H0_N64),
     # the same with a base trained on the z-conditioned template at the CVAE's 4 slots only
-    "k2-n64-slots4": (TaskConfig(settings=(H0_N64,), base=base_model(3000, min_slots=4)), H0_N64),
+    "k2-n64-slots4": (k2_task(H0_N64, base_model(3000, min_slots=4)), H0_N64),
     # neither base leaves under 0.02 nats after t0 on 64 symbols: x of 16 and y = s(x) + 48 fillers, which
     # a base predicts near-perfectly. At k2's 1500 steps the base has learnt the fillers and not the copy
     # (2.3 nats on each of s(x)'s tokens); 4000 steps leave 0.019 after t0
-    **{f"k2-trailer48{suffix}": (TaskConfig(settings=(H0_N16_T48,), base=base_model(steps)), H0_N16_T48)
+    **{f"k2-trailer48{suffix}": (k2_task(H0_N16_T48, base_model(steps)), H0_N16_T48)
        for suffix, steps in (("-base1500", 1500), ("", 4000))},
     # the K = 4 default block with a base that also reads the template at 5-8 slots, for --slots 8
     "k4-default-slots8": long_task(DEFAULT_STRATEGIES, base_model(**{**DEFAULT_BASE, "max_slots": 8})),
@@ -143,14 +152,12 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
        for seed in (1, 2)},
     # K = 2 with two strategies that begin alike (x[0]) and part at the second token, as three pairs do at K = 8.
     # At 1500 steps the base reproduces 1% of the references (b after t0 0.41); 4000 as for the trailer
-    **{f"k2-copy-evens-odds{suffix}": (TaskConfig(settings=(H0,), base=base_model(steps),
-                                                  synth=replace(TaskConfig().synth, strategies=("copy", "evens-odds"))),
-                                       H0) for suffix, steps in (("-base1500", 1500), ("", 4000))},
+    **{f"k2-copy-evens-odds{suffix}": (k2_task(H0, base_model(steps), strategies=("copy", "evens-odds")), H0)
+       for suffix, steps in (("-base1500", 1500), ("", 4000))},
     # the k2 task with strategies of unequal frequency (copy 0.8 or 0.6, rotate-left the rest): the E-step's
     # Sinkhorn balance gives each latent value a 1/K share of every batch, which a strategy code does not have here
-    **{f"k2-imbalanced{suffix}": (TaskConfig(settings=(H0,), base=base_model(1500),
-                                             synth=replace(TaskConfig().synth, prior="weighted", weights=weights)),
-                                  H0) for suffix, weights in (("", (0.8, 0.2)), ("-60", (0.6, 0.4)))},
+    **{f"k2-imbalanced{suffix}": (k2_task(H0, base_model(1500), prior="weighted", weights=weights), H0)
+       for suffix, weights in (("", (0.8, 0.2)), ("-60", (0.6, 0.4)))},
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),

@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 from tokweight.report.tables import fixed, markdown_table
-from tokweight.demo import PRESETS
+from tokweight.demo import demo_preset
 from tokweight.experiments.artefacts import prepare_setting
 from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.experiments.results import write_table_run
 
-DEMO = PRESETS["default"]
+DEMO = demo_preset("default")
 BETA = 0.3  # the default's beta (LossConfig.beta)
 WEIGHTING = "surprisal-share"  # the default's
 SLOTS = 4  # the default's (CVAEConfig.slots)

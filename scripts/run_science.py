@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 
 from tokweight.experiments import grid
-from tokweight.experiments.artefacts import DEFAULT_SETTINGS, Setting, TaskConfig, prepare_all
+from tokweight.experiments.artefacts import Setting, prepare_all, synthetic_task
 from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.experiments.results import write_csv
 
 LONG = Setting("h0-n32", 0, 32, 32)
 """The longer setting of the map: T = 33, T/(t0+1) about 33."""
-TASK = TaskConfig(settings=DEFAULT_SETTINGS + (LONG,))
-MAIN_SETTINGS = tuple(s.name for s in DEFAULT_SETTINGS)
+MAIN_SETTINGS = tuple(s.name for s in synthetic_task().settings)
+TASK = replace(synthetic_task(), settings=synthetic_task().settings + (LONG,))
 RECIPE = "default"  # the from-scratch recipe these runs found, now train's default remedies
 LR, WARMUP = 3e-4, 100
 

@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
-
+from tokweight.config_files import preset_config, preset_names
 from tokweight.pipeline.samples import sample_to_json
-from tokweight.pipeline.synth import PRESETS, generate
+from tokweight.pipeline.synth import SynthConfig, generate
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    parser.add_argument("--preset", default="small", choices=preset_names("synth"))
     parser.add_argument("--examples", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    cfg = replace(PRESETS[args.preset], seed=args.seed, n_train=args.examples)
+    cfg = preset_config(SynthConfig, "synth", args.preset, seed=args.seed, n_train=args.examples)
     with open(args.out, "w") as f:
         for sample in generate(cfg, "train"):
             f.write(json.dumps({"key": sample.key, **sample_to_json(sample)}) + "\n")

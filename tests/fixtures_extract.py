@@ -6,7 +6,7 @@ import io
 import json
 import shutil
 import tarfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,8 +14,9 @@ import torch
 
 from tokweight.pipeline.checkpoint import load_checkpoint, save_checkpoint
 from tokweight.pipeline.extract import ExtractConfig, run
-from tokweight.pipeline.synth import PRESETS, write_dataset
-from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig
+from tokweight.config_files import preset_config
+from tokweight.pipeline.synth import SynthConfig, write_dataset
+from tokweight.training.train_base import BaseTrainConfig
 from tokweight.training.train_base import run as train_base
 
 
@@ -36,9 +37,9 @@ class World:
 def world(tmp_path_factory) -> World:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("extract")
-    write_dataset(replace(PRESETS["tiny"], seed=0), root / "data")
-    train_base(BaseTrainConfig(data=str(root / "data"), out=str(root / "base"),
-                               **{**BASE_PRESETS["tiny"], "steps": 30}))
+    write_dataset(preset_config(SynthConfig, "synth", "tiny", seed=0), root / "data")
+    train_base(preset_config(BaseTrainConfig, "base", "tiny", data=str(root / "data"), out=str(root / "base"),
+                             steps=30))
     ckpt = load_checkpoint(root / "base")
     with torch.no_grad():
         ckpt.model.ln_f.bias[0] += 1e-3

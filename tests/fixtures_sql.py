@@ -77,18 +77,17 @@ def write_store(store: Path, fp: str, rows: list[dict], *, fmt: str = PARQUET, c
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory):
     """synth -> train-base (30 steps) -> extract on the `tiny` preset, built once per session."""
-    from dataclasses import replace
-
     from tokweight.pipeline.extract import ExtractConfig
     from tokweight.pipeline.extract import run as extract_run
-    from tokweight.pipeline.synth import PRESETS, write_dataset
-    from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig
+    from tokweight.config_files import preset_config
+    from tokweight.pipeline.synth import SynthConfig, write_dataset
+    from tokweight.training.train_base import BaseTrainConfig
     from tokweight.training.train_base import run as train_run
 
     root = tmp_path_factory.mktemp("tiny_pipeline")
     data, ckpt, store = root / "data", root / "base", root / "store"
-    write_dataset(replace(PRESETS["tiny"], seed=0), data)
-    train_run(BaseTrainConfig(data=str(data), out=str(ckpt), **{**BASE_PRESETS["tiny"], "steps": 30}))
+    write_dataset(preset_config(SynthConfig, "synth", "tiny", seed=0), data)
+    train_run(preset_config(BaseTrainConfig, "base", "tiny", data=str(data), out=str(ckpt), steps=30))
     extract_run(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store), progress=False,
                               reader_process=False))
     return {"data": data, "checkpoint": ckpt, "store": store}

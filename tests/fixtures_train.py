@@ -10,8 +10,9 @@ import torch
 
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
-from tokweight.pipeline.synth import PRESETS, write_dataset
-from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
+from tokweight.config_files import preset_config
+from tokweight.pipeline.synth import SynthConfig, write_dataset
+from tokweight.training.train_base import BaseTrainConfig, run as train_base
 
 AMP_T, AMP_T0 = 13, 1  # two strategy tokens, then ten filler tokens and </y>
 
@@ -32,9 +33,9 @@ def tiny(tmp_path_factory):
     def build():
         torch.set_num_threads(1)
         root = tmp_path_factory.mktemp("tiny")
-        write_dataset(replace(PRESETS["tiny"], seed=0), root / "data")
-        train_base(BaseTrainConfig(data=str(root / "data"), out=str(root / "base"),
-                                   **{**BASE_PRESETS["tiny"], "steps": 30}))
+        write_dataset(preset_config(SynthConfig, "synth", "tiny", seed=0), root / "data")
+        train_base(preset_config(BaseTrainConfig, "base", "tiny", data=str(root / "data"), out=str(root / "base"),
+                                 steps=30))
         return root / "data", root / "base"
 
     return _once("tiny", build)

@@ -137,10 +137,11 @@ def test_every_command_runs_on_auto_by_default():
 
 
 def test_train_base_under_the_guard(tiny, tmp_path):
-    from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig, run as train_base
+    from tokweight.config_files import preset_config
+    from tokweight.training.train_base import BaseTrainConfig, run as train_base
 
     data, _ = tiny
     with HostTensors():
-        result = train_base(BaseTrainConfig(data=str(data), out=str(tmp_path / "base"), device="cpu",
-                                            **{**BASE_PRESETS["tiny"], "steps": 2, "eval_every": 2}))
+        result = train_base(preset_config(BaseTrainConfig, "base", "tiny", data=str(data), out=str(tmp_path / "base"),
+                                          device="cpu", steps=2, eval_every=2))
     assert result["fingerprint"]

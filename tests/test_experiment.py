@@ -13,7 +13,7 @@ import pytest
 
 from tokweight.store.lock import StoreLock, StoreLockedError
 from tokweight.experiments import artefacts, cells, grid as exp
-from tokweight.experiments.artefacts import Setting, TaskConfig, synth_config
+from tokweight.experiments.artefacts import Setting, TaskConfig, synth_config, synthetic_task
 from tokweight.experiments.grid import plot_amplification
 from tokweight.config_files import preset_names
 from tokweight.experiments.recipes import recipe_overrides, with_recipe
@@ -169,7 +169,7 @@ def test_a_cell_key_covers_every_train_config_field_but_the_paths():
 
     from tokweight.training.train_config import GROUPS
 
-    prep = artefacts.Prepared(TaskConfig().settings[0], Path("/d"), "datakey", Path("/b"), "fp123", Path("/s"), {})
+    prep = artefacts.Prepared(synthetic_task().settings[0], Path("/d"), "datakey", Path("/b"), "fp123", Path("/s"), {})
     cell = cells.Cell("h0", "discrete", "prefix", "surprisal-share", 0.3, 4)
     plan = cells.CellPlan(4, 3, cells.CellBudget(), "default")
     tcfg = cells.train_config(cell, prep, plan, Path("/r"))
@@ -192,7 +192,7 @@ def test_a_cell_key_covers_every_train_config_field_but_the_paths():
 
 
 def test_data_and_base_keys_cover_their_configs():
-    task = TaskConfig()
+    task = synthetic_task()
     s = task.settings[0]
     data_key = artefacts.key_of(json.loads(json.dumps(asdict(synth_config(task, s)))))
     other_data = artefacts.key_of(json.loads(json.dumps(asdict(synth_config(replace(task, synth=replace(
@@ -231,7 +231,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="min_len"):
         Setting("a", 0, 3, 2)
     with pytest.raises(ValueError, match="k_max"):
-        TaskConfig(base=replace(TaskConfig().base, k_max=1))
+        replace(synthetic_task(), base=replace(synthetic_task().base, k_max=1))
 
 
 def test_amplification_plot_skips_ratios_a_log_axis_cannot_show():

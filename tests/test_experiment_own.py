@@ -8,7 +8,6 @@ import json
 import math
 import re
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,8 @@ from click.testing import CliRunner
 from tokweight.cli import main
 from tokweight.pipeline.convert import ConvertConfig, run as convert
 from tokweight.pipeline.samples import sample_to_json
-from tokweight.pipeline.synth import PRESETS, generate
+from tokweight.config_files import flat, plain, preset, preset_config
+from tokweight.pipeline.synth import SynthConfig, generate
 from tests.fixtures_experiment import TINY_BUDGET
 from tests.test_cli_errors import fails_in_one_line
 from tokweight.experiments import own_task
@@ -42,7 +42,7 @@ def own_data(tmp_path_factory) -> Path:
     """The tiny preset's 512 train examples as JSON lines (another seed than the tiny base's data),
     converted with its 0.8 / 0.1 / 0.1 key-hash split: the user path, labels and all."""
     root = tmp_path_factory.mktemp("own")
-    lines = [json.dumps({"key": s.key, **sample_to_json(s)}) for s in generate(replace(PRESETS["tiny"], seed=5), "train")]
+    lines = [json.dumps({"key": s.key, **sample_to_json(s)}) for s in generate(preset_config(SynthConfig, "synth", "tiny", seed=5), "train")]
     (root / "task.jsonl").write_text("\n".join(lines) + "\n")
     convert_jsonl(root / "task.jsonl", root / "data", shard_size=128)
     return root / "data"
@@ -139,11 +139,13 @@ def test_quick_and_sweep_shape_the_config_not_what_is_compared():
 
     own = {"checkpoint": "ckpt", "data": "data", "store": None, "k": None, "cond": None, "slots": None}
     cfg, run = own_job("out", True, "beta", own, {})
-    assert run is own_task.run and cfg.betas == own_task.SWEEP_BETAS and cfg.seeds == (0,)
-    full = own_task.DEFAULT_BUDGET
-    assert (cfg.budget.steps, cfg.budget.beta_warmup_steps) == (full.steps // 2, full.beta_warmup_steps // 2)
-    assert (cfg.recipe, cfg.cond, cfg.slots) == (own_task.DEFAULT_RECIPE, own_task.DEFAULT_COND,
-                                                 own_task.DEFAULT_SLOTS)
+    full, _ = own_job("out", False, None, own, {})
+    assert run is own_task.run and cfg.betas == own_task.SWEEP_BETAS and full.betas != cfg.betas
+    # --quick changes exactly the fields its preset file names, each to another value than the full job's
+    quick_fields, full_fields = flat(plain(cfg)), flat(plain(full))
+    changed = {k for k, v in quick_fields.items() if full_fields[k] != v} - {"betas"}
+    assert changed == set(flat(preset("experiment", "own-quick"))) and cfg.seeds == (0,)
+    assert cfg.budget.starts == 1 and cfg.budget.steps < full.budget.steps  # one start, a shorter cap
     names = [name for name, _, _ in own_task.arms(cfg)]
     assert names == list(ARMS)
     with pytest.raises(ValueError, match="mix_lambdas"):

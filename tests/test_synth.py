@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokweight.pipeline.shards import iter_samples, resolve_shards, shard_name
-from tokweight.pipeline.synth import (END_OF_Y, FILLER_SYMBOL, PRESETS, STRATEGIES, SynthConfig, candidate_sequences,
+from tokweight.config_files import preset_config
+from tokweight.pipeline.synth import (END_OF_Y, FILLER_SYMBOL, STRATEGIES, SynthConfig, candidate_sequences,
                             compute_t0, consistent_at, generate, write_dataset)
 
 REFERENCE = {  # written independently of pipeline.synth
@@ -26,7 +27,7 @@ REFERENCE = {  # written independently of pipeline.synth
     "evens-odds": lambda x: [x[i] for i in range(len(x)) if i % 2 == 0] + [x[i] for i in range(len(x)) if i % 2],
 }
 
-TINY = replace(PRESETS["tiny"], n_train=40, n_val=10, n_test=10, shard_size=16)
+TINY = preset_config(SynthConfig, "synth", "tiny", n_train=40, n_val=10, n_test=10, shard_size=16)
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
@@ -188,6 +189,6 @@ def test_write_dataset_layout_and_byte_determinism(tmp_path):
 
 def test_default_preset_is_dilute():
     """The default preset's mean T/(t0+1) is >= 8 (measured on a slice of its train split)."""
-    cfg = replace(PRESETS["default"], n_train=2000)
+    cfg = preset_config(SynthConfig, "synth", "default", n_train=2000)
     ratios = [(len(s.y) + 1) / (s.t0 + 1) for s in generate(cfg, "train")]
     assert np.mean(ratios) >= 8

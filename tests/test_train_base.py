@@ -1,24 +1,27 @@
 import json
 import math
-from dataclasses import replace
 
 import pytest
 
 from tokweight.pipeline.checkpoint import load_checkpoint
-from tokweight.pipeline.synth import PRESETS, consistent_at_t0, write_dataset
-from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig, run
+from tokweight.config_files import preset, preset_config
+from tokweight.pipeline.synth import SynthConfig, consistent_at_t0, write_dataset
+from tokweight.training.train_base import BaseTrainConfig, run
+
+TINY_BASE = preset("base", "tiny")
+"""The tiny base preset's fields (tokweight/presets/base/tiny.toml)."""
 
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    write_dataset(replace(PRESETS["tiny"], seed=0), root / "data")
+    write_dataset(preset_config(SynthConfig, "synth", "tiny", seed=0), root / "data")
     return root
 
 
 def test_short_train_base_lowers_loss_and_writes_a_checkpoint(tiny_data):
     out = tiny_data / "base"
-    result = run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(out), **{**BASE_PRESETS["tiny"], "steps": 60}))
+    result = run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(out), **{**TINY_BASE, "steps": 60}))
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 60
     first = sum(r["loss"] for r in records[:5]) / 5
@@ -31,7 +34,7 @@ def test_short_train_base_lowers_loss_and_writes_a_checkpoint(tiny_data):
 
 
 def test_same_seed_same_fingerprint(tiny_data, tmp_path):
-    kw = {**BASE_PRESETS["tiny"], "steps": 5}
+    kw = {**TINY_BASE, "steps": 5}
     a = run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / "a"), **kw))
     b = run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / "b"), **kw))
     c = run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / "c"), **{**kw, "seed": 1}))
@@ -41,7 +44,7 @@ def test_same_seed_same_fingerprint(tiny_data, tmp_path):
 def test_consistent_at_t0_matches_enumeration():
     from tokweight.pipeline.synth import generate
 
-    cfg = PRESETS["tiny"]
+    cfg = preset_config(SynthConfig, "synth", "tiny")
     for s in list(generate(cfg, "val"))[:50]:
         n = consistent_at_t0(s, cfg)
         if s.t0 >= len(s.y) + 1:
@@ -92,7 +95,7 @@ def test_a_k_max_checkpoint_trains_that_many_latent_values(tiny_data, tmp_path):
     from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
 
     run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / "base"),
-                        **{**BASE_PRESETS["tiny"], "steps": 3, "k_max": 10}))
+                        **{**TINY_BASE, "steps": 3, "k_max": 10}))
     result = train(TrainConfig(IOConfig(checkpoint=str(tmp_path / "base"), data=str(tiny_data / "data"),
                                         out=str(tmp_path / "run"), num_workers=0),
                                cvae=CVAEConfig(k=10), loss=LossConfig(policy="frozen"),
@@ -103,7 +106,7 @@ def test_a_k_max_checkpoint_trains_that_many_latent_values(tiny_data, tmp_path):
 def test_the_base_reports_its_nll_on_the_z_conditioned_template(tiny_data, tmp_path):
     """val_nll_zcond is the val NLL with one <z_0> slot, the template every CVAE decoder starts from: a base
     never shown it reads it worse, relative to its z-free NLL, than one shown nothing else."""
-    kw = {**BASE_PRESETS["tiny"], "steps": 60}
+    kw = {**TINY_BASE, "steps": 60}
     gap = {}
     for rate in (0.0, 1.0):
         result = run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / str(rate)), zcond_rate=rate, **kw))
@@ -132,7 +135,7 @@ def test_min_slots_trains_only_the_counts_from_it_to_max_slots(tiny_data, tmp_pa
     assert set(drawn) == {0, 4}  # z-free or the 4 slots the prefix reads; evaluation reads 4 too
     drawn.clear()
     run(BaseTrainConfig(data=str(tiny_data / "data"), out=str(tmp_path / "s1"),
-                        **{**BASE_PRESETS["tiny"], "steps": 20}))
+                        **{**TINY_BASE, "steps": 20}))
     assert set(drawn) == {0, 1, 2, 3, 4}
     bad = CliRunner().invoke(main, args + ["--out", str(tmp_path / "s5"), "--min-slots", "5"])
     assert bad.exit_code != 0 and "min_slots <= max_slots" in bad.output and not (tmp_path / "s5").exists()

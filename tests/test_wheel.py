@@ -17,8 +17,9 @@ LAYERS = ("pipeline", "store", "training")
 
 
 def tree_files() -> set[str]:
-    """The installed paths the tree's modules and package data should have."""
+    """The installed paths the tree's modules and package data (SQL, presets) should have."""
     wanted = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tokweight").rglob("*.py")}
+    wanted |= {p.relative_to(ROOT).as_posix() for p in (ROOT / "tokweight" / "presets").rglob("*.toml")}
     for layer in LAYERS:
         for p in (ROOT / layer).rglob("*"):
             if p.suffix in (".py", ".sql") and "__pycache__" not in p.parts:

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from tokweight.pipeline.data_option import DataSource
+from tokweight.config_files import preset_config, preset_names
 from tokweight.extract_cli import extract
 from tokweight.report_cli import evaluate as eval_cmd, inspect_cmd
 from tokweight.store_cli import store
@@ -74,7 +75,8 @@ def main(debug):
 
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Dataset directory to write.")
-@click.option("--preset", type=click.Choice(["tiny", "small", "default"]), default="default")
+@click.option("--preset", type=click.Choice(preset_names("synth")), default="default",
+              help="A generator preset: tokweight/presets/synth/<name>.toml, the SynthConfig fields it changes.")
 @click.option("--seed", type=int, default=0)
 @click.option("--header-len", type=int, default=None, help="Shared header tokens before the strategy output.")
 @click.option("--trailer-len", type=int, default=None,
@@ -83,13 +85,11 @@ def main(debug):
 @click.option("--max-len", type=int, default=None)
 def synth(out, preset, seed, header_len, trailer_len, min_len, max_len):
     """Write strategy-ambiguous synthetic WebDataset shards and dataset.json."""
-    from dataclasses import replace
-
-    from tokweight.pipeline.synth import PRESETS, write_dataset
+    from tokweight.pipeline.synth import SynthConfig, write_dataset
 
     overrides = {k: v for k, v in dict(header_len=header_len, trailer_len=trailer_len, min_len=min_len,
                                        max_len=max_len).items() if v is not None}
-    info = write_dataset(replace(PRESETS[preset], seed=seed, **overrides), out)
+    info = write_dataset(preset_config(SynthConfig, "synth", preset, seed=seed, **overrides), out)
     click.echo(json.dumps({"out": out, "splits": {k: v["samples"] for k, v in info["splits"].items()},
                            **info["stats"]}, indent=1))
 
@@ -144,7 +144,8 @@ def convert(jsonl, parquet, columns, out, shard_size, on_bad, val_fraction, test
 @main.command("train-base")
 @click.option("--data", type=DataSource(), required=True)
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Checkpoint directory.")
-@click.option("--preset", type=click.Choice(["tiny", "small", "default"]), default="default")
+@click.option("--preset", type=click.Choice(preset_names("base")), default="default",
+              help="A base-model preset: tokweight/presets/base/<name>.toml, the BaseTrainConfig fields it changes.")
 @click.option("--steps", type=int, default=None)
 @click.option("--seed", type=int, default=0)
 @click.option("--k-max", type=int, default=8,
@@ -158,13 +159,13 @@ def convert(jsonl, parquet, columns, out, shard_size, on_bad, val_fraction, test
 @threads_option
 def train_base(data, out, preset, steps, seed, k_max, min_slots, device, threads):
     """Train the entangled (z-free) base model on S and write a fingerprinted checkpoint."""
-    from tokweight.training.train_base import BASE_PRESETS, BaseTrainConfig, run
+    from tokweight.training.train_base import BaseTrainConfig, run
 
     set_threads(threads)
     overrides = ({"steps": steps} if steps else {}) | ({"min_slots": min_slots} if min_slots is not None else {})
     try:
-        cfg = BaseTrainConfig(data=data, out=out, seed=seed, k_max=k_max, device=device,
-                              **{**BASE_PRESETS[preset], **overrides})
+        cfg = preset_config(BaseTrainConfig, "base", preset, data=data, out=out, seed=seed, k_max=k_max,
+                            device=device, **overrides)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     click.echo(json.dumps(run(cfg), indent=1))
@@ -182,7 +183,7 @@ def export_hf_cmd(checkpoint, out):
 
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False), default="demo", help="Where everything goes.")
-@click.option("--preset", type=click.Choice(["default", "tiny"]), default="default",
+@click.option("--preset", type=click.Choice(preset_names("demo")), default="default",
               help="default: the claim, in a few minutes on 2 CPU cores; tiny: seconds, an installation check.")
 @click.option("--seed", type=int, default=0)
 @threads_option

@@ -5,9 +5,10 @@ a TOML or JSON file (a run's own config.json is valid input). ``--set group.fiel
 field, the value read as a TOML literal (``0.5``, ``true``, ``"prefix"``, ``[0, 1]``) or else as a string.
 Presets are such files in ``tokweight/presets/<kind>/<name>.toml``: ``synth`` (SynthConfig), ``base``
 (BaseTrainConfig), ``demo`` (the demo's task and budget), ``recipes`` (TrainConfig overrides the experiments
-compare against the defaults), ``experiment`` (the experiment jobs' settings). The dataclasses are the schema:
-``build`` makes one from a mapping, nested dataclasses and tuples included, and refuses a field it does not
-have by its dotted name.
+compare against the defaults), ``experiment`` (the synthetic jobs' task and each job's --quick). The dataclasses
+are the schema and hold every default: ``build`` makes one from a mapping, nested dataclasses and tuples
+included, and refuses a field it does not have by its dotted name; ``preset_config`` reads a preset as the fields
+it changes over the dataclass's defaults (or over a given instance), a nested group field by field.
 """
 
 from __future__ import annotations
@@ -97,6 +98,35 @@ def preset(kind: str, name: str) -> dict:
     if not path.is_file():
         raise ValueError(f"no {kind} preset {name!r}: choose one of {preset_names(kind)}")
     return read(path)
+
+
+def defaults(cls) -> dict:
+    """The fields of ``cls`` that have a default, as plain data (a nested dataclass as its mapping)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return plain(out)
+
+
+def plain(obj) -> Any:
+    """Dataclasses as mappings and tuples as lists: ``build``'s input (``build`` turns them back)."""
+    def encode(value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return dataclasses.asdict(value)
+        raise TypeError(f"{type(value).__name__} is not configuration data")
+
+    return json.loads(json.dumps(obj, default=encode))
+
+
+def preset_config(cls, kind: str, name: str, on=None, **fields):
+    """The dataclass ``cls`` from preset ``name`` of ``kind``: its fields over ``on`` (an instance of ``cls``;
+    None: ``cls``'s defaults), a nested group field by field over that group's own, then ``fields`` (dotted
+    names: values)."""
+    start = plain(on) if on is not None else defaults(cls)
+    return build(cls, with_values(start, flat(preset(kind, name)) | plain(fields)))
 
 
 def build(cls, data: dict, where: str = ""):

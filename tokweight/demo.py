@@ -18,8 +18,9 @@ from pathlib import Path
 
 import click
 
-from tokweight.pipeline.synth import SynthConfig
-from tokweight.experiments.artefacts import Setting, TaskConfig, base_model
+from tokweight.config_files import preset_config, preset_names
+from tokweight.experiments.artefacts import TaskConfig, synthetic_task
+from tokweight.training.train_config import OptimConfig
 from tokweight.experiments.results import KEPT_FRACTION, kept_threshold
 
 WEIGHTINGS = ("uniform", "surprisal-share")
@@ -28,24 +29,19 @@ WEIGHTINGS = ("uniform", "surprisal-share")
 
 @dataclass(frozen=True)
 class DemoPreset:
-    task: TaskConfig
-    """The data (one setting) and the base model."""
-    cvae_steps: int
-    """CVAE step cap."""
+    """The demo's task and budget: a file in tokweight/presets/demo/ states what differs from these defaults."""
+
+    task: TaskConfig = field(default_factory=synthetic_task)
+    """The data (its first setting) and the base model; by default the synthetic jobs' task."""
+    cvae_steps: int = OptimConfig.steps
+    """CVAE step cap (train's by default)."""
     decode_examples: int = 256
     """Test examples eval decodes per latent value."""
 
 
-PRESETS = {
-    # copy vs rotate-left of 16 symbols: y's first token decides the strategy, so 1 of 17 supervised
-    # tokens carries it (docs/results/from-scratch/: surprisal-share kept z there, uniform did not).
-    "default": DemoPreset(TaskConfig(settings=(Setting("h0-n16", 0, 16, 16),), base=base_model(1500)), 300),
-    # seconds, for a smoke test of an installation: too small to show anything
-    "tiny": DemoPreset(TaskConfig(settings=(Setting("tiny", 0, 3, 5),),
-                                  synth=SynthConfig(alphabet_size=6, strategies=("copy", "reverse"), n_train=512,
-                                                    n_val=128, n_test=128, shard_size=256),
-                                  base=base_model(150, d_model=32, n_head=2, batch_size=32)), 10, 32),
-}
+def demo_preset(name: str) -> DemoPreset:
+    """Preset ``name`` (tokweight/presets/demo/<name>.toml)."""
+    return preset_config(DemoPreset, "demo", name)
 
 
 @dataclass(frozen=True)
@@ -53,15 +49,15 @@ class DemoConfig:
     out: str = "demo"
     """Directory for data/, base/, store/, cvae-<weighting>/, report/ and demo.md."""
     preset: str = "default"
-    """A name in PRESETS."""
+    """A preset of tokweight/presets/demo/."""
     seed: int = 0
     """Seeds the data, the base model and the CVAEs."""
     arms: tuple[str, ...] = field(default=WEIGHTINGS)
     """The weightings compared."""
 
     def __post_init__(self):
-        if self.preset not in PRESETS:
-            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
+        if self.preset not in preset_names("demo"):
+            raise ValueError(f"preset must be one of {preset_names('demo')}, got {self.preset!r}")
 
 
 def run(cfg: DemoConfig, echo=click.echo) -> dict:
@@ -71,7 +67,7 @@ def run(cfg: DemoConfig, echo=click.echo) -> dict:
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
     (root / "demo_config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
-    preset = PRESETS[cfg.preset]
+    preset = demo_preset(cfg.preset)
     task = preset.task
     timings: dict[str, float] = {}
 
@@ -106,7 +102,7 @@ def train_and_eval(prep, weighting: str, run_dir: Path, preset: DemoPreset, seed
     from tokweight.training.configs import CVAEConfig
     from tokweight.training.evaluate import EvalConfig, run_eval
     from tokweight.training.train import run as train
-    from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
+    from tokweight.training.train_config import IOConfig, LossConfig, TrainConfig
 
     shutil.rmtree(run_dir, ignore_errors=True)  # a run directory would otherwise be resumed
     train(TrainConfig(io=IOConfig(checkpoint=str(prep.base), data=str(prep.data), store=str(prep.store),

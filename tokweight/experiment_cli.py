@@ -1,11 +1,18 @@
 """`tokweight experiment`: the end-to-end grid, or with --sweep beta the collapse-threshold sweep; with
---checkpoint and --data, the same comparison on the user's own task (tokweight.experiments.own_task)."""
+--checkpoint and --data, the same comparison on the user's own task (tokweight.experiments.own_task).
+
+Every default is the job config's (experiments.grid.ExperimentConfig, experiments.sweep.SweepConfig,
+experiments.own_task.OwnTaskConfig) and --quick's is a preset file (tokweight/presets/experiment/*-quick.toml).
+The help of an option that shows one reads it from there when the help is shown (``JobHelp``), so it cannot
+drift from what a run does.
+"""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import click
 
@@ -21,21 +28,124 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
     return None if text is None else tuple(float(v) for v in text.split(","))
 
 
+# ---------------------------------------------------------------- help from the job configs
+
+
+class JobHelp(click.Option):
+    """An option whose help is computed when it is shown, from the job configs (which the command's import does
+    not load)."""
+
+    def __init__(self, *args, help_of: Callable[[], str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.help_of = help_of
+
+    def get_help_record(self, ctx):
+        self.help = self.help_of()
+        return super().get_help_record(ctx)
+
+
+def job_configs(quick: bool) -> dict:
+    """{job: its config as the command builds it with no other option}: "grid", "sweep", "own task"."""
+    from tokweight.experiments import grid, own_task
+    from tokweight.experiments import sweep as sw
+
+    configs = {"grid": grid.ExperimentConfig(out="OUT"), "sweep": sw.SweepConfig(out="OUT"),
+               "own task": own_task.OwnTaskConfig(checkpoint="CKPT", data="DATA", out="OUT")}
+    if quick:
+        configs = {"grid": grid.quick(configs["grid"]), "sweep": sw.quick_sweep(configs["sweep"]),
+                   "own task": own_task.quick(configs["own task"])}
+    return configs
+
+
+def shown(value) -> str:
+    """A default as an option takes it: a tuple comma-separated, a float without trailing zeros."""
+    if isinstance(value, tuple):
+        return ",".join(shown(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def per_job(of: Callable) -> str:
+    """"default: grid A, sweep B, own task C[; --quick: ...]" of ``of(config)``; --quick's part where it differs."""
+    def line(configs: dict) -> str:
+        return ", ".join(f"{job} {shown(of(cfg))}" for job, cfg in configs.items())
+
+    full, fast = line(job_configs(False)), line(job_configs(True))
+    return f"default: {full}" + ("" if fast == full else f"; --quick: {fast}")
+
+
+def cell_count(job: str, cfg) -> int:
+    """The cells ``job`` runs under ``cfg`` (the sweep: before any bisection step)."""
+    from tokweight.experiments import grid, own_task
+    from tokweight.experiments import sweep as sw
+
+    cells = {"grid": grid.experiment_cells, "sweep": sw.grid_cells, "own task": own_task.own_cells}[job]
+    return len(cells(cfg))
+
+
+def budgets(quick: bool) -> str:
+    """Each job's cells x steps x starts."""
+    from tokweight.experiments.cells import budget_line
+
+    return "; ".join(f"{job}: {budget_line(cell_count(job, cfg), cfg.budget)}"
+                     for job, cfg in job_configs(quick).items())
+
+
+def quick_help() -> str:
+    return (f"Fewer and shorter cells ({budgets(True)}; the sweep on the largest T/(t0+1) only). Without it: "
+            f"{budgets(False)}.")
+
+
+def recipe_help() -> str:
+    from tokweight.config_files import preset_names
+
+    return (f"A recipe of tokweight/presets/recipes/ ({', '.join(preset_names('recipes'))}) applied to every "
+            f"cell ({per_job(lambda c: c.recipe)}).")
+
+
+def settings_help() -> str:
+    full, fast = (job_configs(quick)["sweep"].setting_names for quick in (False, True))
+    return f"Sweep: comma-separated setting names (default: all of {shown(full)}; --quick: {shown(fast)})."
+
+
+def base_steps_help() -> str:
+    from tokweight.experiments.artefacts import synthetic_task
+
+    return f"Base-model steps per setting (default: {synthetic_task().base.steps})."
+
+
+def own_help(text: str, field: str) -> Callable[[], str]:
+    """``text`` and the own task's default of ``field``."""
+    def help_of() -> str:
+        from tokweight.experiments.own_task import OwnTaskConfig
+        from tokweight.flags import default_of
+
+        return f"Your own task: {text} (default: {shown(default_of(OwnTaskConfig, field))}, train's)."
+
+    return help_of
+
+
+# ---------------------------------------------------------------- the command
+
+
 @click.command("experiment")
 @click.option("--out", type=click.Path(file_okay=False), required=True,
               help="Results directory; data, base models, stores and cells in it are reused when their keys match.")
-@click.option("--quick", is_flag=True, help="Smaller grid: one seed, fewer cells (sweep: the largest T/(t0+1)).")
+@click.option("--quick", is_flag=True, cls=JobHelp, help_of=quick_help)
 @click.option("--sweep", type=click.Choice(["beta"]), default=None, help="Measure the collapse threshold beta_c.")
-@click.option("--recipe", default=None,
-              help="experiments.recipes.RECIPES entry applied to every cell (default: baseline; sweep: survival).")
-@click.option("--settings", default=None, help="Sweep: comma-separated setting names (default: all; quick: the last).")
-@click.option("--seeds", default=None, help="Comma-separated seeds (default: 0,1,2; sweep 0,1; quick 0).")
-@click.option("--betas", default=None, help="Comma-separated betas (default: 1,0.3; sweep: 8 log-spaced 0.01..10).")
-@click.option("--cvae-steps", type=int, default=None, help="Steps per cell (default 300; experiment --quick 150).")
-@click.option("--base-steps", type=int, default=None, help="Base-model steps per setting (default 3000).")
+@click.option("--recipe", default=None, cls=JobHelp, help_of=recipe_help)
+@click.option("--settings", default=None, cls=JobHelp, help_of=settings_help)
+@click.option("--seeds", default=None, cls=JobHelp,
+              help_of=lambda: f"Comma-separated seeds ({per_job(lambda c: c.seeds)}).")
+@click.option("--betas", default=None, cls=JobHelp,
+              help_of=lambda: f"Comma-separated betas ({per_job(lambda c: c.betas)}; own task with --sweep beta: the "
+                              "sweep's).")
+@click.option("--cvae-steps", type=int, default=None, cls=JobHelp,
+              help_of=lambda: f"Cap on the steps of each cell ({per_job(lambda c: c.budget.steps)}).")
+@click.option("--base-steps", type=int, default=None, cls=JobHelp, help_of=base_steps_help)
 @click.option("--refine", type=int, default=0, help="Sweep: bisection steps per seed around beta_c.")
-@click.option("--jobs", type=int, default=None,
-              help="Cells trained at once, one process and torch thread each (default: 1; sweep: min(2, CPUs)).")
+@click.option("--jobs", type=int, default=None, cls=JobHelp,
+              help_of=lambda: f"Cells trained at once, one process and torch thread each "
+                              f"({per_job(lambda c: c.jobs)}; the sweep's: min(2, CPUs)).")
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
               help="Your own task: the entangled checkpoint (tokweight or Hugging Face); needs --data.")
 @click.option("--data", type=DataSource(), default=None,
@@ -46,13 +156,13 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
               help="Your own task: the checkpoint's format, as extract's --template (chat, or a string template "
                    "file; default: tokweight's).")
 @click.option("--k", type=int, default=None, help="Your own task: latent values (default: the data's labels).")
-@click.option("--cond", default=None, help="Your own task: z pathway (default: own_task.DEFAULT_COND).")
-@click.option("--slots", type=int, default=None, help="Your own task: prefix slots (default: own_task.DEFAULT_SLOTS).")
+@click.option("--cond", default=None, cls=JobHelp, help_of=own_help("z pathway", "cond"))
+@click.option("--slots", type=int, default=None, cls=JobHelp, help_of=own_help("prefix slots", "slots"))
 @threads_option
 def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs, threads, **own):
     """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results.
     With --checkpoint and --data: the weightings compared on your own task and checkpoint."""
-    from tokweight.experiments.artefacts import TaskConfig, base_model
+    from tokweight.experiments.artefacts import base_schedule, synthetic_task
 
     set_threads(threads)
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
@@ -64,7 +174,9 @@ def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, ba
                                  "--checkpoint/--data")
             cfg, run = own_job(out, quick, sweep, own, chosen)
         else:
-            task = TaskConfig() if base_steps is None else TaskConfig(base=base_model(base_steps))
+            task = synthetic_task()
+            if base_steps is not None:
+                task = replace(task, base=replace(task.base, **base_schedule(base_steps)))
             cfg, run = job(out, quick, sweep, settings, refine, task, chosen)
         run(with_flags(cfg, seeds, betas, jobs, cvae_steps), echo=click.echo, command=command)
     except ValueError as e:

@@ -31,6 +31,9 @@ from tokweight.pipeline.vocab import Vocab
 
 @dataclass(frozen=True)
 class BaseTrainConfig:
+    """The base model's training. Presets (`tokweight train-base --preset`) are files of the fields they change,
+    tokweight/presets/base/<name>.toml."""
+
     data: str
     """Dataset directory holding train/ and val/ shards (and dataset.json, if synthetic), or their URLs."""
     out: str
@@ -77,14 +80,6 @@ class BaseTrainConfig:
             raise ValueError(f"need 1 <= min_slots <= max_slots, got {self.min_slots} and {self.max_slots}")
         if self.k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {self.k_max}")
-
-
-BASE_PRESETS = {
-    "tiny": dict(steps=150, batch_size=32, d_model=32, n_head=2, eval_every=75, warmup_steps=10),
-    "small": dict(steps=3000, lr=2e-3, eval_every=1000),
-    # sorting 12-16 symbols needs the depth: 2 layers at d=64 left 0.39 nats after t0
-    "default": dict(steps=3000, n_layer=3, d_model=128, lr=1e-3, eval_every=1000),
-}
 
 
 def load_split(data: str | Path, split: str) -> list[Sample]:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from tokweight.config_files import preset_config
 from tokweight.pipeline.synth import SynthConfig
 from tokweight.store.fingerprint import canonical_json
 from tokweight.store.durable import write_json_atomic
@@ -53,18 +54,15 @@ class Setting:
             raise ValueError(f"setting {self.name}: need header_len, trailer_len >= 0 and 1 <= min_len <= max_len")
 
 
-# x of one fixed length per setting, so T is the same for every example. Measured here with
-# 2 layers, d=64, 3000 steps: copy/reverse on 16 symbols stayed at 0.83 nats after t0 (and
-# varying lengths of 7-9 at ~0.8); copy/rotate-left over 32 symbols is learnt (a constant
-# offset, and few repeated symbols for the copy to confuse).
-DEFAULT_SETTINGS = (Setting("h3-n5", 3, 5, 5), Setting("h1-n8", 1, 8, 8), Setting("h0-n16", 0, 16, 16))
+def base_schedule(steps: int) -> dict:
+    """A base model's ``steps``, evaluated once at the last, with a warm-up of a tenth of them (at most 100)."""
+    return {"steps": steps, "eval_every": steps, "warmup_steps": min(100, max(1, steps // 10))}
 
 
-def base_model(steps: int = 3000, **fields) -> BaseTrainConfig:
-    """A base-model config evaluated once, at its last step, with a warm-up of a tenth of its steps
-    (at most 100); ``data`` and ``out`` are left empty, each setting fills in its own."""
-    return BaseTrainConfig(data="", out="", steps=steps, eval_every=steps,
-                           warmup_steps=min(100, max(1, steps // 10)), **fields)
+def base_model(steps: int, **fields) -> BaseTrainConfig:
+    """A base-model config on ``base_schedule(steps)``; ``data`` and ``out`` are left empty, each setting fills
+    in its own."""
+    return BaseTrainConfig(data="", out="", **base_schedule(steps), **fields)
 
 
 def coerce_nested(cfg, **types) -> None:
@@ -76,15 +74,15 @@ def coerce_nested(cfg, **types) -> None:
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """The data and the base model of every setting (shared by the experiment and the sweep)."""
+    """The data and the base model of every setting (shared by the experiment and the sweep; theirs is the
+    preset file experiment/task.toml, ``synthetic_task``)."""
 
-    settings: tuple[Setting, ...] = DEFAULT_SETTINGS
+    settings: tuple[Setting, ...]
     """T/(t0+1) settings, smallest first; the last is 'the largest' for the z-pathway cells."""
-    synth: SynthConfig = SynthConfig(alphabet_size=32, strategies=("copy", "rotate-left"), n_train=8000, n_val=512,
-                                     n_test=512, shard_size=1000)
+    synth: SynthConfig = field(default_factory=SynthConfig)
     """The generator; each setting replaces its header_len, trailer_len, min_len and max_len. The discrete
     latent has K = len(synth.strategies)."""
-    base: BaseTrainConfig = field(default_factory=base_model)
+    base: BaseTrainConfig = field(default_factory=lambda: BaseTrainConfig(data="", out=""))
     """The base model's training; each setting fills in data and out."""
 
     def __post_init__(self):
@@ -102,6 +100,12 @@ class TaskConfig:
     @property
     def k(self) -> int:
         return len(self.synth.strategies)
+
+
+def synthetic_task() -> TaskConfig:
+    """The synthetic jobs' task: the three T/(t0+1) settings, their generator and base model
+    (tokweight/presets/experiment/task.toml)."""
+    return preset_config(TaskConfig, "experiment", "task")
 
 
 def synth_config(task: TaskConfig, setting: Setting) -> SynthConfig:

@@ -69,6 +69,21 @@ class CellBudget:
             raise ValueError("beta_warmup_steps must be >= 0")
 
 
+def starts_run(budget: CellBudget, latent: str = "discrete") -> int:
+    """The starts a cell on ``budget`` trains, as train resolves them: one where the cap is no more than
+    ``OptimConfig.start_steps``."""
+    from tokweight.training.train_config import default_starts
+
+    starts = budget.starts if budget.starts is not None else default_starts(latent)
+    return starts if budget.steps > OptimConfig.start_steps else 1
+
+
+def budget_line(cells: int, budget: CellBudget, latent: str = "discrete") -> str:
+    """"N cells x up to S steps x R starts": a job's budget, steps capped (a run stops once it converges)."""
+    starts = starts_run(budget, latent)
+    return f"{cells} cells x up to {budget.steps} steps x {starts} start{'s' if starts > 1 else ''}"
+
+
 @dataclass(frozen=True)
 class CellPlan:
     """What every cell of one job shares."""

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokweight.report.plots import figure, save_figures
 from tokweight.report.tables import MISSING, fixed, markdown_table
 from tokweight.training.configs import COND_MODES
 from tokweight.training.configs import CVAEConfig
-from tokweight.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all
+from tokweight.config_files import preset_config
+from tokweight.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all, synthetic_task
 from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.experiments.recipes import recipe_overrides
 from tokweight.experiments.results import aggregate, header_lines, mean_std, pm, write_config, write_csv
@@ -33,12 +34,12 @@ ALL_WEIGHTINGS = tuple(WEIGHTINGS)
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """The grid of `tokweight experiment` (QUICK shrinks it)."""
+    """The grid of `tokweight experiment` (``quick`` shrinks it)."""
 
     out: str
     """Results directory; data/, base/, store/ and runs/ below it are reused across runs."""
-    task: TaskConfig = field(default_factory=TaskConfig)
-    """Data and base models."""
+    task: TaskConfig = field(default_factory=synthetic_task)
+    """Data and base models (experiment/task.toml)."""
     weightings: tuple[str, ...] = ALL_WEIGHTINGS
     """Weightings of the discrete grid."""
     betas: tuple[float, ...] = (1.0, 0.3)
@@ -57,7 +58,7 @@ class ExperimentConfig:
     budget: CellBudget = field(default_factory=CellBudget)
     """Steps and evaluation size per cell."""
     recipe: str = "default"
-    """Name in experiments.recipes.RECIPES whose remedies every cell trains with; "default": train's."""
+    """A recipe (tokweight/presets/recipes/) every cell trains with; "default": train's."""
     jobs: int = 1
     """Cells trained at once, each in its own process with one torch thread (no effect on any number)."""
 
@@ -81,13 +82,9 @@ class ExperimentConfig:
         return CellPlan(self.task.k, self.prefix_slots, self.budget, self.recipe)
 
 
-QUICK = dict(weightings=("uniform", "sum", "surprisal-share"), seeds=(0,), continuous_weightings=(),
-             budget=CellBudget(steps=150))
-"""--quick: one seed, three weightings, no continuous cells, half the steps; same data and base models."""
-
-
 def quick(cfg: ExperimentConfig) -> ExperimentConfig:
-    return replace(cfg, **QUICK)
+    """--quick: ``cfg`` with the preset experiment/grid-quick.toml's fields."""
+    return preset_config(ExperimentConfig, "experiment", "grid-quick", on=cfg)
 
 
 def experiment_cells(cfg: ExperimentConfig) -> list[Cell]:

@@ -35,7 +35,8 @@ import numpy as np
 
 from tokweight.report.plots import figure, save_figures
 from tokweight.report.tables import fixed, markdown_table
-from tokweight.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all
+from tokweight.config_files import preset_config
+from tokweight.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all, synthetic_task
 from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.experiments.recipes import recipe_overrides
 from tokweight.experiments.results import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, aggregate,
@@ -46,12 +47,12 @@ from tokweight.training.metrics import entropy
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """The beta sweep (QUICK_SWEEP shrinks it)."""
+    """The beta sweep (``quick_sweep`` shrinks it)."""
 
     out: str
     """Results directory; shares data/, base/, store/ and runs/ with the experiment when it is the same."""
-    task: TaskConfig = field(default_factory=TaskConfig)
-    """Data and base models."""
+    task: TaskConfig = field(default_factory=synthetic_task)
+    """Data and base models (experiment/task.toml)."""
     settings: tuple[str, ...] = ()
     """Names of the task's settings to sweep; empty: all."""
     weightings: tuple[str, ...] = ("uniform", "sum", "surprisal-share")
@@ -69,7 +70,7 @@ class SweepConfig:
     1e-3 the first 10 Adam steps under surprisal-share took the h0-n16 decoder from 0.067 to 1.3
     nats per token (on tokens it barely weights); at 3e-4 it stays near 0.1."""
     recipe: str = "survival"
-    """Name in experiments.recipes.RECIPES applied to every cell; "baseline": none."""
+    """A recipe (tokweight/presets/recipes/) applied to every cell; "default": train's."""
     cond: str = "token"
     """z pathway of every cell."""
     prefix_slots: int = 1
@@ -105,11 +106,22 @@ class SweepConfig:
 
 
 def quick_sweep(cfg: SweepConfig) -> SweepConfig:
-    """--quick: the largest T/(t0+1) only, one seed; the full grid of betas, so the transition shows."""
-    return replace(cfg, settings=(cfg.task.settings[-1].name,), seeds=cfg.seeds[:1])
+    """--quick: ``cfg`` with the preset experiment/sweep-quick.toml's fields, on the largest T/(t0+1) only."""
+    return replace(preset_config(SweepConfig, "experiment", "sweep-quick", on=cfg),
+                   settings=(cfg.task.settings[-1].name,))
 
 
 # ---------------------------------------------------------------- running
+
+
+def sweep_groups(cfg: SweepConfig) -> list[tuple[str, str, int]]:
+    """Every (setting, weighting, seed) whose beta_c the sweep measures."""
+    return [(s, w, seed) for s in cfg.setting_names for w in cfg.weightings for seed in cfg.seeds]
+
+
+def grid_cells(cfg: SweepConfig) -> list[Cell]:
+    """The grid's cells: every group at every beta (bisection adds one cell per group and round)."""
+    return [Cell(s, "discrete", cfg.cond, w, b, seed, "sweep") for s, w, seed in sweep_groups(cfg) for b in cfg.betas]
 
 
 def run_sweep_cells(cfg: SweepConfig, prepared: dict, root: Path, echo: Echo) -> list[dict]:
@@ -119,8 +131,8 @@ def run_sweep_cells(cfg: SweepConfig, prepared: dict, root: Path, echo: Echo) ->
     def run(cells: list[Cell]) -> list[dict]:
         return run_cells(cells, prepared, cfg.plan, root, echo, cfg.jobs)
 
-    groups = [(s, w, seed) for s in cfg.setting_names for w in cfg.weightings for seed in cfg.seeds]
-    grid = [Cell(s, "discrete", cfg.cond, w, b, seed, "sweep") for s, w, seed in groups for b in cfg.betas]
+    groups = sweep_groups(cfg)
+    grid = grid_cells(cfg)
     echo(f"[sweep] {len(cfg.setting_names)} settings x {len(cfg.weightings)} weightings x {len(cfg.seeds)} seeds "
          f"x {len(cfg.betas)} betas = {len(grid)} cells (+ up to {cfg.refine} bisection steps each), "
          f"{cfg.budget.steps} steps per cell, {cfg.jobs} at a time")

@@ -13,9 +13,10 @@ profile.csv, mi_and_control.png, own_task_config.json (the resolved config).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from tokweight.config_files import preset_config
 from tokweight.store.durable import write_json_atomic
 from tokweight.report.plots import save_figures
 from tokweight.report.tables import fixed
@@ -27,24 +28,12 @@ from tokweight.experiments.own_task.inputs import (SETTING, Checkpoint, check_st
                                                             prepare, read_checkpoint, split_shards)
 from tokweight.experiments.own_task.render import plot_arms, render
 from tokweight.experiments.recipes import recipe_overrides
-from tokweight.experiments.results import GROUP_KEYS, log_grid, mean_std, seed_stats, write_csv
+from tokweight.experiments.results import GROUP_KEYS, mean_std, seed_stats, write_csv
+from tokweight.experiments.sweep import SweepConfig
 from tokweight.training.configs import WEIGHTINGS
 
-DEFAULT_RECIPE = "default"
-"""The recipe every cell trains with: `tokweight train`'s (train_config.default_remedies)."""
-DEFAULT_COND = CVAEConfig.cond
-"""z pathway of every cell: train's (a prefix; one slot collapsed from scratch under every weighting)."""
-DEFAULT_SLOTS = CVAEConfig().slots
-"""Latent slots of the prefix pathway: train's."""
-DEFAULT_BUDGET = CellBudget()
-"""Per cell: train's step cap, batch, learning rate and beta warm-up."""
-DEFAULT_MIX_LAMBDAS = ()
-"""lambda < 1 of extra surprisal-share arms: (1 - lambda) uniform weight keeps the z-free tokens trained. None by
-default: the anchor term of the default configuration keeps the decoder whole at lambda = 1."""
-DEFAULT_ANCHORS = ()
-"""(weight, margin nats) of extra surprisal-share arms with another anchor term than the default's."""
-SWEEP_BETAS = log_grid(0.01, 10.0, 8)
-"""--sweep beta: the synthetic sweep's grid (experiments.sweep.SweepConfig.betas)."""
+SWEEP_BETAS = SweepConfig.betas
+"""--sweep beta: the synthetic sweep's grid of betas (its default)."""
 LAMBDA = "token_weighted_reconstruction_weight"
 """LossConfig's mixing weight lambda: (1 - lambda) * uniform + lambda * the weighting."""
 OWN_METRICS = ("usage_perplexity", *CONTROL)
@@ -54,7 +43,7 @@ posterior spreads over; a discrete latent has no active units) and the control r
 
 @dataclass(frozen=True)
 class OwnTaskConfig:
-    """The user-task comparison (``quick`` shrinks it)."""
+    """The user-task comparison (``quick`` shrinks it); its defaults are the full comparison."""
 
     checkpoint: str
     """The entangled checkpoint: a tokweight checkpoint or a Hugging Face causal LM directory."""
@@ -70,23 +59,25 @@ class OwnTaskConfig:
     """Values of the discrete latent; None: the data's number of strategy labels (resolved by ``run``)."""
     weightings: tuple[str, ...] = ("uniform", "sum", "surprisal-share")
     """Weightings compared at lambda = 1."""
-    mix_lambdas: tuple[float, ...] = DEFAULT_MIX_LAMBDAS
-    """lambda < 1 of the extra surprisal-share arms, which keep the decoder's z-free tokens in the objective (at
-    lambda = 1 they have almost none; README, Training)."""
-    anchors: tuple[tuple[float, float], ...] = DEFAULT_ANCHORS
-    """(weight, margin) of the extra surprisal-share arms with the anchor term."""
+    mix_lambdas: tuple[float, ...] = ()
+    """lambda < 1 of extra surprisal-share arms, which keep the decoder's z-free tokens in the objective (at
+    lambda = 1 they have almost none; README, Training): (1 - lambda) uniform weight keeps them trained. None by
+    default: the anchor term of the default configuration keeps the decoder whole at lambda = 1."""
+    anchors: tuple[tuple[float, float], ...] = ()
+    """(weight, margin nats) of extra surprisal-share arms with another anchor term than the default's."""
     betas: tuple[float, ...] = (0.3, 1.0)
     """KL weights (sorted on use)."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """Seeds of every cell."""
-    recipe: str = DEFAULT_RECIPE
-    """Name in experiments.recipes.RECIPES whose remedy fields every cell trains with."""
-    cond: str = DEFAULT_COND
-    """z pathway, one of training.conditioning.MODES."""
-    slots: int = DEFAULT_SLOTS
-    """Latent slots of the prefix pathway (the others have one)."""
-    budget: CellBudget = DEFAULT_BUDGET
-    """Steps, batch, learning rate and decoded examples per cell."""
+    recipe: str = "default"
+    """A recipe (tokweight/presets/recipes/) every cell trains with; "default": `tokweight train`'s."""
+    cond: str = CVAEConfig.cond
+    """z pathway of every cell, one of training.conditioning.MODES: train's (a prefix; one slot collapsed from
+    scratch under every weighting)."""
+    slots: int = CVAEConfig().slots
+    """Latent slots of the prefix pathway (the others have one): train's."""
+    budget: CellBudget = field(default_factory=CellBudget)
+    """Per cell: steps, starts, batch, learning rate, beta warm-up (train's) and decoded examples."""
     jobs: int = 1
     """Cells trained at once, each in its own process with one torch thread (no effect on any number)."""
 
@@ -119,10 +110,8 @@ class OwnTaskConfig:
 
 
 def quick(cfg: OwnTaskConfig) -> OwnTaskConfig:
-    """--quick: one seed, half the steps and half the warm-up; every arm and beta."""
-    b = cfg.budget
-    return replace(cfg, seeds=cfg.seeds[:1],
-                   budget=replace(b, steps=max(1, b.steps // 2), beta_warmup_steps=b.beta_warmup_steps // 2))
+    """--quick: ``cfg`` with the preset experiment/own-quick.toml's fields; every arm and beta."""
+    return preset_config(OwnTaskConfig, "experiment", "own-quick", on=cfg)
 
 
 def sweep_betas(cfg: OwnTaskConfig) -> OwnTaskConfig:
