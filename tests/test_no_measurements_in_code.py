@@ -17,10 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("pipeline", "store", "training", "tokweight")
-NOT_YET = ("pipeline/extract*.py", "pipeline/hf.py", "pipeline/templates.py", "pipeline/synth.py",
-           "training/train_base.py", "training/train.py", "training/step.py", "training/state.py",
-           "training/callbacks.py", "training/run_dir.py", "training/global_batch.py", "tokweight/experiments/**/*.py",
-           "tokweight/demo.py", "tokweight/cli.py", "tokweight/experiment_cli.py")
+NOT_YET = ("pipeline/extract*.py", "pipeline/hf.py")
 """Files other engineers were changing when this test was written (their measurements listed for the move to
 docs); the lead enables them by removing them here."""
 ALLOWED = {

@@ -339,8 +339,7 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
             "start": made}
     finally:
         # a sharded model's reference cycles hold the process group: collected before the group goes, not at the
-        # interpreter's exit (a two-rank FSDP script that left them there aborted at exit in 3 of 15 runs, 0 of 15
-        # with this collection)
+        # interpreter's exit, where a rank can abort (docs/reference.md, "Scale-out")
         gc.collect()
         ranks.close()
 

@@ -56,9 +56,9 @@ class BaseTrainConfig:
     """Context reserved for the latent slots of the z-conditioned template."""
     min_slots: int = 1
     """The z-conditioned template's slots are drawn from min_slots..max_slots. Each count puts y at
-    another offset from x, which a copy or a rotation must learn anew: with x of 64 symbols, 1500
-    steps over 1-4 slots left every count at 3.3-3.4 nats per token (z-free 0.19). min_slots =
-    max_slots trains only the count the CVAE reads (CVAEConfig.slots, 4)."""
+    another offset from x, which a copy or a rotation must learn anew: with a long x, several counts can leave
+    every one poorly learnt (docs/results.md, "The base models"). min_slots = max_slots trains only the count the
+    CVAE reads (CVAEConfig.slots, 4)."""
     zcond_rate: float = 0.5
     """Share of training sequences given the z-conditioned template, with min_slots..max_slots
     slots holding one random latent token. z then carries no information about y, so the

@@ -64,19 +64,18 @@ class SweepConfig:
     refine: int = 0
     """Bisection steps (log scale) per (setting, weighting, seed) between its grid beta_c and the next beta."""
     budget: CellBudget = field(default_factory=lambda: CellBudget(steps=1000, lr=3e-4))
-    """Steps and evaluation size per cell: the survival recipe's 200 warm-start steps, then 800 at beta.
-    Settling takes that long near the threshold: at h0-n16, surprisal-share at beta 1.389 still had
-    MI 0.646 at step 500 and 0.007 at step 900; uniform at beta 0.193 held 0.69 to step 1500. At lr
-    1e-3 the first 10 Adam steps under surprisal-share took the h0-n16 decoder from 0.067 to 1.3
-    nats per token (on tokens it barely weights); at 3e-4 it stays near 0.1."""
+    """Steps and evaluation size per cell: the survival recipe's 200 warm-start steps, then 800 at beta. Near the
+    threshold z takes that long to settle, and at a higher learning rate the decoder falls apart on the tokens
+    surprisal-share barely weights (docs/results.md, "The collapse threshold" and "Why each default")."""
     recipe: str = "survival"
     """A recipe (tokweight/presets/recipes/) applied to every cell; "default": train's."""
     cond: str = "token"
     """z pathway of every cell."""
     prefix_slots: int = 1
-    """Latent slots of the prefix pathway (the from-scratch recipe needs 2 or more: docs/results/from-scratch)."""
+    """Latent slots of the prefix pathway (finding z from scratch needs 2 or more: docs/results.md, "The z
+    pathways")."""
     jobs: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
-    """Cells trained at once, each in its own process with one torch thread (no effect on any number)."""
+    """Cells trained at once, each in its own process with one torch thread."""
 
     def __post_init__(self):
         coerce_nested(self, task=TaskConfig, budget=CellBudget)
