@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import signal
 import sys
 import threading
 import traceback
@@ -130,6 +131,7 @@ def serve(conn: Connection, threads: int) -> None:
     for name in NOT_HERE:
         sys.modules[name] = None  # an import raises: webdataset falls back to its own stand-ins for torch
     os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizers library's threads, before its first batch
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the extracting process's to handle: it ends this one
     _exit_with_parent()
     inbox = _inbox(conn)
     import tokweight.pipeline.extract_plan  # noqa: F401  (what the tasks unpickle into, loaded while idle)
