@@ -60,8 +60,10 @@ class ReaderProcess:
     def __init__(self, threads: int = 1, serve_fn: Callable[[Connection, int], None] | None = None):
         """threads: the tokenizer's threads there (the CPUs beside the forward); serve_fn: the process's body
         (``serve``; a test's fault hook)."""
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: forking a process that runs threads
-        self.conn, theirs = context.Pipe()  # can deadlock (cpython#112275); a child, so that it sees this one end
+        # spawn: a fresh interpreter (forking a process that runs threads can deadlock: cpython#112275), and this
+        # process's child, which watches for its end (a forkserver child outlives a SIGKILLed parent)
+        context = multiprocessing.get_context("spawn")
+        self.conn, theirs = context.Pipe()  # the vocabulary and tasks one way, prepared shards the other
         self.process = context.Process(target=serve_fn or serve, args=(theirs, threads), name="extract-reader",
                                        daemon=True)
         with main_script_left_out():
@@ -201,12 +203,12 @@ def gc_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def reader_pays(device_type: str, cpus: int, torch_threads: int, busy: float = 0.0) -> bool:
+def reader_pays(device_type: str, cpus: int, torch_threads: int, busy: float) -> bool:
     """The default reading mode's rule: a reader process where at least half a CPU is idle beside the forward.
 
     The forward keeps ``torch_threads`` CPUs busy on CPU, the main thread one on an accelerator (reading there
     would leave the device idle); ``busy``: the CPUs other work keeps busy now (``busy_cpus``). Where no CPU is
-    idle, a reader process only splits this process's share (Linux's scheduler shares CPUs between sessions, not
+    idle, a reader process only splits this session's share (Linux's autogroup shares CPUs between sessions, not
     processes) and adds its own work to it. Measured in docs/benchmarks.md (extraction through a chat template).
     """
     forward = torch_threads if device_type == "cpu" else 1
