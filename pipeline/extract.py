@@ -6,15 +6,17 @@ Per input shard, a stream of stages:
                    (bad samples raise or are counted)
     drop_later_occurrences   Sample -> Sample: keys an earlier shard of the run has are duplicates
     encode         Sample -> Encoded: z-free ids, layout, position in the shard (rows tokenized in batches)
-    ShardBatches   Encoded -> batches of similar length (pipeline.bucketing), collated
+    ShardBatches   Encoded -> batches of similar length (pipeline.bucketing), collated (numpy)
     score_shard    batches -> b, entropy, top-1 over S, float32, scattered back to shard
                    order, + the derived columns (store.derived) -> one PART_SCHEMA table
     extract_part   table -> one part (temp name, fsync, rename) + its journal record (store.writer)
 
-The first three (``prepare_shard``) run in a reader process (``pipeline.extract_reader``)
-one or two shards ahead where a spare CPU makes that pay (``reader_pays``), so that the
-Python of reading does not compete with the forward pass for the GIL, else in this
-process; parts are written by a background thread while the next shard is scored.
+The first four (``prepare_shard``, ``pipeline.extract_read``: no torch) run in a reader process
+(``pipeline.extract_reader``), started before the checkpoint loads, one or two shards ahead where a
+spare CPU makes that pay (``reader_pays``), so that the Python of reading does not compete with the
+forward pass for the GIL, else in this process; rows it rendered once are checked against the per-row
+rendering here (``TokenizerVocab.verify``) before the shard is scored; parts are written by a
+background thread while the next shard is scored.
 
 and around it the store protocol (docs/contract.md §4), written through ``store.writer.StoreWriter``:
 rank 0 takes the store lock and plans (``pipeline.extract_plan``: which parts are already
@@ -27,14 +29,13 @@ they are read and again before the commit (``pipeline.extract_plan``).
 
 from __future__ import annotations
 
-import tarfile
 import time
-from collections import Counter, deque
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -42,19 +43,17 @@ import torch
 from tqdm import tqdm
 
 from tokweight.pipeline.backbone import load_backbone
-from tokweight.pipeline.bucketing import bucket
 from tokweight.pipeline.checkpoint import Checkpoint
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
-from tokweight.pipeline.errors import SampleError
-from tokweight.pipeline.extract_reader import cpus_per_process, gc_frozen, read_ahead, reader_pays
 from tokweight.pipeline.extract_plan import (Plan, Task, cross_shard_duplicates, later_occurrences, make_plan,
                                             run_inputs, skip_duplicates, url_duplicates, where)
+from tokweight.pipeline.extract_read import (PreparedShard, ShardBatches, encode, prepare_shard,  # noqa: F401
+                                            read_input, read_samples)
+from tokweight.pipeline.extract_reader import (ReaderProcess, busy_cpus, cpus_per_process, gc_frozen, reader_pays,
+                                              reader_threads)
 from tokweight.pipeline.ranks import RankFailed, Ranks, resolve_device
-from tokweight.pipeline.samples import Sample
-from tokweight.pipeline.shards import iter_shard, scan_shard, tar_keys
-from tokweight.pipeline.urls import Retry, fetch, is_url_data
-from tokweight.pipeline.templates import (TEMPLATE_VERSION, Batch, Layout, check_length, collate,
-                                         template_ids_many, template_option)
+from tokweight.pipeline.urls import Retry, is_url_data
+from tokweight.pipeline.templates import TEMPLATE_VERSION, Batch, BatchArrays, template_option
 from tokweight.pipeline.vocab import Vocab
 from tokweight.store.derived import derived_columns, scalar_arrays
 from tokweight.store.formats import PARQUET, check_format
@@ -98,8 +97,9 @@ class ExtractConfig:
     ({"text": "... {x} ... {y}", "end": "<end token>"}). Recorded in the store: later stages read it there."""
     reader_process: bool | None = None
     """True: read, parse, encode and batch shards in a separate (spawned) process, ahead of the model, on
-    another core; False: all in this process (no ~2 s worker start: tiny inputs, tests); None (default):
-    a reader process where it pays, by ``reader_pays`` (CPUs, torch threads, device). Same parts either way."""
+    another core (where the vocabulary reads without transformers: not a chat template rendered per row);
+    False: all in this process (no process to start: tiny inputs, tests); None (default): a reader process
+    where it pays, by ``reader_pays`` (idle CPUs beside the forward). Same parts either way."""
     retry: Retry = Retry()
     """How a URL that fails transiently is retried (attempts, backoff); local shards are not retried."""
 
@@ -116,147 +116,6 @@ class ExtractConfig:
 
 
 # ---------------------------------------------------------------- stages
-
-
-@dataclass(frozen=True)
-class Encoded:
-    index: int  # position among the shard's kept samples: the row order of the part
-    sample: Sample
-    ids: list[int]  # z-free template ids
-    layout: Layout
-
-    @property
-    def scored_length(self) -> int:
-        """Tokens the model must see: up to the last position whose logits predict S (not </y> <eos>)."""
-        return self.layout.s_logit_positions()[-1] + 1
-
-
-ErrorHandler = Callable[[SampleError], None] | None
-
-
-def read_samples(path: Path | str, shard: str, on_error: ErrorHandler,
-                 members: list[tarfile.TarInfo] | None = None, data: bytes | None = None) -> Iterator[Sample]:
-    """Stage: one shard's valid samples in file order (shards.iter_shard does the per-sample checks,
-    dotted keys included). members: ``scan_shard(path)`` if the caller has scanned the tar already;
-    data: the bytes of the URL ``path``, fetched once (``read_input``)."""
-    for _, sample in iter_shard(path, on_error=on_error, members=members, name=shard, data=data):
-        yield sample
-
-
-def drop_later_occurrences(samples: Iterable[Sample], duplicates: dict[str, str], shard: str,
-                           skips: ShardSkips | InOrder | None) -> Iterator[Sample]:
-    """Stage: samples whose key an earlier shard of the run has (``extract_plan.cross_shard_duplicates``)
-    are left out, counted as 'duplicate-key'; under 'error' (``skips`` None) the plan has raised already."""
-    for sample in samples:
-        if sample.key not in duplicates:
-            yield sample
-            continue
-        error = SampleError("duplicate-key", f"key also occurs in the earlier shard {duplicates[sample.key]}",
-                            key=sample.key, shard=shard)
-        if skips is None:
-            raise error
-        skips.later_occurrence(error)
-
-
-ENCODE_ROWS = 1024  # samples encoded together: a chat or string template's rows go to the tokenizer in one call
-
-
-def encode(samples: Iterable[Sample], vocab: Vocab, block_size: int, shard: str, on_error: ErrorHandler,
-           reading: InOrder | None = None) -> Iterator[Encoded]:
-    """Stage: samples -> z-free ids, ``ENCODE_ROWS`` at a time (``templates.template_ids_many``); unknown symbols
-    and too-long sequences are bad samples. Bad samples come out in file order: the samples read before a bad one
-    that the reading stages found (held back by ``reading``, or raised) are encoded before it is passed on."""
-    counter = iter(range(1 << 62))  # Encoded.index: position among the kept samples
-    held: list[Sample] = []
-    upstream = iter(samples)
-    while True:
-        try:
-            sample = next(upstream, None)
-        except SampleError:  # the 'error' policy: the reading stages raise, after the samples before
-            yield from _encoded(held, vocab, block_size, shard, on_error, counter)
-            raise
-        if sample is None or len(held) == ENCODE_ROWS or (reading is not None and reading.waiting):
-            yield from _encoded(held, vocab, block_size, shard, on_error, counter)
-            held = []
-            if reading is not None:
-                reading.release()
-        if sample is None:
-            return
-        held.append(sample)
-
-
-def _encoded(samples: list[Sample], vocab: Vocab, block_size: int, shard: str, on_error: ErrorHandler,
-             counter: Iterator[int]) -> Iterator[Encoded]:
-    results = template_ids_many(vocab, [s.x for s in samples], [s.y for s in samples], [s.key for s in samples])
-    for sample, result in zip(samples, results):
-        try:
-            if isinstance(result, SampleError):
-                raise result
-            ids, layout = result
-            check_length(len(ids), block_size, key=sample.key)
-        except SampleError as error:
-            error = error.located(shard=shard)
-            if on_error is None:
-                raise error from None
-            on_error(error)
-            continue
-        yield Encoded(next(counter), sample, ids, layout)
-
-
-class InOrder:
-    """The reading stages' error handler in front of ``ShardSkips`` while ``encode`` holds samples back: a bad
-    sample they find waits until the samples read before it are encoded, so that bad samples are counted, and
-    their keys listed, in file order."""
-
-    def __init__(self, skips: ShardSkips):
-        self.skips = skips
-        self.waiting: list[tuple[Callable[[SampleError], None], SampleError]] = []
-
-    def __call__(self, error: SampleError) -> None:
-        self.waiting.append((self.skips, error))
-
-    def later_occurrence(self, error: SampleError) -> None:
-        self.waiting.append((self.skips.later_occurrence, error))
-
-    def release(self) -> None:
-        for report, error in self.waiting:
-            report(error)
-        self.waiting.clear()
-
-
-@dataclass
-class ShardBatches:
-    """One shard's kept samples ready for the model: per-row columns in file order, and the batches.
-
-    Built where the shard is read (possibly a reader process), so that the model's
-    process receives plain arrays and collated tensors, no per-sample objects.
-    """
-
-    shard: str  # name relative to the data root
-    keys: list[str]  # (N,) file order
-    strategies: list[str | None]
-    t0s: list[int | None]
-    T: np.ndarray  # (N,) int32, |S| per row
-    batches: list[tuple[np.ndarray, Batch]]  # (rows (B,) int64 indices into the N rows, collated batch)
-
-    @classmethod
-    def build(cls, shard: str, encoded: list[Encoded], batch_tokens: int) -> "ShardBatches":
-        """Bucket by scored length (pipeline.bucketing) and collate each bucket."""
-        batches = [(np.array([e.index for e in items], dtype=np.int64),
-                    collate([e.ids for e in items], [e.layout for e in items]))
-                   for items in bucket(encoded, batch_tokens, lambda e: e.scored_length)]
-        return cls(shard, [e.sample.key for e in encoded], [e.sample.strategy for e in encoded],
-                   [e.sample.t0 for e in encoded], np.array([e.layout.T for e in encoded], dtype=np.int32), batches)
-
-    def __getstate__(self) -> dict:
-        """Batches as numpy arrays, pickled inline: between processes a tensor costs a shared-memory file
-        descriptor each, and a shard of one-example batches would run out of them."""
-        return {**self.__dict__, "batches": [(index, [getattr(batch, f.name).numpy() for f in fields(Batch)])
-                                             for index, batch in self.batches]}
-
-    def __setstate__(self, state: dict) -> None:
-        batches = [(index, Batch(*map(torch.from_numpy, arrays))) for index, arrays in state["batches"]]
-        self.__dict__.update({**state, "batches": batches})
 
 
 LOGIT_CHUNK_ELEMENTS = 1 << 26
@@ -329,14 +188,14 @@ class Scored:
     """A batch's outputs on their way to the host: ``values`` (b, entropy, top1), readable once ``ready``."""
 
     rows: np.ndarray  # (B,) the batch's rows among the shard's
-    batch: Batch  # on the host
+    batch: BatchArrays  # on the host
     values: tuple[torch.Tensor, ...]
     copied: object = None  # a torch.cuda.Event after the device-to-host copies; None: on the host already
 
     @classmethod
-    def start(cls, model, rows: np.ndarray, batch: Batch, device: torch.device) -> Scored:
+    def start(cls, model, rows: np.ndarray, batch: BatchArrays, device: torch.device) -> Scored:
         """Queue the batch's copy, forward and scoring on the device, and the outputs' copy back."""
-        values = score_inputs(model, ScoreInputs.of(batch).to(device))
+        values = score_inputs(model, ScoreInputs.of(Batch.of(batch)).to(device))
         if device.type != "cuda":
             return cls(rows, batch, tuple(t.cpu() for t in values))
         values = tuple(t.to("cpu", non_blocking=True) for t in values)  # into pinned memory
@@ -400,14 +259,14 @@ def part_table(rows: ShardBatches, starts: np.ndarray, b: np.ndarray, entropy: n
 def _place(scored: Scored, starts: np.ndarray, flat: tuple[np.ndarray, ...], rows: ShardBatches) -> int:
     """A batch's outputs into the shard's flat (b, entropy, top1, target_id) columns; returns its S tokens."""
     b_n, entropy_n, top1_n = scored.ready()  # (N,)
-    mask = scored.batch.mask.numpy()  # (B, T_max), True on each row's first T positions
+    mask = scored.batch.mask  # (B, T_max), True on each row's first T positions
     finite = np.isfinite(b_n) & np.isfinite(entropy_n)
     if not finite.all():
         bad = rows.keys[int(scored.rows[np.nonzero(mask)[0][np.argmin(finite)]])]
         raise FloatingPointError(f"non-finite surprisal or entropy for key {bad!r} in shard {rows.shard!r}: "
                                  "the checkpoint is broken; nothing was written")
     dest = (starts[scored.rows][:, None] + np.arange(mask.shape[1]))[mask]  # flat positions, row-major like [mask]
-    for column, values in zip(flat, (b_n, entropy_n, top1_n, scored.batch.targets.numpy()[mask])):
+    for column, values in zip(flat, (b_n, entropy_n, top1_n, scored.batch.targets[mask])):
         column[dest] = values
     return len(dest)
 
@@ -415,98 +274,67 @@ def _place(scored: Scored, starts: np.ndarray, flat: tuple[np.ndarray, ...], row
 # ---------------------------------------------------------------- one shard -> one part
 
 
-class ShardSkips:
-    """The 'skip' policy's error handler for one shard: bad samples per reason, and their keys per
-    reason, which the part's manifest entry records so that training skips exactly these."""
-
-    def __init__(self):
-        self.counts: Counter = Counter()
-        self.keys: dict[str, list[str]] = {}  # reason -> keys in file order
-        self.extra_copies = 0  # a duplicate key's further copies inside the shard: not samples of their own
-
-    def __call__(self, error: SampleError) -> None:
-        self._count(error)
-        self.extra_copies += error.reason == "duplicate-key"  # iter_shard's only duplicates: inside the shard
-
-    def later_occurrence(self, error: SampleError) -> None:
-        """A sample whose key an earlier shard has: a sample of this tar, skipped."""
-        self._count(error)
-
-    def _count(self, error: SampleError) -> None:
-        self.counts[error.reason] += 1
-        if error.key is not None:
-            self.keys.setdefault(error.reason, []).append(error.key)
-
-    def samples(self) -> int:
-        """Samples of the tar left out."""
-        return sum(self.counts.values()) - self.extra_copies
-
-
-@dataclass
-class PreparedShard:
-    """A shard read, encoded and batched (or found truncated, under 'skip'), ready for the model."""
-
-    task: Task
-    rows: ShardBatches | None  # None: a truncated tar skipped whole
-    skipped: Counter  # bad samples per reason
-    skipped_keys: dict[str, list[str]]  # their keys, per reason
-    in_tar: int  # samples in the tar: rows + skipped (a duplicate's extra copies are not samples)
-
-
-def read_input(task: Task, retry: Retry) -> tuple[Task, bytes | None]:
-    """(the task, None) for a local tar; for a URL its bytes, fetched once, and the task with their size and
-    sha256. A URL read before (its size and sha256 known) must give the same bytes: ShardChangedError."""
-    shard = task.shard
-    if shard.url is None:
-        return task, None
-    fetched = fetch(shard.url, retry, None if shard.sha256 is None else (shard.size, shard.sha256))
-    return replace(task, shard=replace(shard, size=fetched.size, sha256=fetched.sha256)), fetched.data
-
-
-def prepare_shard(task: Task, vocab: Vocab, block_size: int, policy: str, batch_tokens: int,
-                  retry: Retry = Retry()) -> PreparedShard:
-    """Read, encode and batch one shard. A truncated tar raises, or under 'skip' is marked whole."""
-    skips = None if policy == "error" else ShardSkips()
-    reading = None if skips is None else InOrder(skips)  # the reading stages' bad samples, in order with encode's
-    name = task.shard.name
-    task, data = read_input(task, retry)  # a URL's fault raises FetchError, whatever the policy
-    try:
-        members = scan_shard(task.shard.source if data is None else data, name)
-        samples = read_samples(task.shard.source, name, reading, members, data)  # stream: Sample, file order
-        samples = drop_later_occurrences(samples, task.duplicates, name, reading)  # keys unique across shards
-        encoded = list(encode(samples, vocab, block_size, name, skips, reading))  # Encoded, file order
-    except SampleError as error:
-        if error.reason != "truncated-shard" or skips is None:
-            raise
-        return PreparedShard(task, None, Counter(), {}, 0)
-    skips = ShardSkips() if skips is None else skips
-    in_tar, _ = tar_keys([m.name for m in members])
-    if len(encoded) + skips.samples() != in_tar:
-        raise RuntimeError(f"shard {name!r}: {in_tar} samples in the tar but {len(encoded)} read + "
-                           f"{skips.samples()} skipped; refusing to write a part that lacks samples")
-    rows = ShardBatches.build(name, encoded, batch_tokens)
-    return PreparedShard(task, rows, skips.counts, skips.keys, in_tar)
+def wants_reader(cfg: ExtractConfig) -> bool:
+    """Whether this run starts a reader process (before it knows its tasks): ``cfg.reader_process``, or where it
+    is None (the default) whether a reader pays here now (``reader_pays``: CPUs, torch threads, device, load)."""
+    if cfg.reader_process is not None:
+        return cfg.reader_process
+    return reader_pays(_device_type(cfg), cpus_per_process(), torch.get_num_threads(), busy_cpus())
 
 
 def uses_reader_process(cfg: ExtractConfig, tasks: int) -> bool:
-    """Whether ``tasks`` shards are read by a reader process: never for one (it is read here while the process
-    would start); else ``cfg.reader_process``, or where it is None (the default) whether a reader pays here."""
-    if tasks < 2:
-        return False
-    if cfg.reader_process is not None:
-        return cfg.reader_process
-    return reader_pays(torch.device(resolve_device(cfg.device)).type, cpus_per_process(), torch.get_num_threads())
+    """Whether ``tasks`` shards are read by a reader process: never for one (it is read here at once); else
+    ``wants_reader``."""
+    return tasks >= 2 and wants_reader(cfg)
 
 
-def prepared_shards(tasks: list[Task], vocab: Vocab, block_size: int, cfg: ExtractConfig) -> Iterator[PreparedShard]:
-    """Stage: the rank's tasks, prepared, in order: here, or read ahead by a reader process
-    (``uses_reader_process``, pipeline.extract_reader); URLs' keys checked across the rank's shards."""
-    prepare = partial(prepare_shard, vocab=vocab, block_size=block_size, policy=cfg.on_bad_sample,
-                      batch_tokens=cfg.batch_tokens, retry=cfg.retry)
-    prepared = read_ahead(tasks, prepare) if uses_reader_process(cfg, len(tasks)) else map(prepare, tasks)
+def _device_type(cfg: ExtractConfig) -> str:
+    return torch.device(resolve_device(cfg.device)).type
+
+
+def start_reader(cfg: ExtractConfig) -> ReaderProcess | None:
+    """A reader process started now, before the checkpoint loads (its start overlaps that), where the run may use
+    one; its tokenizer takes the CPUs the forward leaves."""
+    if not wants_reader(cfg):
+        return None
+    return ReaderProcess(reader_threads(_device_type(cfg), cpus_per_process(), torch.get_num_threads()))
+
+
+def offer_vocab(reader: ReaderProcess | None, ckpt: Checkpoint, cfg: ExtractConfig) -> ReaderProcess | None:
+    """The reader process, given what it prepares shards with (the vocabulary without transformers), or None
+    (closed) where the vocabulary needs transformers to read (a chat template rendered per row)."""
+    if reader is None:
+        return None
+    vocab = ckpt.vocab.for_reader() if hasattr(ckpt.vocab, "for_reader") else ckpt.vocab
+    if vocab is None:
+        reader.close()
+        return None
+    reader.prepare(_preparing(vocab, ckpt.model.cfg.block_size, cfg))
+    return reader
+
+
+def _preparing(vocab, block_size: int, cfg: ExtractConfig) -> Callable[[Task], PreparedShard]:
+    return partial(prepare_shard, vocab=vocab, block_size=block_size, policy=cfg.on_bad_sample,
+                   batch_tokens=cfg.batch_tokens, retry=cfg.retry)
+
+
+def prepared_shards(tasks: list[Task], vocab: Vocab, block_size: int, cfg: ExtractConfig,
+                    reader: ReaderProcess | None = None) -> Iterator[PreparedShard]:
+    """Stage: the rank's tasks, prepared, in order: here, or the first here and the others by the reader process
+    (``offer_vocab``) as it sends them; URLs' keys checked across the rank's shards."""
+    prepare = _preparing(vocab, block_size, cfg)
+    prepared = read_ahead(tasks, prepare, reader) if reader is not None and len(tasks) >= 2 else map(prepare, tasks)
     if tasks and tasks[0].shard.url is not None:
         prepared = unique_across_shards(prepared, prepare, cfg.on_bad_sample)
     yield from prepared
+
+
+def read_ahead(tasks: list[Task], prepare: Callable[[Task], PreparedShard], reader: ReaderProcess
+               ) -> Iterator[PreparedShard]:
+    """The first task prepared here while the reader process starts on the others, then those as it sends them."""
+    rest = reader.read(tasks[1:])
+    yield prepare(tasks[0])
+    yield from rest
 
 
 def unique_across_shards(prepared: Iterator[PreparedShard], prepare: Callable[[Task], PreparedShard],
@@ -596,7 +424,8 @@ def rank_tasks(plan: Plan, ranks: Ranks) -> list[Task]:
     return [t for t in plan.tasks if t.rank == ranks.rank]
 
 
-def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, writer: StoreWriter, ranks: Ranks) -> list[Record]:
+def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, writer: StoreWriter, ranks: Ranks,
+                 reader: ReaderProcess | None) -> list[Record]:
     """Score this rank's shards; each part is written by a background thread while the next shard is scored."""
     device = ranks.device(cfg.device)
     ckpt.model.to(device).eval()
@@ -605,10 +434,12 @@ def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, writer: Store
                disable=not cfg.progress, position=ranks.rank, mininterval=0.5)
     records: list[Record] = []
     writing: Future | None = None  # at most one part in flight: its errors surface one shard later
-    shards = prepared_shards(mine, ckpt.vocab, ckpt.model.cfg.block_size, cfg)
+    shards = prepared_shards(mine, ckpt.vocab, ckpt.model.cfg.block_size, cfg, reader)
     with gc_frozen(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-write") as background:
         try:
             for prepared in shards:
+                if prepared.checks:  # rows the reader process rendered once, rendered alone here: a difference raises
+                    ckpt.vocab.verify(prepared.checks)
                 table = None if prepared.rows is None else score_shard(prepared.rows, ckpt.model, device, bar.update)
                 if writing is not None:
                     records.append(writing.result())
@@ -626,8 +457,11 @@ def run(cfg: ExtractConfig) -> dict:
     """Extract (or finish extracting) the store for ``cfg.checkpoint`` over ``cfg.data``; returns a summary."""
     t_start = time.perf_counter()
     ranks = Ranks()
+    reader = None
     try:
+        reader = start_reader(cfg)  # before the checkpoint loads: its start overlaps that
         ckpt = load_backbone(cfg.checkpoint, dtype=cfg.dtype, template=template_option(cfg.template))
+        reader = offer_vocab(reader, ckpt, cfg)
         writer = StoreWriter(cfg.store, ckpt.fingerprint, cfg.format)
         directory = writer.directory
         if ranks.is_main:
@@ -644,7 +478,7 @@ def run(cfg: ExtractConfig) -> dict:
                 return {"fingerprint": ckpt.fingerprint, "store": str(directory), "rank": ranks.rank,
                         "nothing_to_do": True, "parts_written": 0, "parts_reused": parts_in(plan.done)}
             try:
-                outcome = ("ok", _write_parts(plan, ckpt, cfg, writer, ranks))
+                outcome = ("ok", _write_parts(plan, ckpt, cfg, writer, ranks, reader))
             except Exception as e:
                 outcome = ("error", f"{type(e).__name__}: {e}")
                 ranks.gather(outcome)  # the other ranks learn of it and stop at the same point
@@ -667,7 +501,7 @@ def run(cfg: ExtractConfig) -> dict:
         summary = {"fingerprint": ckpt.fingerprint, "store": str(directory), "rank": ranks.rank, "nothing_to_do": False,
                    "parts_written": parts_in(written), "parts_reused": parts_in(plan.done), "wall_s": round(wall, 3),
                    "tokens_written": tokens, "tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
-                   "reader_process": uses_reader_process(cfg, len(rank_tasks(plan, ranks)))}
+                   "reader_process": reader is not None and len(rank_tasks(plan, ranks)) >= 2}
         if not ckpt.vocab.template.builtin:  # how its rows became ids: rendered once, or per row and why
             summary["rendering"] = ckpt.vocab.rendering
         if manifest is not None:
@@ -677,4 +511,6 @@ def run(cfg: ExtractConfig) -> dict:
             summary["changed_shards"] = [where(r) for r in plan.changed]
         return summary
     finally:
+        if reader is not None:
+            reader.close()
         ranks.close()

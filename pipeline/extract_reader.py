@@ -1,30 +1,40 @@
-"""Extraction's reader process: shards read, encoded and batched one or two ahead of the model in a
-DataLoader worker process, and the rule for when that pays (``reader_pays``).
+"""Extraction's reader process: the reading stage (``pipeline.extract_read``: shards read, encoded and batched)
+in a process of its own, one or two shards ahead of the model, and the rule for when that pays (``reader_pays``).
 
-Reading tars, JSON and encoding is Python that holds the GIL, so in a thread it slows the
-forward pass of the main thread; in a process it runs on another core, where there is one.
+Reading tars, JSON and encoding is Python that holds the GIL, so in a thread it slows the forward pass of
+the main thread; in a process it runs on another core, where there is one. The process is cheap to start
+and started early (``ReaderProcess``, before the checkpoint loads): a spawned interpreter that imports
+neither torch nor transformers (it reads with the tokenizers library, ``pipeline.tokenizer_ids``, and hands
+over numpy arrays), nor the script that runs extraction. It idles until given its vocabulary
+(``prepare``) and then its tasks (``read``), and sends each shard, or the first exception with its trace,
+back over a pipe; it ends with the extracting process, and is ended by it (``close``).
 """
 
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import pickle
+import queue
+import signal
+import sys
 import threading
-import time
 import traceback
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 
-from torch.utils.data import DataLoader, IterableDataset
+NOT_HERE = ("torch", "transformers")  # never imported by the reader process (a bug, not a slow start)
 
 
 @dataclass(frozen=True)
 class ReaderFailure:
     """An exception of the reader process, with that process's trace as a note; one that cannot be
-    pickled travels as a RuntimeError naming its type (the queue would drop it and end the stream)."""
+    pickled travels as a RuntimeError naming its type (the pipe could not carry it)."""
 
     error: BaseException
 
@@ -42,48 +52,138 @@ class ReaderFailure:
         return self.error
 
 
-class ShardReader(IterableDataset):
-    """The reading stage as a DataLoader dataset: one PreparedShard per task, in order, in a worker process.
+class ReaderProcess:
+    """The reading stage in a spawned process: started at once, idle until ``prepare`` gives it the preparing
+    function (a ``functools.partial`` of ``extract_read.prepare_shard`` with a vocabulary free of transformers)
+    and ``read`` the tasks; ``close`` ends it, also mid-way. A context manager."""
 
-    Reading tars, JSON and encoding is Python that holds the GIL, so in a thread it
-    slows the forward pass of the main thread; in a process it runs on another core. An
-    exception is handed over as a ``ReaderFailure`` and ends the stream.
-    """
+    def __init__(self, threads: int = 1, serve_fn: Callable[[Connection, int], None] | None = None):
+        """threads: the tokenizer's threads there (the CPUs beside the forward); serve_fn: the process's body
+        (``serve``; a test's fault hook)."""
+        # spawn: a fresh interpreter (forking a process that runs threads can deadlock: cpython#112275), and this
+        # process's child, which watches for its end (a forkserver child outlives a SIGKILLed parent)
+        context = multiprocessing.get_context("spawn")
+        self.conn, theirs = context.Pipe()  # the vocabulary and tasks one way, prepared shards the other
+        self.process = context.Process(target=serve_fn or serve, args=(theirs, threads), name="extract-reader",
+                                       daemon=True)
+        with main_script_left_out():
+            self.process.start()
+        theirs.close()
 
-    def __init__(self, tasks: list, prepare: Callable):
-        self.tasks, self.prepare = tasks, prepare  # prepare: picklable (a partial of prepare_shard)
+    def prepare(self, prepare: Callable) -> None:
+        """Send the preparing function (its vocabulary unpickled there while this process plans)."""
+        self.conn.send(prepare)
 
-    def __iter__(self) -> Iterator:
-        for task in self.tasks:
+    def read(self, tasks: list) -> Iterator:
+        """Send the tasks now; the process's ``prepare(task)`` of each, in order, as it sends them (its exception
+        is raised here)."""
+        self.conn.send(tasks)
+        return self._results(len(tasks))
+
+    def _results(self, n: int) -> Iterator:
+        for _ in range(n):
+            item = self._receive()
+            if isinstance(item, ReaderFailure):
+                raise item.exception()
+            yield item
+
+    def _receive(self):
+        wait([self.conn, self.process.sentinel])  # an item, or the process's end
+        if self.conn.poll():
             try:
-                yield self.prepare(task)
-            except Exception as error:
-                yield ReaderFailure.of(error)
-                return
+                return self.conn.recv()
+            except EOFError:  # it ended while sending
+                pass
+        self.process.join()
+        raise RuntimeError(f"the extraction reader process ended (exit code {self.process.exitcode}) before it sent "
+                           "every shard; nothing was committed: run extract again (it resumes), or pass "
+                           "--no-reader-process")
+
+    def close(self) -> None:
+        """End the process (done, or not: this process stopped reading) and wait for it."""
+        self.conn.close()  # a send there fails now, whatever it was doing
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join()
+
+    def __enter__(self) -> ReaderProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def _exit_with_parent(parent: int, worker_id: int) -> None:
-    """DataLoader ``worker_init_fn`` (with the extracting process's pid bound): end the reader process as
-    soon as that process is gone.
+@contextmanager
+def main_script_left_out() -> Iterator[None]:
+    """While a process is spawned: spawn has the child run the parent's ``__main__`` script (or module) before
+    anything else, in case a pickled function lives there; the reader's functions live in tokweight's modules,
+    and the scripts that run extraction (the tokweight command, a benchmark) import torch at the top. The child
+    reads which script to run from ``sys.modules["__main__"]`` at ``start``: a blank one stands in meanwhile."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
-    DataLoader's own watchdog takes the parent to be whatever it is when the worker has
-    started, which is init if the parent was killed during the start-up; and when it does
-    notice, the worker waits forever at exit to flush a large item into a pipe that it
-    holds open itself.
-    """
+
+def serve(conn: Connection, threads: int) -> None:
+    """The reader process's body: load the reading stage, then prepare each task as told and send it back; the
+    first exception is sent as a ``ReaderFailure`` and ends it."""
+    for name in NOT_HERE:
+        sys.modules[name] = None  # an import raises: webdataset falls back to its own stand-ins for torch
+    os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizers library's threads, before its first batch
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the extracting process's to handle: it ends this one
+    _exit_with_parent()
+    inbox = _inbox(conn)
+    import tokweight.pipeline.extract_plan  # noqa: F401  (what the tasks unpickle into, loaded while idle)
+    import tokweight.pipeline.extract_read  # noqa: F401
+
+    gc.freeze()  # what is loaded stays out of the garbage collector's passes (``gc_frozen``)
+    prepare, tasks = inbox.get(), inbox.get()
+    if prepare is None or tasks is None:  # the extracting process did not need it after all
+        return
+    prepare, tasks = ForkingPickler.loads(prepare), ForkingPickler.loads(tasks)
+    for task in tasks:
+        try:
+            item = prepare(task)
+        except Exception as error:
+            item = ReaderFailure.of(error)
+        try:
+            conn.send(item)
+        except OSError:  # the extracting process closed its end: it stopped reading
+            return
+        if isinstance(item, ReaderFailure):
+            return
+
+
+def _inbox(conn: Connection) -> queue.SimpleQueue:
+    """The messages' bytes as they arrive, then None at the end: received by a thread from the start, so that the
+    extracting process never waits for this one to have loaded its modules before it can send."""
+    box = queue.SimpleQueue()
+
+    def receive() -> None:
+        try:
+            while True:
+                box.put(conn.recv_bytes())
+        except (EOFError, OSError):
+            box.put(None)
+            box.put(None)
+
+    threading.Thread(target=receive, name="extract-reader-inbox", daemon=True).start()
+    return box
+
+
+def _exit_with_parent() -> None:
+    """End this (reader) process as soon as its parent is gone, whatever it is doing: a thread waits on the
+    parent's sentinel, which multiprocessing closes only when the parent ends."""
+    sentinel = multiprocessing.parent_process().sentinel
+
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
+        wait([sentinel])
         os._exit(1)
 
     threading.Thread(target=watch, name="extract-reader-watchdog", daemon=True).start()
-
-
-def _reader_init(parent: int, worker_id: int) -> None:
-    """DataLoader ``worker_init_fn`` of the reader process: end with the extracting process, and leave what it
-    has loaded (torch, the tokenizer) out of the garbage collector's passes (``gc_frozen``) for good."""
-    _exit_with_parent(parent, worker_id)
-    gc.freeze()
 
 
 @contextmanager
@@ -103,45 +203,32 @@ def gc_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def reader_pays(device_type: str, cpus: int, torch_threads: int) -> bool:
-    """The default reading mode's rule: a reader process where a CPU is free beside the forward.
+def reader_pays(device_type: str, cpus: int, torch_threads: int, busy: float) -> bool:
+    """The default reading mode's rule: a reader process where at least half a CPU is idle beside the forward.
 
-    Reading in-process puts the shard's tar scan, JSON, validation and encoding (about 7% of the
-    forward's time here) in series with the forward; a reader process overlaps them on another CPU,
-    after about 2 s to start and import torch. Measured by ``scripts/bench_extract.py`` on the
-    2-CPU VM with one torch thread and nothing else running, three runs: reader process 0.966, 1.017
-    and 0.916 of the bare forward, in-process 0.890, 0.982 and 0.841 (within-round medians; the bare
-    forward itself moves by 6% between rounds). With the CPUs shared by other jobs the order turns
-    (0.80-0.94 in-process, 0.70-0.89 with the reader): the rule serves a machine doing this job. On
-    CPU a free CPU means ``cpus >= torch_threads + 1`` (the forward's threads keep theirs busy); on an
-    accelerator the forward runs on the device, which reading in the main thread would leave idle:
-    ``cpus >= 2``.
+    The forward keeps ``torch_threads`` CPUs busy on CPU, the main thread one on an accelerator (reading there
+    would leave the device idle); ``busy``: the CPUs other work keeps busy now (``busy_cpus``). Where no CPU is
+    idle, a reader process only splits this session's share (Linux's autogroup shares CPUs between sessions, not
+    processes) and adds its own work to it. Measured in docs/benchmarks.md (extraction through a chat template).
     """
-    if device_type == "cpu":
-        return cpus >= torch_threads + 1
-    return cpus >= 2
+    forward = torch_threads if device_type == "cpu" else 1
+    return cpus - busy - forward >= 0.5
+
+
+def busy_cpus() -> float:
+    """CPUs that other work keeps busy now, per torchrun rank of the node: the 1-minute load average (runnable
+    tasks) less this process's own one, divided between the ranks."""
+    if not hasattr(os, "getloadavg"):
+        return 0.0
+    return max(0.0, os.getloadavg()[0] - 1) / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def reader_threads(device_type: str, cpus: int, torch_threads: int) -> int:
+    """The reader process's tokenizer threads: the CPUs the forward leaves (one on an accelerator's host)."""
+    return max(1, cpus - (torch_threads if device_type == "cpu" else 1))
 
 
 def cpus_per_process() -> int:
     """The CPUs this process may run on (its affinity), divided between the node's torchrun ranks."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-
-
-def read_ahead(tasks: list, prepare: Callable) -> Iterator:
-    """``prepare(task)`` for every task, in order: the first here while a DataLoader worker process starts
-    (it imports torch, about 2 s), the others in that process one or two shards ahead."""
-    reader = ShardReader(tasks[1:], prepare)
-    # spawn: like forkserver, a fresh interpreter (forking a process that runs threads can deadlock: cpython#112275),
-    # and the worker is this process's child, so DataLoader's watchdog ends it if this process is killed; a
-    # forkserver child outlives a SIGKILLed parent (it holds the server's liveness pipe open).
-    loader = iter(DataLoader(reader, batch_size=None, num_workers=1, multiprocessing_context="spawn",
-                             prefetch_factor=2, worker_init_fn=partial(_reader_init, os.getpid())))
-    try:
-        yield prepare(tasks[0])
-        for item in loader:
-            if isinstance(item, ReaderFailure):
-                raise item.exception()
-            yield item
-    finally:
-        del loader  # the last reference: the iterator shuts its worker down now, also after an early stop

@@ -30,9 +30,9 @@ from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.extras import require
 from tokweight.pipeline.model import SharedPrefix, continues, memory_layers, suffix_positions
-from tokweight.pipeline.rendering import Renderer
-from tokweight.pipeline.templates import (TEMPLATE_VERSION, TOKWEIGHT, Rendered, Template, cut_at_y, or_error,
-                                         text_parts)
+from tokweight.pipeline.rendering import BackendEncoder, Check, Renderer, batch_encoder, verify
+from tokweight.pipeline.templates import TEMPLATE_VERSION, TOKWEIGHT, Rendered, Template, cut_at_y, text_parts
+from tokweight.pipeline.tokenizer_ids import TokenizerIds
 from tokweight.pipeline.vocab import SPECIALS, latent_token
 from tokweight.store.fingerprint import canonical_json
 
@@ -80,11 +80,23 @@ def read_template(path: Path) -> dict[str, str]:
 # ---------------------------------------------------------------- vocabulary
 
 
+class TransformersIds:
+    """A string's ids through the transformers tokenizer's own call, no special tokens added (``TokenizerIds.text_ids``
+    where its class changes what the tokenizers library would give); picklable."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 class TokenizerVocab:
     """The ``Vocab`` interface over a tokenizer, in the checkpoint's ``template``. The built-in template:
     template tokens by (renamed) name, data as symbol lists (one token each) or as strings (encoded with no
     special tokens added). A chat or text template: x and y strings, ``render``ed as the model saw them (the
-    template rendered once: ``pipeline.rendering``)."""
+    template rendered once: ``pipeline.rendering``). Data becomes ids in ``ids`` (``pipeline.tokenizer_ids``, free
+    of transformers: extraction's reader process takes it); the per-row rendering and its checks stay here."""
 
     def __init__(self, tokenizer, renames: dict[str, str], source: Path, template: Template = TOKWEIGHT):
         self.tokenizer, self.renames, self.source, self.template = tokenizer, renames, source, template
@@ -95,15 +107,26 @@ class TokenizerVocab:
         while self._token_name(latent_token(len(self._latent))) in self._index:
             self._latent.append(self._one_token(latent_token(len(self._latent))))
         self.end_id = self._template["</y>"] if template.builtin else self._end_token()
-        self._reserved = set(self._template.values()) | set(self._latent) | {self.end_id}
-        self._tokens = tuple(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))  # id order, once
-        self._renderer = None if template.builtin else Renderer.of(tokenizer, lambda x, y: self._texts(x, y, None),
-                                                                   self._cut)
+        tokens = tuple(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))  # id order, once
+        encoder = batch_encoder(tokenizer)
+        text_ids = encoder.ids if isinstance(encoder, BackendEncoder) else TransformersIds(tokenizer)
+        renderer = None if template.builtin else Renderer.of(tokenizer, lambda x, y: self._texts(x, y, None), self._cut)
+        self.ids = TokenizerIds(template, self._index, self._template, self.end_id,
+                                frozenset({*self._template.values(), *self._latent, self.end_id}), tokens, text_ids,
+                                renderer)
 
     @property
     def rendering(self) -> str:
         """How a chat or text template's rows become ids: "once: ..." (``pipeline.rendering``) or "per row: why"."""
         return "built-in template" if self._renderer is None else self._renderer.why
+
+    @property
+    def _renderer(self) -> Renderer | None:
+        return self.ids.renderer
+
+    def for_reader(self) -> TokenizerIds | None:
+        """What extraction's reader process reads with (no transformers there), or None where rows need it."""
+        return self.ids if self.ids.detachable else None
 
     def _token_name(self, name: str) -> str:
         return self.renames.get(name, name)
@@ -138,7 +161,7 @@ class TokenizerVocab:
 
     @property
     def tokens(self) -> tuple[str, ...]:
-        return self._tokens
+        return self.ids.tokens
 
     def __len__(self) -> int:
         return len(self.tokenizer)
@@ -160,25 +183,7 @@ class TokenizerVocab:
     def encode_symbols(self, symbols: Sequence[str] | str, *, key: str | None = None,
                        field_name: str = "") -> list[int]:
         """A string through the tokenizer; a list one token per symbol. Template tokens are refused in data."""
-        if isinstance(symbols, str):
-            try:
-                ids = self.tokenizer(symbols, add_special_tokens=False)["input_ids"]
-            except Exception as e:  # the tokenizers library raises plain Exceptions (e.g. no unk token)
-                raise SampleError("unknown-symbol", f"the tokenizer cannot encode {field_name!r}: {e}", key=key) from None
-        else:
-            missing = [s for s in symbols if s not in self._index]
-            if missing:
-                raise SampleError("unknown-symbol", f"unknown symbol {missing[0]!r} in {field_name!r} (not one "
-                                  "token of the tokenizer)", key=key)
-            ids = [self._index[s] for s in symbols]
-        self._refuse_reserved(ids, field_name, key)
-        return ids
-
-    def _refuse_reserved(self, ids: Sequence[int], field_name: str, key: str | None) -> None:
-        clash = [i for i in ids if i in self._reserved]
-        if clash:
-            raise SampleError("template-token", f"{field_name!r} holds the template token "
-                              f"{self.tokenizer.convert_ids_to_tokens(clash[0])!r}", key=key)
+        return self.ids.encode_symbols(symbols, key=key, field_name=field_name)
 
     def render(self, x: Sequence[str] | str, y: Sequence[str] | str, *, key: str | None = None) -> Rendered:
         """A sample in the chat or text template: the ids of one string tokenized at once (the ids the model was
@@ -191,38 +196,22 @@ class TokenizerVocab:
 
     def render_many(self, xs: Sequence[Sequence[str] | str], ys: Sequence[Sequence[str] | str],
                     keys: Sequence[str | None]) -> list[Rendered | SampleError]:
-        """``render`` of many samples, or the SampleError each raises; the rows' strings tokenized in one batch."""
-        out: list[Rendered | SampleError | None] = []
-        for x, y, key in zip(xs, ys, keys):
-            try:
-                self._check_texts(x, y, key)
-                out.append(None)
-            except SampleError as error:
-                out.append(error)
-        todo = [i for i, r in enumerate(out) if r is None]
-        rendered = self._renderer.render([xs[i] for i in todo], [ys[i] for i in todo], [keys[i] for i in todo],
-                                         self._cut)
-        for i, r in zip(todo, rendered):
-            out[i] = r if isinstance(r, SampleError) else or_error(self._checked, r, keys[i])
+        """``render`` of many samples, or the SampleError each raises; the rows' strings tokenized in one batch, and
+        the rows marked to be checked rendered per row too (``rendering.verify``: a difference raises)."""
+        out = self.ids.render_many(xs, ys, keys, self._cut)
+        self.verify(self.ids.take_unchecked())
         return out
 
+    def verify(self, checks: Sequence[Check]) -> None:
+        """Rows rendered once (here or in a reader process) against rendering each alone: RenderMismatch naming
+        the first that differs."""
+        verify(checks, self._cut)
+
     def _check_texts(self, x, y, key: str | None) -> None:
-        for name, value in (("x", x), ("y", y)):
-            if not isinstance(value, str):
-                raise SampleError("wrong-type", f"{name} is a list of tokens, but the checkpoint's {self.template.kind} "
-                                  "template renders text: give x and y as strings (e.g. tokweight convert of JSON "
-                                  "lines with string fields), or extract with the built-in template", key=key)
-        if not y:
-            raise SampleError("empty-y", "y is empty: S would only hold the end token", key=key)
+        self.ids.check_texts(x, y, key)
 
     def _checked(self, rendered: Rendered, key: str | None) -> Rendered:
-        """The rendering, if y holds no template token and the end token is the template's."""
-        self._refuse_reserved(rendered.y, "y", key)
-        if rendered.end != self.end_id:
-            raise SampleError("template-token", f"the template ends this y with "
-                              f"{self.tokenizer.convert_ids_to_tokens(rendered.end)!r}, not with "
-                              f"{self.tokenizer.convert_ids_to_tokens(self.end_id)!r} as it ends others", key=key)
-        return rendered
+        return self.ids.checked(rendered, key)
 
     def _cut(self, x: str, y: str, key: str | None) -> Rendered:
         """The reference: the sample rendered alone, tokenized at once with offsets, cut at y."""
@@ -306,7 +295,7 @@ class HFBackbone(nn.Module):
         self.model = model
         self.checkpointing = False  # gradient checkpointing (``enable_checkpointing``)
         forward = inspect.signature(model.base_model.forward).parameters
-        self.cache_kwarg = "cache" if "cache" in forward else "past_key_values"  # renamed in transformers 5.2x
+        self.cache_kwarg = "cache" if "cache" in forward else "past_key_values"  # renamed in a transformers 5 release
         c = model.config
         self.cfg = BackboneSpec(vocab_size=model.get_input_embeddings().num_embeddings,
                                 block_size=int(getattr(c, "max_position_embeddings", None) or c.n_positions),

@@ -19,8 +19,11 @@ added tokens as text); spans that do not match are given up for whole rows (a to
 a span unlike the same text inside a row, e.g. one that prepends a space to the first word only),
 and a template that whole rows do not match either (one that trims or rewrites its contents) is
 rendered per row. A row whose x or y could make an added token across a span's edge with the
-template's text goes per row (``crossing``). While rendering, every ``CHECK_EVERY``-th row is
-rendered per row too and compared: a difference stops the run with an error naming the key.
+template's text is tokenized whole (``crossing``: the template's text around it is fixed, so the row's
+text is too). Every ``CHECK_EVERY``-th row, and every row tokenized whole, is marked (``Renderer.unchecked``)
+and rendered per row too by whoever holds the reference (``verify``; extraction's reader process has no
+transformers and hands its marks to the main process): a difference stops the run with an error naming
+the key. Nothing here imports torch or transformers but ``batch_encoder``'s class check.
 """
 
 from __future__ import annotations
@@ -51,6 +54,15 @@ PROBES = (  # (x, y): what a template could trim, escape, rewrite or a tokenizer
     ("x", "."),
 )
 Reference = Callable[[str, str, "str | None"], Rendered]  # (x, y, key) -> the per-row path's Rendered (or raises)
+
+
+class Check(NamedTuple):
+    """A row rendered once, to be rendered per row too (``verify``): its key, x, y and what it was given."""
+
+    key: str | None
+    x: str
+    y: str
+    got: "Rendered | SampleError"
 
 
 class RenderMismatch(ValueError):
@@ -86,29 +98,43 @@ class Encoded(NamedTuple):
     offsets: list[tuple[int, int]]  # character (start, stop) of each token
 
 
+class BackendEncoder:
+    """Texts -> their ids and offsets, no special tokens added, in one call of the ``tokenizers`` library's own
+    ``Tokenizer`` (the fast tokenizer's backend), as the transformers class calls it; picklable, and free of
+    transformers, so that extraction's reader process encodes with it."""
+
+    def __init__(self, backend, split_special_tokens: bool):
+        self.backend, self.split = backend, split_special_tokens
+
+    def __call__(self, texts: list[str]) -> Sequence[Encoded]:
+        backend = self.backend
+        backend.encode_special_tokens = self.split  # as transformers sets it on every call
+        if backend.truncation is not None or backend.padding is not None:  # transformers sets them on its calls
+            backend.no_truncation()
+            backend.no_padding()
+        return backend.encode_batch(texts, add_special_tokens=False)  # tokenizers.Encoding: .ids, .offsets
+
+    def ids(self, text: str) -> list[int]:
+        return self([text])[0].ids
+
+
 def batch_encoder(tokenizer) -> Callable[[list[str]], Sequence[Encoded]]:
     """Texts -> their ids and offsets, no special tokens added, in one call: the Rust tokenizer's own batch call
-    where the transformers class adds nothing to it (as ``tokenizer(texts, ...)`` would make it), else that call."""
+    (``BackendEncoder``) where the transformers class adds nothing to it (as ``tokenizer(texts, ...)`` would make
+    it), else that call."""
     try:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend as Fast
     except ImportError:  # transformers 4
         from transformers import PreTrainedTokenizerFast as Fast
 
     own = getattr(type(tokenizer), "_encode_plus", None) is getattr(Fast, "_encode_plus", 0)
-    if not own:
-        def through_transformers(texts: list[str]) -> list[Encoded]:
-            enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-            return [Encoded(*pair) for pair in zip(enc["input_ids"], enc["offset_mapping"])]
-        return through_transformers
-    backend = tokenizer.backend_tokenizer
+    if own:
+        return BackendEncoder(tokenizer.backend_tokenizer, bool(getattr(tokenizer, "split_special_tokens", False)))
 
-    def direct(texts: list[str]) -> Sequence[Encoded]:
-        backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))  # as transformers
-        if backend.truncation is not None or backend.padding is not None:  # sets them on every call
-            backend.no_truncation()
-            backend.no_padding()
-        return backend.encode_batch(texts, add_special_tokens=False)  # tokenizers.Encoding: .ids, .offsets
-    return direct
+    def through_transformers(texts: list[str]) -> list[Encoded]:
+        enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        return [Encoded(*pair) for pair in zip(enc["input_ids"], enc["offset_mapping"])]
+    return through_transformers
 
 
 def added_tokens(tokenizer) -> tuple[list[str], set[int]]:
@@ -148,6 +174,7 @@ class Spans:
     joint: bool
     x_edges: tuple[tuple[str, ...], tuple[str, ...]]  # crossing() of x's span
     y_edges: tuple[tuple[str, ...], tuple[str, ...]]  # crossing() of y's span
+    pieces: Pieces  # the whole row's text, for a row tokenized whole
 
     @classmethod
     def of(cls, pieces: Pieces, encode, added: list[str], clean: set[int]) -> Spans:
@@ -164,11 +191,11 @@ class Spans:
         head, tail = pieces.before[:cut_a], pieces.after[cut_c:]
         if not b:  # x and y in one span
             return cls(ids(head), "", "", (), pieces.before[cut_a:], pieces.between, pieces.after[:cut_c], ids(tail),
-                       True, ((), ()), crossing(added, head, tail))
+                       True, ((), ()), crossing(added, head, tail), pieces)
         middle = pieces.between[b[0][0]:b[-1][1]]
         return cls(ids(head), pieces.before[cut_a:], pieces.between[:b[0][0]], ids(middle), pieces.between[b[-1][1]:],
                    "", pieces.after[:cut_c], ids(tail), False, crossing(added, head, middle),
-                   crossing(added, middle, tail))
+                   crossing(added, middle, tail), pieces)
 
     @property
     def kind(self) -> str:
@@ -183,26 +210,35 @@ class Spans:
         return self.x_lead + x + self.x_trail, self.y_lead + y + self.y_trail, len(self.y_lead)
 
     def crosses(self, x_span: str | None, y_span: str) -> bool:
-        """Whether an added token could form across a span's edge (the row is then rendered per row)."""
+        """Whether an added token could form across a span's edge (the row is then tokenized whole)."""
         return any(starts and span.startswith(starts) or ends and span.endswith(ends)
                    for span, (starts, ends) in ((x_span, self.x_edges), (y_span, self.y_edges)) if span is not None)
 
 
 class Renderer:
     """A template's rows as the reference renders them, from the work done once (module docstring). Built by
-    ``Renderer.of``; ``spans`` None: every row per row (``why`` says why)."""
+    ``Renderer.of``; ``spans`` None: every row per row (``why`` says why), which only the reference can do.
+    Picklable where its encoder is a ``BackendEncoder`` (``detachable``): what extraction's reader process gets."""
 
     def __init__(self, tokenizer, spans: Spans | None, why: str):
-        self.tokenizer, self.spans, self.why = tokenizer, spans, why
-        self._encode = batch_encoder(tokenizer) if spans is not None else None
-        self.rows = 0  # rows rendered once so far: row CHECK_EVERY * k is also rendered per row
+        self.spans, self.why = spans, why
+        self.encode = batch_encoder(tokenizer) if spans is not None else None
+        self._tokenizer = None if self.detachable else tokenizer  # to rebuild a transformers encoder when unpickled
+        self.rows = 0  # rows rendered once so far: row CHECK_EVERY * k is marked to be checked
+        self.unchecked: list[Check] = []  # marked rows not yet checked (``take_unchecked``, ``verify``)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_encode": None}  # a closure: rebuilt where it is unpickled
+        return {**self.__dict__, "encode": self.encode if self.detachable else None}  # a closure: rebuilt
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._encode = batch_encoder(self.tokenizer) if self.spans is not None else None
+        if self.encode is None and self.spans is not None:
+            self.encode = batch_encoder(self._tokenizer)
+
+    @property
+    def detachable(self) -> bool:
+        """Whether it renders without transformers (the reference): once, through the tokenizers library."""
+        return isinstance(self.encode, BackendEncoder)
 
     @classmethod
     def of(cls, tokenizer, texts: Callable[[str, str], tuple[str, str]], reference: Reference) -> Renderer:
@@ -227,44 +263,59 @@ class Renderer:
 
     def first_difference(self, probes: Sequence[tuple[str, str]], reference: Reference) -> tuple[str, str] | None:
         """The first probe (x, y) whose rendering differs from the reference's, or None."""
-        rendered = self._once([x for x, _ in probes], [y for _, y in probes], [None] * len(probes), reference)
+        rendered, _ = self._once([x for x, _ in probes], [y for _, y in probes], [None] * len(probes))
         for (x, y), got in zip(probes, rendered):
             if not same(got, per_row(reference, x, y, None)):
                 return x, y
         return None
 
-    def render(self, xs: Sequence[str], ys: Sequence[str], keys: Sequence[str | None],
-               reference: Reference) -> list[Rendered | SampleError]:
-        """Each row's ``reference(x, y, key)``, or the SampleError it raises; x and y are strings."""
-        if self.spans is None:
-            return [per_row(reference, x, y, key) for x, y, key in zip(xs, ys, keys)]
-        rendered = self._once(xs, ys, keys, reference)
-        for i in range(-self.rows % CHECK_EVERY, len(rendered), CHECK_EVERY):
-            if not same(rendered[i], per_row(reference, xs[i], ys[i], keys[i])):
-                raise RenderMismatch(f"key {keys[i]!r}: the template rendered once gives this sample other ids than "
-                                     "rendering it alone (its text changes the template or the tokenizer in a way the "
-                                     "probes did not show); nothing is written from it: give the model's format as "
-                                     "--template FILE, and report the template")
+    def render(self, xs: Sequence[str], ys: Sequence[str], keys: Sequence[str | None]) -> list[Rendered | SampleError]:
+        """Each row's ids as the reference would give them, or the SampleError it would raise; x and y are strings.
+        Every ``CHECK_EVERY``-th row and every row tokenized whole is marked (``unchecked``) for ``verify``."""
+        rendered, whole = self._once(xs, ys, keys)
+        marked = sorted({*range(-self.rows % CHECK_EVERY, len(rendered), CHECK_EVERY), *whole})
+        self.unchecked += [Check(keys[i], xs[i], ys[i], rendered[i]) for i in marked]
         self.rows += len(rendered)
         return rendered
 
-    def _once(self, xs, ys, keys, reference: Reference) -> list[Rendered | SampleError]:
+    def take_unchecked(self) -> list[Check]:
+        """The marked rows so far, handed over (to ``verify``) and forgotten here."""
+        marked, self.unchecked = self.unchecked, []
+        return marked
+
+    def _once(self, xs, ys, keys) -> tuple[list[Rendered | SampleError], list[int]]:
+        """(the rows' renderings, the indices of those tokenized whole: an added token could cross a span's edge)."""
         spans = self.spans
         texts = [spans.texts(x, y) for x, y in zip(xs, ys)]  # (x's span, y's span, y's start in it)
-        x_ids = None if spans.joint else [e.ids for e in self._encode([t[0] for t in texts])]
-        y_enc = self._encode([t[1] for t in texts])
+        whole = [i for i, (x_span, y_span, _) in enumerate(texts) if spans.crosses(x_span, y_span)]
+        if whole:  # the row's whole text, and y's start in it
+            pieces = spans.pieces
+            for i in whole:
+                lead = pieces.before + xs[i] + pieces.between
+                texts[i] = None, lead + ys[i] + pieces.after, len(lead)
+        x_ids = None if spans.joint else [e.ids for e in self.encode([t[0] or "" for t in texts])]
+        y_enc = self.encode([t[1] for t in texts])
         out: list[Rendered | SampleError] = []
-        for i, ((x_span, y_span, start), enc) in enumerate(zip(texts, y_enc)):
-            if spans.crosses(x_span, y_span):
-                out.append(per_row(reference, xs[i], ys[i], keys[i]))
-                continue
-            before = spans.head if spans.joint else (*spans.head, *x_ids[i], *spans.middle)
+        is_whole = set(whole)
+        for i, ((_, _, start), enc) in enumerate(zip(texts, y_enc)):
+            around = ((), ()) if i in is_whole else (
+                spans.head if spans.joint else (*spans.head, *x_ids[i], *spans.middle), spans.tail)
             try:
-                out.append(cut_at_y(enc.ids, enc.offsets, start, start + len(ys[i]), before=before, after=spans.tail,
+                out.append(cut_at_y(enc.ids, enc.offsets, start, start + len(ys[i]), before=around[0], after=around[1],
                                     key=keys[i]))
             except SampleError as error:
                 out.append(error)
-        return out
+        return out, whole
+
+
+def verify(checks: Sequence[Check], reference: Reference) -> None:
+    """Each marked row rendered per row (``reference``) too: RenderMismatch naming the first that differs."""
+    for check in checks:
+        if not same(check.got, per_row(reference, check.x, check.y, check.key)):
+            raise RenderMismatch(f"key {check.key!r}: the template rendered once gives this sample other ids than "
+                                 "rendering it alone (its text changes the template or the tokenizer in a way the "
+                                 "probes did not show); nothing is written from it: give the model's format as "
+                                 "--template FILE, and report the template")
 
 
 def per_row(reference: Reference, x: str, y: str, key: str | None) -> Rendered | SampleError:

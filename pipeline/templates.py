@@ -19,6 +19,9 @@ model was trained on); ``Rendered`` is that string's ids cut into prompt, y, end
 Either way T = n + 1. Every per-token array in tokweight is indexed by position in S
 (0..T-1); the layouts below say where S position 0 sits in each template.
 The logit that predicts sequence position p sits at p - 1 (next-token prediction).
+
+torch is imported only where a tensor is made (``Batch.of``): extraction's reader process
+(``pipeline.extract_reader``) encodes and collates with this module into numpy arrays, without it.
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ import json
 from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
-import torch
 
 from tokweight.pipeline.errors import SampleError
 
 if TYPE_CHECKING:
+    import torch
+
     from tokweight.pipeline.vocab import Vocab
 
 # Bump when the templates or the definition of S change: it is part of every fingerprint.
@@ -290,6 +294,15 @@ def check_length(length: int, block_size: int, *, key: str | None = None) -> Non
                           key=key)
 
 
+class BatchArrays(NamedTuple):
+    """``Batch``'s arrays in numpy (what the reader process hands over; ``Batch.of`` makes the tensors)."""
+
+    input_ids: np.ndarray  # (B, L) int64
+    logit_pos: np.ndarray  # (B, T_max) int64
+    targets: np.ndarray  # (B, T_max) int64
+    mask: np.ndarray  # (B, T_max) bool
+
+
 @dataclass(frozen=True)
 class Batch:
     """Right-padded sequences and where S sits in each.
@@ -305,12 +318,25 @@ class Batch:
     targets: torch.Tensor
     mask: torch.Tensor
 
+    @classmethod
+    def of(cls, arrays: BatchArrays) -> "Batch":
+        """Tensors sharing the arrays' memory (no copy)."""
+        import torch
+
+        return cls(*map(torch.from_numpy, arrays))
+
     def to(self, device) -> "Batch":
         return Batch(*(t.to(device) for t in (self.input_ids, self.logit_pos, self.targets, self.mask)))
 
 
 def collate(seqs: Sequence[Sequence[int]], layouts: Sequence[Layout], *, pad_to: int | None = None) -> Batch:
-    """Pad sequences to one length and build the S index maps (array operations, no per-row tensors)."""
+    """Pad sequences to one length and build the S index maps (``collate_arrays``, as tensors)."""
+    return Batch.of(collate_arrays(seqs, layouts, pad_to=pad_to))
+
+
+def collate_arrays(seqs: Sequence[Sequence[int]], layouts: Sequence[Layout], *,
+                   pad_to: int | None = None) -> BatchArrays:
+    """Pad sequences to one length and build the S index maps (array operations, no per-row arrays)."""
     lengths = np.array([len(s) for s in seqs])  # (B,)
     expected = np.array([lay.length for lay in layouts])
     if (bad := np.flatnonzero(lengths != expected)).size:
@@ -325,7 +351,7 @@ def collate(seqs: Sequence[Sequence[int]], layouts: Sequence[Layout], *, pad_to:
     mask = t < T[:, None]  # (B, T_max)
     logit_pos = np.where(mask, s_start[:, None] - 1 + t, 0)
     targets = np.where(mask, np.take_along_axis(input_ids, np.where(mask, logit_pos + 1, 0), axis=1), 0)
-    return Batch(*(torch.from_numpy(a) for a in (input_ids, logit_pos, targets, mask)))
+    return BatchArrays(input_ids, logit_pos, targets, mask)
 
 
 def gather_s(per_position: torch.Tensor, logit_pos: torch.Tensor) -> torch.Tensor:
@@ -343,5 +369,5 @@ def token_surprisal(logits_s: torch.Tensor, targets: torch.Tensor, mask: torch.T
     logits_s: (B, T, V) logits at the positions predicting S; targets, mask: (B, T).
     """
     logits_s = logits_s.float()
-    nll = torch.logsumexp(logits_s, dim=-1) - logits_s.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    nll = logits_s.logsumexp(dim=-1) - logits_s.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return nll.masked_fill(~mask, 0.0)

@@ -16,6 +16,11 @@ headline figure, which a neighbour's burst in one round moves least:
   process and without it, and their ratios to the bare forward; the one that the default
   (`reader_process=None`: `pipeline.extract.reader_pays`) chooses here is named with its ratio;
 - the read + parse + encode + batch stage alone (once);
+- the reader process's start: seconds until a new one answers (its interpreter and the reading stage's
+  modules), and until it hands back shard 0 given the vocabulary, beside preparing shard 0 here;
+- with --stages: where one extraction's time goes, per mode: wall and main-thread CPU seconds of loading,
+  planning, the first shard prepared here, scoring, waiting for the reader, checking its marked rows and
+  the tail (last part, manifest), and the reader process's CPU seconds;
 - the padded fraction of computed tokens, and bytes per S token of `b` on disk;
 - with --hf-export: the same checkpoint exported with `export-hf` and run through the
   Hugging Face path (transformers' GPT2LMHeadModel), scoring and in-process extraction,
@@ -45,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import runpy
 import shutil
 import statistics
@@ -53,21 +59,23 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
 
 from tokweight.config_files import preset_config
+from tokweight.pipeline import extract, hf
 from tokweight.pipeline.bucketing import padded_fraction, plan_batches
 from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
                               score_batch, uses_reader_process)
-from tokweight.pipeline.extract_reader import gc_frozen
+from tokweight.pipeline.extract_reader import ReaderProcess, busy_cpus, gc_frozen
 from tokweight.pipeline.extract_plan import InputShard, Task, run_inputs
 from tokweight.pipeline.shards import resolve_shards, shard_name
 from tokweight.pipeline.synth import SynthConfig, write_dataset
-from tokweight.pipeline.templates import template_option
+from tokweight.pipeline.templates import Batch, template_option
 from tokweight.store.baseline_store import BaselineStore
 from tokweight.training.train_base import BaseTrainConfig
 from tokweight.training.train_base import run as train_base
@@ -124,7 +132,7 @@ def build_batches(data: Path, ckpt, batch_tokens: int):
         plan = plan_batches(lengths, batch_tokens)
         shard_computed = sum(len(b) * max(lengths[i] for i in b) for b in plan)
         padded, computed = padded + padded_fraction(lengths, plan) * shard_computed, computed + shard_computed
-        batches += [batch for _, batch in ShardBatches.build(name, encoded, batch_tokens).batches]
+        batches += [Batch.of(arrays) for _, arrays in ShardBatches.build(name, encoded, batch_tokens).batches]
     return batches, padded / computed
 
 
@@ -152,6 +160,81 @@ def read_on_one_core(data: Path, ckpt, batch_tokens: int, repeats: int) -> tuple
     finally:
         os.sched_setaffinity(0, cpus)
     return min(r[0] for r in runs), min(r[1] for r in runs)
+
+
+def reader_start(data: Path, ckpt, batch_tokens: int) -> tuple[float, float, float]:
+    """(seconds from starting a reader process to its first answer: its interpreter and the reading stage's modules;
+    seconds from starting one to having shard 0 back from it, given the vocabulary; seconds to prepare shard 0 here)."""
+    root, paths = resolve_shards(data)
+    task = Task(InputShard(paths[0], shard_name(root, paths[0]), 0, ""), "part-00000.parquet", 0)
+    vocab = ckpt.vocab.for_reader() if hasattr(ckpt.vocab, "for_reader") else ckpt.vocab
+    there = partial(prepare_shard, vocab=vocab, block_size=ckpt.model.cfg.block_size, policy="error",
+                    batch_tokens=batch_tokens)
+
+    def answered(prepare, tasks: list) -> float:
+        start = time.perf_counter()
+        with ReaderProcess() as reader:
+            reader.prepare(prepare)
+            list(reader.read(tasks))
+            return time.perf_counter() - start
+
+    here = timed(lambda: prepare_shard(task, ckpt.vocab, ckpt.model.cfg.block_size, "error", batch_tokens))
+    return answered(int, [0]), answered(there, [task]), here
+
+
+STAGES = ((extract, "load_backbone", "load"), (extract, "_plan_on_rank0", "plan"), (extract, "score_shard", "score"),
+          (extract.ReaderProcess, "_receive", "wait for the reader"), (hf.TokenizerVocab, "verify", "check marked rows"))
+
+
+@contextmanager
+def stage_times():
+    """{stage: [wall s, main-thread CPU s]} of the extraction run inside, and its events (stage, start, end) in
+    seconds since it began, from the extraction module's own functions wrapped for the block."""
+    totals: dict[str, list[float]] = {}
+    events: list[tuple[str, float, float]] = []
+    began = time.perf_counter()
+
+    def timing(fn, stage):
+        def timed_call(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                end = time.perf_counter()
+                total = totals.setdefault(stage, [0.0, 0.0])
+                total[0] += end - wall
+                total[1] += time.thread_time() - cpu
+                events.append((stage, wall - began, end - began))
+        return timed_call
+
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in STAGES]
+    for owner, name, stage in STAGES:
+        setattr(owner, name, timing(getattr(owner, name), stage))
+    try:
+        yield totals, events
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+
+
+def where_time_goes(extraction, reader_process: bool) -> str:
+    """One extraction's stages (``stage_times``), the first shard prepared here (from the end of planning to the first
+    scoring, less the checks), the tail, and CPU seconds of the main thread and of the reader process."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu, start = time.thread_time(), time.perf_counter()
+    with stage_times() as (totals, events):
+        extraction(reader_process)
+    wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    reader_cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    plan_end = max(e for stage, _, e in events if stage == "plan")
+    scores = [(s, e) for stage, s, e in events if stage == "score"]
+    checks_before = sum(e - s for stage, s, e in events if stage == "check marked rows" and e <= scores[0][0])
+    stages = {name: f"{w:.3f}/{c:.3f}" for name, (w, c) in totals.items()}
+    stages["first shard here"] = f"{scores[0][0] - plan_end - checks_before:.3f}"
+    stages["tail"] = f"{wall - scores[-1][1]:.3f}"
+    return (f"{'reader process' if reader_process else 'in-process'}: {wall:.3f} s wall, main thread {cpu:.3f} CPU s, "
+            f"reader process {reader_cpu:.3f} CPU s; stages (wall/CPU s): " + ", ".join(f"{k} {v}" for k, v in stages.items()))
 
 
 def timed(fn) -> float:
@@ -229,6 +312,8 @@ def arguments() -> argparse.Namespace:
                              'template), a string template FILE, or "string" (Question: {x} / Answer: {y}); with no '
                              "--data and --checkpoint, the additions task and a small ChatML model")
     parser.add_argument("--rows", type=int, default=20000, help="lines of the additions task (--template only)")
+    parser.add_argument("--stages", action="store_true",
+                        help="also time where one extraction's time goes, in each mode (stage_times)")
     return parser.parse_args()
 
 
@@ -341,6 +426,8 @@ def main() -> None:
         rounds |= {"HF: forward + scoring": lambda: scoring(hf.model, batches),
                    "HF: extract, in-process": lambda: extraction(False, hf_dir, "store-hf")}
     times, loads = interleaved(rounds, args.repeats)
+    stages = [where_time_goes(extraction, mode) for mode in (True, False)] if args.stages else []
+    started, first_there, first_here = reader_start(data, ckpt, args.batch_tokens)
     t_read = timed(lambda: read_all(data, ckpt, args.batch_tokens))
     cpu_one, wall_one = (None, None) if builtin else read_on_one_core(data, ckpt, args.batch_tokens, args.repeats)
     b_bpt, part_bpt = b_bytes_per_token(workdir / "store")
@@ -362,9 +449,13 @@ def main() -> None:
         print(f"{'the same on one core':<24}{s_tokens / cpu_one:10.0f} S tok/s per CPU second ({cpu_one:.3f} s), "
               f"{s_tokens / wall_one:.0f} per wall second ({wall_one:.3f} s); fastest of {args.repeats}  "
               "(target >= 100000 per CPU second)")
+    print(f"reader process start: answers after {started:.3f} s (interpreter, reading modules), hands back shard 0 after "
+          f"{first_there:.3f} s given the vocabulary; shard 0 prepared here in {first_here:.3f} s")
+    for line in stages:
+        print(line)
     default = default_mode(data, args.device)
-    print(f"default mode here: {default} ({cpus_per_process()} CPUs, {torch.get_num_threads()} torch threads, "
-          f"device {args.device}: pipeline.extract.reader_pays), extract / bare "
+    print(f"default mode here: {default} ({cpus_per_process()} CPUs, {busy_cpus():.2f} busy elsewhere, "
+          f"{torch.get_num_threads()} torch threads, device {args.device}: pipeline.extract.reader_pays), extract / bare "
           f"{paired[f'extract, {default}']:.3f} within rounds, {t_bare / median[f'extract, {default}']:.3f} of the medians"
           f"  (target >= {0.95 if builtin else 0.8})")
     if args.hf_export:

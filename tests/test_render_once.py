@@ -14,13 +14,13 @@ import torch
 from tests.device_guard import HostTensors
 from tests.fixtures_extract import part_bytes, sample_member, write_raw_tar
 from tests.fixtures_hf import TEXT_TEMPLATE, text_corpus
-from tokweight.pipeline import extract as extract_module
+from tokweight.pipeline import extract_read
 from tokweight.pipeline import rendering
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.extract import ExtractConfig, run as extract, to_device
 from tokweight.pipeline.hf import TokenizerVocab
 from tokweight.pipeline.rendering import CHECK_EVERY, Renderer, RenderMismatch
-from tokweight.pipeline.templates import Template, template_ids, template_ids_many
+from tokweight.pipeline.templates import Template, or_error, template_ids, template_ids_many
 from tokweight.store.baseline_store import BaselineStore
 from tokweight.experiments.chat_model import CHAT_SPECIALS, CHATML
 
@@ -93,15 +93,23 @@ def test_rendered_once_equals_rendered_per_row_over_varied_strings(vocabs, which
         for r, x, y, k in zip(once, xs, ys, keys)]
 
 
-def test_a_vocabulary_rendering_once_travels_to_the_reader_process(vocabs):
-    """Pickled (as the reader process receives it), it renders as before."""
+@pytest.mark.parametrize("which", ["chat", "text"])
+def test_the_reading_half_travels_to_the_reader_process_and_marks_rows_to_check(vocabs, which):
+    """Pickled (as the reader process receives it: ``for_reader``, no transformers), it renders as the vocabulary
+    does, and marks every ``CHECK_EVERY``-th row for the per-row check where transformers is."""
     import pickle
 
-    xs, ys, keys = varied_rows(50, seed=3)
-    copy = pickle.loads(pickle.dumps(vocabs["chat"]))
-    assert copy.rendering == vocabs["chat"].rendering
-    assert [outcome(r) for r in copy.render_many(xs, ys, keys)] == [
-        outcome(r) for r in vocabs["chat"].render_many(xs, ys, keys)]
+    xs, ys, keys = varied_rows(150, seed=3)
+    reading = pickle.loads(pickle.dumps(vocabs[which].for_reader()))
+    assert type(reading).__module__ == "tokweight.pipeline.tokenizer_ids"
+    start = reading.renderer.rows  # rows the fixture's vocabulary rendered before: the count goes on
+    assert [outcome(r) for r in reading.render_many(xs, ys, keys)] == [
+        outcome(r) for r in vocabs[which].render_many(xs, ys, keys)]
+    checks = reading.take_unchecked()
+    valid = [k for x, y, k in zip(xs, ys, keys) if or_error(reading.check_texts, x, y, k) is None]  # rendered
+    assert len(valid) > 2 * CHECK_EVERY and [c.key for c in checks] == valid[-start % CHECK_EVERY::CHECK_EVERY]
+    vocabs[which].verify(checks)  # the main process's check: they agree
+    assert reading.take_unchecked() == []
 
 
 def test_a_token_that_begins_in_the_template_text_is_ys_first(vocabs):
@@ -154,6 +162,22 @@ def test_extraction_stops_at_a_checked_row_and_commits_nothing(chat_checkpoint, 
     assert BaselineStore(tmp_path / "store").fingerprints() == []
 
 
+def test_a_row_the_reader_process_renders_is_checked_here_and_stops_the_run(chat_checkpoint, tmp_path):
+    """The reader process has no transformers: it marks the rows to check, and this process renders them alone
+    before the shard is scored; the first row it renders (of shard b) differs: the run stops, naming the key."""
+    ckpt = shutil.copytree(chat_checkpoint, tmp_path / "zebra")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ckpt, local_files_only=True)
+    tokenizer.chat_template = ZEBRA
+    tokenizer.save_pretrained(ckpt)
+    rows = {"a": [("ka", "no stripes")], "b": [("kz", "a zebra?"), ("kb", "b")], "c": [("kc", "c")]}
+    for shard, samples in rows.items():
+        write_raw_tar(tmp_path / "data" / f"{shard}.tar", [sample_member(k, {"x": x, "y": "y"}) for k, x in samples])
+    with pytest.raises(RenderMismatch, match="key 'kz'") as error:
+        extract_into(ckpt, tmp_path / "data", tmp_path / "store", "chat", reader_process=True)
+    assert "\n" not in str(error.value)
+    assert BaselineStore(tmp_path / "store").fingerprints() == []
+
+
 def metaspace_vocab(tmp_path) -> TokenizerVocab:
     """A SentencePiece-like BPE that marks only a text's first word with '▁' (prepend_scheme "first"): a span
     tokenized alone starts a text, inside a row it does not."""
@@ -181,9 +205,10 @@ def test_a_tokenizer_whose_spans_are_not_alone_gets_whole_rows(tmp_path):
     assert not split.spans.joint and split.first_difference(rendering.PROBES, vocab._cut) is not None  # what they found
 
 
-def test_a_row_that_could_make_an_added_token_across_an_edge_goes_per_row(chat_checkpoint):
+def test_a_row_that_could_make_an_added_token_across_an_edge_is_tokenized_whole(chat_checkpoint):
     """An added token "?<|im_end|>": in a row whose x ends with "?" it forms across x's span and the template's
-    <|im_end|>, which x's span alone cannot show; such rows are rendered per row."""
+    <|im_end|>, which x's span alone cannot show; such rows are tokenized whole (the template's text around them,
+    read once) and always checked against the per-row rendering."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(chat_checkpoint, local_files_only=True)
     tokenizer.add_tokens([transformers.AddedToken("?<|im_end|>", normalized=False)])
     vocab = TokenizerVocab(tokenizer, {}, chat_checkpoint, CHAT)
@@ -192,9 +217,13 @@ def test_a_row_that_could_make_an_added_token_across_an_edge_goes_per_row(chat_c
     assert spans.x_edges[1] == ("?",)
     xs, ys, keys = ["what is 1 plus 2?", "no question"], ["3", "4"], ["q", "n"]
     assert [spans.crosses(*spans.texts(x, y)[:2]) for x, y in zip(xs, ys)] == [True, False]
-    once = vocab.render_many(xs, ys, keys)
+    reading = vocab.for_reader()
+    once = reading.render_many(xs, ys, keys)
     assert once == [per_row(vocab, x, y, k) for x, y, k in zip(xs, ys, keys)]
     assert tokenizer.convert_ids_to_tokens(once[0].prompt).count("?<|im_end|>") == 1
+    assert [c.key for c in reading.take_unchecked()] == ["q"]  # row 0 is due anyway; "n" (row 1) is not
+    assert reading.render_many(xs[::-1], ys[::-1], keys[::-1]) == once[::-1]
+    assert [c.key for c in reading.take_unchecked()] == ["q"]  # row 3 of the run: checked because it is whole
 
 
 # ---------------------------------------------------------------- extraction
@@ -202,7 +231,7 @@ def test_a_row_that_could_make_an_added_token_across_an_edge_goes_per_row(chat_c
 
 def extract_into(ckpt, data, store, template, **kw) -> dict:
     return extract(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(store), template=str(template),
-                                 progress=False, reader_process=False, **kw))
+                                 progress=False, **{"reader_process": False, **kw}))
 
 
 @pytest.mark.parametrize("which", ["chat", "text"])
@@ -211,10 +240,13 @@ def test_extraction_writes_the_bytes_of_rendering_per_row(which, chat_checkpoint
     ckpt, template = (chat_checkpoint, "chat") if which == "chat" else (text_checkpoint, text_template)
     once = extract_into(ckpt, text_data, tmp_path / "once", template)
     assert once["rendering"] == "once: spans between the template's special tokens"
+    read_apart = extract_into(ckpt, text_data, tmp_path / "reader", template, reader_process=True)
+    assert read_apart["reader_process"] is True  # shards 1-3 rendered in the reader process, checked here
     monkeypatch.setattr(Renderer, "of", classmethod(lambda cls, tokenizer, texts, ref: cls(tokenizer, None, "per row")))
-    alone = extract_into(ckpt, text_data, tmp_path / "alone", template)
+    alone = extract_into(ckpt, text_data, tmp_path / "alone", template, reader_process=True)
     assert alone["rendering"] == "per row" and alone["fingerprint"] == once["fingerprint"]
-    assert part_bytes(tmp_path / "once") == part_bytes(tmp_path / "alone") != {}
+    assert alone["reader_process"] is False  # rows rendered per row need transformers: read here
+    assert part_bytes(tmp_path / "once") == part_bytes(tmp_path / "alone") == part_bytes(tmp_path / "reader") != {}
 
 
 def test_bad_samples_keep_file_order_across_the_batched_encoding(chat_checkpoint, tmp_path, monkeypatch):
@@ -227,7 +259,7 @@ def test_bad_samples_keep_file_order_across_the_batched_encoding(chat_checkpoint
     write_raw_tar(tmp_path / "data" / "shard.tar", members)
     stores = {}
     for rows in (1024, 2):
-        monkeypatch.setattr(extract_module, "ENCODE_ROWS", rows)
+        monkeypatch.setattr(extract_read, "ENCODE_ROWS", rows)
         with pytest.raises(SampleError, match="key 'k1'"):
             extract_into(chat_checkpoint, tmp_path / "data", tmp_path / f"error{rows}", "chat")
         extract_into(chat_checkpoint, tmp_path / "data", tmp_path / f"skip{rows}", "chat", on_bad_sample="skip")

@@ -38,8 +38,9 @@ from tokweight.store.formats import PARQUET, PART_FORMATS
 @click.option("--progress/--no-progress", default=True)
 @click.option("--reader-process/--no-reader-process", default=None,
               help="Read and batch shards in a separate process ahead of the model, or in this one. Default: a "
-                   "reader process where a CPU is free beside the forward (on CPU: more CPUs than torch threads, "
-                   "so --threads 1 on 2 cores reads in a process), 2+ CPUs on CUDA, and 2+ shards; the summary's reader_process says which ran. Same parts either way.")
+                   "reader process where half a CPU or more is idle beside the forward (on CPU: CPUs less torch "
+                   "threads less the load average of other work; on CUDA: beside the main thread), and 2+ shards; "
+                   "the summary's reader_process says which ran. Same parts either way.")
 @threads_option
 def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, template, on_bad_sample, wait_lock, progress,
             reader_process, threads):
