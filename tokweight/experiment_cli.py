@@ -147,7 +147,7 @@ def own_help(text: str, field: str) -> Callable[[], str]:
               help_of=lambda: f"Cells trained at once, one process and torch thread each "
                               f"({per_job(lambda c: c.jobs)}; the sweep's: min(2, CPUs)).")
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Your own task: the entangled checkpoint (tokweight or Hugging Face); needs --data.")
+              help="Your own task: the entangled checkpoint (built-in or Hugging Face); needs --data.")
 @click.option("--data", type=DataSource(), default=None,
               help="Your own task: the dataset, with train/val/test splits (tokweight convert).")
 @click.option("--store", type=click.Path(file_okay=False), default=None,
