@@ -207,12 +207,6 @@ class TokenizerVocab:
         the first that differs."""
         verify(checks, self._cut)
 
-    def _check_texts(self, x, y, key: str | None) -> None:
-        self.ids.check_texts(x, y, key)
-
-    def _checked(self, rendered: Rendered, key: str | None) -> Rendered:
-        return self.ids.checked(rendered, key)
-
     def _cut(self, x: str, y: str, key: str | None) -> Rendered:
         """The reference: the sample rendered alone, tokenized at once with offsets, cut at y."""
         prompt, full = self._texts(x, y, key)

@@ -27,6 +27,15 @@ def _once(name, build):
     return _BUILT[name]
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (CPU float sums in one order), the count restored after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """(data dir, checkpoint dir): the tiny synthetic preset and a 30-step base model."""

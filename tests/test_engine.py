@@ -38,13 +38,7 @@ PATHS = {  # name: (backbone, TrainConfig groups)
     "gpt2-lora-memory": ("gpt2", dict(lora=LoRAConfig(rank=4), cvae=CVAEConfig(cond="memory"))),
 }
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def path_config(tiny, store, ckpt, out: Path, groups: dict) -> TrainConfig:

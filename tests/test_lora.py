@@ -31,17 +31,11 @@ pytest.importorskip("peft")
 
 RANK = 4
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 class Killed(Exception):
     """Raised by a fault hook: the run ends there, as if the process had died."""
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -53,8 +53,8 @@ def varied_rows(n: int, seed: int = 0) -> tuple[list[str], list[str], list[str]]
 def per_row(vocab: TokenizerVocab, x, y, key):
     """``render`` as it was before rendering once: the checks, the per-row path, the checks of its result."""
     try:
-        vocab._check_texts(x, y, key)
-        return vocab._checked(vocab._cut(x, y, key), key)
+        vocab.ids.check_texts(x, y, key)
+        return vocab.ids.checked(vocab._cut(x, y, key), key)
     except SampleError as error:
         return error
 

@@ -2,7 +2,7 @@
 choices and shown default are read off the dataclass, so the CLI never holds a default of its own.
 
 A command declares its flags as a table of ``Flag``s; ``options(cls, flags)`` adds them to a click command,
-``given(flags, kwargs)`` returns the dotted fields the user set. Every field a flag does not reach is still
+``fields_set(flags, kwargs)`` returns the dotted fields the user set. Every field a flag does not reach is still
 reachable with ``--set group.field=value`` where a command takes it (`tokweight train`).
 """
 
@@ -95,7 +95,7 @@ def options(cls, flags: tuple[Flag, ...]):
     return decorate
 
 
-def given(flags: tuple[Flag, ...], kwargs: dict) -> dict[str, object]:
+def fields_set(flags: tuple[Flag, ...], kwargs: dict) -> dict[str, object]:
     """{dotted field: value} of the flags the user set (popped from ``kwargs``)."""
     values = {flag.field: kwargs.pop(flag.dest, None) for flag in flags}
     return {k: v for k, v in values.items() if v is not None}

@@ -9,9 +9,8 @@ import os
 
 import click
 
-from tokweight.flags import Flag, options
+from tokweight.flags import Flag, fields_set, options
 from tokweight.pipeline.data_option import DataSource
-from tokweight.flags import given as flags_given
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.training.baselines import POLICIES
 from tokweight.training.configs import COND_MODES, LATENTS
@@ -148,7 +147,7 @@ def train(config, sets, threads, **flags):
 
     set_threads(threads)
     try:
-        cfg = train_config(config, flags_given(FLAGS, flags), sets)
+        cfg = train_config(config, fields_set(FLAGS, flags), sets)
         result = run(cfg)
     except (ValueError, CheckpointWriteError) as e:
         raise click.ClickException(str(e)) from e
