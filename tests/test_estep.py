@@ -154,6 +154,39 @@ def test_labelled_examples_take_their_label_and_the_rest_the_e_step():
         E(mode="label", labelled=0.1)
 
 
+def test_labelled_examples_carry_their_share_of_the_fit_however_few():
+    from tokweight.training.estep import labelled_weights
+
+    labels = torch.tensor([2, -1, -1, -1, -1, -1, -1, -1])  # one labelled example in 8
+    w = labelled_weights(labels, 0.5)
+    assert w[0].item() == 4.0 and torch.all(w[1:] == 4 / 7)  # half the weight on 1 row, half on 7
+    torch.testing.assert_close(w.mean(), torch.tensor(1.0))
+    torch.testing.assert_close(labelled_weights(labels, 0.2)[labels >= 0].sum() / 8, torch.tensor(0.2))
+    assert labelled_weights(labels, None) is None  # each example alike
+    assert labelled_weights(torch.full((8,), -1), 0.5) is None and labelled_weights(torch.zeros(8), 0.5) is None
+    with pytest.raises(ValueError, match="labelled_weight must be a share in"):
+        E(labelled_weight=1.0)
+
+
+def test_the_labelled_weight_moves_only_a_run_with_labels():
+    """The fit weighs the labelled rows up; with no labelled row in the batch it is the unweighted objective."""
+    from dataclasses import replace
+
+    g = torch.Generator().manual_seed(0)
+    out = CVAEOutput(post=torch.randn(6, 2, generator=g).log_softmax(-1), prior=torch.zeros(6, 2).log_softmax(-1),
+                     nll=torch.rand(6, 2, 5, generator=g), zfree_nll=torch.zeros(6, 5))
+    pi = torch.full((6, 5), 0.2)
+    LATENT = CategoricalLatent(2, 8, [0, 1])
+    cfg = E(mode="soft", labelled=0.5)
+    none = torch.full((6,), -1)
+    plain = em_objective(LATENT, out, pi, 0.3, 0.0, cfg, none).loss
+    assert plain == em_objective(LATENT, out, pi, 0.3, 0.0, replace(cfg, labelled_weight=None), none).loss
+    one = torch.tensor([1, -1, -1, -1, -1, -1])
+    weighted = em_objective(LATENT, out, pi, 0.3, 0.0, cfg, one).loss
+    even = em_objective(LATENT, out, pi, 0.3, 0.0, replace(cfg, labelled_weight=None), one).loss
+    assert not torch.isclose(weighted, even)
+
+
 def test_an_example_without_a_known_strategy_is_refused_by_key():
     from tokweight.training.estep import strategy_indices
 

@@ -7,12 +7,13 @@ prior p(k|x). The baseline (``baselines.py``) gives b_t, the z-free base model's
     pi_t  = share of b_t in the example's S       (the weighting; surprisal-share: b_t / sum_s b_s)
     R(k)  = sum_t pi_t l_t(k)                      reconstruction under copy k, nats
     a(k)  = q*(k) ∝ p(k|x) exp(-R(k) / beta)       the E-step: which copy explains the example, detached
-    J     = mean_i [sum_k a_ik R_ik + CE(a_i, q_i)] + beta KL(a || p) + w_anchor anchor
+    J     = mean_i w_i [sum_k a_ik R_ik + CE(a_i, q_i)] + beta KL(a || p) + w_anchor anchor
 
 The E-step is the exact minimiser of J over q for the current decoder (``estep.py``); the decoder copies learn
 from the examples assigned to them, the amortised posterior q is distilled to a, and the prior fits a through
-beta * KL. The anchor term keeps every token within a margin of the base model's loss (``losses.anchor_penalty``).
-With the E-step off, J is the plain ELBO-style objective E_q[R] + beta KL(q || p).
+beta * KL. w_i = 1, except with a few labelled examples (``estep.labelled``): they carry a fixed share of the
+batch's fit (``estep.labelled_weight``) however few they are. The anchor term keeps every token within a margin
+of the base model's loss (``losses.anchor_penalty``). With the E-step off, J is the plain ELBO-style objective E_q[R] + beta KL(q || p).
 
 Everything here is a pure function of tensors; the weightings are named objects in ``losses.WEIGHTINGS``.
 """
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from tokweight.training.configs import EStepConfig
-from tokweight.training.estep import assigned_reconstruction, assignment, assignment_kl, distillation
+from tokweight.training.estep import (assigned_reconstruction, assignment, assignment_kl, distillation,
+                                      labelled_weights)
 from tokweight.training.global_batch import LOCAL, GlobalBatch
 from tokweight.training.losses import (WeightingParams, anchor_penalty, free_bits_kl, reconstruction_weights,
                                        weighted_reconstruction)
@@ -93,7 +95,11 @@ def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, c
     log_p, log_q = latent.log_density(out.prior, z), latent.log_density(out.post, z)  # (B, copies) each
     log_target = log_p - log_q.detach() if latent.sampled else log_p  # the E-step's p, by the proposal
     a = assignment(R, log_target, cfg, beta, labels, batch)  # (B, copies)
-    fit = assigned_reconstruction(R, a).mean() + distillation(log_q, a).mean()
+    w = None if labels is None else labelled_weights(labels.to(R.device), cfg.labelled_weight, batch)  # (B,)
+    if w is None:
+        fit = assigned_reconstruction(R, a).mean() + distillation(log_q, a).mean()
+    else:
+        fit = (w.to(R.dtype) * (assigned_reconstruction(R, a) + distillation(log_q, a))).mean()
     if latent.sampled:  # q*'s density at its draws, log q + log(S a)
         log_a = log_q.detach() + torch.log(a * a.shape[-1])
         kl = (torch.where(a > 0, a * log_a, 0) - a * log_p).sum(-1)
