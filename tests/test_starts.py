@@ -29,18 +29,18 @@ def started(tiny_dropout, tmp_path_factory):
     return out, train(with_starts(config(tiny_dropout, out, "to the cap")))
 
 
-def test_each_start_has_its_own_seed_and_the_least_validation_nll_is_chosen(started):
+def test_each_start_has_its_own_seed_and_the_least_validation_reconstruction_is_chosen(started):
     out, result = started
     made = json.loads((out / "starts.json").read_text())
     assert made["seeds"] == [SEED * STARTS + i for i in range(STARTS)]  # another --seed tries other starts
     assert made["start_steps"] == START_STEPS and result["start"] == made
-    for seed, nll in zip(made["seeds"], made["val_nll_token_mean"]):
+    for seed, recon in zip(made["seeds"], made["val_recon"]):
         run = out / "starts" / f"seed-{seed}"
         assert json.loads((run / "config.json").read_text())["optim"]["seed"] == seed
         final = [r for r in read_metrics(run) if r.get("split") == "val"][-1]
-        assert final["step"] == START_STEPS and final["nll_token_mean"] == nll
-    assert len(set(made["val_nll_token_mean"])) == STARTS  # the starts differ, so the choice means something
-    assert made["seed"] == made["seeds"][made["val_nll_token_mean"].index(min(made["val_nll_token_mean"]))]
+        assert final["step"] == START_STEPS and final["recon"] == recon
+    assert len(set(made["val_recon"])) == STARTS  # the starts differ, so the choice means something
+    assert made["seed"] == made["seeds"][made["val_recon"].index(min(made["val_recon"]))]
     assert json.loads((out / "config.json").read_text())["optim"]["seed"] == made["seed"]
 
 

@@ -355,8 +355,9 @@ def start_dir(cfg: TrainConfig, seed: int) -> Path:
 def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
     """Train each of ``cfg.optim.starts`` initialisations for ``start_steps`` in its own run directory
     (RUN/starts/seed-S/, resumable like any run), validate each on the whole val split, and choose the one with
-    the least NLL under each example's own latent value: a code that merges strategies reconstructs worse.
-    RUN/starts.json records the choice; a job that has one (run again) keeps it."""
+    the least reconstruction E_q[R] under the run's weighting: a code that merges strategies reconstructs the
+    tokens that decide the strategy worse. RUN/starts.json records the choice; a job that has one (run again)
+    keeps it."""
     out = Path(cfg.io.out)
     seeds = [cfg.optim.seed * cfg.optim.starts + i for i in range(cfg.optim.starts)]
     made = json.loads((out / "starts.json").read_text()) if (out / "starts.json").is_file() else None
@@ -365,9 +366,9 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
     if (committed_checkpoint(out) / "state.json").is_file():
         raise ValueError(f"{out} holds a run trained without these starts ({cfg.optim.starts} of "
                          f"{cfg.optim.start_steps} steps from seed {cfg.optim.seed}); use a new --out")
-    val_nll = [train_start(cfg, seed, ranks, hooks) for seed in seeds]
-    made = {"seeds": seeds, "start_steps": cfg.optim.start_steps, "val_nll_token_mean": val_nll,
-            "seed": seeds[int(np.argmin(val_nll))]}
+    recon = [train_start(cfg, seed, ranks, hooks) for seed in seeds]
+    made = {"seeds": seeds, "start_steps": cfg.optim.start_steps, "val_recon": recon,
+            "seed": seeds[int(np.argmin(recon))]}
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "starts.json").write_text(json.dumps(made, indent=1) + "\n")
@@ -376,12 +377,12 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
 
 def train_start(cfg: TrainConfig, seed: int, ranks: Ranks, hooks: Hooks) -> float:
     """One start: the whole run's config from ``seed``, trained to ``start_steps`` (its validations and stop rule
-    go as in a run from that seed) and checkpointed there; its validation NLL on the whole val split, logged in
-    its own metrics."""
+    go as in a run from that seed) and checkpointed there; its reconstruction E_q[R] on the whole val split,
+    logged in its own metrics."""
     start = replace(seeded(cfg, seed), io=replace(cfg.io, out=str(start_dir(cfg, seed))))
     state = setup(start, ranks)
     Path(start.io.out).mkdir(parents=True, exist_ok=True)
     if ranks.is_main:
         write_config(start)
     fit(state, start, hooks, until=cfg.optim.start_steps)
-    return validate_run(state, start)["nll_token_mean"]
+    return validate_run(state, start)["recon"]
