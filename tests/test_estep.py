@@ -187,16 +187,6 @@ def test_the_labelled_weight_moves_only_a_run_with_labels():
     assert not torch.isclose(weighted, even)
 
 
-def test_annealing_floors_the_temperature_then_falls_away():
-    cfg = E(mode="soft", follow_beta=True, anneal_from=2.0, anneal_steps=100)
-    assert [cfg.temperature_floor(t) for t in (0, 50, 100, 150)] == [2.0, 1.0, 0.0, 0.0]
-    R = torch.tensor([[0.4, 0.1, 0.9]])
-    p = torch.zeros(1, 3)
-    torch.testing.assert_close(assignment(R, p, cfg, beta=0.0, floor=2.0), exact_posterior(R, p, 2.0).exp())  # soft
-    assert assignment(R, p, cfg, beta=0.0, floor=0.0).tolist() == [[0.0, 1.0, 0.0]]  # fallen: hard at beta 0
-    torch.testing.assert_close(assignment(R, p, cfg, beta=0.3, floor=0.1), exact_posterior(R, p, 0.3).exp())
-
-
 def test_an_example_without_a_known_strategy_is_refused_by_key():
     from tokweight.training.estep import strategy_indices
 

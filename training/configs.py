@@ -114,12 +114,9 @@ class EStepConfig:
     same ones every step) whose assignment is their label's value (the one-hot of its index in the dataset's
     strategies) instead of q*'s; 0: none. A few labels tie each value to one strategy, which the objective
     alone cannot."""
-    anneal_from: float = 0.0
-    """q*'s temperature at step 0 (nats of R per nat of log q), falling linearly to 0 over ``anneal_steps``; the
-    E-step's temperature is never below it (deterministic annealing: the copies part from one another as it falls).
-    0: off."""
-    anneal_steps: int = 200
-    """Steps over which ``anneal_from`` falls to 0."""
+    q_weight: float = 0.0
+    """lambda of the amortised posterior inside q*: log q* = log p + lambda log q - R / temperature (discrete; 0:
+    off), so that the posterior's own reading of (x, y), a linear map of pooled states, shapes the assignment."""
     labelled_weight: float | None = 0.5
     """The share of a batch's fit (reconstruction and distillation) that its labelled examples carry, whatever their
     number, the unlabelled the rest (each example of a part alike); a batch without both is unweighted. None: each
@@ -155,10 +152,6 @@ class EStepConfig:
         if samples < 2:
             raise ValueError(f"a continuous latent's E-step chooses among its draws: set samples >= 2, not {samples}")
         return cfg
-
-    def temperature_floor(self, step: int) -> float:
-        """The annealing's floor under q*'s temperature at ``step`` (0 once it has fallen, or when off)."""
-        return self.anneal_from * max(0.0, 1 - step / self.anneal_steps) if self.anneal_steps else 0.0
 
     def active(self, step: int) -> bool:
         return self.mode not in (None, "off") and (self.until_step == 0 or step < self.until_step)
