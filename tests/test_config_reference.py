@@ -22,7 +22,7 @@ def test_every_field_is_listed_with_its_docstring_and_default():
     assert not [name for name, (_, doc) in rows.items() if not doc], "fields without a docstring"
     assert rows["loss.beta"] == ("0.3", "The KL weight after the warm-up.")
     assert rows["io.checkpoint"][0] == "required"
-    assert rows["optim.stop.patience"][0] == "10"  # a nested group is expanded
+    assert rows["optim.stop.patience"][0] == "7"  # a nested group is expanded
     table = script["table"]()
     assert "| `optim.starts` | `None`: 3 discrete, 1 continuous |" in table
     assert "p(k\\|x)" in table  # a pipe inside a cell is escaped

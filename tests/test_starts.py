@@ -1,5 +1,5 @@
-"""A run with several starts trains each for ``start_steps``, goes on from the one whose validation NLL is
-least, and ends bitwise where a single run from that start's seed ends (CPU, one torch thread)."""
+"""A run with several starts trains each for ``start_steps``, goes on from the one whose validation
+reconstruction is least, and ends bitwise where a single run from that start's seed ends (CPU, one torch thread)."""
 
 import json
 from dataclasses import replace

@@ -35,6 +35,8 @@ class DemoPreset:
     """The data (its first setting) and the base model; by default the synthetic jobs' task."""
     cvae_steps: int = OptimConfig.steps
     """CVAE step cap (train's by default)."""
+    cvae_starts: int | None = OptimConfig.starts
+    """Starts each CVAE compares (train's by default)."""
     decode_examples: int = 256
     """Test examples eval decodes per latent value."""
 
@@ -108,7 +110,8 @@ def train_and_eval(prep, weighting: str, run_dir: Path, preset: DemoPreset, seed
     train(TrainConfig(io=IOConfig(checkpoint=str(prep.base), data=str(prep.data), store=str(prep.store),
                                   out=str(run_dir), num_workers=0),
                       cvae=CVAEConfig(k=preset.task.k),
-                      loss=LossConfig(weighting=weighting), optim=OptimConfig(steps=preset.cvae_steps, seed=seed)))
+                      loss=LossConfig(weighting=weighting),
+                      optim=OptimConfig(steps=preset.cvae_steps, starts=preset.cvae_starts, seed=seed)))
     evaluated = run_eval(EvalConfig(run=str(run_dir), data=str(prep.data), split="test",
                                     decode_examples=preset.decode_examples))
     write_eval_md(run_dir, evaluated)

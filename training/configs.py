@@ -117,6 +117,9 @@ class EStepConfig:
     q_weight: float = 0.0
     """lambda of the amortised posterior inside q*: log q* = log p + lambda log q - R / temperature (discrete; 0:
     off), so that the posterior's own reading of (x, y), a linear map of pooled states, shapes the assignment."""
+    seed_steps: int = 0
+    """With ``labelled``: the first steps train the fit on the labelled examples only (seeded EM: the copies learn
+    the labels' code before the unlabelled examples are assigned); 0: off."""
     labelled_weight: float | None = 0.5
     """The share of a batch's fit (reconstruction and distillation) that its labelled examples carry, whatever their
     number, the unlabelled the rest (each example of a part alike); a batch without both is unweighted. None: each

@@ -25,14 +25,15 @@ from dataclasses import asdict, dataclass, replace
 
 @dataclass(frozen=True)
 class StopRule:
-    patience: int = 10
+    patience: int = 7
     """Counted validations without an improvement before the run converges (0: off, the run trains to its cap).
-    At 50 steps a validation: 500 steps. Generous, because a run can sit on a plateau for several validations
-    before z is found (docs/results.md, "Why each default")."""
-    min_delta_objective: float = 0.01
-    """Nats the val objective must fall below its best to count as an improvement."""
-    min_delta_mi: float = 0.01
-    """Nats the MI must rise above its best to count as an improvement."""
+    At 50 steps a validation: 350 steps, because a run can sit on a plateau for several validations before z is
+    found (docs/results.md, "Why each default")."""
+    min_delta_objective: float = 0.02
+    """Nats the val objective must fall below its best to count as an improvement: above the validation's own
+    noise, so that a run that has settled is not kept going by it (docs/results.md, "Why each default")."""
+    min_delta_mi: float = 0.02
+    """Nats the MI must rise above its best to count as an improvement (the same reason)."""
 
     def __post_init__(self):
         if self.patience < 0 or min(self.min_delta_objective, self.min_delta_mi) < 0:

@@ -172,11 +172,13 @@ class OptimConfig:
     """When validation says the run converged (``convergence.py``); read at each periodic validation."""
     starts: int | None = None
     """Initialisations trained ``start_steps`` each (start i of seed s has seed s * starts + i), of which the one
-    whose decoder reconstructs validation best goes on to ``steps`` (``train.run``); None: 3 for a discrete
-    latent, whose values settle on a code early and keep it (a code that merges strategies reconstructs worse);
-    1 for a continuous one, whose merged code reconstructs better, so the comparison would choose it."""
-    start_steps: int = 400
-    """Steps each start trains before they are compared; a run capped at no more has one start."""
+    whose decoder reconstructs validation best (the weighting's reconstruction under q) goes on to ``steps``
+    (``train.run``); None: 3 for a discrete latent, whose values settle on a code early and keep it (a code that
+    merges strategies reconstructs worse); 1 for a continuous one, whose merged code reconstructs better, so the
+    comparison would choose it."""
+    start_steps: int = 200
+    """Steps each start trains before they are compared (its code is set by then); a run capped at no more has one
+    start."""
 
     def __post_init__(self):
         if isinstance(self.stop, dict):
