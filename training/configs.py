@@ -114,9 +114,6 @@ class EStepConfig:
     same ones every step) whose assignment is their label's value (the one-hot of its index in the dataset's
     strategies) instead of q*'s; 0: none. A few labels tie each value to one strategy, which the objective
     alone cannot."""
-    q_weight: float = 0.0
-    """lambda of the amortised posterior inside q*: log q* = log p + lambda log q - R / temperature (discrete; 0:
-    off), so that the posterior's own reading of (x, y), a linear map of pooled states, shapes the assignment."""
     seed_steps: int = 0
     """With ``labelled``: the first steps train the fit on the labelled examples only (seeded EM: the copies learn
     the labels' code before the unlabelled examples are assigned); 0: off."""

@@ -47,8 +47,7 @@ def sinkhorn(log_scores: torch.Tensor, iters: int) -> torch.Tensor:
 
 
 def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float = 0.0,
-               labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL,
-               log_posterior: torch.Tensor | None = None) -> torch.Tensor:
+               labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL) -> torch.Tensor:
     """The E-step's (B, K) weights of the decoder copies, detached: soft q*, its hard argmax, or
     (mode "label") the one-hot of ``labels`` (B,) strategy indices. In the other modes ``labels`` (B,), when
     given, fixes the rows whose index is >= 0 to its one-hot (the labelled examples); -1: q*'s.
@@ -67,14 +66,11 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
             raise ValueError('estep mode "label" needs the batch\'s strategy labels')
         return F.one_hot(labels.to(R.device), R.shape[-1]).to(R.dtype)
     prior = torch.zeros_like(R) if cfg.prior == "uniform" else log_prior.detach()
-    if cfg.q_weight and log_posterior is not None:  # the amortised posterior's reading, (B, K) log q
-        prior = prior + cfg.q_weight * log_posterior.detach()
-    temperature = beta if cfg.follow_beta else cfg.temperature
     if cfg.follow_beta and beta == 0:  # the beta -> 0 limit of p exp(-R / beta): argmin R whatever p
-        temperature, hard, prior = cfg.temperature, True, torch.zeros_like(R)
+        hard, prior = True, torch.zeros_like(R)
     else:
         hard = cfg.mode == "hard"
-    log_q = exact_posterior(R, prior, temperature)
+    log_q = exact_posterior(R, prior, beta if cfg.follow_beta and beta > 0 else cfg.temperature)
     a = batch.rows(sinkhorn(batch.gather(log_q), cfg.balance_iters)) if cfg.balance_iters else log_q.exp()
     if hard:
         a = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)

@@ -95,7 +95,7 @@ def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, c
     z = None if out.z is None else out.z.detach()  # each copy's value: q and p fit it, not move it
     log_p, log_q = latent.log_density(out.prior, z), latent.log_density(out.post, z)  # (B, copies) each
     log_target = log_p - log_q.detach() if latent.sampled else log_p  # the E-step's p, by the proposal
-    a = assignment(R, log_target, cfg, beta, labels, batch, None if latent.sampled else log_q)  # (B, copies)
+    a = assignment(R, log_target, cfg, beta, labels, batch)  # (B, copies)
     share = 1.0 if seeding else cfg.labelled_weight  # seeding: only the labelled examples train the fit
     w = None if labels is None else labelled_weights(labels.to(R.device), share, batch)  # (B,)
     if w is None:
