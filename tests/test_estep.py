@@ -163,9 +163,6 @@ def test_labelled_examples_carry_their_share_of_the_fit_however_few():
     torch.testing.assert_close(w.mean(), torch.tensor(1.0))
     torch.testing.assert_close(labelled_weights(labels, 0.2)[labels >= 0].sum() / 8, torch.tensor(0.2))
     assert labelled_weights(labels, None) is None  # each example alike
-    only = labelled_weights(labels, 1.0)  # seeding: the labelled train alone
-    assert only[0].item() == 8.0 and torch.all(only[1:] == 0)
-    assert torch.equal(labelled_weights(torch.full((8,), -1), 1.0), torch.zeros(8))  # none here: nothing trains
     assert labelled_weights(torch.full((8,), -1), 0.5) is None and labelled_weights(torch.zeros(8), 0.5) is None
     with pytest.raises(ValueError, match="labelled_weight must be a share in"):
         E(labelled_weight=1.0)

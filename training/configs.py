@@ -114,9 +114,6 @@ class EStepConfig:
     same ones every step) whose assignment is their label's value (the one-hot of its index in the dataset's
     strategies) instead of q*'s; 0: none. A few labels tie each value to one strategy, which the objective
     alone cannot."""
-    seed_steps: int = 0
-    """With ``labelled``: the first steps train the fit on the labelled examples only (seeded EM: the copies learn
-    the labels' code before the unlabelled examples are assigned); 0: off."""
     labelled_weight: float | None = 0.5
     """The share of a batch's fit (reconstruction and distillation) that its labelled examples carry, whatever their
     number, the unlabelled the rest (each example of a part alike); a batch without both is unweighted. None: each

@@ -115,15 +115,12 @@ def step_labels(cfg: EStepConfig, strategies, names: tuple[str, ...], keys) -> t
 def labelled_weights(labels: torch.Tensor, share: float | None, batch: GlobalBatch = LOCAL) -> torch.Tensor | None:
     """(B,) weights of the examples in the batch's fit, global-batch mean 1, under which the labelled ones
     (labels >= 0) carry ``share`` of it and the rest 1 - share, each example of a part alike; None (unweighted)
-    where ``share`` is None or the global batch lacks either kind, except at share 1 (only the labelled train),
-    where a batch without labelled examples weighs every row 0. The labelled rows count over the global batch,
+    where ``share`` is None or the global batch lacks either kind. The labelled rows count over the global batch,
     so every rank weighs its rows as one process would."""
     if share is None:
         return None
     labelled = labels >= 0
     n, n_labelled = labelled.numel() * batch.world, int(batch.gather(labelled.float()).sum())
-    if share == 1 and n_labelled == 0:  # only the labelled examples train, and this batch has none
-        return torch.zeros(labels.shape, device=labels.device)
     if n_labelled in (0, n):
         return None
     return torch.where(labelled, share * n / n_labelled, (1 - share) * n / (n - n_labelled))

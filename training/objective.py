@@ -60,8 +60,7 @@ def step_loss(latent, out, b: torch.Tensor, mask: torch.Tensor, loss, estep: ESt
     pi, degenerate = reconstruction_weights(loss.weighting, b, mask, params,
                                             loss.token_weighted_reconstruction_weight, batch)  # (B, T)
     beta, em = loss.beta_at(step), estep.active(step)
-    seeding = bool(estep.labelled) and step < estep.seed_steps
-    obj = (em_objective(latent, out, pi, beta, loss.free_bits, estep, labels, batch, seeding) if em
+    obj = (em_objective(latent, out, pi, beta, loss.free_bits, estep, labels, batch) if em
            else plain_objective(latent, out, pi, beta, loss.free_bits, batch))
     anchor = anchored(latent, out, b, mask, loss.anchor_margin)
     anchor_weight = loss.anchor_weight_at(step)
@@ -80,7 +79,7 @@ def plain_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float
 
 
 def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig,
-                 labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL, seeding: bool = False) -> Objective:
+                 labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL) -> Objective:
     """J_EM = mean_i [sum_c a_ic R_ic + CE(a_i, q_i)] + beta * KL(a || p), a = the E-step's assignment
     (detached): the decoder copies learn from a, the amortised posterior is distilled to a, and the prior fits a
     through beta * KL, which is J's own prior gradient at q = a. The posterior gets no KL gradient: a already
@@ -96,8 +95,7 @@ def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, c
     log_p, log_q = latent.log_density(out.prior, z), latent.log_density(out.post, z)  # (B, copies) each
     log_target = log_p - log_q.detach() if latent.sampled else log_p  # the E-step's p, by the proposal
     a = assignment(R, log_target, cfg, beta, labels, batch)  # (B, copies)
-    share = 1.0 if seeding else cfg.labelled_weight  # seeding: only the labelled examples train the fit
-    w = None if labels is None else labelled_weights(labels.to(R.device), share, batch)  # (B,)
+    w = None if labels is None else labelled_weights(labels.to(R.device), cfg.labelled_weight, batch)  # (B,)
     if w is None:
         fit = assigned_reconstruction(R, a).mean() + distillation(log_q, a).mean()
     else:
