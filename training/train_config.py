@@ -177,8 +177,8 @@ class OptimConfig:
     merges strategies reconstructs worse); 1 for a continuous one, whose merged code reconstructs better, so the
     comparison would choose it."""
     start_steps: int = 200
-    """Steps each start trains before they are compared (its code is set by then); a run capped at no more has one
-    start."""
+    """Steps each start trains before they are compared; a run capped at no more has one start. Longer where z is
+    found slowly (docs/results.md, "The default at a practical cost")."""
 
     def __post_init__(self):
         if isinstance(self.stop, dict):
