@@ -162,7 +162,6 @@ def test_labelled_examples_carry_their_share_of_the_fit_however_few():
     assert w[0].item() == 4.0 and torch.all(w[1:] == 4 / 7)  # half the weight on 1 row, half on 7
     torch.testing.assert_close(w.mean(), torch.tensor(1.0))
     torch.testing.assert_close(labelled_weights(labels, 0.2)[labels >= 0].sum() / 8, torch.tensor(0.2))
-    assert labelled_weights(labels, None) is None  # each example alike
     assert labelled_weights(torch.full((8,), -1), 0.5) is None and labelled_weights(torch.zeros(8), 0.5) is None
     with pytest.raises(ValueError, match="labelled_weight must be a share in"):
         E(labelled_weight=1.0)
@@ -180,10 +179,10 @@ def test_the_labelled_weight_moves_only_a_run_with_labels():
     cfg = E(mode="soft", labelled=0.5)
     none = torch.full((6,), -1)
     plain = em_objective(LATENT, out, pi, 0.3, 0.0, cfg, none).loss
-    assert plain == em_objective(LATENT, out, pi, 0.3, 0.0, replace(cfg, labelled_weight=None), none).loss
+    assert plain == em_objective(LATENT, out, pi, 0.3, 0.0, replace(cfg, labelled_weight=0.2), none).loss
     one = torch.tensor([1, -1, -1, -1, -1, -1])
     weighted = em_objective(LATENT, out, pi, 0.3, 0.0, cfg, one).loss
-    even = em_objective(LATENT, out, pi, 0.3, 0.0, replace(cfg, labelled_weight=None), one).loss
+    even = em_objective(LATENT, out, pi, 0.3, 0.0, replace(cfg, labelled_weight=1 / 6), one).loss
     assert not torch.isclose(weighted, even)
 
 

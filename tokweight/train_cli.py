@@ -48,7 +48,8 @@ FLAGS = (
          "the end of the warm-up (0: off)."),
     Flag("--steps", "optim.steps", "Cap on optimizer steps; the run stops earlier once validation says it converged."),
     Flag("--starts", "optim.starts", "Initialisations trained --start-steps each; the one whose validation "
-         "reconstruction (the weighting's, under q) is least goes on (RUN/starts/, RUN/starts.json).", default="3 for a discrete latent, 1 for a continuous one"),
+         "reconstruction (the weighting's, under q) is least goes on (RUN/starts/, RUN/starts.json).",
+         default="3 for a discrete latent, 1 for a continuous one"),
     Flag("--start-steps", "optim.start_steps", "Steps each start trains before they are compared."),
     Flag("--batch-size", "optim.batch_size", "Per rank."),
     Flag("--lr", "optim.lr", "AdamW learning rate."),

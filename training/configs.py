@@ -114,10 +114,10 @@ class EStepConfig:
     same ones every step) whose assignment is their label's value (the one-hot of its index in the dataset's
     strategies) instead of q*'s; 0: none. A few labels tie each value to one strategy, which the objective
     alone cannot."""
-    labelled_weight: float | None = 0.5
+    labelled_weight: float = 0.5
     """The share of a batch's fit (reconstruction and distillation) that its labelled examples carry, whatever their
-    number, the unlabelled the rest (each example of a part alike); a batch without both is unweighted. None: each
-    example weighs the same, so a few labels are as few in the gradient."""
+    number, the unlabelled the rest (each example of a part alike); a batch without both is unweighted. Set to
+    ``labelled`` itself, each example weighs about the same, and a few labels are as few in the gradient."""
 
     def __post_init__(self):
         if self.mode is not None and self.mode not in ESTEP_MODES:
@@ -126,8 +126,8 @@ class EStepConfig:
             raise ValueError(f"estep prior must be one of {ESTEP_PRIORS}, got {self.prior!r}")
         if not self.temperature > 0 or self.balance_iters < 0 or self.until_step < 0:
             raise ValueError("need temperature > 0, balance_iters >= 0, until_step >= 0")
-        if self.labelled_weight is not None and not 0 < self.labelled_weight < 1:
-            raise ValueError(f"estep labelled_weight must be a share in (0, 1) or None, got {self.labelled_weight}")
+        if not 0 < self.labelled_weight < 1:
+            raise ValueError(f"estep labelled_weight must be a share in (0, 1), got {self.labelled_weight}")
         if not 0 <= self.labelled <= 1 or (self.labelled and self.mode not in (None, "soft", "hard")):
             raise ValueError(f"estep labelled must be a share in [0, 1], and only in mode soft or hard (mode "
                              f"{self.mode!r}, labelled {self.labelled})")

@@ -112,13 +112,11 @@ def step_labels(cfg: EStepConfig, strategies, names: tuple[str, ...], keys) -> t
     return labelled_indices(strategies, names, keys, cfg.labelled)
 
 
-def labelled_weights(labels: torch.Tensor, share: float | None, batch: GlobalBatch = LOCAL) -> torch.Tensor | None:
+def labelled_weights(labels: torch.Tensor, share: float, batch: GlobalBatch = LOCAL) -> torch.Tensor | None:
     """(B,) weights of the examples in the batch's fit, global-batch mean 1, under which the labelled ones
     (labels >= 0) carry ``share`` of it and the rest 1 - share, each example of a part alike; None (unweighted)
-    where ``share`` is None or the global batch lacks either kind. The labelled rows count over the global batch,
-    so every rank weighs its rows as one process would."""
-    if share is None:
-        return None
+    where the global batch lacks either kind. The labelled rows count over the global batch, so every rank weighs
+    its rows as one process would."""
     labelled = labels >= 0
     n, n_labelled = labelled.numel() * batch.world, int(batch.gather(labelled.float()).sum())
     if n_labelled in (0, n):
