@@ -151,15 +151,7 @@ def test_two_ranks_resume_bitwise_and_stop_together(tiny, tiny_store, tmp_path):
                        optim=replace(whole.optim, seed=s)) for s in (6, 7)]
     runs = [whole, replace(part, optim=replace(part.optim, steps=2)), part, stops, starts, *singles]
     torchrun_runs(runs, tmp_path / "runs.json")
-    chosen = json.loads((tmp_path / "starts" / "starts.json").read_text())["seed"]
-    chosen = json.loads((tmp_path / "starts" / "starts.json").read_text())["seed"]
-    for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors"):
-        assert (tmp_path / "part" / "checkpoint" / name).read_bytes() == \
-            (tmp_path / "whole" / "checkpoint" / name).read_bytes(), name
-        assert (tmp_path / "starts" / "checkpoint" / name).read_bytes() == \
-            (tmp_path / f"seed-{chosen}" / "checkpoint" / name).read_bytes(), name
-        assert (tmp_path / "starts" / "checkpoint" / name).read_bytes() == \
-            (tmp_path / f"seed-{chosen}" / "checkpoint" / name).read_bytes(), name
+    resumed_and_chosen_end_bitwise(tmp_path)
     stop = json.loads((tmp_path / "stops" / "metrics.jsonl").read_text().splitlines()[-1])["stop"]
     assert stop["reason"] == "converged" and stop["step"] == 2 and stop["best_step"] == 1  # counted from step 1
 
@@ -250,6 +242,17 @@ def test_every_path_on_two_ranks_equals_one_process(tiny, tiny_store, backbones,
     assert not torch.equal(rng["torch.0"], rng["torch.1"])  # before: every rank drew rank 0's masks
 
 
+def resumed_and_chosen_end_bitwise(root: Path) -> None:
+    """ROOT/part (stopped at 2 and run again) ends bitwise where ROOT/whole ends, and ROOT/starts where the single
+    run from the seed its starts chose (ROOT/seed-S) ends."""
+    chosen = json.loads((root / "starts" / "starts.json").read_text())["seed"]
+    for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors"):
+        assert (root / "part" / "checkpoint" / name).read_bytes() == \
+            (root / "whole" / "checkpoint" / name).read_bytes(), name
+        assert (root / "starts" / "checkpoint" / name).read_bytes() == \
+            (root / f"seed-{chosen}" / "checkpoint" / name).read_bytes(), name
+
+
 def fsdp_resume_runs(tiny, tiny_store, root: Path) -> list[TrainConfig]:
     """FSDP runs: one of 4 steps, one stopped at 2 and run again to 4, and one with two starts of 2 steps (seeds 6
     and 7, each sharded anew) with a single run from each of their seeds."""
@@ -280,9 +283,4 @@ def test_fsdp_on_two_ranks_equals_one_process_writes_the_same_checkpoint_and_res
     states = [json.loads((d / "state.json").read_text()) for d in (one, two)]
     assert states[0]["param_groups"] == states[1]["param_groups"]
     load_run(tmp_path / "default" / "two")
-    chosen = json.loads((tmp_path / "starts" / "starts.json").read_text())["seed"]
-    for name in ("model.safetensors", "optimizer.safetensors", "rng.safetensors"):
-        assert (tmp_path / "part" / "checkpoint" / name).read_bytes() == \
-            (tmp_path / "whole" / "checkpoint" / name).read_bytes(), name
-        assert (tmp_path / "starts" / "checkpoint" / name).read_bytes() == \
-            (tmp_path / f"seed-{chosen}" / "checkpoint" / name).read_bytes(), name
+    resumed_and_chosen_end_bitwise(tmp_path)
