@@ -8,7 +8,10 @@ of a pair, on at least a fifth of its a-or-b decodes each:
 - whether the value chooses by an order of the symbols: a logistic regression of "executes a" on
   one-hot(a(x)[p]) - one-hot(b(x)[p]) at the first position p where the two outputs part (p = 0 unless they
   begin alike), a score per symbol (a when its symbol there scores higher), its accuracy on the held-out half
-  of the inputs (2-fold), and the order of the scores fitted on all of them.
+  of the inputs (2-fold), and the order of the scores fitted on all of them;
+- whether one symbol decides it: the symbol c and the side (taken or avoided) that account for most of its
+  choices on the inputs where a(x) or b(x) has c where the two part, and which strategy it executes on the
+  others (the merges of the K = 4 user-path task: "begin with p whenever one of the two would, else b").
 
 Before those, per value, which strategies its decodes begin like: the share of decodes whose first token, and
 whose first two tokens, equal those of s(x), by the set of strategies s that they match (strategies that begin
@@ -23,7 +26,10 @@ strategies' first tokens for that x (a score per symbol, 2-fold held-out accurac
 strategy's first token accounts for. A fixed preference over symbols is what sort and sort-desc are (the least
 and the greatest symbol first); copy and reverse begin at a position, which no order of the symbols picks.
 
-    python scripts/merge_probe.py RUN DATA [--split test] [--examples 512]
+    python scripts/merge_probe.py RUN DATA [--split test] [--examples 512] [--synth-preset NAME]
+
+``--synth-preset``: DATA was converted from ``scripts/synth_to_jsonl.py --preset NAME`` (the user path), whose
+dataset.json does not hold the generator: s(x) is that preset's.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import argparse
 import json
 import tempfile
 from collections import Counter
+from dataclasses import replace
 from itertools import combinations
 from pathlib import Path
 
@@ -40,7 +47,9 @@ import torch
 from scipy.optimize import minimize
 
 from tokweight.pipeline.backbone import load_backbone, s_nll
+from tokweight.config_files import preset_config, preset_names
 from tokweight.pipeline.labels import load_labels
+from tokweight.pipeline.synth import SynthConfig
 from tokweight.pipeline.templates import collate, template_ids
 from tokweight.training.control import strategy_execution
 from tokweight.training.generate import GenerateConfig, run as generate
@@ -205,6 +214,24 @@ def report_pair(v: int, a: str, b: str, samples, hits, labels, names: list[str],
           f"at {where}); an order of the two symbols where they part predicts which on {accuracy:.3f} of "
           f"held-out inputs ({a} when its symbol there ranks higher: {order}); it executes the one the base finds "
           f"likelier on {np.mean(chose_a == base_prefers_a):.3f}")
+    c, taken, share, n = one_symbol(part_a, part_b, chose_a, len(symbols))
+    rest = (part_a != c) & (part_b != c)
+    name = {i: s for s, i in symbols.items()}[c]
+    print(f"value {v}: one symbol decides: '{name}' {'taken' if taken else 'avoided'} where the two part on "
+          f"{share:.3f} of the {n} inputs where one of them has it; on the other {rest.sum()} it executes "
+          f"{a} on {chose_a[rest].mean() if rest.any() else float('nan'):.2f}")
+
+
+def one_symbol(part_a: np.ndarray, part_b: np.ndarray, chose_a: np.ndarray, n_symbols: int) -> tuple[int, bool, float, int]:
+    """(symbol c, taken, share, n): the symbol and side whose rule "choose the strategy with c where they part
+    (taken), or the other (avoided)" agrees with most choices net of chance, over the n inputs where one has c."""
+    def agreement(c: int, taken: bool) -> tuple[int, int]:
+        has = (part_a == c) | (part_b == c)
+        return int((((part_a == c) == chose_a) == taken)[has].sum()), int(has.sum())
+    c, taken = max(((c, t) for c in range(n_symbols) for t in (True, False)),
+                   key=lambda ct: agreement(*ct)[0] - agreement(*ct)[1] / 2)
+    agree, n = agreement(c, taken)
+    return c, taken, agree / max(n, 1), n
 
 
 def main() -> None:
@@ -213,12 +240,17 @@ def main() -> None:
     ap.add_argument("data", type=Path)
     ap.add_argument("--split", default="test")
     ap.add_argument("--examples", type=int, default=512)
+    ap.add_argument("--synth-preset", choices=preset_names("synth"),
+                    help="DATA came from scripts/synth_to_jsonl.py --preset NAME: s(x) is that preset's")
     args = ap.parse_args()
     torch.set_num_threads(1)  # a small model on a shared machine
     labels = load_labels(args.data)
+    if args.synth_preset is not None:
+        labels = replace(labels, synth=preset_config(SynthConfig, "synth", args.synth_preset))
     if labels.synth is None:
         raise SystemExit(f"{args.data}/dataset.json: not a tokweight synth dataset; the probe needs s(x) for "
-                         f"every strategy s (run it on data made by `tokweight synth`)")
+                         f"every strategy s (run it on data made by `tokweight synth`, or name the synth_to_jsonl preset with "
+                         f"--synth-preset)")
     samples = load_split(args.data, args.split)[: args.examples]
     decodes = decode_every_value(args.run, args.data, args.split, samples)
     execution, hits = strategy_execution(samples, decodes, labels)

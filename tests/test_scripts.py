@@ -64,6 +64,21 @@ def test_merge_probe_tells_a_symbol_order_from_a_position():
     assert probe["first_token_order"](cands, cands[:, 0], 16) < 0.5
 
 
+def test_merge_probe_finds_the_one_symbol_that_decides_a_merge():
+    """A value that takes symbol 15 whenever one of its pair begins with it, else executes b: the rule is found
+    with its side and share; its partner that avoids 15 is found as avoiding it; a coin is at chance."""
+    probe = runpy.run_path(str(SCRIPTS[0].parent / "merge_probe.py"))
+    rng = np.random.default_rng(0)
+    first_a, first_b = rng.integers(0, 16, 600), rng.integers(0, 16, 600)
+    keep = first_a != first_b
+    first_a, first_b = first_a[keep], first_b[keep]
+    takes = first_a == 15  # a where a begins with 15; b where b does, and on the inputs where neither does
+    assert probe["one_symbol"](first_a, first_b, takes, 16)[:3] == (15, True, 1.0)
+    assert probe["one_symbol"](first_a, first_b, ~takes, 16)[:3] == (15, False, 1.0)
+    c, _, share, n = probe["one_symbol"](first_a, first_b, rng.random(len(first_a)) < 0.5, 16)
+    assert n == ((first_a == c) | (first_b == c)).sum() and share < 0.75
+
+
 def test_merge_probe_counts_what_each_value_begins_like():
     """copy and evens-odds both begin with x[0] and part at the second token: a value that decodes one or the
     other per input begins like both on its first token, like one of them on its first two."""
