@@ -323,25 +323,25 @@ class HFBackbone(nn.Module):
 
     def hidden(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
                ln_cond: torch.Tensor | None = None, prefix: SharedPrefix | None = None,
-               memory: torch.Tensor | None = None) -> torch.Tensor:
+               memory: torch.Tensor | None = None, query: torch.Tensor | None = None) -> torch.Tensor:
         """(B, L) ids (or their (B, L, d) embeddings ``tok_emb``) -> (B, L, d) final hidden states.
         Right-padded batches need no attention mask: attention is causal, padding comes last. With a
         ``prefix`` (``self.prefix``), the L tokens continue it: its cache, a mask of the prefix positions
         each row sees, and positions from the row's prefix length. With a ``memory`` (``GPT.hidden``),
         they continue a cache holding its one position per layer (``memory_cache``), positions from 0."""
         if prefix is not None or memory is not None:
-            return self.extend(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory)[0]
-        self._check(idx, ln_cond)
+            return self.extend(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory, query=query)[0]
+        self._check(idx, ln_cond, query)
         inputs = {"inputs_embeds": tok_emb} if tok_emb is not None else {"input_ids": idx}
         return self.model.base_model(**inputs, use_cache=False).last_hidden_state
 
     def extend(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
-               prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, SharedPrefix]:
+               prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None,
+               query: torch.Tensor | None = None) -> tuple[torch.Tensor, SharedPrefix]:
         """``hidden``'s (B, L, d) states, and the prefix a next token continues (``GPT.extend``): a
         ``DynamicCache`` of what idx continued (a copy of ``prefix``'s, a ``memory``'s one position, or an empty
         one), which the forward grows by idx's own L, with the mask of the positions each row sees."""
-        self._check(idx, ln_cond)
+        self._check(idx, ln_cond, query)
         B, L = idx.shape
         before = continues(prefix, memory, B, idx.device)
         cache = self._cache(before, memory)
@@ -353,10 +353,11 @@ class HFBackbone(nn.Module):
                                        ).last_hidden_state
         return hidden, before.continued(HFCache(cache), L)
 
-    def _check(self, idx: torch.Tensor, ln_cond: torch.Tensor | None) -> None:
-        if ln_cond is not None:
-            raise ValueError(f"the layernorm z pathway is not available on a {self.cfg.model_type!r} Hugging Face "
-                             "backbone; use --cond token, prefix or memory")
+    def _check(self, idx: torch.Tensor, ln_cond: torch.Tensor | None, query: torch.Tensor | None = None) -> None:
+        for name, given in (("layernorm", ln_cond), ("query", query)):
+            if given is not None:
+                raise ValueError(f"the {name} z pathway is not available on a {self.cfg.model_type!r} Hugging Face "
+                                 "backbone; use --cond token, prefix or memory")
         if idx.shape[1] > self.cfg.block_size:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds the model's context of {self.cfg.block_size}")
 
@@ -391,9 +392,9 @@ class HFBackbone(nn.Module):
         return F.linear(hidden, out.weight[ids], None if out.bias is None else out.bias[ids])
 
     def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
-                prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory)
+                prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None,
+                query: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory, query=query)
         return self.head(hidden), hidden
 
     def grow_vocab(self, n: int) -> None:

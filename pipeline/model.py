@@ -163,12 +163,16 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, past: tuple | None = None, past_valid: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, past: tuple | None = None, past_valid: torch.Tensor | None = None,
+                query: torch.Tensor | None = None):
         """x (B, L, d) -> (B, L, d) and this call's (keys, values), each (B, n_head, L, d_head).
-        ``past``: a prefix's (keys, values) that x continues, ``past_valid`` (B, P) its positions each row sees."""
+        ``past``: a prefix's (keys, values) that x continues, ``past_valid`` (B, P) its positions each row sees.
+        ``query``: (B, n_head, d_head) added to every position's query (where it reads, not what it writes)."""
         B, L, d = x.shape
         q, k, v = self.c_attn(x).split(d, dim=2)
         q, k, v = (t.view(B, L, self.n_head, d // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if query is not None:
+            q = q + query[:, :, None, :].to(q.dtype)
         dropout = self.dropout if self.training else 0.0
         if past is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
@@ -200,9 +204,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, cond_1=None, cond_2=None, past=None, past_valid=None):
+    def forward(self, x, cond_1=None, cond_2=None, past=None, past_valid=None, query=None):
         """-> (B, L, d) and the attention's (keys, values)."""
-        a, kv = self.attn(_modulate(self.ln_1(x), cond_1), past, past_valid)
+        a, kv = self.attn(_modulate(self.ln_1(x), cond_1), past, past_valid, query)
         x = x + self.drop(a)
         return x + self.mlp(_modulate(self.ln_2(x), cond_2)), kv
 
@@ -254,7 +258,7 @@ class GPT(nn.Module):
         return ([None] * self.cfg.n_layer, None) if prefix is None else (prefix.cache.layers, prefix.valid)
 
     def _blocks(self, idx, tok_emb, ln_cond, prefix: SharedPrefix | None,
-                memory: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
+                memory: torch.Tensor | None = None, query: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
         """(B, L, d) final hidden states and every layer's (keys, values)."""
         L = idx.shape[1]
         if L > self.cfg.block_size:
@@ -262,18 +266,19 @@ class GPT(nn.Module):
         x = self.embed(idx) if tok_emb is None else tok_emb
         x = self.drop(x + self.wpe(suffix_positions(prefix, L, self.cfg.block_size, idx.device)))
         conds = [None] * self.cfg.n_layernorms if ln_cond is None else ln_cond.unbind(1)
+        queries = [None] * self.cfg.n_layer if query is None else query.unbind(1)
         past, valid = self._past(prefix, memory)
         kvs = []
         recompute = self.checkpointing and torch.is_grad_enabled()
         for i, block in enumerate(self.h):
-            args = (x, conds[2 * i], conds[2 * i + 1], past[i], valid)
+            args = (x, conds[2 * i], conds[2 * i + 1], past[i], valid, queries[i])
             x, kv = checkpoint(block, *args, use_reentrant=False) if recompute else block(*args)
             kvs.append(kv)
         return _modulate(self.ln_f(x), conds[-1]), kvs
 
     def hidden(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
                ln_cond: torch.Tensor | None = None, prefix: SharedPrefix | None = None,
-               memory: torch.Tensor | None = None) -> torch.Tensor:
+               memory: torch.Tensor | None = None, query: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, L) -> final hidden states (B, L, d), after the last LayerNorm.
 
         tok_emb: (B, L, d) replaces `embed(idx)` when given.
@@ -281,16 +286,18 @@ class GPT(nn.Module):
         prefix:  a ``SharedPrefix`` of B rows that idx continues (positions from ``prefix.start``).
         memory:  (B, layers, 2, heads, head_dim) (``memory_shape``): per layer one key and one value that
                  every position attends to; the tokens' positions still start at 0.
+        query:   (B, layers, heads, head_dim) (``memory_shape`` less the 2): per layer and head an offset of every
+                 position's query.
         """
-        return self._blocks(idx, tok_emb, ln_cond, prefix, memory)[0]
+        return self._blocks(idx, tok_emb, ln_cond, prefix, memory, query)[0]
 
     def extend(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
-               prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, SharedPrefix]:
+               prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None,
+               query: torch.Tensor | None = None) -> tuple[torch.Tensor, SharedPrefix]:
         """``hidden``'s (B, L, d) states, and the prefix a next token continues: the keys and values idx continued
         (``prefix``'s, a ``memory``'s one position, or none) followed by idx's own L. Decoding runs the prompt
         through it once, then each new token against what the last call returned (``training.decode``)."""
-        hidden, own = self._blocks(idx, tok_emb, ln_cond, prefix, memory)
+        hidden, own = self._blocks(idx, tok_emb, ln_cond, prefix, memory, query)
         past, _ = self._past(prefix, memory)
         layers = [kv if p is None else (torch.cat([p[0], kv[0]], 2), torch.cat([p[1], kv[1]], 2))
                   for p, kv in zip(past, own)]  # per layer (keys, values), each (B, n_head, P + L, d_head)
@@ -307,8 +314,8 @@ class GPT(nn.Module):
         return hidden @ weight.T
 
     def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
-                prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None,
+                query: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """idx (B, L) -> logits (B, L, V) and final hidden states (B, L, d); see ``hidden``."""
-        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory)
+        hidden = self.hidden(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory, query=query)
         return self.head(hidden), hidden

@@ -96,6 +96,7 @@ LAST = dict(posterior_pool="last")  # the brute force's posterior reads the stat
 
 @pytest.mark.parametrize("cfg", [CVAEConfig(k=3, cond="token", **LAST), CVAEConfig(k=2, cond="prefix", slots=2, **LAST),
                                  CVAEConfig(k=3, cond="layernorm", **LAST), CVAEConfig(k=3, cond="memory", **LAST),
+                                 CVAEConfig(k=3, cond="query", **LAST),
                                  CVAEConfig(latent="continuous", z_dim=3, cond="token", **LAST),
                                  CVAEConfig(latent="continuous", z_dim=2, cond="prefix", slots=3, **LAST),
                                  CVAEConfig(latent="continuous", z_dim=2, cond="memory", **LAST)])

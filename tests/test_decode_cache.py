@@ -1,7 +1,7 @@
 """Decoding with a key/value cache gives the tokens of recomputing every position at every step.
 
 The reference is ``decode_ids(..., cached=False)`` (``continue_until`` over the whole sequence each step). Every z
-pathway (token, prefix, layernorm, memory), both latents (discrete; continuous at given centres), greedy and
+pathway (token, prefix, layernorm, memory, query), both latents (discrete; continuous at given centres), greedy and
 seeded sampling, the built-in GPT and Hugging Face GPT-2 and Llama built from a config, and a chat-template
 checkpoint (Qwen2). Each decode runs to the end of the context or to an end token that some rows reach before
 others; z is made strong enough that the decodes under different latent values differ, so a pathway the cache
@@ -32,7 +32,7 @@ VOCAB = Vocab(tuple("abcdefgh"), k_max=4)
 XS = [("a", "b"), ("c",), ("d", "e", "f"), ("a", "c"), ("b", "b", "b")]  # 3 lengths: 3 groups
 BLOCK = 20  # decodes run to the end of this context (max_new None) unless an end token stops them
 PATHWAYS = {"token": dict(cond="token"), "prefix": dict(cond="prefix", slots=3),
-            "layernorm": dict(cond="layernorm"), "memory": dict(cond="memory")}
+            "layernorm": dict(cond="layernorm"), "memory": dict(cond="memory"), "query": dict(cond="query")}
 LATENTS = {"discrete": dict(latent="discrete", k=4), "continuous": dict(latent="continuous", z_dim=2)}
 CENTRES = np.array([[1.5, -1.0], [-2.0, 0.5], [0.0, 2.0]], np.float32)  # a continuous latent's 3 values
 TEMPERATURES = (0.0, 1.0)  # greedy, sampling from a seed
@@ -63,7 +63,7 @@ def strong_z(model, seed: int = 0) -> None:
     generator = torch.Generator().manual_seed(seed)
     cond = model.conditioning
     with torch.no_grad():
-        for lin in filter(None, (cond.slot_proj, cond.ln_proj, cond.memory_proj)):
+        for lin in filter(None, (cond.slot_proj, cond.ln_proj, cond.memory_proj, cond.query_proj)):
             lin.weight.copy_(torch.randn(lin.weight.shape, generator=generator))
     if model.latent.kind == "discrete":
         spread_latent_embeddings(model.backbone, model.latent.latent_ids.tolist(), 3.0, generator)
@@ -110,8 +110,8 @@ def assert_cached_is_the_reference(model, vocab, xs, temperature: float, max_new
 @pytest.mark.parametrize("pathway", PATHWAYS)
 @pytest.mark.parametrize("kind", ["gpt", "gpt2", "llama"])
 def test_the_cached_decode_gives_the_reference_tokens(kind, pathway, latent, temperature):
-    if kind != "gpt" and pathway == "layernorm":
-        pytest.skip("a Hugging Face backbone has no layernorm pathway")
+    if kind != "gpt" and pathway in ("layernorm", "query"):
+        pytest.skip(f"a Hugging Face backbone has no {pathway} pathway")
     model, vocab = cvae(backbone(kind), VOCAB, pathway, latent)
     assert_cached_is_the_reference(model, vocab, XS, temperature)
 

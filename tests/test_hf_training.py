@@ -80,3 +80,9 @@ def test_the_layernorm_pathway_is_refused_naming_the_architecture(tiny, hf_check
     cfg = config(tiny, hf_checkpoints["llama"], hf_stores["llama"], tmp_path / "run", cvae=CVAEConfig(cond="layernorm"))
     with pytest.raises(ValueError, match="the 'llama' backbone has none: use --cond token, prefix or memory"):
         run(cfg)
+
+
+def test_the_query_pathway_is_refused_naming_the_architecture(tiny, hf_checkpoints, hf_stores, tmp_path):
+    cfg = config(tiny, hf_checkpoints["llama"], hf_stores["llama"], tmp_path / "run", cvae=CVAEConfig(cond="query"))
+    with pytest.raises(ValueError, match="the 'llama' backbone has no such hook: use --cond token, prefix or memory"):
+        run(cfg)

@@ -27,8 +27,9 @@ CONFIGS = [CVAEConfig(k=4, cond="token"), CVAEConfig(k=3, cond="prefix", slots=4
            CVAEConfig(k=2, cond="layernorm"), CVAEConfig(latent="continuous", z_dim=3, cond="token"),
            CVAEConfig(latent="continuous", z_dim=2, cond="prefix", slots=3),
            CVAEConfig(k=3, posterior_pool="mean"), CVAEConfig(k=2, posterior_pool="last"),
-           CVAEConfig(k=3, cond="memory"), CVAEConfig(latent="continuous", z_dim=2, cond="memory")]
-REACH_PREFIX = ("layernorm", "memory")  # z pathways that reach the prefix: it is not shared
+           CVAEConfig(k=3, cond="memory"), CVAEConfig(latent="continuous", z_dim=2, cond="memory"),
+           CVAEConfig(k=3, cond="query")]
+REACH_PREFIX = ("layernorm", "memory", "query")  # z pathways that reach the prefix: it is not shared
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor, name: str = "") -> None:
@@ -58,7 +59,7 @@ def step(model, batch, b, share: bool) -> tuple:
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.latent}-{c.cond}{c.slots}-{c.posterior_pool}-"
                                                       f"init{c.latent_init_norm}")
 def test_shared_prefix_equals_full_passes(kind, cfg):
-    if kind != "gpt" and cfg.cond == "layernorm":
+    if kind != "gpt" and cfg.cond in ("layernorm", "query"):
         pytest.skip("refused on a Hugging Face backbone (tests/test_hf_training.py)")
     model = build_cvae(backbone(kind), VOCAB, cfg).eval()  # no dropout (GPT-2's default is 0.1); grads flow
     for p in model.parameters():  # larger random weights, so that z visibly matters

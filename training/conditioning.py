@@ -17,7 +17,11 @@
                  identity); the tokens' positions start at 0 as without the memory. Its projection starts
                  at the scale of the backbone's own keys and values (``Conditioning.init_memory``).
 
-``layernorm`` and ``memory`` reach the positions before ``<z>`` too (``modulates_prefix``), so the
+- ``query``:     z as an offset of every position's query, per layer and head: z moves where the decoder reads
+                 and writes nothing of its own (the slot keeps its fixed placeholder). Its projection starts
+                 at the scale of the backbone's keys (``Conditioning.init_memory``). Built-in backbone only.
+
+``layernorm``, ``memory`` and ``query`` reach the positions before ``<z>`` too (``modulates_prefix``), so the
 prior is then read from an unconditioned pass over the prefix, and the prefix is not shared.
 """
 
@@ -46,7 +50,8 @@ class Conditioning(nn.Module):
         self.slot_proj = nn.Linear(features, slots * d_model) if continuous and self.writes_slots else None
         self.ln_proj = nn.Linear(features, n_layernorms * 2 * d_model) if mode == "layernorm" else None
         self.memory_proj = nn.Linear(features, 2 * math.prod(memory_shape)) if mode == "memory" else None
-        for lin in filter(None, (self.slot_proj, self.ln_proj, self.memory_proj)):  # GPT-2's embedding scale
+        self.query_proj = nn.Linear(features, math.prod(memory_shape)) if mode == "query" else None
+        for lin in filter(None, (self.slot_proj, self.ln_proj, self.memory_proj, self.query_proj)):  # GPT-2's scale
             nn.init.normal_(lin.weight, std=0.02)
             nn.init.zeros_(lin.bias)
 
@@ -58,16 +63,22 @@ class Conditioning(nn.Module):
 
         Why: started at GPT-2's std 0.02 the memory stays far below a token's keys and values for hundreds of
         steps (AdamW moves a weight by about lr a step), and z is not found (docs/results.md, "The z pathways").
+
+        The query pathway's offsets start the same way from the keys' spread (a query's own scale), about a mean
+        of 0: the base's own queries plus a random direction per value.
         """
+        proj = self.memory_proj if self.memory_proj is not None else self.query_proj
+        if proj is self.query_proj:
+            mean, spread = torch.zeros_like(mean[:, :1]), spread[:, :1]  # (layers, 1, heads, ...): the keys'
         layers, heads, head_dim = self.memory_shape
-        features = self.memory_proj.in_features
-        directions = torch.randn(layers, 2, heads, head_dim, features, generator=generator, dtype=torch.float64,
-                                 device="cpu")
+        features = proj.in_features
+        directions = torch.randn(layers, mean.shape[1], heads, head_dim, features, generator=generator,
+                                 dtype=torch.float64, device="cpu")
         directions = directions / directions.norm(dim=3, keepdim=True)
         column_norm = spread.double().cpu() / (math.sqrt(features) if self.continuous else 1.0)
         with torch.no_grad():
-            self.memory_proj.weight.copy_((directions * column_norm[..., None, None]).reshape(-1, features))
-            self.memory_proj.bias.copy_(mean.reshape(-1))
+            proj.weight.copy_((directions * column_norm[..., None, None]).reshape(-1, features))
+            proj.bias.copy_(mean.reshape(-1))
 
     def init_slots(self, mean_row: torch.Tensor, norm: float, generator: torch.Generator) -> None:
         """Start a continuous z's slots where the discrete latent's centred rows start: at the checkpoint's mean
@@ -90,12 +101,12 @@ class Conditioning(nn.Module):
 
     @property
     def writes_slots(self) -> bool:
-        return self.mode != "memory"
+        return self.mode not in ("memory", "query")
 
     @property
     def modulates_prefix(self) -> bool:
         """z reaches the positions before its slots too."""
-        return self.ln_proj is not None or self.memory_proj is not None
+        return self.ln_proj is not None or self.memory_proj is not None or self.query_proj is not None
 
     def decoder_inputs(self, backbone, ids: torch.Tensor, slot_pos: torch.Tensor, z: torch.Tensor,
                        slot_ids: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
@@ -115,6 +126,8 @@ class Conditioning(nn.Module):
         if self.memory_proj is not None:
             layers, heads, head_dim = self.memory_shape
             kwargs["memory"] = self.memory_proj(z).view(N, layers, 2, heads, head_dim)
+        if self.query_proj is not None:
+            kwargs["query"] = self.query_proj(z).view(N, *self.memory_shape)
         return ids, kwargs
 
 

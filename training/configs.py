@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 
 from tokweight.training.losses import WEIGHTINGS
 
-COND_MODES = ("token", "prefix", "layernorm", "memory")
+COND_MODES = ("token", "prefix", "layernorm", "memory", "query")
 """z pathways (``conditioning.py``)."""
 ESTEP_MODES = ("off", "soft", "hard", "label")
 ESTEP_PRIORS = ("uniform", "learned")
@@ -38,7 +38,8 @@ class CVAEConfig:
     """Continuous prior: "learned" (conditional, from the decoder at <z>) or "standard" N(0, I)."""
     cond: str = "prefix"
     """z pathway: "token" (one slot), "prefix" (``slots`` slots), "layernorm" (one slot + LayerNorm modulation)
-    or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder). One slot
+    or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder) or "query" (z
+    as an offset of every query, per layer and head: where the decoder reads; built-in backbone only). One slot
     is a bottleneck the decoder's response to z does not grow through (docs/results.md, "The z pathways")."""
     slots: int | None = None
     """Latent slots of the z-conditioned template (prefix only; 1 otherwise); None: 4 for the prefix."""

@@ -159,6 +159,9 @@ def check_backbone(backbone, cfg: CVAEConfig) -> None:
     if cfg.cond == "layernorm" and not backbone.cfg.n_layernorms:
         raise ValueError(f"the layernorm z pathway needs a backbone whose LayerNorms it can modulate; the {kind!r} "
                          "backbone has none: use --cond token, prefix or memory")
+    if cfg.cond == "query" and not isinstance(backbone, GPT):
+        raise ValueError(f"the query z pathway offsets the built-in backbone's queries; the {kind!r} backbone has "
+                         "no such hook: use --cond token, prefix or memory")
 
 
 def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:

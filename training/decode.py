@@ -68,14 +68,14 @@ def continue_until(next_logits, prefix: torch.Tensor, end: int, max_new: int, pi
 @torch.no_grad()
 def continue_cached(backbone, prefix: torch.Tensor, end: int, max_new: int, pick: Pick = greedy, *,
                     tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
-                    memory: torch.Tensor | None = None) -> torch.Tensor:
+                    memory: torch.Tensor | None = None, query: torch.Tensor | None = None) -> torch.Tensor:
     """``continue_until`` over ``backbone.hidden(ids, tok_emb=, ln_cond=, memory=)`` with a key/value cache: the
     prompt ``prefix`` (N, L) runs once (``tok_emb`` (N, L, d) its embeddings, a ``memory`` the cache's first
     position), then each new token one position against the cache, which grows by it (``backbone.extend``);
-    ``ln_cond`` modulates every position. The same tokens as recomputing every position at every step."""
+    ``ln_cond`` and ``query`` modulate every position. The same tokens as recomputing every position at every step."""
     if max_new < 1:
         return prefix
-    hidden, past = backbone.extend(prefix, tok_emb=tok_emb, ln_cond=ln_cond, memory=memory)
+    hidden, past = backbone.extend(prefix, tok_emb=tok_emb, ln_cond=ln_cond, memory=memory, query=query)
     out, done = [prefix], torch.zeros(len(prefix), dtype=torch.bool, device=prefix.device)
     for step in range(max_new):
         nxt = pick(backbone.head(hidden[:, -1]))  # (N,)
@@ -83,7 +83,7 @@ def continue_cached(backbone, prefix: torch.Tensor, end: int, max_new: int, pick
         done |= nxt == end
         if step == max_new - 1 or done.all():
             break
-        hidden, past = backbone.extend(nxt[:, None], ln_cond=ln_cond, prefix=past)  # (N, 1, d)
+        hidden, past = backbone.extend(nxt[:, None], ln_cond=ln_cond, prefix=past, query=query)  # (N, 1, d)
     return torch.cat(out, 1)
 
 

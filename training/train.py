@@ -190,7 +190,7 @@ def init_memory(model: CVAE, stream: TrainStream, ranks: GlobalBatch, device: to
     positions (the tokens before <z>) of the first global batch (``Conditioning.init_memory``): each rank measures
     its own rows where the model is, and the ranks pool their measurements (on ``device``, where their collectives
     run), so that every rank starts from the one-process measurement."""
-    if model.conditioning.memory_proj is None:
+    if model.conditioning.memory_proj is None and model.conditioning.query_proj is None:
         return
     home = next(model.parameters()).device
     batch = next(stream.batches(0)).to(home)
