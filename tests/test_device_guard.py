@@ -70,10 +70,11 @@ def train_config(data, ckpt, out, store=None, steps=3, **groups):
 
 
 @pytest.mark.parametrize("cvae", [CVAEConfig(), CVAEConfig(cond="token", slots=1), CVAEConfig(cond="memory", slots=1),
-                                  CVAEConfig(cond="layernorm", slots=1),
+                                  CVAEConfig(cond="layernorm", slots=1), CVAEConfig(cond="query", slots=1),
                                   CVAEConfig(latent="continuous", z_dim=2),
                                   CVAEConfig(latent="continuous", z_dim=2, cond="memory", slots=1)],
-                         ids=["discrete-prefix", "token", "memory", "layernorm", "continuous", "continuous-memory"])
+                         ids=["discrete-prefix", "token", "memory", "layernorm", "query", "continuous",
+                              "continuous-memory"])
 def test_train_under_the_guard(tiny, tiny_store, tmp_path, cvae):
     data, ckpt = tiny
     with HostTensors():
