@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import json
 import re
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -280,6 +281,20 @@ class HFCache:
         return HFCache(cache)
 
 
+QUERY_SITES = {"q_proj": "queries alone", "c_attn": "GPT-2: queries, keys, values", "qkv_proj": "Phi-3: the same"}
+"""Names of the modules whose outputs begin with a layer's queries (``HFBackbone.query_sites``)."""
+
+
+def add_query_offset(module: nn.Module, args, out: torch.Tensor) -> torch.Tensor | None:
+    """Forward hook: the module's ``query_offset`` (B, 1, width), if set, added to the first ``width`` features of
+    its output (its queries)."""
+    offset = getattr(module, "query_offset", None)
+    if offset is None:
+        return None
+    offset, width = offset.to(out.dtype), offset.shape[-1]
+    return out + offset if out.shape[-1] == width else torch.cat([out[..., :width] + offset, out[..., width:]], -1)
+
+
 class HFBackbone(nn.Module):
     """An ``AutoModelForCausalLM`` behind the built-in GPT's interface: ``hidden``, ``extend`` (decoding's
     growing cache), ``head``, ``forward`` -> (logits, hidden), ``embed`` and ``wte`` (the input embedding)."""
@@ -321,6 +336,48 @@ class HFBackbone(nn.Module):
         return (c.num_hidden_layers, getattr(c, "num_key_value_heads", None) or heads,
                 getattr(c, "head_dim", None) or c.hidden_size // heads)
 
+    @property
+    def query_shape(self) -> tuple[int, int, int]:
+        """(layers, query heads, head dim) of the query pathway's offsets (GQA: more query heads than key/value
+        heads)."""
+        layers, _, head_dim = self.memory_shape
+        return layers, self.model.config.get_text_config(decoder=True).num_attention_heads, head_dim
+
+    def query_sites(self) -> list[nn.Module]:
+        """Per layer the module whose output begins with that layer's queries, before any RoPE: a ``q_proj``, or
+        a fused projection whose first third is the queries (GPT-2's ``c_attn``, Phi-3's ``qkv_proj``). Refused,
+        naming the architecture, where there is no such module per layer."""
+        sites = [m for name, m in self.model.named_modules() if name.rsplit(".", 1)[-1] in QUERY_SITES]
+        if len(sites) != self.query_shape[0]:
+            raise ValueError(f"the query z pathway finds no query projection per layer in the {self.cfg.model_type!r} "
+                             f"backbone (modules named {sorted(QUERY_SITES)}): use --cond token, prefix or memory")
+        return sites
+
+    @contextmanager
+    def _queries(self, query: torch.Tensor | None):
+        """The query pathway's offsets (B, layers, heads, head dim) added, while the block runs, to each layer's
+        query projection by a forward hook (``add_query_offset``, registered once per module; the offset rides on
+        the module, so a copy of the backbone reads its own). With RoPE the offset is rotated with the query, so
+        it prefers keys at a relative position where the built-in backbone's prefers absolute ones. transformers'
+        gradient checkpointing reruns the layers in the backward, outside this block: refused."""
+        if query is None:
+            yield
+            return
+        if self.checkpointing:
+            raise ValueError("the query z pathway adds z in a hook that transformers' gradient checkpointing would "
+                             "rerun without it: train without --grad-checkpointing, or use --cond token or prefix")
+        sites = self.query_sites()
+        for layer, site in enumerate(sites):
+            if not getattr(site, "query_hooked", False):
+                site.register_forward_hook(add_query_offset)
+                site.query_hooked = True
+            site.query_offset = query[:, layer].reshape(len(query), 1, -1)  # (B, 1, heads * head dim)
+        try:
+            yield
+        finally:
+            for site in sites:
+                site.query_offset = None
+
     def hidden(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None,
                ln_cond: torch.Tensor | None = None, prefix: SharedPrefix | None = None,
                memory: torch.Tensor | None = None, query: torch.Tensor | None = None) -> torch.Tensor:
@@ -328,12 +385,14 @@ class HFBackbone(nn.Module):
         Right-padded batches need no attention mask: attention is causal, padding comes last. With a
         ``prefix`` (``self.prefix``), the L tokens continue it: its cache, a mask of the prefix positions
         each row sees, and positions from the row's prefix length. With a ``memory`` (``GPT.hidden``),
-        they continue a cache holding its one position per layer (``memory_cache``), positions from 0."""
+        they continue a cache holding its one position per layer (``memory_cache``), positions from 0.
+        With a ``query`` (``GPT.hidden``), each layer's queries are offset (``_queries``)."""
         if prefix is not None or memory is not None:
             return self.extend(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory, query=query)[0]
-        self._check(idx, ln_cond, query)
+        self._check(idx, ln_cond)
         inputs = {"inputs_embeds": tok_emb} if tok_emb is not None else {"input_ids": idx}
-        return self.model.base_model(**inputs, use_cache=False).last_hidden_state
+        with self._queries(query):
+            return self.model.base_model(**inputs, use_cache=False).last_hidden_state
 
     def extend(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
                prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None,
@@ -341,23 +400,24 @@ class HFBackbone(nn.Module):
         """``hidden``'s (B, L, d) states, and the prefix a next token continues (``GPT.extend``): a
         ``DynamicCache`` of what idx continued (a copy of ``prefix``'s, a ``memory``'s one position, or an empty
         one), which the forward grows by idx's own L, with the mask of the positions each row sees."""
-        self._check(idx, ln_cond, query)
+        self._check(idx, ln_cond)
         B, L = idx.shape
         before = continues(prefix, memory, B, idx.device)
         cache = self._cache(before, memory)
         inputs = {"inputs_embeds": tok_emb} if tok_emb is not None else {"input_ids": idx}
         inputs[self.cache_kwarg] = cache
         own = torch.ones(B, L, dtype=torch.long, device=idx.device)
-        hidden = self.model.base_model(**inputs, use_cache=True, attention_mask=torch.cat([before.valid.long(), own], 1),
-                                       position_ids=suffix_positions(before, L, self.cfg.block_size, idx.device)
-                                       ).last_hidden_state
+        with self._queries(query):
+            hidden = self.model.base_model(**inputs, use_cache=True,
+                                           attention_mask=torch.cat([before.valid.long(), own], 1),
+                                           position_ids=suffix_positions(before, L, self.cfg.block_size, idx.device)
+                                           ).last_hidden_state
         return hidden, before.continued(HFCache(cache), L)
 
-    def _check(self, idx: torch.Tensor, ln_cond: torch.Tensor | None, query: torch.Tensor | None = None) -> None:
-        for name, given in (("layernorm", ln_cond), ("query", query)):
-            if given is not None:
-                raise ValueError(f"the {name} z pathway is not available on a {self.cfg.model_type!r} Hugging Face "
-                                 "backbone; use --cond token, prefix or memory")
+    def _check(self, idx: torch.Tensor, ln_cond: torch.Tensor | None) -> None:
+        if ln_cond is not None:
+            raise ValueError(f"the layernorm z pathway is not available on a {self.cfg.model_type!r} Hugging Face "
+                             "backbone; use --cond token, prefix or memory")
         if idx.shape[1] > self.cfg.block_size:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds the model's context of {self.cfg.block_size}")
 

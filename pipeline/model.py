@@ -251,6 +251,11 @@ class GPT(nn.Module):
         """(layers, key/value heads, head dim) of a ``memory``: one key and one value per layer and head."""
         return self.cfg.n_layer, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head
 
+    @property
+    def query_shape(self) -> tuple[int, int, int]:
+        """(layers, heads, head dim) of the query pathway's offsets: one per layer and head."""
+        return self.memory_shape
+
     def _past(self, prefix: SharedPrefix | None, memory: torch.Tensor | None) -> tuple[list, torch.Tensor | None]:
         """Per layer the (keys, values) the sequences continue, and the (N, P) positions of them each row sees."""
         if memory is not None:

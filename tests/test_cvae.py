@@ -46,6 +46,8 @@ def beyond_slots(cond, z: torch.Tensor) -> dict:
         return {"ln_cond": cond.ln_proj(z).view(1, -1, 2, 16)}
     if cond.memory_proj is not None:
         return {"memory": cond.memory_proj(z).view(1, 2, 2, 2, 8)}  # 2 layers, keys and values, 2 heads of 8
+    if cond.query_proj is not None:
+        return {"query": cond.query_proj(z).view(1, 2, 2, 8)}  # 2 layers, 2 heads of 8
     return {}
 
 

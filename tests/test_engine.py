@@ -36,6 +36,8 @@ PATHS = {  # name: (backbone, TrainConfig groups)
     "checkpointing-bf16": ("gpt", dict(io=dict(grad_checkpointing=True, dtype="bfloat16"))),
     "llama": ("llama", {}),
     "gpt2-lora-memory": ("gpt2", dict(lora=LoRAConfig(rank=4), cvae=CVAEConfig(cond="memory"))),
+    "query": ("gpt", dict(cvae=CVAEConfig(cond="query"))),
+    "llama-lora-query": ("llama", dict(lora=LoRAConfig(rank=4), cvae=CVAEConfig(cond="query"))),
 }
 
 pytestmark = pytest.mark.usefixtures("one_thread")

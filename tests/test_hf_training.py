@@ -1,16 +1,21 @@
 """CVAE training, evaluation and resume on Hugging Face backbones (tiny models built from a config)."""
 
+import copy
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from tokweight.pipeline.extract import ExtractConfig, run as extract
+from tokweight.pipeline.hf import HFBackbone
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.run_dir import load_run, read_metrics
 from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+from tests.fixtures_hf import tiny_hf_model
 
 pytest.importorskip("transformers")
 
@@ -82,7 +87,35 @@ def test_the_layernorm_pathway_is_refused_naming_the_architecture(tiny, hf_check
         run(cfg)
 
 
-def test_the_query_pathway_is_refused_naming_the_architecture(tiny, hf_checkpoints, hf_stores, tmp_path):
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_the_query_pathway_trains_through_a_hook_on_each_query_projection(tiny, hf_checkpoints, hf_stores, tmp_path,
+                                                                          arch):
+    """One offset per layer and query head (GQA: 4 query heads over 2 key/value heads), added by a hook that is
+    inert outside the pass that gives it: without z the backbone is the base model again."""
+    out = tmp_path / "run"
+    run(config(tiny, hf_checkpoints[arch], hf_stores[arch], out, steps=2, cvae=CVAEConfig(cond="query", k=2)))
+    losses = step_losses(out)
+    assert len(losses) == 2 and np.isfinite(losses).all()
+    _, model, _, _ = load_run(out)
+    assert model.backbone.query_shape == (2, 4, 8) and model.conditioning.query_proj.out_features == 2 * 4 * 8
+    backbone, ids = model.backbone.eval(), torch.tensor([[1, 2, 3, 4]])
+    before, query = backbone.hidden(ids), torch.randn(1, 2, 4, 8, generator=torch.Generator().manual_seed(0))
+    moved = backbone.hidden(ids, query=query)
+    assert (moved - before).abs().max() > 1e-3
+    torch.testing.assert_close(backbone.hidden(ids), before, rtol=0, atol=0)
+    twin = copy.deepcopy(backbone)  # its hooks read its own modules' offsets
+    torch.testing.assert_close(twin.hidden(ids, query=query), moved, rtol=0, atol=0)
+    torch.testing.assert_close(backbone.hidden(ids), before, rtol=0, atol=0)
+
+
+def test_the_query_pathway_is_refused_under_gradient_checkpointing_and_where_no_query_projection_is_found(
+        tiny, hf_checkpoints, hf_stores, tmp_path):
     cfg = config(tiny, hf_checkpoints["llama"], hf_stores["llama"], tmp_path / "run", cvae=CVAEConfig(cond="query"))
-    with pytest.raises(ValueError, match="the 'llama' backbone has no such hook: use --cond token, prefix or memory"):
-        run(cfg)
+    with pytest.raises(ValueError, match="gradient checkpointing would rerun"):
+        run(replace(cfg, io=replace(cfg.io, grad_checkpointing=True)))
+    backbone = HFBackbone(tiny_hf_model("llama", 12, 16))
+    for layer in backbone.model.model.layers:
+        layer.self_attn.query = layer.self_attn.q_proj  # another architecture's name for it
+        del layer.self_attn.q_proj
+    with pytest.raises(ValueError, match="finds no query projection per layer in the 'llama' backbone"):
+        backbone.query_sites()

@@ -19,7 +19,9 @@
 
 - ``query``:     z as an offset of every position's query, per layer and head: z moves where the decoder reads
                  and writes nothing of its own (the slot keeps its fixed placeholder). Its projection starts
-                 at the scale of the backbone's keys (``Conditioning.init_memory``). Built-in backbone only.
+                 at the scale of the backbone's keys (``Conditioning.init_memory``). On a Hugging Face
+                 backbone through a forward hook on each layer's query projection (``HFBackbone.query_sites``),
+                 before RoPE, which rotates the offset with the query.
 
 ``layernorm``, ``memory`` and ``query`` reach the positions before ``<z>`` too (``modulates_prefix``), so the
 prior is then read from an unconditioned pass over the prefix, and the prefix is not shared.
@@ -37,8 +39,9 @@ from tokweight.training.configs import COND_MODES
 
 class Conditioning(nn.Module):
     def __init__(self, mode: str, slots: int, d_model: int, n_layernorms: int, features: int, continuous: bool,
-                 memory_shape: tuple[int, int, int]):
-        """memory_shape: the backbone's (layers, key/value heads, head dim), which the memory pathway fills."""
+                 memory_shape: tuple[int, int, int], query_shape: tuple[int, int, int] | None = None):
+        """memory_shape: the backbone's (layers, key/value heads, head dim), which the memory pathway fills;
+        query_shape: its (layers, query heads, head dim), which the query pathway offsets (None: memory_shape)."""
         super().__init__()
         if mode not in COND_MODES:
             raise ValueError(f"conditioning must be one of {COND_MODES}, got {mode!r}")
@@ -47,10 +50,11 @@ class Conditioning(nn.Module):
         self.mode, self.slots, self.d_model, self.n_layernorms = mode, slots, d_model, n_layernorms
         self.continuous = continuous
         self.memory_shape = tuple(memory_shape)
+        self.query_shape = tuple(query_shape or memory_shape)
         self.slot_proj = nn.Linear(features, slots * d_model) if continuous and self.writes_slots else None
         self.ln_proj = nn.Linear(features, n_layernorms * 2 * d_model) if mode == "layernorm" else None
         self.memory_proj = nn.Linear(features, 2 * math.prod(memory_shape)) if mode == "memory" else None
-        self.query_proj = nn.Linear(features, math.prod(memory_shape)) if mode == "query" else None
+        self.query_proj = nn.Linear(features, math.prod(self.query_shape)) if mode == "query" else None
         for lin in filter(None, (self.slot_proj, self.ln_proj, self.memory_proj, self.query_proj)):  # GPT-2's scale
             nn.init.normal_(lin.weight, std=0.02)
             nn.init.zeros_(lin.bias)
@@ -64,13 +68,15 @@ class Conditioning(nn.Module):
         Why: started at GPT-2's std 0.02 the memory stays far below a token's keys and values for hundreds of
         steps (AdamW moves a weight by about lr a step), and z is not found (docs/results.md, "The z pathways").
 
-        The query pathway's offsets start the same way from the keys' spread (a query's own scale), about a mean
-        of 0: the base's own queries plus a random direction per value.
+        The query pathway's offsets start the same way from the keys' spread (a query's own scale; each query
+        head that of the key head it reads), about a mean of 0: the base's own queries plus a random direction.
         """
         proj = self.memory_proj if self.memory_proj is not None else self.query_proj
-        if proj is self.query_proj:
-            mean, spread = torch.zeros_like(mean[:, :1]), spread[:, :1]  # (layers, 1, heads, ...): the keys'
         layers, heads, head_dim = self.memory_shape
+        if proj is self.query_proj:  # (layers, 1, query heads, ...): the keys', each key head's over its group
+            group = self.query_shape[1] // heads
+            spread = spread[:, :1].repeat_interleave(group, 2)
+            mean, heads = torch.zeros_like(spread[..., None]).expand(-1, -1, -1, head_dim), self.query_shape[1]
         features = proj.in_features
         directions = torch.randn(layers, mean.shape[1], heads, head_dim, features, generator=generator,
                                  dtype=torch.float64, device="cpu")
@@ -127,7 +133,7 @@ class Conditioning(nn.Module):
             layers, heads, head_dim = self.memory_shape
             kwargs["memory"] = self.memory_proj(z).view(N, layers, 2, heads, head_dim)
         if self.query_proj is not None:
-            kwargs["query"] = self.query_proj(z).view(N, *self.memory_shape)
+            kwargs["query"] = self.query_proj(z).view(N, *self.query_shape)
         return ids, kwargs
 
 

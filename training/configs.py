@@ -39,7 +39,8 @@ class CVAEConfig:
     cond: str = "prefix"
     """z pathway: "token" (one slot), "prefix" (``slots`` slots), "layernorm" (one slot + LayerNorm modulation)
     or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder) or "query" (z
-    as an offset of every query, per layer and head: where the decoder reads; built-in backbone only). One slot
+    as an offset of every query, per layer and head: where the decoder reads; on a Hugging Face backbone by a hook
+    on each layer's query projection, before RoPE). One slot
     is a bottleneck the decoder's response to z does not grow through (docs/results.md, "The z pathways")."""
     slots: int | None = None
     """Latent slots of the z-conditioned template (prefix only; 1 otherwise); None: 4 for the prefix."""

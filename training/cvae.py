@@ -160,8 +160,7 @@ def check_backbone(backbone, cfg: CVAEConfig) -> None:
         raise ValueError(f"the layernorm z pathway needs a backbone whose LayerNorms it can modulate; the {kind!r} "
                          "backbone has none: use --cond token, prefix or memory")
     if cfg.cond == "query" and not isinstance(backbone, GPT):
-        raise ValueError(f"the query z pathway offsets the built-in backbone's queries; the {kind!r} backbone has "
-                         "no such hook: use --cond token, prefix or memory")
+        backbone.query_sites()  # refuses an architecture whose queries it cannot find
 
 
 def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
@@ -176,7 +175,7 @@ def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
     else:
         latent = GaussianLatent(cfg.z_dim, d, cfg.prior, cfg.samples)
     conditioning = Conditioning(cfg.cond, cfg.slots, d, n_ln, latent.features, continuous=cfg.latent == "continuous",
-                                memory_shape=backbone.memory_shape)
+                                memory_shape=backbone.memory_shape, query_shape=backbone.query_shape)
     return CVAE(backbone, latent, conditioning, cfg.posterior_pool)
 
 
