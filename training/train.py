@@ -186,7 +186,7 @@ def spread_latents(model: CVAE, vocab: Vocab, cvae: CVAEConfig, seed: int) -> No
 
 
 def init_memory(model: CVAE, stream: TrainStream, ranks: GlobalBatch, device: torch.device, seed: int) -> None:
-    """The memory pathway's projection at the scale of the backbone's keys and values, measured on the z-free
+    """The memory (or query) pathway's projection at the scale of the backbone's keys and values, measured on the z-free
     positions (the tokens before <z>) of the first global batch (``Conditioning.init_memory``): each rank measures
     its own rows where the model is, and the ranks pool their measurements (on ``device``, where their collectives
     run), so that every rank starts from the one-process measurement."""
