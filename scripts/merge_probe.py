@@ -46,8 +46,8 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
-from tokweight.pipeline.backbone import load_backbone, s_nll
 from tokweight.config_files import preset_config, preset_names
+from tokweight.pipeline.backbone import load_backbone, s_nll
 from tokweight.pipeline.labels import load_labels
 from tokweight.pipeline.synth import SynthConfig
 from tokweight.pipeline.templates import collate, template_ids
@@ -222,15 +222,15 @@ def report_pair(v: int, a: str, b: str, samples, hits, labels, names: list[str],
           f"{a} on {chose_a[rest].mean() if rest.any() else float('nan'):.2f}")
 
 
-def one_symbol(part_a: np.ndarray, part_b: np.ndarray, chose_a: np.ndarray, n_symbols: int) -> tuple[int, bool, float, int]:
+def one_symbol(part_a: np.ndarray, part_b: np.ndarray, chose_a: np.ndarray,
+               n_symbols: int) -> tuple[int, bool, float, int]:
     """(symbol c, taken, share, n): the symbol and side whose rule "choose the strategy with c where they part
     (taken), or the other (avoided)" agrees with most choices net of chance, over the n inputs where one has c."""
     def agreement(c: int, taken: bool) -> tuple[int, int]:
         has = (part_a == c) | (part_b == c)
         return int((((part_a == c) == chose_a) == taken)[has].sum()), int(has.sum())
-    c, taken = max(((c, t) for c in range(n_symbols) for t in (True, False)),
-                   key=lambda ct: agreement(*ct)[0] - agreement(*ct)[1] / 2)
-    agree, n = agreement(c, taken)
+    rules = {(c, t): agreement(c, t) for c in range(n_symbols) for t in (True, False)}
+    (c, taken), (agree, n) = max(rules.items(), key=lambda rule: rule[1][0] - rule[1][1] / 2)
     return c, taken, agree / max(n, 1), n
 
 
@@ -249,8 +249,8 @@ def main() -> None:
         labels = replace(labels, synth=preset_config(SynthConfig, "synth", args.synth_preset))
     if labels.synth is None:
         raise SystemExit(f"{args.data}/dataset.json: not a tokweight synth dataset; the probe needs s(x) for "
-                         f"every strategy s (run it on data made by `tokweight synth`, or name the synth_to_jsonl preset with "
-                         f"--synth-preset)")
+                         f"every strategy s (run it on data made by `tokweight synth`, or name the synth_to_jsonl "
+                         f"preset with --synth-preset)")
     samples = load_split(args.data, args.split)[: args.examples]
     decodes = decode_every_value(args.run, args.data, args.split, samples)
     execution, hits = strategy_execution(samples, decodes, labels)

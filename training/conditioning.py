@@ -71,20 +71,24 @@ class Conditioning(nn.Module):
         The query pathway's offsets start the same way from the keys' spread (a query's own scale; each query
         head that of the key head it reads), about a mean of 0: the base's own queries plus a random direction.
         """
-        proj = self.memory_proj if self.memory_proj is not None else self.query_proj
-        layers, heads, head_dim = self.memory_shape
-        if proj is self.query_proj:  # (layers, 1, query heads, ...): the keys', each key head's over its group
-            group = self.query_shape[1] // heads
-            spread = spread[:, :1].repeat_interleave(group, 2)
-            mean, heads = torch.zeros_like(spread[..., None]).expand(-1, -1, -1, head_dim), self.query_shape[1]
-        features = proj.in_features
-        directions = torch.randn(layers, mean.shape[1], heads, head_dim, features, generator=generator,
-                                 dtype=torch.float64, device="cpu")
+        if self.memory_proj is not None:
+            self._start_columns(self.memory_proj, spread, generator)
+            with torch.no_grad():
+                self.memory_proj.bias.copy_(mean.reshape(-1))
+        else:  # each query head at the keys' spread of the key head it reads; the bias stays 0
+            group = self.query_shape[1] // self.memory_shape[1]
+            self._start_columns(self.query_proj, spread[:, :1].repeat_interleave(group, 2), generator)
+
+    def _start_columns(self, proj: nn.Linear, spread: torch.Tensor, generator: torch.Generator) -> None:
+        """proj's weight: per feature and per entry of ``spread`` (layers, parts, heads), a random direction over
+        the head dim as long as that entry (a continuous z's F features 1/sqrt(F) as long)."""
+        features, head_dim = proj.in_features, self.memory_shape[2]
+        directions = torch.randn(*spread.shape, head_dim, features, generator=generator, dtype=torch.float64,
+                                 device="cpu")
         directions = directions / directions.norm(dim=3, keepdim=True)
         column_norm = spread.double().cpu() / (math.sqrt(features) if self.continuous else 1.0)
         with torch.no_grad():
             proj.weight.copy_((directions * column_norm[..., None, None]).reshape(-1, features))
-            proj.bias.copy_(mean.reshape(-1))
 
     def init_slots(self, mean_row: torch.Tensor, norm: float, generator: torch.Generator) -> None:
         """Start a continuous z's slots where the discrete latent's centred rows start: at the checkpoint's mean
