@@ -126,3 +126,24 @@ def test_a_bfloat16_forward_trains_close_to_float32(tiny, tmp_path):
     assert all(t.dtype == torch.float32 for t in load_file(tmp_path / "bf16" / "checkpoint" / "model.safetensors").values())
     with pytest.raises(ValueError, match="dtype"):
         replace(base, io=replace(base.io, dtype="float16"))
+
+
+def test_a_job_says_once_what_trains_and_that_its_checkpoint_learnt_the_training_lines(tiny, tiny_store, tmp_path,
+                                                                                        capsys, monkeypatch):
+    """The store's mean b on train against val is read before any step; below MEMORISED of it the job warns, once
+    (its first start), as it says once what trains."""
+    import tokweight.training.train_base as train_base
+
+    data, ckpt = tiny
+    io = IOConfig(checkpoint=str(ckpt), data=str(data), out=str(tmp_path / "run"), store=str(tiny_store),
+                  num_workers=0)
+    cfg = config(tiny, io.out, io=io, loss=LossConfig(), optim=OptimConfig(steps=4, batch_size=8, starts=2,
+                                                                           start_steps=2))
+    run(cfg)
+    err = capsys.readouterr().err
+    assert err.count("parameters (") == 1 and "has learnt the training lines" not in err
+    monkeypatch.setattr(train_base, "MEMORISED", 100.0)  # any store now reads as learnt
+    run(elsewhere(cfg, tmp_path / "again"))
+    err = capsys.readouterr().err
+    assert err.count("parameters (") == 1 and err.count("has learnt the training lines") == 1
+    assert "on the train split against" in err and "docs/own-task.md" in err

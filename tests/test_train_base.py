@@ -28,6 +28,7 @@ def test_short_train_base_lowers_loss_and_writes_a_checkpoint(tiny_data):
     last = sum(r["loss"] for r in records[-5:]) / 5
     assert last < 0.8 * first
     assert math.isfinite(result["val_nll"]) and "log_consistent_at_t0" in result
+    assert 0 < result["train_nll"] < first  # as many training lines as val has, read by the trained model
     ckpt = load_checkpoint(out)
     assert ckpt.fingerprint == result["fingerprint"]
     assert ckpt.model.cfg.block_size >= max(2 * 5 + 6 + 2 + 4, 0)  # longest tiny sequence + latent slots
@@ -139,3 +140,13 @@ def test_min_slots_trains_only_the_counts_from_it_to_max_slots(tiny_data, tmp_pa
     assert set(drawn) == {0, 1, 2, 3, 4}
     bad = CliRunner().invoke(main, args + ["--out", str(tmp_path / "s5"), "--min-slots", "5"])
     assert bad.exit_code != 0 and "min_slots <= max_slots" in bad.output and not (tmp_path / "s5").exists()
+
+
+def test_a_base_that_learnt_its_training_lines_is_named():
+    from tokweight.training.train_base import memorised_line
+
+    line = memorised_line(0.150, 0.418)  # the walk-through's base, trained 3000 steps on its 3998 lines
+    assert line.startswith("warning:") and "0.150" in line and "0.418" in line and "(0.36 of it)" in line
+    assert "\n" not in line
+    assert memorised_line(0.411, 0.411) is None and memorised_line(0.099, 0.123) is None  # other lines; K = 4
+    assert memorised_line(0.0, 0.0) is None

@@ -159,7 +159,7 @@ def convert(jsonl, parquet, columns, out, shard_size, on_bad, val_fraction, test
 @threads_option
 def train_base(data, out, preset, steps, seed, k_max, min_slots, device, threads):
     """Train the entangled (z-free) base model on S and write a fingerprinted checkpoint."""
-    from tokweight.training.train_base import BaseTrainConfig, run
+    from tokweight.training.train_base import BaseTrainConfig, memorised_line, run
 
     set_threads(threads)
     overrides = ({"steps": steps} if steps else {}) | ({"min_slots": min_slots} if min_slots is not None else {})
@@ -168,7 +168,10 @@ def train_base(data, out, preset, steps, seed, k_max, min_slots, device, threads
                             device=device, **overrides)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
-    click.echo(json.dumps(run(cfg), indent=1))
+    result = run(cfg)
+    click.echo(json.dumps(result, indent=1))
+    if line := memorised_line(result["train_nll"], result["val_nll"]):
+        click.echo(line, err=True)
 
 
 @main.command("export-hf")

@@ -59,6 +59,7 @@ from tokweight.training.run_dir import append_metrics, committed_checkpoint, res
 from tokweight.training.state import Progress, State, set_rng_states
 from tokweight.training.step import train_step
 from tokweight.training.stream import TrainStream
+from tokweight.training.train_base import memorised_line
 from tokweight.training.train_config import IOConfig, TrainConfig
 
 # ---------------------------------------------------------------- setup
@@ -70,9 +71,10 @@ def data_seed(seed: int) -> int:
     return int(np.random.SeedSequence([seed, 0]).generate_state(1)[0])
 
 
-def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None) -> State:
+def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, announce: bool = True) -> State:
     """The run's live objects, resumed from RUN's checkpoint where it has one, else (``continue_from``) from the
-    checkpoint of the start it continues."""
+    checkpoint of the start it continues. ``announce``: rank 0 prints what trains and, where the store shows one, that
+    the checkpoint has learnt the training lines (once per job: its first start, or its one run)."""
     if cfg.lora.rank:
         require_peft()  # before any checkpoint is read
     torch.manual_seed(cfg.optim.seed)
@@ -95,7 +97,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None) -> 
     if cfg.io.grad_checkpointing:
         model.backbone.enable_checkpointing()
     spread_latents(model, vocab, cfg.cvae, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
-    store, dataset_mean_b = open_store(cfg, init.vocab, base.fingerprint)
+    store, dataset_mean_b, split_b = open_store(cfg, init.vocab, base.fingerprint)
     spec = StreamSpec(urls=split_urls(cfg.io.data, "train"), vocab=vocab, slots=cfg.cvae.slots,
                       block_size=init.model.cfg.block_size, batch_size=cfg.optim.batch_size,
                       store=store if policy.needs_store else None,
@@ -104,8 +106,10 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None) -> 
     global_batch = GlobalBatch(ranks.rank, ranks.world)
     stream = TrainStream(spec, ranks.rank, ranks.world)
     init_memory(model, stream, global_batch, device, cfg.optim.seed)  # before resume too
-    if ranks.is_main:
-        print(trainable_line(model), file=sys.stderr, flush=True)
+    if ranks.is_main and announce:
+        for line in (trainable_line(model), split_b and memorised_line(split_b["train"], split_b["val"])):
+            if line:
+                print(line, file=sys.stderr, flush=True)
     meta = {"cvae": cfg.cvae.to_json(), "init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
             "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b,
             "backbone": init.meta.get("kind", "tokweight"), "template": init.vocab.template.to_json()}
@@ -216,18 +220,22 @@ def pooled_key_values(counts: torch.Tensor, means: torch.Tensor, spreads: torch.
     return mean, variance.sqrt()
 
 
-def open_store(cfg: TrainConfig, vocab: Vocab, fingerprint: str) -> tuple[StoreRef | None, float | None]:
-    """(the store, the dataset's mean b for distribution-rescale); fails early on a wrong fingerprint,
-    vocabulary, an incomplete store or one without rows for a shard the run reads."""
+def open_store(cfg: TrainConfig, vocab: Vocab, fingerprint: str
+               ) -> tuple[StoreRef | None, float | None, dict[str, float] | None]:
+    """(the store, the dataset's mean b for distribution-rescale, the mean b per token of the train and val
+    splits where the store holds both); fails early on a wrong fingerprint, vocabulary, an incomplete store or
+    one without rows for a shard the run reads."""
     if not cfg.io.store:
-        return None, None
+        return None, None, None
     store = StoreRef(cfg.io.store, fingerprint)
     view = store.open(vocab)
-    urls = split_urls(cfg.io.data, "train")
-    check_store_holds(cfg.io, cfg.loss.policy, view, urls + split_urls(cfg.io.data, "val"))
-    if not WEIGHTINGS[cfg.loss.weighting].needs_dataset_mean:
-        return store, None
-    return store, float(view.mean_example_mean_b(list(urls)))
+    urls, val_urls = split_urls(cfg.io.data, "train"), split_urls(cfg.io.data, "val")
+    check_store_holds(cfg.io, cfg.loss.policy, view, urls + val_urls)
+    split_b = None if shards_without_rows(view, urls + val_urls) else {
+        "train": view.mean_example_mean_b(list(urls)), "val": view.mean_example_mean_b(list(val_urls))}
+    needs_mean = WEIGHTINGS[cfg.loss.weighting].needs_dataset_mean
+    dataset_mean_b = float(view.mean_example_mean_b(list(urls))) if needs_mean else None
+    return store, dataset_mean_b, split_b
 
 
 def check_store_holds(io: IOConfig, policy: str, view, urls) -> None:
@@ -333,10 +341,11 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
     try:
         if not (cfg.optim.starts > 1 and cfg.optim.steps > cfg.optim.start_steps):
             return train_to_end(setup(cfg, ranks), cfg, hooks)
+        chosen_before = (Path(cfg.io.out) / "starts.json").is_file()  # then no start announces the job
         made = compare_starts(cfg, ranks, hooks)
         chosen = seeded(cfg, made["seed"])
-        return train_to_end(setup(chosen, ranks, continue_from=start_dir(cfg, made["seed"])), chosen, hooks) | {
-            "start": made}
+        state = setup(chosen, ranks, continue_from=start_dir(cfg, made["seed"]), announce=chosen_before)
+        return train_to_end(state, chosen, hooks) | {"start": made}
     finally:
         # a sharded model's reference cycles hold the process group: collected before the group goes, not at the
         # interpreter's exit, where a rank can abort (docs/reference.md, "Scale-out")
@@ -366,7 +375,7 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
     if (committed_checkpoint(out) / "state.json").is_file():
         raise ValueError(f"{out} holds a run trained without these starts ({cfg.optim.starts} of "
                          f"{cfg.optim.start_steps} steps from seed {cfg.optim.seed}); use a new --out")
-    recon = [train_start(cfg, seed, ranks, hooks) for seed in seeds]
+    recon = [train_start(cfg, seed, ranks, hooks, announce=i == 0) for i, seed in enumerate(seeds)]
     made = {"seeds": seeds, "start_steps": cfg.optim.start_steps, "val_recon": recon,
             "seed": seeds[int(np.argmin(recon))]}
     if ranks.is_main:
@@ -375,12 +384,12 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
     return ranks.broadcast(made)
 
 
-def train_start(cfg: TrainConfig, seed: int, ranks: Ranks, hooks: Hooks) -> float:
+def train_start(cfg: TrainConfig, seed: int, ranks: Ranks, hooks: Hooks, announce: bool) -> float:
     """One start: the whole run's config from ``seed``, trained to ``start_steps`` (its validations and stop rule
     go as in a run from that seed) and checkpointed there; its reconstruction E_q[R] on the whole val split,
     logged in its own metrics."""
     start = replace(seeded(cfg, seed), io=replace(cfg.io, out=str(start_dir(cfg, seed))))
-    state = setup(start, ranks)
+    state = setup(start, ranks, announce=announce)
     Path(start.io.out).mkdir(parents=True, exist_ok=True)
     if ranks.is_main:
         write_config(start)

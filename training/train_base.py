@@ -82,6 +82,22 @@ class BaseTrainConfig:
             raise ValueError(f"k_max must be >= 1, got {self.k_max}")
 
 
+MEMORISED = 0.75
+"""A checkpoint whose mean NLL per token on the train split is below this share of its mean on val has learnt the
+training lines (the walk-through's base, 3000 steps on its 3998 lines: 0.36; one trained on other lines: 1.00)."""
+
+
+def memorised_line(train: float, val: float) -> str | None:
+    """The warning that a checkpoint has learnt the training lines: on them its memory already says which strategy
+    an example takes, which leaves a CVAE's z little to find (docs/own-task.md, "A base that has seen the lines")."""
+    if not val > 0 or train >= MEMORISED * val:
+        return None
+    return (f"warning: the checkpoint's NLL is {train:.3f} nats per token on the train split against {val:.3f} on "
+            f"val ({train / val:.2f} of it): it has learnt the training lines, and a CVAE trained on them finds little "
+            "z where memory answers; train the CVAE with a checkpoint that has not seen them "
+            "(docs/own-task.md, \"A base that has seen the lines\")")
+
+
 def load_split(data: str | Path, split: str) -> list[Sample]:
     """The samples of ``data/split/`` (URLs: of ``<root>/split/...``), or of the whole dataset if it has no such split."""
     if is_url_data(data):
@@ -186,6 +202,7 @@ def run(cfg: BaseTrainConfig) -> dict:
     val = load_split(cfg.data, "val")
     vocab = dataset_vocab(cfg.data, train, cfg.k_max)
     train_enc, val_enc = EncodedSplit(train, vocab), EncodedSplit(val, vocab, load_labels(cfg.data))
+    train_head = EncodedSplit(train[:len(val)], vocab)
     longest = max(lay.length for lay in train_enc.layouts + val_enc.layouts)
     block_size = 8 * math.ceil((longest + 2 + cfg.max_slots) / 8)  # room for <z> slots </z>
     mcfg = ModelConfig(vocab_size=len(vocab), block_size=block_size, n_layer=cfg.n_layer,
@@ -214,6 +231,8 @@ def run(cfg: BaseTrainConfig) -> dict:
         record = {"step": step, "loss": loss.item(), "lr": lr_at(step, cfg)}
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             record |= evaluate(model, val_enc, device, zcond_slots=cfg.min_slots)
+            if step + 1 == cfg.steps:  # as many training lines as val has: has the model learnt them?
+                record["train_nll"] = evaluate(model, train_head, device, zcond_slots=cfg.min_slots)["val_nll"]
             bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{record['val_nll']:.3f}")
         log.write(json.dumps(record) + "\n")
     log.close()
