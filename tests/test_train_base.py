@@ -142,6 +142,21 @@ def test_min_slots_trains_only_the_counts_from_it_to_max_slots(tiny_data, tmp_pa
     assert bad.exit_code != 0 and "min_slots <= max_slots" in bad.output and not (tmp_path / "s5").exists()
 
 
+def test_train_base_warns_on_stderr_when_its_training_lines_read_as_learnt(tiny_data, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tokweight.cli import main
+    from tokweight.training import train_base
+
+    args = ["train-base", "--data", str(tiny_data / "data"), "--preset", "tiny", "--steps", "3"]
+    quiet = CliRunner().invoke(main, args + ["--out", str(tmp_path / "a")])
+    assert quiet.exit_code == 0 and "has learnt the training lines" not in quiet.stderr  # 3 steps learn nothing
+    monkeypatch.setattr(train_base, "MEMORISED", 100.0)  # any base now reads as having learnt its lines
+    loud = CliRunner().invoke(main, args + ["--out", str(tmp_path / "b")])
+    assert loud.exit_code == 0 and loud.stderr.count("has learnt the training lines") == 1
+    assert json.loads(loud.stdout)["train_nll"] > 0  # the report on stdout stays JSON
+
+
 def test_a_base_that_learnt_its_training_lines_is_named():
     from tokweight.training.train_base import memorised_line
 
