@@ -281,8 +281,9 @@ class HFCache:
         return HFCache(cache)
 
 
-QUERY_SITES = {"q_proj": "queries alone", "c_attn": "GPT-2: queries, keys, values", "qkv_proj": "Phi-3: the same"}
-"""Names of the modules whose outputs begin with a layer's queries (``HFBackbone.query_sites``)."""
+QUERY_SITES = ("c_attn", "q_proj", "qkv_proj")
+"""Names of the modules whose outputs begin with a layer's queries (``HFBackbone.query_sites``): ``q_proj`` holds
+the queries alone, GPT-2's ``c_attn`` and Phi-3's ``qkv_proj`` the queries, then the keys and values."""
 
 
 def add_query_offset(module: nn.Module, args, out: torch.Tensor) -> torch.Tensor | None:
@@ -350,7 +351,7 @@ class HFBackbone(nn.Module):
         sites = [m for name, m in self.model.named_modules() if name.rsplit(".", 1)[-1] in QUERY_SITES]
         if len(sites) != self.query_shape[0]:
             raise ValueError(f"the query z pathway finds no query projection per layer in the {self.cfg.model_type!r} "
-                             f"backbone (modules named {sorted(QUERY_SITES)}): use --cond token, prefix or memory")
+                             f"backbone (modules named {list(QUERY_SITES)}): use --cond token, prefix or memory")
         return sites
 
     @contextmanager

@@ -233,8 +233,9 @@ def open_store(cfg: TrainConfig, vocab: Vocab, fingerprint: str
     check_store_holds(cfg.io, cfg.loss.policy, view, urls + val_urls)
     split_b = None if shards_without_rows(view, urls + val_urls) else {
         "train": view.mean_example_mean_b(list(urls)), "val": view.mean_example_mean_b(list(val_urls))}
-    needs_mean = WEIGHTINGS[cfg.loss.weighting].needs_dataset_mean
-    dataset_mean_b = float(view.mean_example_mean_b(list(urls))) if needs_mean else None
+    dataset_mean_b = None
+    if WEIGHTINGS[cfg.loss.weighting].needs_dataset_mean:  # the train split's mean, read once
+        dataset_mean_b = split_b["train"] if split_b else float(view.mean_example_mean_b(list(urls)))
     return store, dataset_mean_b, split_b
 
 
