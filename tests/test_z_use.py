@@ -172,7 +172,9 @@ class TwoStrategyLabels:
 def test_strategy_execution_tells_a_strategy_code_from_a_per_input_assignment():
     """Two inputs, two latent values. A code: value 0 copies and 1 reverses on both inputs (coverage 2,
     control accuracy 1). A per-input assignment: value 0 copies on the first input and reverses on the
-    second (coverage still 2, control accuracy 0.5). A collapsed z: both values copy (coverage 1)."""
+    second (coverage still 2, control accuracy 0.5). A collapsed z: both values copy (coverage 1). Over the
+    decodes, I(value; strategy) is log 2 for the code and 0 for the others; a decode that executes no strategy
+    does not count."""
     samples = [Sample(key="a", x=("p", "q"), y=("p", "q")), Sample(key="b", x=("r", "s"), y=("r", "s"))]
     code = [[("p", "q"), ("q", "p")], [("r", "s"), ("s", "r")]]
     per_input = [[("p", "q"), ("q", "p")], [("s", "r"), ("r", "s")]]
@@ -182,6 +184,12 @@ def test_strategy_execution_tells_a_strategy_code_from_a_per_input_assignment():
     assert [result[n]["coverage"] for n in result] == [2.0, 2.0, 1.0]
     assert [result[n]["control_accuracy"] for n in result] == [1.0, 0.5, 0.5]
     assert result["code"]["coverage_max"] == 2
+    assert [result[n]["decode_strategy_mi"] for n in result] == pytest.approx([math.log(2), 0.0, 0.0])
+    invalid = [[("p", "q"), ("q", "q")], [("r", "s"), ("s", "r")]]  # value 1's first decode executes neither
+    partial = strategy_execution(samples, invalid, TwoStrategyLabels())[0]
+    assert partial["valid_decodes"] == 0.75
+    # 3 valid decodes: value 0 copies twice, value 1 reverses once: I = H(1/3) - 0
+    assert partial["decode_strategy_mi"] == pytest.approx(-(1 / 3) * math.log(1 / 3) - (2 / 3) * math.log(2 / 3))
 
 
 def test_label_free_control_by_hand():

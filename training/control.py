@@ -21,7 +21,7 @@ import numpy as np
 
 from tokweight.pipeline.labels import DatasetLabels
 from tokweight.pipeline.samples import Sample
-from tokweight.training.metrics import MI_FLOOR, POSTERIOR_RULES, hungarian_accuracy
+from tokweight.training.metrics import MI_FLOOR, POSTERIOR_RULES, contingency_mi, hungarian_accuracy
 
 CONTROL_FLOOR = 0.05
 """The least gain over chance (a share of the examples) that counts as control, besides 2 SE. Why 1 in 20: at 1 in
@@ -160,7 +160,8 @@ def likelihood_control(nll_by_value: np.ndarray, assigned: list[int], strategy_m
 def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabels) -> tuple[dict, list]:
     """Synthetic data: the share of decodes under each latent value that execute each strategy s (equal s(x)),
     control accuracy = matched executions / (examples x V) under the Hungarian map latent value -> strategy
-    (whether a value means the same strategy across inputs), and coverage = the mean number of distinct
+    (whether a value means the same strategy across inputs), decode_strategy_mi = I(value; strategy) over the
+    decodes that execute one (whether each value names one strategy, as its decodes show), and coverage = the mean number of distinct
     strategies an input's V decodes execute (whether z selects among them per input; a conditional prior
     can assign them per input, which covers every strategy while naming none); with, per example and
     latent value, the strategy its decode executes (or None)."""
@@ -176,8 +177,10 @@ def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabe
                 for v in range(V)}
     accuracy = hungarian_accuracy(counts[:, :-1]) * counts[:, :-1].sum() / counts.sum()
     coverage = float(np.mean([len(set(row) - {None}) for row in hits]))
+    valid = counts[:, :-1]
     return {"executes": executes, "control_accuracy": float(accuracy), "coverage": coverage,
-            "coverage_max": min(V, len(names))}, hits
+            "coverage_max": min(V, len(names)), "decode_strategy_mi": contingency_mi(valid),
+            "valid_decodes": float(valid.sum() / counts.sum())}, hits
 
 
 def label_free_control(outputs: list, refs: list, base_outputs: list, own_values: list[int]) -> dict:

@@ -61,6 +61,15 @@ def strategy_mi(q: np.ndarray, labels: list) -> float:
     return float(entropy(q.mean(0)) - per_label)
 
 
+def contingency_mi(counts: np.ndarray) -> float:
+    """I(a; b) = H(b) - sum_a p(a) H(b | a), nats, of a (A, B) table of counts (rows without counts drop out)."""
+    counts = counts[counts.sum(1) > 0]
+    if not counts.size:
+        return 0.0
+    p_a = counts.sum(1) / counts.sum()
+    return float(entropy(counts.sum(0) / counts.sum()) - (p_a * entropy(counts / counts.sum(1, keepdims=True))).sum())
+
+
 def usage(q: np.ndarray) -> dict:
     """Aggregate posterior qbar = mean_i q_i (K,); perplexity = exp(H(qbar)), in [1, K]."""
     qbar = q.mean(0)

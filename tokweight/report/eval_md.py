@@ -3,6 +3,7 @@ first, the CVAE beside the base model, every metric, then the decode-per-latent 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from tokweight.report.tables import fixed, general, markdown_table
@@ -65,7 +66,9 @@ def eval_markdown(metrics: dict, decode: dict, verdict: dict) -> str:
                                                       for v, row in decode["executes"].items()]),
                   f"control accuracy (a latent value means one strategy across inputs): "
                   f"{decode['control_accuracy']:.3f}; coverage (distinct strategies among an input's decodes): "
-                  f"{decode['coverage']:.2f} of {decode['coverage_max']}"]
+                  f"{decode['coverage']:.2f} of {decode['coverage_max']}; I(value; strategy) over the "
+                  f"{decode['valid_decodes']:.2f} of decodes that execute one: {decode['decode_strategy_mi']:.3f} nats "
+                  f"({decode['decode_strategy_mi'] / math.log(len(decode['executes'])):.2f} of log K)"]
     return "\n\n".join(parts) + "\n"
 
 
