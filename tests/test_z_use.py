@@ -14,7 +14,7 @@ from tokweight.pipeline.shards import write_shards
 from tokweight.report.eval_md import eval_markdown, write_eval_md
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.control import (CONTROL_FLOOR, label_free_control, likelihood_control, reference_control,
-                                        strategy_execution, z_use)
+                                        reproduction_by_label, strategy_execution, value_report, z_use)
 from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.metrics import EvalRecords, gaussian_mi
 from tokweight.experiments.recipes import with_recipe
@@ -85,6 +85,12 @@ def test_decode_control_on_converted_data_matches_the_references(lead_run):
     md = write_eval_md(run_dir, result).read_text()
     assert md.startswith(f"## Verdict\n\n**{verdict['outcome']}**") and "| 0 | lead-" in md
     assert "Strategy execution" not in md and "| token-mean NLL (nats) |" in md
+    # the labels of the lines each value's decodes reproduce: one per value, so the two values name the strategies
+    reproduces = result["decode"]["reproduces"]
+    assert sorted(max(r, key=r.get) for r in reproduces.values()) == ["lead-a", "lead-b"]
+    assert min(max(r.values()) for r in reproduces.values()) >= 0.9
+    assert result["decode"]["decode_strategy_mi"] >= 0.9 * math.log(2) and "I(value; label) over them" in md
+    assert result["values"]["trusted"] == [0, 1]
 
 
 def test_reference_control_by_hand():
@@ -190,6 +196,22 @@ def test_strategy_execution_tells_a_strategy_code_from_a_per_input_assignment():
     assert partial["valid_decodes"] == 0.75
     # 3 valid decodes: value 0 copies twice, value 1 reverses once: I = H(1/3) - 0
     assert partial["decode_strategy_mi"] == pytest.approx(-(1 / 3) * math.log(1 / 3) - (2 / 3) * math.log(2 / 3))
+
+
+def test_the_lines_a_value_reproduces_tell_a_strategy_code_from_a_merge():
+    """Four labelled lines, two values. Value 0 reproduces the two copy lines (a code); value 1 reproduces one
+    copy line and one reverse line (a merge); a decode that reproduces no line counts for nothing."""
+    refs = [("p", "q"), ("r", "s"), ("q", "p"), ("s", "r")]
+    strategies = ["copy", "copy", "reverse", "reverse"]
+    outputs = [[("p", "q"), ("p", "q")], [("r", "s"), ("x",)], [("p", "q"), ("x",)], [("r", "s"), ("s", "r")]]
+    got = reproduction_by_label(outputs, refs, strategies)
+    assert got["reproduces"] == {"0": {"copy": 1.0}, "1": {"copy": 0.5, "reverse": 0.5}} and got["reproductions"] == 4
+    # I = H(label) - sum_v p(v) H(label | v) = H(1/4, 3/4) - 1/2 log 2
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert got["decode_strategy_mi"] == pytest.approx(h - 0.5 * math.log(2))
+    report = value_report([0, 0, 1, 1], strategies, got["reproduces"], 2)
+    assert [r["status"] for r in report["values"].values()] == ["one strategy", "merge"]
+    assert reproduction_by_label(outputs, refs, [None] * 4) is None
 
 
 def test_label_free_control_by_hand():

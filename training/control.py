@@ -69,8 +69,9 @@ ONE_STRATEGY = 0.9
 label. Below it the value is a merge: a code the objective cannot tell from a strategy code (two values that
 share two strategies, each choosing per input), which reconstructs as well and means nothing across inputs."""
 VALUE_RULE = (f"a value names one strategy when >= {ONE_STRATEGY:g} of its decodes execute one strategy (synthetic "
-              f"data), else of the labelled examples its posterior picks carry one label; below that it is a merge, "
-              f"which decodes by a different strategy on different inputs")
+              f"data), else of the labelled lines its decodes reproduce carry one label, else of the labelled "
+              f"examples its posterior picks carry one label; below that it is a merge, which decodes by a "
+              f"different strategy on different inputs")
 
 
 def reference_control(outputs: list, refs: list, assigned: list[int], latent_labels: dict) -> dict:
@@ -183,6 +184,24 @@ def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabe
             "valid_decodes": float(valid.sum() / counts.sum())}, hits
 
 
+def reproduction_by_label(outputs: list, refs: list, strategies: list) -> dict | None:
+    """Labelled data without a generator: per latent value, the labels of the lines whose own y its decode
+    reproduces (outputs[i][v] == refs[i]; strategies[i] line i's label or None), as shares of them, and
+    decode_strategy_mi = I(value; label) over those reproductions. A value that names one strategy reproduces
+    the lines of one label; a merge those of two, each on some inputs. None without labels."""
+    labels = sorted({s for s in strategies if s is not None})
+    if not labels:
+        return None
+    counts = np.zeros((len(outputs[0]), len(labels)))
+    for row, ref, label in zip(outputs, refs, strategies):
+        for v, y in enumerate(row):
+            if label is not None and y == ref:
+                counts[v, labels.index(label)] += 1
+    reproduces = {str(v): {labels[j]: float(counts[v, j] / counts[v].sum()) for j in np.argsort(-counts[v], kind="stable")
+                           if counts[v, j]} or None for v in range(len(counts))}
+    return {"reproduces": reproduces, "reproductions": int(counts.sum()), "decode_strategy_mi": contingency_mi(counts)}
+
+
 def label_free_control(outputs: list, refs: list, base_outputs: list, own_values: list[int]) -> dict:
     """Decode controls that need no labels. outputs[i][v]: example i's greedy decode under latent value v;
     refs[i] its y; base_outputs[i] the base model's greedy decode; own_values[i] the example's own latent value.
@@ -285,13 +304,14 @@ def z_statement(outcome: str, metrics: dict, control: dict, free: dict, likeliho
 def value_report(clusters: list[int], strategies: list, executes: dict | None, V: int) -> dict:
     """Per latent value, whether it can be trusted to mean one strategy: the examples the posterior gives it
     (clusters[i]: example i's value over the split; strategies[i] its label or None), their labels' shares, the
-    shares of strategies its decodes execute (``strategy_execution``'s ``executes``, synthetic data, or None),
-    and its status (``VALUE_RULE``, ``value_status``)."""
+    shares of strategies its decodes execute (``strategy_execution``'s ``executes``, synthetic data, or the labels
+    of the lines they reproduce, ``reproduction_by_label``'s ``reproduces``; or None), and its status
+    (``VALUE_RULE``, ``value_status``)."""
     values = {}
     for v in range(V):
         labels = [s for c, s in zip(clusters, strategies) if c == v and s is not None]
         row = {"examples": int(sum(c == v for c in clusters)), "labels": shares(labels),
-               "decodes": None if executes is None else dict(executes[str(v)])}
+               "decodes": None if executes is None or executes[str(v)] is None else dict(executes[str(v)])}
         ranked = sorted(((p, n) for n, p in (row["decodes"] or row["labels"] or {}).items() if n != "none"),
                         reverse=True)
         row["strategy"], row["share"] = (ranked[0][1], ranked[0][0]) if ranked else (None, None)

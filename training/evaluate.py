@@ -40,8 +40,8 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.templates import template_ids, y_ids
 from tokweight.training.baselines import make_baseline
 from tokweight.training.losses import WeightingParams
-from tokweight.training.control import (label_free_control, likelihood_control, reference_control, strategy_execution,
-                                        value_report, z_use)
+from tokweight.training.control import (label_free_control, likelihood_control, reference_control,
+                                        reproduction_by_label, strategy_execution, value_report, z_use)
 from tokweight.training.cvae import CVAE
 from tokweight.training.data import StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows, split_urls
 from tokweight.training.decode import continue_cached, continue_until, greedy_decode, latent_values, until_end
@@ -112,6 +112,8 @@ def decode_per_latent(model: CVAE, base, vocab, samples: list[Sample], centres, 
     if labels.synth is not None:  # the generator says what each strategy outputs: the execution check too
         executes, hits = strategy_execution(samples, outputs, labels)
         result |= executes
+    else:  # labelled lines say which strategy a decode executed where it reproduces the line's own y
+        result |= reproduction_by_label(outputs, refs, [s.strategy for s in samples]) or {}
     result["sample_outputs"] = sample_outputs(samples, outputs, refs, assigned, hits)
     return result
 
@@ -173,7 +175,8 @@ def run_eval(cfg: EvalConfig) -> dict:
                                [own_value[s.key] for s in samples]) if samples else {}
     likelihood = split_likelihood_control(records.rows, matched, metrics, tcfg.cvae.latent)
     verdict = z_use(metrics, decode, tcfg.cvae.latent, likelihood)
-    values = value_report(clusters.tolist(), records.rows["strategy"], decode.get("executes"), tcfg.cvae.k)
+    values = value_report(clusters.tolist(), records.rows["strategy"],
+                          decode.get("executes") or decode.get("reproduces"), tcfg.cvae.k)
     result = {"config": asdict(cfg), "step": meta["step"], "split": cfg.split, "baseline": b_source,
               "metrics": metrics, "z_used": verdict, "likelihood": likelihood, "decode": decode, "values": values}
     Path(cfg.run, "eval.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -31,8 +31,8 @@ def values_section(report: dict) -> list[str]:
     said = (f"values naming one strategy: {', '.join(map(str, trusted))}" if trusted
             else "no value names one strategy")
     return ["## Which latent values to trust",
-            markdown_table(["latent", "examples (posterior)", "their labels", "strategies its decodes execute",
-                            "status"], rows),
+            markdown_table(["latent", "examples (posterior)", "their labels",
+                            "strategies its decodes execute (labelled lines: those they reproduce)", "status"], rows),
             f"{said}. Rule: {report['rule']}. A merge reconstructs as well as a strategy code, so the loss cannot "
             "show it: a few labels (`train --labelled`) name the values."]
 
@@ -69,6 +69,10 @@ def eval_markdown(metrics: dict, decode: dict, verdict: dict) -> str:
                   f"{decode['coverage']:.2f} of {decode['coverage_max']}; I(value; strategy) over the "
                   f"{decode['valid_decodes']:.2f} of decodes that execute one: {decode['decode_strategy_mi']:.3f} nats "
                   f"({decode['decode_strategy_mi'] / math.log(len(decode['executes'])):.2f} of log K)"]
+    if "reproduces" in decode:
+        mi, K = decode["decode_strategy_mi"], len(decode["reproduces"])
+        parts += [f"Decodes that reproduce their line's own y: {decode['reproductions']}; I(value; label) over them: "
+                  f"{mi:.3f} nats ({mi / math.log(K):.2f} of log K)"]
     return "\n\n".join(parts) + "\n"
 
 
