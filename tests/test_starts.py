@@ -1,5 +1,6 @@
-"""A run with several starts trains each for ``start_steps``, goes on from the one whose validation
-reconstruction is least, and ends bitwise where a single run from that start's seed ends (CPU, one torch thread)."""
+"""A run with several starts trains each for ``start_steps`` (more rounds while no start's code has formed), goes on
+from the one whose validation reconstruction is least, and ends bitwise where a single run from that start's seed
+ends (CPU, one torch thread)."""
 
 import json
 from dataclasses import replace
@@ -7,8 +8,11 @@ from dataclasses import replace
 import pytest
 
 from tests.test_resume import CKPT_EVERY, FILES, STEPS, Killed, config, kill_after_step, train
+from tokweight.training.configs import CVAEConfig
 from tokweight.training.faults import Hooks
+from tokweight.training.metrics import kept_threshold
 from tokweight.training.run_dir import read_metrics
+from tokweight.training.train import code_formed
 
 STARTS, START_STEPS, SEED = 3, 2, 1
 
@@ -34,14 +38,33 @@ def test_each_start_has_its_own_seed_and_the_least_validation_reconstruction_is_
     made = json.loads((out / "starts.json").read_text())
     assert made["seeds"] == [SEED * STARTS + i for i in range(STARTS)]  # another --seed tries other starts
     assert made["start_steps"] == START_STEPS and result["start"] == made
-    for seed, recon in zip(made["seeds"], made["val_recon"]):
+    # two steps form no code: every start goes on by START_STEPS while another round fits below the cap of 8
+    rounds = made["rounds"]
+    assert [r["steps"] for r in rounds] == [2, 4, 6] and made["compared_at"] == 6
+    k = json.loads((out / "config.json").read_text())["cvae"]["k"]
+    assert all(max(r["val_mi"]) < kept_threshold(k) for r in rounds)
+    compared = rounds[-1]
+    for seed, recon, mi in zip(made["seeds"], compared["val_recon"], compared["val_mi"]):
         run = out / "starts" / f"seed-{seed}"
         assert json.loads((run / "config.json").read_text())["optim"]["seed"] == seed
         final = [r for r in read_metrics(run) if r.get("split") == "val"][-1]
-        assert final["step"] == START_STEPS and final["recon"] == recon
-    assert len(set(made["val_recon"])) == STARTS  # the starts differ, so the choice means something
-    assert made["seed"] == made["seeds"][made["val_recon"].index(min(made["val_recon"]))]
+        assert final["step"] == 6 and final["recon"] == recon and final["mi"] == mi
+    assert len(set(compared["val_recon"])) == STARTS  # the starts differ, so the choice means something
+    assert made["seed"] == made["seeds"][compared["val_recon"].index(min(compared["val_recon"]))]
     assert json.loads((out / "config.json").read_text())["optim"]["seed"] == made["seed"]
+
+
+def test_the_starts_are_compared_once_a_code_has_formed():
+    cfg = CVAEConfig(k=4)
+    assert not code_formed([0.1, 0.6, 0.3], type("Run", (), {"cvae": cfg})())  # 0.6 < log(4) / 2 = 0.69
+    assert code_formed([0.1, 0.7, 0.3], type("Run", (), {"cvae": cfg})())
+    assert code_formed([None], type("Run", (), {"cvae": CVAEConfig(latent="continuous")})())
+
+
+def test_at_start_steps_max_the_starts_are_compared_once(tiny_dropout, tmp_path):
+    cfg = with_starts(config(tiny_dropout, tmp_path / "run", "to the cap"), start_steps_max=START_STEPS)
+    made = train(cfg)["start"]
+    assert [r["steps"] for r in made["rounds"]] == [START_STEPS] and made["compared_at"] == START_STEPS
 
 
 def test_the_job_ends_where_a_single_run_from_the_chosen_seed_ends(tiny_dropout, started, tmp_path):
@@ -61,7 +84,8 @@ def test_a_finished_job_run_again_trains_nothing(tiny_dropout, started):
     assert again["start"] == result["start"] and again["nll_token_mean"] == result["nll_token_mean"]
 
 
-@pytest.mark.parametrize("n", [1, STARTS * START_STEPS + CKPT_EVERY])  # in the first start; after the choice
+# in the first start; in the second round; after the choice (three rounds of STARTS * START_STEPS steps)
+@pytest.mark.parametrize("n", [1, STARTS * START_STEPS + CKPT_EVERY, 3 * STARTS * START_STEPS + CKPT_EVERY])
 def test_a_killed_job_run_again_ends_bitwise_equal(tiny_dropout, started, tmp_path, n):
     cfg = with_starts(config(tiny_dropout, tmp_path / "run", "to the cap"))
     steps = iter(range(1, 10 ** 6))  # the hook counts steps over the whole job, the starts included
@@ -90,6 +114,8 @@ def test_a_run_directory_trained_without_starts_is_refused(tiny_dropout, tmp_pat
 def test_starts_must_be_positive(tiny_dropout, tmp_path):
     with pytest.raises(ValueError, match="starts and start_steps must be >= 1"):
         with_starts(config(tiny_dropout, tmp_path, "to the cap"), starts=0)
+    with pytest.raises(ValueError, match=r"start_steps_max \(1\) must be >= start_steps \(2\)"):
+        with_starts(config(tiny_dropout, tmp_path, "to the cap"), start_steps_max=1)
 
 
 

@@ -21,7 +21,7 @@ import click
 from tokweight.config_files import preset_config, preset_names
 from tokweight.experiments.artefacts import TaskConfig, synthetic_task
 from tokweight.training.train_config import OptimConfig
-from tokweight.experiments.results import KEPT_FRACTION, kept_threshold
+from tokweight.training.metrics import KEPT_FRACTION, kept_threshold
 
 WEIGHTINGS = ("uniform", "surprisal-share")
 """The two reconstructions the demo compares; everything else is the default configuration."""

@@ -50,7 +50,8 @@ FLAGS = (
     Flag("--starts", "optim.starts", "Initialisations trained --start-steps each; the one whose validation "
          "reconstruction (the weighting's, under q) is least goes on (RUN/starts/, RUN/starts.json).",
          default="3 for a discrete latent, 1 for a continuous one"),
-    Flag("--start-steps", "optim.start_steps", "Steps each start trains before they are compared."),
+    Flag("--start-steps", "optim.start_steps", "Steps each start trains before they are compared; again while no "
+         "start's code has formed, up to optim.start_steps_max."),
     Flag("--batch-size", "optim.batch_size", "Per rank."),
     Flag("--lr", "optim.lr", "AdamW learning rate."),
     Flag("--lr-decay", "optim.lr_decay",

@@ -53,6 +53,7 @@ from tokweight.training.data import StoreRef, StreamSpec, extract_command, shard
 from tokweight.training.engine import build_device, is_sharded, load_optimizer_state, wrap
 from tokweight.training.faults import NO_HOOKS, Hooks
 from tokweight.training.global_batch import GlobalBatch
+from tokweight.training.metrics import kept_threshold
 from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
 from tokweight.training.losses import WEIGHTINGS, WeightingParams
 from tokweight.training.run_dir import append_metrics, committed_checkpoint, resume, write_config
@@ -366,33 +367,54 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
     """Train each of ``cfg.optim.starts`` initialisations for ``start_steps`` in its own run directory
     (RUN/starts/seed-S/, resumable like any run), validate each on the whole val split, and choose the one with
     the least reconstruction E_q[R] under the run's weighting: a code that merges strategies reconstructs the
-    tokens that decide the strategy worse. RUN/starts.json records the choice; a job that has one (run again)
-    keeps it."""
-    out = Path(cfg.io.out)
-    seeds = [cfg.optim.seed * cfg.optim.starts + i for i in range(cfg.optim.starts)]
-    made = json.loads((out / "starts.json").read_text()) if (out / "starts.json").is_file() else None
-    if made is not None and made["seeds"] == seeds and made["start_steps"] == cfg.optim.start_steps:
+    tokens that decide the strategy worse. While no start's code has formed (``code_formed``), every start goes on
+    by ``start_steps`` first (a round), up to ``start_steps_max`` and below the cap. RUN/starts.json records each
+    round and the choice; a job run again resumes from its last round, and keeps a choice made."""
+    out, optim = Path(cfg.io.out), cfg.optim
+    seeds = [optim.seed * optim.starts + i for i in range(optim.starts)]
+    plan = {"seeds": seeds, "start_steps": optim.start_steps, "start_steps_max": optim.start_steps_max}
+    made = json.loads((out / "starts.json").read_text()) if (out / "starts.json").is_file() else {}
+    same = made and all(made.get(k, v if k == "start_steps_max" else None) == v for k, v in plan.items())
+    if same and "seed" in made:
         return made
     if (committed_checkpoint(out) / "state.json").is_file():
-        raise ValueError(f"{out} holds a run trained without these starts ({cfg.optim.starts} of "
-                         f"{cfg.optim.start_steps} steps from seed {cfg.optim.seed}); use a new --out")
-    recon = [train_start(cfg, seed, ranks, hooks, announce=i == 0) for i, seed in enumerate(seeds)]
-    made = {"seeds": seeds, "start_steps": cfg.optim.start_steps, "val_recon": recon,
-            "seed": seeds[int(np.argmin(recon))]}
-    if ranks.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "starts.json").write_text(json.dumps(made, indent=1) + "\n")
+        raise ValueError(f"{out} holds a run trained without these starts ({optim.starts} of "
+                         f"{optim.start_steps} steps from seed {optim.seed}); use a new --out")
+    rounds, last = (made.get("rounds", []) if same else []), min(optim.start_steps_max, optim.steps - 1)
+    announce = True
+    while not rounds or not (code_formed(rounds[-1]["val_mi"], cfg)
+                             or rounds[-1]["steps"] + optim.start_steps > last):
+        until = rounds[-1]["steps"] + optim.start_steps if rounds else optim.start_steps
+        val = [train_start(cfg, seed, until, ranks, hooks, announce=announce and i == 0) for i, seed in enumerate(seeds)]
+        announce = False
+        rounds.append({"steps": until, "val_recon": [v["recon"] for v in val], "val_mi": [v.get("mi") for v in val]})
+        write_starts(out, ranks, plan | {"rounds": rounds})
+    made = plan | {"rounds": rounds, "compared_at": rounds[-1]["steps"],
+                   "seed": seeds[int(np.argmin(rounds[-1]["val_recon"]))]}
+    write_starts(out, ranks, made)
     return ranks.broadcast(made)
 
 
-def train_start(cfg: TrainConfig, seed: int, ranks: Ranks, hooks: Hooks, announce: bool) -> float:
-    """One start: the whole run's config from ``seed``, trained to ``start_steps`` (its validations and stop rule
-    go as in a run from that seed) and checkpointed there; its reconstruction E_q[R] on the whole val split,
-    logged in its own metrics."""
+def write_starts(out: Path, ranks: Ranks, made: dict) -> None:
+    if ranks.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "starts.json").write_text(json.dumps(made, indent=1) + "\n")
+
+
+def code_formed(val_mi: list[float | None], cfg: TrainConfig) -> bool:
+    """Whether some start's code has formed: its exact MI on the val split at least ``kept_threshold(K)`` (a
+    discrete latent; a continuous one is compared as it is)."""
+    return cfg.cvae.latent != "discrete" or max(val_mi) >= kept_threshold(cfg.cvae.k)
+
+
+def train_start(cfg: TrainConfig, seed: int, until: int, ranks: Ranks, hooks: Hooks, announce: bool) -> dict:
+    """One start: the whole run's config from ``seed``, trained (or resumed) to step ``until`` (its validations and
+    stop rule go as in a run from that seed) and checkpointed there; its metrics on the whole val split (the
+    reconstruction E_q[R], the exact MI), logged in its own metrics."""
     start = replace(seeded(cfg, seed), io=replace(cfg.io, out=str(start_dir(cfg, seed))))
     state = setup(start, ranks, announce=announce)
     Path(start.io.out).mkdir(parents=True, exist_ok=True)
     if ranks.is_main:
         write_config(start)
-    fit(state, start, hooks, until=cfg.optim.start_steps)
-    return validate_run(state, start)["recon"]
+    fit(state, start, hooks, until=until)
+    return validate_run(state, start)

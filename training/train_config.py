@@ -177,14 +177,20 @@ class OptimConfig:
     merges strategies reconstructs worse); 1 for a continuous one, whose merged code reconstructs better, so the
     comparison would choose it."""
     start_steps: int = 200
-    """Steps each start trains before they are compared; a run capped at no more has one start. Longer where z is
-    found slowly (docs/results.md, "The default at a practical cost")."""
+    """Steps each start trains before they are compared; a run capped at no more has one start."""
+    start_steps_max: int = 800
+    """Where no start's code has formed after ``start_steps`` (exact MI below half of log K on the val split), every
+    start trains ``start_steps`` more, until one has or they reach this (and below the cap): a comparison of codes
+    not yet formed chooses at random (docs/results.md, "The default at a practical cost"). At ``start_steps``: one
+    comparison, whatever the codes."""
 
     def __post_init__(self):
         if isinstance(self.stop, dict):
             object.__setattr__(self, "stop", StopRule(**self.stop))
         if min(self.steps, self.batch_size, self.start_steps) < 1 or (self.starts is not None and self.starts < 1):
             raise ValueError("steps, batch_size, starts and start_steps must be >= 1")
+        if self.start_steps_max < self.start_steps:
+            raise ValueError(f"start_steps_max ({self.start_steps_max}) must be >= start_steps ({self.start_steps})")
         if not 0 <= self.lr_decay < 1:
             raise ValueError(f"lr_decay is a fraction of the run in [0, 1), got {self.lr_decay}")
 

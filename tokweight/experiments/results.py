@@ -57,13 +57,6 @@ def pm(row: dict, metric: str) -> str:
 
 # ---------------------------------------------------------------- when z counts as kept, and beta_c
 
-KEPT_FRACTION = 0.5
-"""z counts as kept when the exact MI is at least this fraction of log S."""
-
-
-def kept_threshold(k: int) -> float:
-    """KEPT_FRACTION * log K nats: the exact MI at which z of K values counts as kept."""
-    return KEPT_FRACTION * math.log(k)
 
 PREDICTION_TOLERANCE = 1.5
 """The factor within which a measured beta_c counts as predicted by the store (issue #18's target)."""

@@ -39,10 +39,10 @@ from tokweight.config_files import preset_config
 from tokweight.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all, synthetic_task
 from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.experiments.recipes import recipe_overrides
-from tokweight.experiments.results import (CRITERIA, KEPT_FRACTION, NO_BETA, PREDICTION_TOLERANCE, aggregate,
-                                                    beta_c, bracket, header_lines, kept_threshold, log_grid, mean_std,
-                                                    midpoint, narrow, pm, show, suffix, write_config, write_csv)
-from tokweight.training.metrics import entropy
+from tokweight.experiments.results import (CRITERIA, NO_BETA, PREDICTION_TOLERANCE, aggregate, beta_c, bracket,
+                                                    header_lines, log_grid, mean_std, midpoint, narrow, pm, show, suffix,
+                                                    write_config, write_csv)
+from tokweight.training.metrics import KEPT_FRACTION, entropy, kept_threshold
 
 
 @dataclass(frozen=True)
