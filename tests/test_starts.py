@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.test_resume import CKPT_EVERY, FILES, STEPS, Killed, config, kill_after_step, train
+from tests.test_resume import CKPT_EVERY, CONVERGED_END, FILES, STEPS, Killed, config, kill_after_step, train
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.faults import Hooks
 from tokweight.training.metrics import kept_threshold
@@ -76,6 +76,20 @@ def test_the_job_ends_where_a_single_run_from_the_chosen_seed_ends(tiny_dropout,
         assert (out / "checkpoint" / name).read_bytes() == (single / "checkpoint" / name).read_bytes(), name
     assert (out / "metrics.jsonl").read_text() == (single / "metrics.jsonl").read_text()
     assert result["nll_token_mean"] == alone["nll_token_mean"]
+
+
+def test_a_start_that_stopped_during_the_rounds_ends_the_job_where_its_single_run_ends(tiny_dropout, tmp_path):
+    """Rounds of one step up to the cap's last: every start converges at 4 and stops at 7 within them, so the
+    run goes on from a start with nothing left to train, and still ends as the single run from its seed."""
+    job = train(with_starts(config(tiny_dropout, tmp_path / "run", "converges"), start_steps=1))
+    assert job["start"]["compared_at"] == CONVERGED_END and job["stop"]["step"] == CONVERGED_END
+    single = tmp_path / "single"
+    cfg = config(tiny_dropout, single, "converges")
+    alone = train(replace(cfg, optim=replace(cfg.optim, seed=job["start"]["seed"])))
+    for name in FILES:
+        assert (tmp_path / "run" / "checkpoint" / name).read_bytes() == (single / "checkpoint" / name).read_bytes()
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == (single / "metrics.jsonl").read_text()
+    assert job["nll_token_mean"] == alone["nll_token_mean"]
 
 
 def test_a_finished_job_run_again_trains_nothing(tiny_dropout, started):

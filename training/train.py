@@ -43,7 +43,7 @@ from tokweight.pipeline.labels import load_labels
 from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.vocab import Vocab
 from tokweight.training.baselines import POLICIES, AdaptersOff, make_baseline
-from tokweight.training.callbacks import Checkpoint, Faults, MetricsLine, StopRule, validate_run
+from tokweight.training.callbacks import Checkpoint, Faults, MetricsLine, StopRule, checkpoint, validate_run
 from tokweight.training.conditioning import token_key_values
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.convergence import Convergence
@@ -317,6 +317,8 @@ def train_to_end(state: State, cfg: TrainConfig, hooks: Hooks) -> dict:
         write_config(cfg)
     t0 = time.perf_counter()
     bytes_read = fit(state, cfg, hooks)
+    if not (committed_checkpoint(Path(cfg.io.out)) / "state.json").is_file():  # it went on from a start that had
+        checkpoint(state, cfg, hooks)  # stopped (its stop rule fired during the comparison's rounds): RUN's too
     wall = time.perf_counter() - t0
     metrics = validate_run(state, cfg)
     stop = stop_record(state, cfg)
