@@ -369,8 +369,8 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
     """Train each of ``cfg.optim.starts`` initialisations for ``start_steps`` in its own run directory
     (RUN/starts/seed-S/, resumable like any run), validate each on the whole val split, and choose the one with
     the least reconstruction E_q[R] under the run's weighting: a code that merges strategies reconstructs the
-    tokens that decide the strategy worse. While no start's code has formed (``code_formed``), every start goes on
-    by ``start_steps`` first (a round), up to ``start_steps_max`` and below the cap. RUN/starts.json records each
+    tokens that decide the strategy worse. While no start's code has formed but one is forming (``another_round``),
+    every start goes on by ``start_steps`` first (a round), up to ``start_steps_max`` and below the cap. RUN/starts.json records each
     round and the choice; a job run again resumes from its last round, and keeps a choice made."""
     out, optim = Path(cfg.io.out), cfg.optim
     seeds = [optim.seed * optim.starts + i for i in range(optim.starts)]
@@ -384,8 +384,7 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
                          f"{optim.start_steps} steps from seed {optim.seed}); use a new --out")
     rounds, last = (made.get("rounds", []) if same else []), min(optim.start_steps_max, optim.steps - 1)
     announce = True
-    while not rounds or not (code_formed(rounds[-1]["val_mi"], cfg)
-                             or rounds[-1]["steps"] + optim.start_steps > last):
+    while not rounds or another_round(rounds, cfg, last):
         until = rounds[-1]["steps"] + optim.start_steps if rounds else optim.start_steps
         val = [train_start(cfg, seed, until, ranks, hooks, announce=announce and i == 0) for i, seed in enumerate(seeds)]
         announce = False
@@ -401,6 +400,17 @@ def write_starts(out: Path, ranks: Ranks, made: dict) -> None:
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "starts.json").write_text(json.dumps(made, indent=1) + "\n")
+
+
+def another_round(rounds: list[dict], cfg: TrainConfig, last: int) -> bool:
+    """Whether the starts train ``start_steps`` more before they are compared: no start's code has formed yet
+    (``code_formed``), the best start's exact MI rose over the last round (from 0 before the first) by at least the
+    stop rule's ``min_delta_mi`` (a z that is not being found, uniform's or past beta_c, is compared at once), and
+    the round ends by ``last``."""
+    if code_formed(rounds[-1]["val_mi"], cfg) or rounds[-1]["steps"] + cfg.optim.start_steps > last:
+        return False
+    before = max(rounds[-2]["val_mi"]) if len(rounds) > 1 else 0.0
+    return max(rounds[-1]["val_mi"]) - before >= cfg.optim.stop.min_delta_mi
 
 
 def code_formed(val_mi: list[float | None], cfg: TrainConfig) -> bool:

@@ -179,10 +179,10 @@ class OptimConfig:
     start_steps: int = 200
     """Steps each start trains before they are compared; a run capped at no more has one start."""
     start_steps_max: int = 800
-    """Where no start's code has formed after ``start_steps`` (exact MI below half of log K on the val split), every
-    start trains ``start_steps`` more, until one has or they reach this (and below the cap): a comparison of codes
-    not yet formed chooses at random (docs/results.md, "The default at a practical cost"). At ``start_steps``: one
-    comparison, whatever the codes."""
+    """Where no start's code has formed after ``start_steps`` (exact MI below half of log K on the val split) but the
+    best is rising (by the stop rule's min_delta_mi a round), every start trains ``start_steps`` more, until one has
+    or they reach this (and below the cap): a comparison of codes not yet formed chooses at random
+    (docs/results.md, "The default at a practical cost"). At ``start_steps``: one comparison, whatever the codes."""
 
     def __post_init__(self):
         if isinstance(self.stop, dict):
