@@ -317,8 +317,6 @@ def train_to_end(state: State, cfg: TrainConfig, hooks: Hooks) -> dict:
         write_config(cfg)
     t0 = time.perf_counter()
     bytes_read = fit(state, cfg, hooks)
-    if not (committed_checkpoint(Path(cfg.io.out)) / "state.json").is_file():  # it went on from a start that had
-        checkpoint(state, cfg, hooks)  # stopped (its stop rule fired during the comparison's rounds): RUN's too
     wall = time.perf_counter() - t0
     metrics = validate_run(state, cfg)
     stop = stop_record(state, cfg)
@@ -348,7 +346,10 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
         chosen_before = (Path(cfg.io.out) / "starts.json").is_file()  # then no start announces the job
         made = compare_starts(cfg, ranks, hooks)
         chosen = seeded(cfg, made["seed"])
+        fresh = ranks.broadcast(not (committed_checkpoint(Path(cfg.io.out)) / "state.json").is_file())
         state = setup(chosen, ranks, continue_from=start_dir(cfg, made["seed"]), announce=chosen_before)
+        if fresh and state.progress.stop_reason(chosen.optim.steps, chosen.optim.lr_decay):  # the start stopped
+            checkpoint(state, chosen, hooks)  # during the rounds and trains no more: its checkpoint is RUN's
         return train_to_end(state, chosen, hooks) | {"start": made}
     finally:
         # a sharded model's reference cycles hold the process group: collected before the group goes, not at the
@@ -384,7 +385,7 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
                          f"{optim.start_steps} steps from seed {optim.seed}); use a new --out")
     rounds, last = (made.get("rounds", []) if same else []), min(optim.start_steps_max, optim.steps - 1)
     announce = True
-    while not rounds or another_round(rounds, cfg, last):
+    while not rounds or ranks.broadcast(another_round(rounds, cfg, last)):  # rank 0's decision: ranks in step
         until = rounds[-1]["steps"] + optim.start_steps if rounds else optim.start_steps
         val = [train_start(cfg, seed, until, ranks, hooks, announce=announce and i == 0) for i, seed in enumerate(seeds)]
         announce = False
