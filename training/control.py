@@ -162,10 +162,10 @@ def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabe
     """Synthetic data: the share of decodes under each latent value that execute each strategy s (equal s(x)),
     control accuracy = matched executions / (examples x V) under the Hungarian map latent value -> strategy
     (whether a value means the same strategy across inputs), decode_strategy_mi = I(value; strategy) over the
-    decodes that execute one (whether each value names one strategy, as its decodes show), and coverage = the mean number of distinct
-    strategies an input's V decodes execute (whether z selects among them per input; a conditional prior
-    can assign them per input, which covers every strategy while naming none); with, per example and
-    latent value, the strategy its decode executes (or None)."""
+    decodes that execute one (whether each value names one strategy, as its decodes show), and coverage = the
+    mean number of distinct strategies an input's V decodes execute (whether z selects among them per input; a
+    conditional prior can assign them per input, which covers every strategy while naming none); with, per
+    example and latent value, the strategy its decode executes (or None)."""
     V, names = len(outputs[0]), sorted(labels.outputs(samples[0].x))
     counts = np.zeros((V, len(names) + 1))  # last column: executes no strategy
     hits = []
@@ -197,8 +197,9 @@ def reproduction_by_label(outputs: list, refs: list, strategies: list) -> dict |
         for v, y in enumerate(row):
             if label is not None and y == ref:
                 counts[v, labels.index(label)] += 1
-    reproduces = {str(v): {labels[j]: float(counts[v, j] / counts[v].sum()) for j in np.argsort(-counts[v], kind="stable")
-                           if counts[v, j]} or None for v in range(len(counts))}
+    order = np.argsort(-counts, axis=1, kind="stable")  # per value, its labels most reproduced first
+    reproduces = {str(v): {labels[j]: float(counts[v, j] / counts[v].sum()) for j in order[v] if counts[v, j]} or None
+                  for v in range(len(counts))}
     return {"reproduces": reproduces, "reproductions": int(counts.sum()), "decode_strategy_mi": contingency_mi(counts)}
 
 

@@ -371,13 +371,15 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
     (RUN/starts/seed-S/, resumable like any run), validate each on the whole val split, and choose the one with
     the least reconstruction E_q[R] under the run's weighting: a code that merges strategies reconstructs the
     tokens that decide the strategy worse. While no start's code has formed but one is forming (``another_round``),
-    every start goes on by ``start_steps`` first (a round), up to ``start_steps_max`` and below the cap. RUN/starts.json records each
-    round and the choice; a job run again resumes from its last round, and keeps a choice made."""
+    every start goes on by ``start_steps`` first (a round), up to ``start_steps_max`` and below the cap.
+    RUN/starts.json records each round and the choice; a job run again resumes from its last round, and keeps a
+    choice made."""
     out, optim = Path(cfg.io.out), cfg.optim
     seeds = [optim.seed * optim.starts + i for i in range(optim.starts)]
     plan = {"seeds": seeds, "start_steps": optim.start_steps, "start_steps_max": optim.start_steps_max}
     made = json.loads((out / "starts.json").read_text()) if (out / "starts.json").is_file() else {}
-    same = made and all(made.get(k, v if k == "start_steps_max" else None) == v for k, v in plan.items())
+    before_rounds = {"start_steps_max": optim.start_steps_max}  # a choice made before there were rounds stands
+    same = all((before_rounds | made).get(k) == v for k, v in plan.items())
     if same and "seed" in made:
         return made
     if (committed_checkpoint(out) / "state.json").is_file():
@@ -387,7 +389,8 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
     announce = True
     while not rounds or ranks.broadcast(another_round(rounds, cfg, last)):  # rank 0's decision: ranks in step
         until = rounds[-1]["steps"] + optim.start_steps if rounds else optim.start_steps
-        val = [train_start(cfg, seed, until, ranks, hooks, announce=announce and i == 0) for i, seed in enumerate(seeds)]
+        val = [train_start(cfg, seed, until, ranks, hooks, announce=announce and i == 0)
+               for i, seed in enumerate(seeds)]
         announce = False
         rounds.append({"steps": until, "val_recon": [v["recon"] for v in val], "val_mi": [v.get("mi") for v in val]})
         write_starts(out, ranks, plan | {"rounds": rounds})
