@@ -302,17 +302,17 @@ def z_statement(outcome: str, metrics: dict, control: dict, free: dict, likeliho
     return f"{outcome}: " + "; ".join(parts) + "."
 
 
-def value_report(clusters: list[int], strategies: list, executes: dict | None, V: int) -> dict:
+def value_report(clusters: list[int], strategies: list, decoded: dict | None, V: int) -> dict:
     """Per latent value, whether it can be trusted to mean one strategy: the examples the posterior gives it
     (clusters[i]: example i's value over the split; strategies[i] its label or None), their labels' shares, the
-    shares of strategies its decodes execute (``strategy_execution``'s ``executes``, synthetic data, or the labels
-    of the lines they reproduce, ``reproduction_by_label``'s ``reproduces``; or None), and its status
+    shares of strategies its decodes execute (``decoded``: ``strategy_execution``'s ``executes``, synthetic data,
+    or the labels of the lines they reproduce, ``reproduction_by_label``'s ``reproduces``; or None), and its status
     (``VALUE_RULE``, ``value_status``)."""
     values = {}
     for v in range(V):
         labels = [s for c, s in zip(clusters, strategies) if c == v and s is not None]
         row = {"examples": int(sum(c == v for c in clusters)), "labels": shares(labels),
-               "decodes": None if executes is None or executes[str(v)] is None else dict(executes[str(v)])}
+               "decodes": None if decoded is None or decoded[str(v)] is None else dict(decoded[str(v)])}
         ranked = sorted(((p, n) for n, p in (row["decodes"] or row["labels"] or {}).items() if n != "none"),
                         reverse=True)
         row["strategy"], row["share"] = (ranked[0][1], ranked[0][0]) if ranked else (None, None)

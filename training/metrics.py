@@ -70,15 +70,6 @@ def strategy_mi(q: np.ndarray, labels: list) -> float:
     return float(entropy(q.mean(0)) - per_label)
 
 
-def contingency_mi(counts: np.ndarray) -> float:
-    """I(a; b) = H(b) - sum_a p(a) H(b | a), nats, of a (A, B) table of counts (rows without counts drop out)."""
-    counts = counts[counts.sum(1) > 0]
-    if not counts.size:
-        return 0.0
-    p_a = counts.sum(1) / counts.sum()
-    return float(entropy(counts.sum(0) / counts.sum()) - (p_a * entropy(counts / counts.sum(1, keepdims=True))).sum())
-
-
 def usage(q: np.ndarray) -> dict:
     """Aggregate posterior qbar = mean_i q_i (K,); perplexity = exp(H(qbar)), in [1, K]."""
     qbar = q.mean(0)
@@ -117,14 +108,20 @@ def contingency(labels: list, clusters: np.ndarray, n_clusters: int | None = Non
     return table, names
 
 
+def contingency_mi(counts: np.ndarray) -> float:
+    """I(a; b) = H(b) - sum_a p(a) H(b | a), nats, of a (A, B) table of counts (rows without counts drop out)."""
+    counts = counts[counts.sum(1) > 0]
+    if not counts.size:
+        return 0.0
+    p_a = counts.sum(1) / counts.sum()
+    return float(entropy(counts.sum(0) / counts.sum()) - (p_a * entropy(counts / counts.sum(1, keepdims=True))).sum())
+
+
 def nmi(table: np.ndarray) -> float:
     """NMI = 2 I(C; S) / (H(C) + H(S)) from a (C, S) count table (arithmetic normalisation)."""
     p = table / table.sum()
-    pc, ps = p.sum(1), p.sum(0)
-    nz = p > 0
-    mi = float((p[nz] * np.log(p[nz] / np.outer(pc, ps)[nz])).sum())
-    denom = float(entropy(pc) + entropy(ps))
-    return 2 * mi / denom if denom > 0 else 0.0
+    denom = float(entropy(p.sum(1)) + entropy(p.sum(0)))
+    return 2 * contingency_mi(table) / denom if denom > 0 else 0.0
 
 
 def hungarian_accuracy(table: np.ndarray) -> float:
