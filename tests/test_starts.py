@@ -29,11 +29,9 @@ def rounds_while_room(rounds, cfg, last) -> bool:
     return rounds[-1]["steps"] + cfg.optim.start_steps <= last
 
 
-@pytest.fixture(scope="module")
-def forming():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train_module, "another_round", rounds_while_room)
-        yield
+@pytest.fixture
+def forming(monkeypatch):
+    monkeypatch.setattr(train_module, "another_round", rounds_while_room)
 
 
 def never_step(step: int) -> None:
@@ -41,10 +39,12 @@ def never_step(step: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def started(tiny_dropout, tmp_path_factory, forming):
+def started(tiny_dropout, tmp_path_factory):
     """(run dir, result) of the job with starts, in rounds up to the cap's last step."""
     out = tmp_path_factory.mktemp("starts") / "run"
-    return out, train(with_starts(config(tiny_dropout, out, "to the cap")))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_module, "another_round", rounds_while_room)
+        return out, train(with_starts(config(tiny_dropout, out, "to the cap")))
 
 
 def test_each_start_has_its_own_seed_and_the_least_validation_reconstruction_is_chosen(started):
@@ -73,12 +73,13 @@ def test_the_starts_go_on_while_a_code_is_forming_and_not_yet_formed(tiny_dropou
     def rounds(*best):
         return [{"steps": 200 * (i + 1), "val_mi": [0.0, mi]} for i, mi in enumerate(best)]
 
-    assert another_round(rounds(0.05), cfg, 799) and another_round(rounds(0.05, 0.3), cfg, 799)
-    assert not another_round(rounds(0.7), cfg, 799)  # formed
-    assert not another_round(rounds(0.01), cfg, 799)  # not forming: uniform's, or past beta_c
-    assert not another_round(rounds(0.05, 0.06), cfg, 799)  # stopped rising
-    assert not another_round(rounds(0.05, 0.3, 0.5, 0.6), cfg, 799)  # at start_steps_max
-    assert not another_round(rounds(0.05), cfg, 399)  # the next round would reach the cap
+    assert another_round(rounds(0.05), cfg, 800) and another_round(rounds(0.05, 0.3), cfg, 800)
+    assert another_round(rounds(0.05, 0.3, 0.5), cfg, 800)  # its round ends at 800, start_steps_max itself
+    assert not another_round(rounds(0.05, 0.3, 0.5, 0.6), cfg, 800)  # at start_steps_max
+    assert not another_round(rounds(0.7), cfg, 800)  # formed
+    assert not another_round(rounds(0.01), cfg, 800)  # not forming: uniform's, or past beta_c
+    assert not another_round(rounds(0.05, 0.065), cfg, 800)  # stopped rising (by no more than 0.02)
+    assert not another_round(rounds(0.05), cfg, 399)  # the next round would pass the cap's last step
     assert code_formed([None], SimpleNamespace(cvae=CVAEConfig(latent="continuous")))
 
 
@@ -86,6 +87,22 @@ def test_at_start_steps_max_the_starts_are_compared_once(tiny_dropout, tmp_path,
     cfg = with_starts(config(tiny_dropout, tmp_path / "run", "to the cap"), start_steps_max=START_STEPS)
     made = train(cfg)["start"]
     assert [r["steps"] for r in made["rounds"]] == [START_STEPS] and made["compared_at"] == START_STEPS
+
+
+def test_a_z_not_being_found_is_compared_at_once(tiny_dropout, tmp_path):
+    """The rule itself on a tiny run: two steps find no z (exact MI far under 0.02), so no second round."""
+    made = train(with_starts(config(tiny_dropout, tmp_path / "run", "to the cap")))["start"]
+    assert len(made["rounds"]) == 1 and max(made["rounds"][0]["val_mi"]) < 0.02 and made["compared_at"] == START_STEPS
+
+
+def test_a_start_past_its_round_is_refused(tiny_dropout, tmp_path, forming):
+    """starts.json lost (deleted by hand) while the starts hold later checkpoints: the rounds cannot be replayed."""
+    cfg = with_starts(config(tiny_dropout, tmp_path / "run", "to the cap"))
+    with pytest.raises(Killed):
+        train(cfg, kill_after_step(2 * START_STEPS + 1))  # the first step past round 2: every start is at step 4
+    (tmp_path / "run" / "starts.json").unlink()
+    with pytest.raises(ValueError, match=r"is at step 4, past the round's 2: .*starts.json has lost its rounds"):
+        train(cfg)
 
 
 def test_the_job_ends_where_a_single_run_from_the_chosen_seed_ends(tiny_dropout, started, tmp_path):

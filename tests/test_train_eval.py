@@ -45,7 +45,7 @@ def test_eval_writes_json_and_its_markdown_renders(tiny, tmp_path):
     md = write_eval_md(tmp_path / "run", saved).read_text()  # from eval.json read back: plain data suffices
     assert "| strategy_nmi |" in md and md.startswith("## Verdict\n\n**z not used**\n\nz not used: ")
     assert 0.0 <= saved["decode"]["decode_strategy_mi"] <= np.log(4) + 1e-9
-    assert f"execute one: {saved['decode']['decode_strategy_mi']:.3f} nats" in md
+    assert f"execute one: {saved['decode']['decode_strategy_mi']:.3f} nats (" in md
     assert saved["z_used"]["outcome"] == "z not used"
     metrics = saved["metrics"]  # the continuous MI estimate with its SE, and the rule it is judged by
     assert metrics["mi_estimate"] >= 0 and metrics["mi_estimate_se"] >= 0

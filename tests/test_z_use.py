@@ -13,8 +13,9 @@ from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
 from tokweight.report.eval_md import eval_markdown, write_eval_md
 from tokweight.training.configs import CVAEConfig
-from tokweight.training.control import (CONTROL_FLOOR, label_free_control, likelihood_control, reference_control,
-                                        reproduction_by_label, strategy_execution, value_report, z_use)
+from tokweight.training.control import (CONTROL_FLOOR, MIN_REPRODUCTIONS, label_free_control, likelihood_control,
+                                        reference_control, reproduction_by_label, strategy_execution, value_report,
+                                        z_use)
 from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.metrics import EvalRecords, gaussian_mi
 from tokweight.experiments.recipes import with_recipe
@@ -193,25 +194,30 @@ def test_strategy_execution_tells_a_strategy_code_from_a_per_input_assignment():
     assert [result[n]["decode_strategy_mi"] for n in result] == pytest.approx([math.log(2), 0.0, 0.0])
     invalid = [[("p", "q"), ("q", "q")], [("r", "s"), ("s", "r")]]  # value 1's first decode executes neither
     partial = strategy_execution(samples, invalid, TwoStrategyLabels())[0]
-    assert partial["valid_decodes"] == 0.75
+    assert partial["executing_share"] == 0.75 and partial["decode_strategy_mi_max"] == pytest.approx(math.log(2))
     # 3 valid decodes: value 0 copies twice, value 1 reverses once: I = H(1/3) - 0
     assert partial["decode_strategy_mi"] == pytest.approx(-(1 / 3) * math.log(1 / 3) - (2 / 3) * math.log(2 / 3))
 
 
 def test_the_lines_a_value_reproduces_tell_a_strategy_code_from_a_merge():
-    """Four labelled lines, two values. Value 0 reproduces the two copy lines (a code); value 1 reproduces one
+    """Four labelled lines (each 5 times), two values. Value 0 reproduces the copy lines (a code); value 1 one
     copy line and one reverse line (a merge); a decode that reproduces no line counts for nothing."""
-    refs = [("p", "q"), ("r", "s"), ("q", "p"), ("s", "r")]
-    strategies = ["copy", "copy", "reverse", "reverse"]
-    outputs = [[("p", "q"), ("p", "q")], [("r", "s"), ("x",)], [("p", "q"), ("x",)], [("r", "s"), ("s", "r")]]
+    refs = [("p", "q"), ("r", "s"), ("q", "p"), ("s", "r")] * 5
+    strategies = ["copy", "copy", "reverse", "reverse"] * 5
+    outputs = [[("p", "q"), ("p", "q")], [("r", "s"), ("x",)], [("p", "q"), ("x",)], [("r", "s"), ("s", "r")]] * 5
     got = reproduction_by_label(outputs, refs, strategies)
-    assert got["reproduces"] == {"0": {"copy": 1.0}, "1": {"copy": 0.5, "reverse": 0.5}} and got["reproductions"] == 4
+    assert got["reproduces"] == {"0": {"copy": 1.0}, "1": {"copy": 0.5, "reverse": 0.5}} and got["reproductions"] == 20
     # I = H(label) - sum_v p(v) H(label | v) = H(1/4, 3/4) - 1/2 log 2
     h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
     assert got["decode_strategy_mi"] == pytest.approx(h - 0.5 * math.log(2))
-    report = value_report([0, 0, 1, 1], strategies, got["reproduces"], 2)
+    assert got["decode_strategy_mi_max"] == pytest.approx(math.log(2))
+    report = value_report([0, 0, 1, 1] * 5, strategies, got["reproduces"], 2)
     assert [r["status"] for r in report["values"].values()] == ["one strategy", "merge"]
-    assert reproduction_by_label(outputs, refs, [None] * 4) is None
+    assert reproduction_by_label(outputs, refs, [None] * 20) is None
+    # one line reproduced is no evidence: the value's posterior picks (half copy, half reverse) speak for it
+    few = reproduction_by_label(outputs[:MIN_REPRODUCTIONS - 1], refs[:MIN_REPRODUCTIONS - 1], strategies)
+    assert few["reproduces"] == {"0": None, "1": None}
+    assert value_report([0, 1, 0, 1], ["copy", "copy", "reverse", "reverse"], few["reproduces"], 2)["trusted"] == []
 
 
 def test_label_free_control_by_hand():

@@ -162,7 +162,9 @@ def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabe
     """Synthetic data: the share of decodes under each latent value that execute each strategy s (equal s(x)),
     control accuracy = matched executions / (examples x V) under the Hungarian map latent value -> strategy
     (whether a value means the same strategy across inputs), decode_strategy_mi = I(value; strategy) over the
-    decodes that execute one (whether each value names one strategy, as its decodes show), and coverage = the
+    decodes that execute one (whether each value names one strategy, as its decodes show; at most
+    decode_strategy_mi_max = log min(V, strategies)), executing_share = the share of decodes that execute one,
+    and coverage = the
     mean number of distinct strategies an input's V decodes execute (whether z selects among them per input; a
     conditional prior can assign them per input, which covers every strategy while naming none); with, per
     example and latent value, the strategy its decode executes (or None)."""
@@ -181,14 +183,20 @@ def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabe
     valid = counts[:, :-1]
     return {"executes": executes, "control_accuracy": float(accuracy), "coverage": coverage,
             "coverage_max": min(V, len(names)), "decode_strategy_mi": contingency_mi(valid),
-            "valid_decodes": float(valid.sum() / counts.sum())}, hits
+            "decode_strategy_mi_max": math.log(min(V, len(names))),
+            "executing_share": float(valid.sum() / counts.sum())}, hits
+
+
+MIN_REPRODUCTIONS = 10
+"""Lines a value's decodes must reproduce before their labels speak for it (fewer: its posterior's picks do)."""
 
 
 def reproduction_by_label(outputs: list, refs: list, strategies: list) -> dict | None:
     """Labelled data without a generator: per latent value, the labels of the lines whose own y its decode
-    reproduces (outputs[i][v] == refs[i]; strategies[i] line i's label or None), as shares of them, and
-    decode_strategy_mi = I(value; label) over those reproductions. A value that names one strategy reproduces
-    the lines of one label; a merge those of two, each on some inputs. None without labels."""
+    reproduces (outputs[i][v] == refs[i]; strategies[i] line i's label or None), as shares of them (None below
+    ``MIN_REPRODUCTIONS``), and decode_strategy_mi = I(value; label) over those reproductions (at most
+    decode_strategy_mi_max = log min(V, labels)). A value that names one strategy reproduces the lines of one
+    label; a merge those of two, each on some inputs. None without labels."""
     labels = sorted({s for s in strategies if s is not None})
     if not labels:
         return None
@@ -198,9 +206,10 @@ def reproduction_by_label(outputs: list, refs: list, strategies: list) -> dict |
             if label is not None and y == ref:
                 counts[v, labels.index(label)] += 1
     order = np.argsort(-counts, axis=1, kind="stable")  # per value, its labels most reproduced first
-    reproduces = {str(v): {labels[j]: float(counts[v, j] / counts[v].sum()) for j in order[v] if counts[v, j]} or None
-                  for v in range(len(counts))}
-    return {"reproduces": reproduces, "reproductions": int(counts.sum()), "decode_strategy_mi": contingency_mi(counts)}
+    reproduces = {str(v): {labels[j]: float(counts[v, j] / counts[v].sum()) for j in order[v] if counts[v, j]}
+                  if counts[v].sum() >= MIN_REPRODUCTIONS else None for v in range(len(counts))}
+    return {"reproduces": reproduces, "reproductions": int(counts.sum()), "decode_strategy_mi": contingency_mi(counts),
+            "decode_strategy_mi_max": math.log(min(len(counts), len(labels)))}
 
 
 def label_free_control(outputs: list, refs: list, base_outputs: list, own_values: list[int]) -> dict:

@@ -114,7 +114,8 @@ def contingency_mi(counts: np.ndarray) -> float:
     if not counts.size:
         return 0.0
     p_a = counts.sum(1) / counts.sum()
-    return float(entropy(counts.sum(0) / counts.sum()) - (p_a * entropy(counts / counts.sum(1, keepdims=True))).sum())
+    mi = entropy(counts.sum(0) / counts.sum()) - (p_a * entropy(counts / counts.sum(1, keepdims=True))).sum()
+    return max(0.0, float(mi))  # >= 0; rounding can leave -0.0
 
 
 def nmi(table: np.ndarray) -> float:

@@ -42,6 +42,7 @@ from tokweight.pipeline.errors import Skips
 from tokweight.pipeline.labels import load_labels
 from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.vocab import Vocab
+from tokweight.store.durable import write_json_atomic
 from tokweight.training.baselines import POLICIES, AdaptersOff, make_baseline
 from tokweight.training.callbacks import Checkpoint, Faults, MetricsLine, StopRule, checkpoint, validate_run
 from tokweight.training.conditioning import token_key_values
@@ -53,9 +54,9 @@ from tokweight.training.data import StoreRef, StreamSpec, extract_command, shard
 from tokweight.training.engine import build_device, is_sharded, load_optimizer_state, wrap
 from tokweight.training.faults import NO_HOOKS, Hooks
 from tokweight.training.global_batch import GlobalBatch
-from tokweight.training.metrics import kept_threshold
 from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
 from tokweight.training.losses import WEIGHTINGS, WeightingParams
+from tokweight.training.metrics import kept_threshold
 from tokweight.training.run_dir import append_metrics, committed_checkpoint, resume, write_config
 from tokweight.training.state import Progress, State, set_rng_states
 from tokweight.training.step import train_step
@@ -343,7 +344,7 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
     try:
         if not (cfg.optim.starts > 1 and cfg.optim.steps > cfg.optim.start_steps):
             return train_to_end(setup(cfg, ranks), cfg, hooks)
-        chosen_before = (Path(cfg.io.out) / "starts.json").is_file()  # then no start announces the job
+        chosen_before = "seed" in read_starts(Path(cfg.io.out))  # then no start announces the job
         made = compare_starts(cfg, ranks, hooks)
         chosen = seeded(cfg, made["seed"])
         fresh = ranks.broadcast(not (committed_checkpoint(Path(cfg.io.out)) / "state.json").is_file())
@@ -377,7 +378,7 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
     out, optim = Path(cfg.io.out), cfg.optim
     seeds = [optim.seed * optim.starts + i for i in range(optim.starts)]
     plan = {"seeds": seeds, "start_steps": optim.start_steps, "start_steps_max": optim.start_steps_max}
-    made = json.loads((out / "starts.json").read_text()) if (out / "starts.json").is_file() else {}
+    made = read_starts(out)
     before_rounds = {"start_steps_max": optim.start_steps_max}  # a choice made before there were rounds stands
     same = all((before_rounds | made).get(k) == v for k, v in plan.items())
     if same and "seed" in made:
@@ -400,21 +401,27 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
     return ranks.broadcast(made)
 
 
+def read_starts(out: Path) -> dict:
+    """RUN/starts.json: the rounds so far and, once made, the choice ("seed"); {} before the first round."""
+    return json.loads((out / "starts.json").read_text()) if (out / "starts.json").is_file() else {}
+
+
 def write_starts(out: Path, ranks: Ranks, made: dict) -> None:
+    """RUN/starts.json, atomically: a job killed while writing it finds the last round's."""
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "starts.json").write_text(json.dumps(made, indent=1) + "\n")
+        write_json_atomic(out / "starts.json", made)
 
 
 def another_round(rounds: list[dict], cfg: TrainConfig, last: int) -> bool:
     """Whether the starts train ``start_steps`` more before they are compared: no start's code has formed yet
     (``code_formed``), the best start's exact MI rose over the last round (from 0 before the first) by at least the
-    stop rule's ``min_delta_mi`` (a z that is not being found, uniform's or past beta_c, is compared at once), and
-    the round ends by ``last``."""
+    stop rule's ``min_delta_mi``, as the stop rule counts a rise (a z that is not being found, uniform's or past
+    beta_c, is compared at once), and the round ends by ``last``."""
     if code_formed(rounds[-1]["val_mi"], cfg) or rounds[-1]["steps"] + cfg.optim.start_steps > last:
         return False
     before = max(rounds[-2]["val_mi"]) if len(rounds) > 1 else 0.0
-    return max(rounds[-1]["val_mi"]) - before >= cfg.optim.stop.min_delta_mi
+    return max(rounds[-1]["val_mi"]) - before > cfg.optim.stop.min_delta_mi
 
 
 def code_formed(val_mi: list[float | None], cfg: TrainConfig) -> bool:
@@ -426,9 +433,13 @@ def code_formed(val_mi: list[float | None], cfg: TrainConfig) -> bool:
 def train_start(cfg: TrainConfig, seed: int, until: int, ranks: Ranks, hooks: Hooks, announce: bool) -> dict:
     """One start: the whole run's config from ``seed``, trained (or resumed) to step ``until`` (its validations and
     stop rule go as in a run from that seed) and checkpointed there; its metrics on the whole val split (the
-    reconstruction E_q[R], the exact MI), logged in its own metrics."""
+    reconstruction E_q[R], the exact MI), which RUN/starts.json keeps (the start's metrics.jsonl is cut back to its
+    checkpoint when the next round resumes it)."""
     start = replace(seeded(cfg, seed), io=replace(cfg.io, out=str(start_dir(cfg, seed))))
     state = setup(start, ranks, announce=announce)
+    if state.progress.step > until:
+        raise ValueError(f"{start.io.out} is at step {state.progress.step}, past the round's {until}: "
+                         f"{cfg.io.out}/starts.json has lost its rounds; use a new --out")
     Path(start.io.out).mkdir(parents=True, exist_ok=True)
     if ranks.is_main:
         write_config(start)

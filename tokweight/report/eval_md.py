@@ -3,7 +3,6 @@ first, the CVAE beside the base model, every metric, then the decode-per-latent 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from tokweight.report.tables import fixed, general, markdown_table
@@ -67,13 +66,17 @@ def eval_markdown(metrics: dict, decode: dict, verdict: dict) -> str:
                   f"control accuracy (a latent value means one strategy across inputs): "
                   f"{decode['control_accuracy']:.3f}; coverage (distinct strategies among an input's decodes): "
                   f"{decode['coverage']:.2f} of {decode['coverage_max']}; I(value; strategy) over the "
-                  f"{decode['valid_decodes']:.2f} of decodes that execute one: {decode['decode_strategy_mi']:.3f} nats "
-                  f"({decode['decode_strategy_mi'] / math.log(len(decode['executes'])):.2f} of log K)"]
+                  f"{decode['executing_share']:.2f} of decodes that execute one: {of_most(decode)}"]
     if "reproduces" in decode:
-        mi, K = decode["decode_strategy_mi"], len(decode["reproduces"])
         parts += [f"Decodes that reproduce their line's own y: {decode['reproductions']}; I(value; label) over them: "
-                  f"{mi:.3f} nats ({mi / math.log(K):.2f} of log K)"]
+                  f"{of_most(decode)}"]
     return "\n\n".join(parts) + "\n"
+
+
+def of_most(decode: dict) -> str:
+    """I(value; strategy) over the decodes, in nats and as a share of the most it can be, log min(K, S)."""
+    mi, most = decode["decode_strategy_mi"], decode["decode_strategy_mi_max"]
+    return f"{mi:.3f} nats ({mi / most:.2f} of log min(K, S) = {most:.3f})" if most > 0 else f"{mi:.3f} nats"
 
 
 def reference_section(control: dict) -> list[str]:
