@@ -21,7 +21,7 @@ import numpy as np
 
 from tokweight.pipeline.labels import DatasetLabels
 from tokweight.pipeline.samples import Sample
-from tokweight.training.metrics import MI_FLOOR, POSTERIOR_RULES, contingency_mi, hungarian_accuracy
+from tokweight.training.metrics import MI_FLOOR, POSTERIOR_RULES, contingency, contingency_mi, hungarian_accuracy
 
 CONTROL_FLOOR = 0.05
 """The least gain over chance (a share of the examples) that counts as control, besides 2 SE. Why 1 in 20: at 1 in
@@ -163,11 +163,11 @@ def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabe
     control accuracy = matched executions / (examples x V) under the Hungarian map latent value -> strategy
     (whether a value means the same strategy across inputs), decode_strategy_mi = I(value; strategy) over the
     decodes that execute one (whether each value names one strategy, as its decodes show; at most
-    decode_strategy_mi_max = log min(V, strategies)), executing_share = the share of decodes that execute one,
-    and coverage = the
-    mean number of distinct strategies an input's V decodes execute (whether z selects among them per input; a
-    conditional prior can assign them per input, which covers every strategy while naming none); with, per
-    example and latent value, the strategy its decode executes (or None)."""
+    decode_strategy_mi_max = log coverage_max), executing_share = the share of decodes that execute one, and
+    coverage = the mean number of distinct strategies an input's V decodes execute (whether z selects among them
+    per input; a conditional prior can assign them per input, which covers every strategy while naming none), of
+    coverage_max = min(V, strategies); with, per example and latent value, the strategy its decode executes (or
+    None)."""
     V, names = len(outputs[0]), sorted(labels.outputs(samples[0].x))
     counts = np.zeros((V, len(names) + 1))  # last column: executes no strategy
     hits = []
@@ -180,10 +180,9 @@ def strategy_execution(samples: list[Sample], outputs: list, labels: DatasetLabe
                 for v in range(V)}
     accuracy = hungarian_accuracy(counts[:, :-1]) * counts[:, :-1].sum() / counts.sum()
     coverage = float(np.mean([len(set(row) - {None}) for row in hits]))
-    valid = counts[:, :-1]
-    return {"executes": executes, "control_accuracy": float(accuracy), "coverage": coverage,
-            "coverage_max": min(V, len(names)), "decode_strategy_mi": contingency_mi(valid),
-            "decode_strategy_mi_max": math.log(min(V, len(names))),
+    valid, most = counts[:, :-1], min(V, len(names))
+    return {"executes": executes, "control_accuracy": float(accuracy), "coverage": coverage, "coverage_max": most,
+            "decode_strategy_mi": contingency_mi(valid), "decode_strategy_mi_max": math.log(most),
             "executing_share": float(valid.sum() / counts.sum())}, hits
 
 
@@ -197,19 +196,17 @@ def reproduction_by_label(outputs: list, refs: list, strategies: list) -> dict |
     ``MIN_REPRODUCTIONS``), and decode_strategy_mi = I(value; label) over those reproductions (at most
     decode_strategy_mi_max = log min(V, labels)). A value that names one strategy reproduces the lines of one
     label; a merge those of two, each on some inputs. None without labels."""
-    labels = sorted({s for s in strategies if s is not None})
-    if not labels:
+    if all(s is None for s in strategies):
         return None
-    counts = np.zeros((len(outputs[0]), len(labels)))
-    for row, ref, label in zip(outputs, refs, strategies):
-        for v, y in enumerate(row):
-            if label is not None and y == ref:
-                counts[v, labels.index(label)] += 1
+    hits = [(v, label) for row, ref, label in zip(outputs, refs, strategies) if label is not None
+            for v, y in enumerate(row) if y == ref]  # (value, label) of each decode that reproduces its line
+    counts, labels = contingency([label for _, label in hits], np.array([v for v, _ in hits], dtype=int),
+                                 len(outputs[0]))
     order = np.argsort(-counts, axis=1, kind="stable")  # per value, its labels most reproduced first
     reproduces = {str(v): {labels[j]: float(counts[v, j] / counts[v].sum()) for j in order[v] if counts[v, j]}
                   if counts[v].sum() >= MIN_REPRODUCTIONS else None for v in range(len(counts))}
     return {"reproduces": reproduces, "reproductions": int(counts.sum()), "decode_strategy_mi": contingency_mi(counts),
-            "decode_strategy_mi_max": math.log(min(len(counts), len(labels)))}
+            "decode_strategy_mi_max": math.log(min(len(counts), len({s for s in strategies if s is not None})))}
 
 
 def label_free_control(outputs: list, refs: list, base_outputs: list, own_values: list[int]) -> dict:

@@ -415,7 +415,7 @@ def write_starts(out: Path, ranks: Ranks, made: dict) -> None:
 
 def another_round(rounds: list[dict], cfg: TrainConfig, last: int) -> bool:
     """Whether the starts train ``start_steps`` more before they are compared: no start's code has formed yet
-    (``code_formed``), the best start's exact MI rose over the last round (from 0 before the first) by at least the
+    (``code_formed``), the best start's exact MI rose over the last round (from 0 before the first) by more than the
     stop rule's ``min_delta_mi``, as the stop rule counts a rise (a z that is not being found, uniform's or past
     beta_c, is compared at once), and the round ends by ``last``."""
     if code_formed(rounds[-1]["val_mi"], cfg) or rounds[-1]["steps"] + cfg.optim.start_steps > last:
