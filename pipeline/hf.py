@@ -18,7 +18,7 @@ import hashlib
 import inspect
 import json
 import re
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -296,6 +296,19 @@ def add_query_offset(module: nn.Module, args, out: torch.Tensor) -> torch.Tensor
     return out + offset if out.shape[-1] == width else torch.cat([out[..., :width] + offset, out[..., width:]], -1)
 
 
+@contextmanager
+def _offsets_set(saved: list[tuple[nn.Module, torch.Tensor | None]]):
+    """Each module's ``query_offset`` as saved, and as it was again on leaving."""
+    before = [site.query_offset for site, _ in saved]
+    for site, offset in saved:
+        site.query_offset = offset
+    try:
+        yield
+    finally:
+        for (site, _), offset in zip(saved, before):
+            site.query_offset = offset
+
+
 class HFBackbone(nn.Module):
     """An ``AutoModelForCausalLM`` behind the built-in GPT's interface: ``hidden``, ``extend`` (decoding's
     growing cache), ``head``, ``forward`` -> (logits, hidden), ``embed`` and ``wte`` (the input embedding)."""
@@ -304,6 +317,7 @@ class HFBackbone(nn.Module):
         super().__init__()
         self.model = model
         self.checkpointing = False  # gradient checkpointing (``enable_checkpointing``)
+        self._query_hooked: list[nn.Module] = []  # the query projections ``_queries`` offsets
         forward = inspect.signature(model.base_model.forward).parameters
         self.cache_kwarg = "cache" if "cache" in forward else "past_key_values"  # renamed in a transformers 5 release
         c = model.config
@@ -317,9 +331,21 @@ class HFBackbone(nn.Module):
 
     def enable_checkpointing(self) -> None:
         """transformers' gradient checkpointing. It runs its layers without a key/value cache in training, so
-        the CVAE gives up the shared x prefix (``prefix_shareable``) and runs its K + 1 passes whole."""
-        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        the CVAE gives up the shared x prefix (``prefix_shareable``) and runs its K + 1 passes whole. Each
+        layer's recompute in the backward sees the query offsets its forward saw (``_offsets_as_in_forward``)."""
+        kwargs = {"use_reentrant": False, "context_fn": self._offsets_as_in_forward}
+        enable = getattr(self.model, "activation_checkpointing_enable", None)  # its name from transformers 5.x on
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.checkpointing = True
+
+    def _offsets_as_in_forward(self):
+        """torch.utils.checkpoint's ``context_fn``, called as a layer's forward runs: the forward runs as is, and
+        its recompute in the backward (after ``_queries`` has cleared the offsets) under the offsets set now."""
+        saved = [(site, site.query_offset) for site in self._query_hooked]
+        return nullcontext(), _offsets_set(saved)
 
     @property
     def prefix_shareable(self) -> bool:
@@ -360,19 +386,18 @@ class HFBackbone(nn.Module):
         query projection by a forward hook (``add_query_offset``, registered once per module; the offset rides on
         the module, so a copy of the backbone reads its own). With RoPE the offset is rotated with the query, so
         it prefers keys at a relative position where the built-in backbone's prefers absolute ones. transformers'
-        gradient checkpointing reruns the layers in the backward, outside this block: refused."""
+        gradient checkpointing reruns the layers in the backward, outside this block, under the offsets that each
+        layer's forward saw (``_offsets_as_in_forward``)."""
         if query is None:
             yield
             return
-        if self.checkpointing:
-            raise ValueError("the query z pathway adds z in a hook that transformers' gradient checkpointing would "
-                             "rerun without it: train without --grad-checkpointing, or use --cond token or prefix")
         sites = self.query_sites()
         for layer, site in enumerate(sites):
             if not getattr(site, "query_hooked", False):
                 site.register_forward_hook(add_query_offset)
                 site.query_hooked = True
             site.query_offset = query[:, layer].reshape(len(query), 1, -1)  # (B, 1, heads * head dim)
+        self._query_hooked = sites
         try:
             yield
         finally:
