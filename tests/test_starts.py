@@ -12,8 +12,8 @@ from tests.test_resume import CKPT_EVERY, CONVERGED_END, FILES, STEPS, Killed, c
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.faults import Hooks
 from tokweight.training.run_dir import read_metrics
-import tokweight.training.train as train_module
-from tokweight.training.train import another_round, code_formed
+import tokweight.training.starts as starts_module
+from tokweight.training.starts import another_round, code_formed
 
 STARTS, START_STEPS, SEED = 3, 2, 1
 
@@ -31,7 +31,7 @@ def rounds_while_room(rounds, cfg, last) -> bool:
 
 @pytest.fixture
 def forming(monkeypatch):
-    monkeypatch.setattr(train_module, "another_round", rounds_while_room)
+    monkeypatch.setattr(starts_module, "another_round", rounds_while_room)
 
 
 def never_step(step: int) -> None:
@@ -43,7 +43,7 @@ def started(tiny_dropout, tmp_path_factory):
     """(run dir, result) of the job with starts, in rounds up to the cap's last step."""
     out = tmp_path_factory.mktemp("starts") / "run"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train_module, "another_round", rounds_while_room)
+        patch.setattr(starts_module, "another_round", rounds_while_room)
         return out, train(with_starts(config(tiny_dropout, out, "to the cap")))
 
 

@@ -3,7 +3,7 @@
 setup -> fit -> validate. ``run(cfg)`` is the whole job (``train_config.TrainConfig``, one group per
 component); the CLI only builds the config. ``fit`` is a loop of ``step.train_step`` with the callbacks of
 ``callbacks.py`` after each step (metrics line, validation and the stop rule, checkpoint). With several starts,
-``run`` is an outer loop: each start trained and validated (``compare_starts``), then the best continued.
+``run`` is an outer loop: each start trained and validated (``starts.compare_starts``), then the best continued.
 Outputs in RUN/ (``run_dir.py``): config.json (the resolved TrainConfig), metrics.jsonl (one line per logged
 step and per validation, then the final validation and the stop line), checkpoint/ (safetensors model,
 optimizer and RNG states, state.json, vocab.json; replaced atomically), and resume from it; with several
@@ -28,7 +28,6 @@ N * B and the same lanes. Rank 0 writes everything.
 from __future__ import annotations
 
 import gc
-import json
 import sys
 import time
 from dataclasses import replace
@@ -42,7 +41,6 @@ from tokweight.pipeline.errors import Skips
 from tokweight.pipeline.labels import load_labels
 from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.vocab import Vocab
-from tokweight.store.durable import write_json_atomic
 from tokweight.training.baselines import POLICIES, AdaptersOff, make_baseline
 from tokweight.training.callbacks import Checkpoint, Faults, MetricsLine, StopRule, checkpoint, validate_run
 from tokweight.training.conditioning import token_key_values
@@ -56,8 +54,8 @@ from tokweight.training.faults import NO_HOOKS, Hooks
 from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
 from tokweight.training.losses import WEIGHTINGS, WeightingParams
-from tokweight.training.metrics import kept_threshold
 from tokweight.training.run_dir import append_metrics, committed_checkpoint, resume, write_config
+from tokweight.training.starts import compare_starts, read_starts, seeded, start_dir
 from tokweight.training.state import Progress, State, set_rng_states
 from tokweight.training.step import train_step
 from tokweight.training.stream import TrainStream
@@ -338,14 +336,15 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
     training wall time, ``input_bytes_read``: each rank's bytes of shards and store parts read by its
     training stream (a resumed run's fast-forward included), and, if any sample was left out, ``skipped``
     and ``skipped_shards``: every rank's train and val streams'. With ``optim.starts`` > 1 and a cap above
-    ``optim.start_steps`` the starts are trained and compared first (``compare_starts``), the best goes on,
+    ``optim.start_steps`` the starts are trained and compared first (``starts.py``), the best goes on,
     and ``start`` says which. ``hooks``: faults a test injects."""
     ranks = Ranks(timeout_s=120.0, backend="nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo")
     try:
         if not (cfg.optim.starts > 1 and cfg.optim.steps > cfg.optim.start_steps):
             return train_to_end(setup(cfg, ranks), cfg, hooks)
         chosen_before = "seed" in read_starts(Path(cfg.io.out))  # then no start announces the job
-        made = compare_starts(cfg, ranks, hooks)
+        made = compare_starts(cfg, ranks, lambda seed, until, announce:
+                              train_start(cfg, seed, until, ranks, hooks, announce))
         chosen = seeded(cfg, made["seed"])
         fresh = ranks.broadcast(not (committed_checkpoint(Path(cfg.io.out)) / "state.json").is_file())
         state = setup(chosen, ranks, continue_from=start_dir(cfg, made["seed"]), announce=chosen_before)
@@ -357,77 +356,6 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
         # interpreter's exit, where a rank can abort (docs/reference.md, "Scale-out")
         gc.collect()
         ranks.close()
-
-
-def seeded(cfg: TrainConfig, seed: int) -> TrainConfig:
-    return replace(cfg, optim=replace(cfg.optim, seed=seed))
-
-
-def start_dir(cfg: TrainConfig, seed: int) -> Path:
-    return Path(cfg.io.out) / "starts" / f"seed-{seed}"
-
-
-def compare_starts(cfg: TrainConfig, ranks: Ranks, hooks: Hooks) -> dict:
-    """Train each of ``cfg.optim.starts`` initialisations for ``start_steps`` in its own run directory
-    (RUN/starts/seed-S/, resumable like any run), validate each on the whole val split, and choose the one with
-    the least reconstruction E_q[R] under the run's weighting: a code that merges strategies reconstructs the
-    tokens that decide the strategy worse. While no start's code has formed but one is forming (``another_round``),
-    every start goes on by ``start_steps`` first (a round), up to ``start_steps_max`` and below the cap.
-    RUN/starts.json records each round and the choice; a job run again resumes from its last round, and keeps a
-    choice made."""
-    out, optim = Path(cfg.io.out), cfg.optim
-    seeds = [optim.seed * optim.starts + i for i in range(optim.starts)]
-    plan = {"seeds": seeds, "start_steps": optim.start_steps, "start_steps_max": optim.start_steps_max}
-    made = read_starts(out)
-    before_rounds = {"start_steps_max": optim.start_steps_max}  # a choice made before there were rounds stands
-    same = all((before_rounds | made).get(k) == v for k, v in plan.items())
-    if same and "seed" in made:
-        return made
-    if (committed_checkpoint(out) / "state.json").is_file():
-        raise ValueError(f"{out} holds a run trained without these starts ({optim.starts} of "
-                         f"{optim.start_steps} steps from seed {optim.seed}); use a new --out")
-    rounds, last = (made.get("rounds", []) if same else []), min(optim.start_steps_max, optim.steps - 1)
-    announce = True
-    while not rounds or ranks.broadcast(another_round(rounds, cfg, last)):  # rank 0's decision: ranks in step
-        until = rounds[-1]["steps"] + optim.start_steps if rounds else optim.start_steps
-        val = [train_start(cfg, seed, until, ranks, hooks, announce=announce and i == 0)
-               for i, seed in enumerate(seeds)]
-        announce = False
-        rounds.append({"steps": until, "val_recon": [v["recon"] for v in val], "val_mi": [v.get("mi") for v in val]})
-        write_starts(out, ranks, plan | {"rounds": rounds})
-    made = plan | {"rounds": rounds, "compared_at": rounds[-1]["steps"],
-                   "seed": seeds[int(np.argmin(rounds[-1]["val_recon"]))]}
-    write_starts(out, ranks, made)
-    return ranks.broadcast(made)
-
-
-def read_starts(out: Path) -> dict:
-    """RUN/starts.json: the rounds so far and, once made, the choice ("seed"); {} before the first round."""
-    return json.loads((out / "starts.json").read_text()) if (out / "starts.json").is_file() else {}
-
-
-def write_starts(out: Path, ranks: Ranks, made: dict) -> None:
-    """RUN/starts.json, atomically: a job killed while writing it finds the last round's."""
-    if ranks.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "starts.json", made)
-
-
-def another_round(rounds: list[dict], cfg: TrainConfig, last: int) -> bool:
-    """Whether the starts train ``start_steps`` more before they are compared: no start's code has formed yet
-    (``code_formed``), the best start's exact MI rose over the last round (from 0 before the first) by more than the
-    stop rule's ``min_delta_mi``, as the stop rule counts a rise (a z that is not being found, uniform's or past
-    beta_c, is compared at once), and the round ends by ``last``."""
-    if code_formed(rounds[-1]["val_mi"], cfg) or rounds[-1]["steps"] + cfg.optim.start_steps > last:
-        return False
-    before = max(rounds[-2]["val_mi"]) if len(rounds) > 1 else 0.0
-    return max(rounds[-1]["val_mi"]) - before > cfg.optim.stop.min_delta_mi
-
-
-def code_formed(val_mi: list[float | None], cfg: TrainConfig) -> bool:
-    """Whether some start's code has formed: its exact MI on the val split at least ``kept_threshold(K)`` (a
-    discrete latent; a continuous one is compared as it is)."""
-    return cfg.cvae.latent != "discrete" or max(val_mi) >= kept_threshold(cfg.cvae.k)
 
 
 def train_start(cfg: TrainConfig, seed: int, until: int, ranks: Ranks, hooks: Hooks, announce: bool) -> dict:
