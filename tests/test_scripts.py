@@ -140,3 +140,13 @@ def test_gpu_check_runs_every_stage_on_a_tiny_model_on_the_cpu(tmp_path, monkeyp
     assert stages == ["convert", "extract", "train full", "train LoRA", "eval", "generate", "encode"]
     assert (tmp_path / "run-lora" / "checkpoint" / "state.json").is_file()
     assert len((tmp_path / "outputs.jsonl").read_text().splitlines()) == 64
+
+
+def test_start_alignment_reads_the_values_apart_and_their_agreement_with_the_strategy():
+    alignment = runpy.run_path(str(SCRIPTS[0].parent / "start_alignment.py"))["alignment"]
+    strategies = ["copy", "reverse"] * 50
+    follows = np.array([[0.1, 0.6] if s == "copy" else [0.9, 0.2] for s in strategies])  # argmin = the strategy
+    spread, mi = alignment(follows, strategies, 2)
+    assert spread == pytest.approx(0.6) and mi == pytest.approx(np.log(2))
+    ignores = np.array([[0.1, 0.6], [0.1, 0.6], [0.9, 0.2], [0.9, 0.2]] * 25)  # argmin alternates in pairs
+    assert alignment(ignores, strategies, 2)[1] == pytest.approx(0.0, abs=1e-12)
