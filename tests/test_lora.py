@@ -179,3 +179,21 @@ def test_lora_without_peft_names_the_extra(tiny, tmp_path, monkeypatch):
     assert result.output.strip().splitlines() == [
         "Error: --lora-rank needs the peft package: pip install 'tokweight[lora]'"]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_adapters_attach_without_a_warning(arch):
+    """GPT-2's Conv1D layers hold their weight transposed: the config says so (peft would correct it and warn).
+    peft's own FutureWarning, a transformers name deprecated in 5.x that it calls, is not ours to mend."""
+    import warnings
+
+    from tests.fixtures_hf import tiny_hf_model
+    from tokweight.pipeline.hf import HFBackbone
+    from tokweight.training.lora import attach
+
+    backbone = HFBackbone(tiny_hf_model(arch, 12, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        adapters = attach(backbone, 2, [10, 11], seed=0)
+    assert any("lora_A" in name for name, p in backbone.named_parameters() if p.requires_grad)
+    assert adapters is not None

@@ -87,9 +87,11 @@ def attach(backbone: nn.Module, rank: int, latent_ids: list[int], seed: int) -> 
     trainable latent rows, in place. The adapters' A is drawn from ``seed`` under a forked RNG, so that every
     other draw of the run (dropout) is the one a full-parameter run makes."""
     peft = require_peft()
-    config = peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules="all-linear")
     # peft excludes the output head from "all-linear" on a transformers model: wrap that model, not HFBackbone
     target = backbone.model if isinstance(backbone, HFBackbone) else backbone
+    transposed = any(type(m).__name__ == "Conv1D" for m in target.modules())  # GPT-2's layers store W as (in, out)
+    config = peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules="all-linear",
+                             fan_in_fan_out=transposed)
     cuda = sorted({p.device for p in backbone.parameters() if p.device.type == "cuda"}, key=str)
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
