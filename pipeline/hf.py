@@ -296,16 +296,21 @@ def add_query_offset(module: nn.Module, args, out: torch.Tensor) -> torch.Tensor
     return out + offset if out.shape[-1] == width else torch.cat([out[..., :width] + offset, out[..., width:]], -1)
 
 
-@contextmanager
-def _offsets_set(saved: list[tuple[nn.Module, torch.Tensor | None]]):
-    """Each module's ``query_offset`` as saved, and as it was again on leaving."""
-    before = [site.query_offset for site, _ in saved]
-    for site, offset in saved:
-        site.query_offset = offset
-    try:
-        yield
-    finally:
-        for (site, _), offset in zip(saved, before):
+class _OffsetsAsSaved:
+    """Each module's ``query_offset`` as saved while inside, and as it was again on leaving. Entered once per
+    recompute, so as often as a backward reaches the layer (``autograd.grad(..., retain_graph=True)`` and then
+    ``backward``: twice), which a generator's one-shot context could not be."""
+
+    def __init__(self, saved: list[tuple[nn.Module, torch.Tensor | None]]):
+        self.saved, self.found = saved, []
+
+    def __enter__(self) -> None:
+        self.found.append([site.query_offset for site, _ in self.saved])
+        for site, offset in self.saved:
+            site.query_offset = offset
+
+    def __exit__(self, *exc) -> None:
+        for (site, _), offset in zip(self.saved, self.found.pop()):
             site.query_offset = offset
 
 
@@ -345,7 +350,7 @@ class HFBackbone(nn.Module):
         """torch.utils.checkpoint's ``context_fn``, called as a layer's forward runs: the forward runs as is, and
         its recompute in the backward (after ``_queries`` has cleared the offsets) under the offsets set now."""
         saved = [(site, site.query_offset) for site in self._query_hooked]
-        return nullcontext(), _offsets_set(saved)
+        return nullcontext(), _OffsetsAsSaved(saved)
 
     @property
     def prefix_shareable(self) -> bool:

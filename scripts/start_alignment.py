@@ -2,9 +2,12 @@
 
 For each seed, the CVAE as `tokweight train` builds it from RUN's config (its checkpoint, data and store; the seed
 and, with --cond, the z pathway replaced) before its first step: over a few training batches, each example's
-reconstruction R(k) under every value k, with uniform and with surprisal-share token weights. Printed per seed and
-weighting: the mean range max_k R(k) - min_k R(k) (nats), and I(argmin_k R; strategy) (nats; at most log min(K, S)):
-in the warm-up the E-step's temperature beta is near 0, so argmin_k R is the value each example trains.
+reconstruction R(k) under every value k, with uniform and with surprisal-share token weights (mixed with uniform as
+the run's ``loss.token_weighted_reconstruction_weight`` says). Printed per seed and weighting: the mean range
+max_k R(k) - min_k R(k) (nats), and I(argmin_k R; strategy) (nats; at most log min(K, S)). Under the default E-step
+(soft, its temperature the step's beta, no balancing, no labelled examples) beta is near 0 in the warm-up, so argmin_k
+R is the value each example trains; under other E-step settings it is only the value that reconstructs it best.
+A discrete latent only (a continuous one's copies are draws, not values). Float32, as on a CPU.
 
     python scripts/start_alignment.py RUN --cond query --seeds 0-8 --batches 8
 """
@@ -44,8 +47,11 @@ def step_zero(run: Path, seed: int, cond: str | None, batches: int) -> dict[str,
     from tokweight.training.train import setup
 
     cfg = read_config(run)
+    if cfg.cvae.latent != "discrete":
+        raise SystemExit(f"{run}: a continuous latent's copies are draws of z, not values: use a discrete run")
     cvae = cfg.cvae if cond is None else replace(cfg.cvae, cond=cond, slots=None)
-    cfg = replace(cfg, cvae=cvae, optim=replace(cfg.optim, seed=seed), io=replace(cfg.io, out=tempfile.mkdtemp()))
+    scratch = tempfile.TemporaryDirectory()
+    cfg = replace(cfg, cvae=cvae, optim=replace(cfg.optim, seed=seed), io=replace(cfg.io, out=scratch.name))
     ranks = Ranks(timeout_s=60.0, backend="gloo")
     try:
         state = setup(cfg, ranks, announce=False)
@@ -57,11 +63,13 @@ def step_zero(run: Path, seed: int, cond: str | None, batches: int) -> dict[str,
                 out = state.engine(batch, generator=sample_generator(seed, 0), global_batch=state.global_batch)
                 b = state.baseline(batch, out)
                 for w in WEIGHTINGS:
-                    pi, _ = reconstruction_weights(w, b, batch.zfree.mask, state.params)
+                    pi, _ = reconstruction_weights(w, b, batch.zfree.mask, state.params,
+                                                   cfg.loss.token_weighted_reconstruction_weight)
                     R[w].append(weighted_reconstruction(out.nll, pi.to(out.nll.dtype)).double().cpu().numpy())
                 strategies += list(batch.strategies)
     finally:
         ranks.close()
+        scratch.cleanup()
     return {**{w: np.concatenate(R[w]) for w in WEIGHTINGS}, "strategies": strategies, "k": cfg.cvae.k}
 
 

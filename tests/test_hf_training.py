@@ -111,7 +111,8 @@ def test_the_query_pathway_trains_through_a_hook_on_each_query_projection(tiny, 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_the_query_pathway_under_gradient_checkpointing_gives_the_gradients_without_it(arch):
     """The layers' recompute in the backward runs after the pass has cleared the offsets: it sees those its
-    forward saw, so every gradient (the offsets' and the weights') is the one without checkpointing."""
+    forward saw, so every gradient (the offsets' and the weights') is the one without checkpointing, and so does
+    a second backward through the same graph (the posterior-gradient diagnostic's autograd.grad, then the step's)."""
     plain = HFBackbone(tiny_hf_model(arch, 12, 16)).train()
     ckpt = copy.deepcopy(plain)
     ckpt.enable_checkpointing()
@@ -122,7 +123,10 @@ def test_the_query_pathway_under_gradient_checkpointing_gives_the_gradients_with
     for backbone in (plain, ckpt):
         q = query.clone().requires_grad_()
         torch.manual_seed(1)  # GPT-2's dropout: the same masks in both (checkpointing replays its RNG state)
-        (backbone.hidden(ids, query=q) * weights).sum().backward()
+        loss = (backbone.hidden(ids, query=q) * weights).sum()
+        first = torch.autograd.grad(loss, q, retain_graph=True)[0]  # a recompute, and below another
+        loss.backward()
+        torch.testing.assert_close(first, q.grad, rtol=0, atol=0)
         grads.append([q.grad] + [p.grad for p in backbone.parameters()])
     assert all(site.query_offset is None for site in ckpt._query_hooked)
     assert grads[0][0].abs().max() > 1e-3
@@ -132,10 +136,13 @@ def test_the_query_pathway_under_gradient_checkpointing_gives_the_gradients_with
 
 def test_the_query_pathway_trains_under_gradient_checkpointing_and_is_refused_where_no_query_projection_is_found(
         tiny, hf_checkpoints, hf_stores, tmp_path):
-    out = tmp_path / "run"
-    cfg = config(tiny, hf_checkpoints["llama"], hf_stores["llama"], out, steps=2, cvae=CVAEConfig(cond="query", k=2))
-    run(replace(cfg, io=replace(cfg.io, grad_checkpointing=True)))
-    assert np.isfinite(step_losses(out)).all() and len(step_losses(out)) == 2
+    """Under gradient checkpointing with the posterior-gradient diagnostic on every step (a second backward through
+    the decoder where z is the posterior's: a continuous latent)."""
+    for name, cvae in (("query", CVAEConfig(cond="query", k=2)), ("continuous", CVAEConfig(latent="continuous"))):
+        out = tmp_path / name
+        cfg = config(tiny, hf_checkpoints["llama"], hf_stores["llama"], out, steps=2, cvae=cvae)
+        run(replace(cfg, io=replace(cfg.io, grad_checkpointing=True), log=replace(cfg.log, grad_diag_every=1)))
+        assert np.isfinite(step_losses(out)).all() and len(step_losses(out)) == 2
     backbone = HFBackbone(tiny_hf_model("llama", 12, 16))
     for layer in backbone.model.model.layers:
         layer.self_attn.query = layer.self_attn.q_proj  # another architecture's name for it

@@ -89,7 +89,9 @@ def attach(backbone: nn.Module, rank: int, latent_ids: list[int], seed: int) -> 
     peft = require_peft()
     # peft excludes the output head from "all-linear" on a transformers model: wrap that model, not HFBackbone
     target = backbone.model if isinstance(backbone, HFBackbone) else backbone
-    transposed = any(type(m).__name__ == "Conv1D" for m in target.modules())  # GPT-2's layers store W as (in, out)
+    # GPT-2's Conv1D layers store W as (in, out): say so, or peft sets it per module itself and warns (the same
+    # adapters either way; a model with both kinds of layer would still draw its warning for the other kind)
+    transposed = any(type(m).__name__ == "Conv1D" for m in target.modules())
     config = peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules="all-linear",
                              fan_in_fan_out=transposed)
     cuda = sorted({p.device for p in backbone.parameters() if p.device.type == "cuda"}, key=str)
