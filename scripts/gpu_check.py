@@ -8,7 +8,7 @@ heads over 2 key/value heads, MLP 4864, a tied 151,936-row embedding; random wei
 BPE tokenizer trained here with a ChatML template), writes a 4-strategy string task as JSON lines, and runs the
 commands a user runs, in this process through the CLI (so each stage's peak GPU memory is its own):
 convert -> extract --template chat -> train (full, bf16, gradient checkpointing) -> train (LoRA rank 16, bf16)
--> eval -> generate -> encode. Per stage it prints the wall time, tokens/s, the model FLOPs utilisation where
+-> train (the query z pathway, bf16, gradient checkpointing) -> eval -> generate -> encode. Per stage it prints the wall time, tokens/s, the model FLOPs utilisation where
 it applies (2N FLOPs per forward token, 6N per trained token, N the parameters; --peak-tflops, default the
 H200's dense bf16 989) and the peak memory, then the table as Markdown (what docs/benchmarks.md records, with
 the device and date).
@@ -154,7 +154,7 @@ def main() -> None:
     rows, steps = args.rows or (240 if args.small else 20000), args.steps or (2 if args.small else 40)
     batch, k = (8 if args.small else args.batch_size), 4
     out = args.out
-    for name in ("model", "data", "store", "run-full", "run-lora"):  # every stage from scratch: a store or run
+    for name in ("model", "data", "store", "run-full", "run-lora", "run-query"):  # every stage from scratch: a store or run
         shutil.rmtree(out / name, ignore_errors=True)  # left by an earlier check would be resumed, not measured
     out.mkdir(parents=True, exist_ok=True)
     lines = write_task(out / "task.jsonl", rows, seed=0)
@@ -177,6 +177,9 @@ def main() -> None:
     stages.run("train full", ["train", *common, "--out", str(out / "run-full"), "--grad-checkpointing"],
                tokens=train_tokens(steps, batch, k, mean_tokens), flops_per_token=6)
     stages.run("train LoRA", ["train", *common, "--out", str(out / "run-lora"), "--lora-rank", "16"],
+               tokens=train_tokens(steps, batch, k, mean_tokens), flops_per_token=6)
+    stages.run("train query", ["train", *common, "--out", str(out / "run-query"), "--cond", "query",
+                               "--grad-checkpointing"],
                tokens=train_tokens(steps, batch, k, mean_tokens), flops_per_token=6)
     run = str(out / "run-full")
     stages.run("eval", ["eval", "--run", run, "--data", str(out / "data"), "--decode-examples", "64", *on])

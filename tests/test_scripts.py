@@ -137,8 +137,8 @@ def test_gpu_check_runs_every_stage_on_a_tiny_model_on_the_cpu(tmp_path, monkeyp
     runpy.run_path(str(SCRIPTS[0].parent / "gpu_check.py"), run_name="__main__")
     table = (tmp_path / "gpu_check.md").read_text()
     stages = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "stage" not in line]
-    assert stages == ["convert", "extract", "train full", "train LoRA", "eval", "generate", "encode"]
-    assert (tmp_path / "run-lora" / "checkpoint" / "state.json").is_file()
+    assert stages == ["convert", "extract", "train full", "train LoRA", "train query", "eval", "generate", "encode"]
+    assert all((tmp_path / run / "checkpoint" / "state.json").is_file() for run in ("run-lora", "run-query"))
     assert len((tmp_path / "outputs.jsonl").read_text().splitlines()) == 64
 
 
