@@ -29,11 +29,9 @@ WEIGHTINGS = ("uniform", "surprisal-share")
 def alignment(R: np.ndarray, strategies: list[str], k: int) -> tuple[float, float]:
     """R (N, K) reconstructions, the N examples' strategies -> (mean range of R over the values, I(argmin R;
     strategy) in nats)."""
-    from tokweight.training.metrics import contingency_mi
+    from tokweight.training.metrics import contingency, contingency_mi
 
-    names = sorted(set(strategies))
-    table = np.zeros((k, len(names)))
-    np.add.at(table, (R.argmin(1), [names.index(s) for s in strategies]), 1)
+    table, _ = contingency(strategies, R.argmin(1), k)
     return float((R.max(1) - R.min(1)).mean()), contingency_mi(table)
 
 
