@@ -1,5 +1,5 @@
 """A run with several starts trains each for ``start_steps`` (more rounds while no start's code has formed), goes on
-from the one whose validation reconstruction is least, and ends bitwise where a single run from that start's seed
+from the one whose validation objective is least, and ends bitwise where a single run from that start's seed
 ends (CPU, one torch thread)."""
 
 import json
@@ -47,7 +47,7 @@ def started(tiny_dropout, tmp_path_factory):
         return out, train(with_starts(config(tiny_dropout, out, "to the cap")))
 
 
-def test_each_start_has_its_own_seed_and_the_least_validation_reconstruction_is_chosen(started):
+def test_each_start_has_its_own_seed_and_the_least_validation_objective_is_chosen(started):
     out, result = started
     made = json.loads((out / "starts.json").read_text())
     assert made["seeds"] == [SEED * STARTS + i for i in range(STARTS)]  # another --seed tries other starts
@@ -56,14 +56,37 @@ def test_each_start_has_its_own_seed_and_the_least_validation_reconstruction_is_
     rounds, steps = made["rounds"], [r["steps"] for r in made["rounds"]]
     assert steps == [2, 4, 6] and made["compared_at"] == 6
     compared = rounds[-1]
-    for seed, recon, mi in zip(made["seeds"], compared["val_recon"], compared["val_mi"]):
+    beta = json.loads((out / "config.json").read_text())["loss"]["beta"]
+    for seed, recon, mi, objective in zip(made["seeds"], compared["val_recon"], compared["val_mi"],
+                                          compared["val_objective"]):
         run = out / "starts" / f"seed-{seed}"
         assert json.loads((run / "config.json").read_text())["optim"]["seed"] == seed
         final = [r for r in read_metrics(run) if r.get("split") == "val"][-1]
         assert final["step"] == 6 and final["recon"] == recon and final["mi"] == mi
-    assert len(set(compared["val_recon"])) == STARTS  # the starts differ, so the choice means something
-    assert made["seed"] == made["seeds"][compared["val_recon"].index(min(compared["val_recon"]))]
+        assert objective == pytest.approx(final["recon"] + beta * final["kl"], rel=1e-12)
+    assert len(set(compared["val_objective"])) == STARTS  # the starts differ, so the choice means something
+    assert made["seed"] == made["seeds"][compared["val_objective"].index(min(compared["val_objective"]))]
     assert json.loads((out / "config.json").read_text())["optim"]["seed"] == made["seed"]
+
+
+def test_a_start_whose_z_costs_more_than_it_gains_is_not_chosen(tmp_path):
+    """The objective, not the reconstruction alone: a start that reconstructs best with a code whose KL costs more
+    than it gains loses to one without z (uniform's K = 2 through the query, docs/results.md, section 5)."""
+    from tokweight.pipeline.ranks import Ranks
+    from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
+
+    cfg = TrainConfig(io=IOConfig(checkpoint="ckpt", data="data", store="store", out=str(tmp_path)),
+                      loss=LossConfig(beta=0.3),
+                      optim=OptimConfig(steps=300, starts=3, start_steps=200))
+    val = {0: {"recon": 0.154, "kl": 0.001, "mi": 0.0}, 1: {"recon": 0.165, "kl": 0.004, "mi": 0.002},
+           2: {"recon": 0.009, "kl": 0.689, "mi": 0.686}}  # k2, uniform, start seeds 0-2 at step 200
+    made = starts_module.compare_starts(cfg, Ranks(), lambda seed, until, announce: val[seed])
+    assert min(val, key=lambda s: val[s]["recon"]) == 2 and made["seed"] == 0
+    assert made["rounds"][-1]["val_objective"] == pytest.approx([0.1543, 0.1662, 0.2157])
+    val[2] = {"recon": 0.009, "kl": 0.2, "mi": 0.2}  # a code worth its KL: chosen
+    again = starts_module.compare_starts(replace(cfg, io=replace(cfg.io, out=str(tmp_path / "again"))), Ranks(),
+                                         lambda seed, until, announce: val[seed])
+    assert again["seed"] == 2
 
 
 def test_the_starts_go_on_while_a_code_is_forming_and_not_yet_formed(tiny_dropout, tmp_path):

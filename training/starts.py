@@ -3,10 +3,12 @@
 A run's code is set in its first few hundred steps (docs/results.md, section 3), so ``optim.starts`` seeds are
 each trained ``start_steps`` in their own run directory (RUN/starts/seed-S/, resumable like any run) and validated
 on the whole val split. While no start's code has formed but one is forming (``another_round``), every start goes
-on by ``start_steps`` more, up to ``start_steps_max`` and below the cap. Then the start with the least
-reconstruction E_q[R] under the run's weighting is kept (a code that merges strategies reconstructs the tokens
-that decide the strategy worse), and the run goes on from it. A start continued is the run from its seed, so the
-job ends bitwise where a single run from the kept seed ends.
+on by ``start_steps`` more, up to ``start_steps_max`` and below the cap. Then the start with the least validation
+objective E_q[R] + beta KL (what the run minimises, and what its stop rule reads) is kept, and the run goes on from
+it: among codes, the one that reconstructs the tokens that decide the strategy best (a merge reconstructs them
+worse, at about the same KL); between a code and a start that has none, the one the objective prefers, so a z
+whose gain is below its cost (past the weighting's beta_c) is not kept because one start happened to find it. A
+start continued is the run from its seed, so the job ends bitwise where a single run from the kept seed ends.
 
 RUN/starts.json records each round and, once made, the choice; a job run again resumes from its last round and
 keeps a choice made. How one start trains is the caller's (``train.train_start``).
@@ -23,12 +25,13 @@ import numpy as np
 
 from tokweight.pipeline.ranks import Ranks
 from tokweight.store.durable import write_json_atomic
+from tokweight.training.convergence import val_objective
 from tokweight.training.metrics import kept_threshold
 from tokweight.training.run_dir import committed_checkpoint
 from tokweight.training.train_config import TrainConfig
 
 TrainStart = Callable[[int, int, bool], dict]
-"""(seed, until, announce) -> the start's metrics on the whole val split ("recon", "mi"), trained to step
+"""(seed, until, announce) -> the start's metrics on the whole val split ("recon", "kl", "mi"), trained to step
 ``until``; ``announce``: whether it says what trains (the job's first start only)."""
 
 
@@ -42,8 +45,8 @@ def start_dir(cfg: TrainConfig, seed: int) -> Path:
 
 def compare_starts(cfg: TrainConfig, ranks: Ranks, train_start: TrainStart) -> dict:
     """The starts trained round by round and compared (the module's docstring); RUN/starts.json's content, the same
-    on every rank: "seeds", "start_steps", "start_steps_max", "rounds" (per round "steps", "val_recon", "val_mi"),
-    "compared_at" and the chosen "seed"."""
+    on every rank: "seeds", "start_steps", "start_steps_max", "rounds" (per round "steps", "val_recon", "val_mi",
+    "val_objective"), "compared_at" and the chosen "seed"."""
     out, optim = Path(cfg.io.out), cfg.optim
     seeds = [optim.seed * optim.starts + i for i in range(optim.starts)]
     plan = {"seeds": seeds, "start_steps": optim.start_steps, "start_steps_max": optim.start_steps_max}
@@ -61,12 +64,21 @@ def compare_starts(cfg: TrainConfig, ranks: Ranks, train_start: TrainStart) -> d
         until = rounds[-1]["steps"] + optim.start_steps if rounds else optim.start_steps
         val = [train_start(seed, until, announce and i == 0) for i, seed in enumerate(seeds)]
         announce = False
-        rounds.append({"steps": until, "val_recon": [v["recon"] for v in val], "val_mi": [v.get("mi") for v in val]})
+        rounds.append({"steps": until, "val_recon": [v["recon"] for v in val], "val_mi": [v.get("mi") for v in val],
+                       "val_objective": [val_objective(v, cfg.loss.beta) for v in val]})
         write_starts(out, ranks, plan | {"rounds": rounds})
     made = plan | {"rounds": rounds, "compared_at": rounds[-1]["steps"],
-                   "seed": seeds[int(np.argmin(rounds[-1]["val_recon"]))]}
+                   "seed": seeds[int(np.argmin(compared(rounds[-1], cfg)))]}
     write_starts(out, ranks, made)
     return ranks.broadcast(made)
+
+
+def compared(round_: dict, cfg: TrainConfig) -> list[float]:
+    """A round's starts as they are compared: the validation objective E_q[R] + beta KL at the run's beta."""
+    if "val_objective" not in round_:
+        raise ValueError(f"{cfg.io.out}/starts.json holds rounds from before the starts were compared by the "
+                         "objective; use a new --out")
+    return round_["val_objective"]
 
 
 def another_round(rounds: list[dict], cfg: TrainConfig, last: int) -> bool:

@@ -172,10 +172,10 @@ class OptimConfig:
     """When validation says the run converged (``convergence.py``); read at each periodic validation."""
     starts: int | None = None
     """Initialisations trained ``start_steps`` each (start i of seed s has seed s * starts + i), of which the one
-    whose decoder reconstructs validation best (the weighting's reconstruction under q) goes on to ``steps``
-    (``train.run``); None: 3 for a discrete latent, whose values settle on a code early and keep it (a code that
-    merges strategies reconstructs worse); 1 for a continuous one, whose merged code reconstructs better, so the
-    comparison would choose it."""
+    of least validation objective (E_q[R] + beta KL, ``starts.py``) goes on to ``steps`` (``train.run``); None: 3
+    for a discrete latent, whose values settle on a code early and keep it (a code that merges strategies
+    reconstructs worse); 1 for a continuous one, whose merged code reconstructs better, so the comparison would
+    choose it."""
     start_steps: int = 200
     """Steps each start trains before they are compared; a run capped at no more has one start."""
     start_steps_max: int = 800
