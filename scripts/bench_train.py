@@ -17,9 +17,10 @@
    of training steps (batch 8) and of eval forwards (no gradients, batch 64, as validation
    reads them), each variant in a fresh process
    (the peak is the process's ru_maxrss, the high-water mark of its resident pages; above
-   start: minus the resident size before the first step), as ratios head-on-S / full.
+   start: minus the resident size before the first step), as ratios head-on-S / full;
+7. the query pathway's step (its K + 1 passes whole) against the prefix's (x's prefix shared), K = 4.
 
-    python scripts/bench_train.py [--work DIR] [--steps N] [--only-head]
+    python scripts/bench_train.py [--work DIR] [--steps N] [--only-head | --only-pathways]
 """
 
 from __future__ import annotations
@@ -61,16 +62,17 @@ def prepare(work: Path) -> tuple[Path, Path, Path]:
     return data, ckpt, store
 
 
-def make_state(data, ckpt, store, work, policy, batch_size, k=K):
-    """(the run's state, its config) after setup."""
+def make_state(data, ckpt, store, work, policy, batch_size, k=K, cond="prefix"):
+    """(the run's state, its config) after setup; through the prefix unless ``cond`` says otherwise (cases 1-5
+    measure what sharing x's prefix and the store save, which the prefix pathway allows)."""
     from tokweight.pipeline.ranks import Ranks
     from tokweight.training.configs import CVAEConfig
     from tokweight.training.train import setup
     from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     cfg = TrainConfig(io=IOConfig(checkpoint=str(ckpt), data=str(data), store=str(store),
-                                  out=str(work / f"run-{policy}"), num_workers=0),
-                      cvae=CVAEConfig(k=k), loss=LossConfig(policy=policy),
+                                  out=str(work / f"run-{policy}-{cond}"), num_workers=0),
+                      cvae=CVAEConfig(k=k, cond=cond), loss=LossConfig(policy=policy),
                       optim=OptimConfig(batch_size=batch_size, steps=10**6), log=LogConfig(grad_diag_every=0))
     return setup(cfg, Ranks()), cfg
 
@@ -191,6 +193,7 @@ def bench_copies(state, batch, reps=20) -> dict:
 
 
 SHARED_PREFIX_KS = (2, 4, 8)
+PATHWAYS = ("query", "prefix")
 
 
 def bench_shared_prefix(data, ckpt, store, work, steps, batch_size) -> dict:
@@ -214,6 +217,29 @@ def bench_shared_prefix(data, ckpt, store, work, steps, batch_size) -> dict:
         out[k] = {"shared_s": med[True], "full_s": med[False], "ratio": med[True] / med[False],
                   "shared_peak_mib": peaks[True], "full_peak_mib": peaks[False]}
     return out
+
+
+def bench_pathways(data, ckpt, store, work, steps, batch_size) -> dict:
+    """Step seconds at K = 4 through the query pathway (its K + 1 passes whole: z offsets x's queries too) and
+    through the prefix (x's prefix shared), each on its own batches of the same examples, steps alternating."""
+    runs = {cond: make_state(data, ckpt, store, work, "precomputed", batch_size, K, cond) for cond in PATHWAYS}
+    fed = {cond: batches(run[0], steps + 1) for cond, run in runs.items()}
+    times = {cond: [] for cond in runs}
+    for i in range(steps + 1):  # step 0 warms up
+        for cond, run in runs.items():
+            took = step_time(run, fed[cond][i])
+            if i:
+                times[cond].append(took)
+    med = {cond: statistics.median(ts) for cond, ts in times.items()}
+    return {"step_s": med, "query_over_prefix": med["query"] / med["prefix"],
+            "prefix_shares": runs["prefix"][0].model.shares_prefix, "query_shares": runs["query"][0].model.shares_prefix}
+
+
+def print_pathways(result: dict, steps: int, batch_size: int, load_before: str) -> None:
+    print(f"z pathways, K={K} (median of {steps} alternating steps, batch {batch_size}): query "
+          f"{result['step_s']['query'] * 1e3:.1f} ms vs prefix {result['step_s']['prefix'] * 1e3:.1f} ms = "
+          f"{result['query_over_prefix']:.3f} (x's prefix shared: prefix {result['prefix_shares']}, query "
+          f"{result['query_shares']}; load average {load_before} before, {load_average()} after)")
 
 
 def print_shared_prefix(result: dict, steps: int, batch_size: int, load_before: str) -> None:
@@ -339,6 +365,7 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--only-head", action="store_true", help="only case 6 (head on S vs full logits, 131k vocabulary)")
+    ap.add_argument("--only-pathways", action="store_true", help="only case 7 (the query pathway's step vs the prefix's)")
     ap.add_argument("--head-child", nargs=2, metavar=("VARIANT", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -352,6 +379,12 @@ def main():
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_train_"))
     data, ckpt, store = prepare(work)
+    if args.only_pathways:
+        load_before = load_average()
+        pathways = bench_pathways(data, ckpt, store, work, args.steps, args.batch_size)
+        print_pathways(pathways, args.steps, args.batch_size, load_before)
+        print(json.dumps({"pathways": pathways}, default=float))
+        return
     steps = bench_steps(data, ckpt, store, work, args.steps, args.batch_size)
     print(f"step time (median of {args.steps}, batch {args.batch_size}, K={K}): precomputed "
           f"{steps['step_s']['precomputed'] * 1e3:.1f} ms, frozen {steps['step_s']['frozen'] * 1e3:.1f} ms, "
@@ -373,10 +406,13 @@ def main():
     load_before = load_average()
     shared = bench_shared_prefix(data, ckpt, store, work, args.steps, args.batch_size)
     print_shared_prefix(shared, args.steps, args.batch_size, load_before)
+    load_before = load_average()
+    pathways = bench_pathways(data, ckpt, store, work, args.steps, args.batch_size)
+    print_pathways(pathways, args.steps, args.batch_size, load_before)
     head = bench_head_on_s(HEAD_STEPS)
     print_head_on_s(head, HEAD_STEPS)
     print(json.dumps({"steps": steps, "memory": mem, "join": join, "copies": copies, "shared_prefix": shared,
-                      "head_on_s": head}, default=float))
+                      "pathways": pathways, "head_on_s": head}, default=float))
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ from tokweight.config_files import assignment, preset, preset_config
 from tokweight.experiments.cells import CELL_LOSS_FIELDS, Cell, CellBudget, CellPlan, Overrides, run_cells
 from tokweight.experiments.recipes import with_recipe
 from tokweight.experiments.results import write_table_run
-from tokweight.training.configs import CVAEConfig
+from tokweight.training.configs import CVAEConfig, default_cond
 from tokweight.training.train_config import IOConfig, OptimConfig, TrainConfig
 
 WEIGHTINGS = ("uniform", "surprisal-share")
@@ -239,7 +239,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--blocks", default="k2,k2-imperfect,k4")
     ap.add_argument("--weightings", default=",".join(WEIGHTINGS))
-    ap.add_argument("--cond", default="prefix", help="z pathway (the default's: prefix)")
+    ap.add_argument("--cond", default=None, help="z pathway (default: train's for the latent, "
+                    "training.configs.default_cond)")
     ap.add_argument("--latent", default="discrete", choices=("discrete", "continuous"))
     ap.add_argument("--set", dest="remedy", action="append", default=[], metavar="GROUP.FIELD=VALUE",
                     help="a TrainConfig field over the default's, as `tokweight train --set` (repeatable)")
@@ -254,14 +255,15 @@ def main() -> None:
     seeds = tuple(int(s) for s in args.seeds.split(","))
     start = time.perf_counter()
     weightings = tuple(args.weightings.split(","))
-    rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, weightings, args.cond,
+    cond = args.cond or default_cond(args.latent)
+    rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, weightings, cond,
                                                                     args.latent, args.jobs, args.cap,
                                                                     tuple(args.remedy), args.slots, args.starts)]
     wall = time.perf_counter() - start
     write_table_run(args.out, "defaults_table", rows, table(rows),
                     f"Seeds {list(seeds)}, beta {BETA}, cap {args.cap} steps, {len(rows)} cells; wall time "
                     f"{wall / 60:.1f} min (`python scripts/defaults_table.py {args.out} --jobs {args.jobs} --cap "
-                    f"{args.cap} --blocks {args.blocks} --weightings {args.weightings} --cond {args.cond} "
+                    f"{args.cap} --blocks {args.blocks} --weightings {args.weightings} --cond {cond} "
                     f"--latent {args.latent}{''.join(f' --set {r}' for r in args.remedy)}"
                     f"{'' if args.slots is None else f' --slots {args.slots}'}"
                     f"{'' if args.starts == OptimConfig.starts else f' --starts {args.starts}'}`).")

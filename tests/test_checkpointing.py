@@ -14,7 +14,7 @@ from tokweight.training.data import collate_examples, encode
 
 @pytest.mark.parametrize("kind", ["gpt", "gpt2", "llama"])
 def test_a_checkpointed_step_equals_the_plain_one(kind):
-    cfg = CVAEConfig(k=3)  # the default pathway: a 4-slot prefix
+    cfg = CVAEConfig(k=3, cond="prefix")  # 4 slots: the pathway whose K passes share the x prefix
     batch = collate_examples(list(encode([("shard.tar", s) for s in SAMPLES], VOCAB, cfg.slots, 40)))
     b = torch.rand(batch.zfree.mask.shape, generator=torch.Generator().manual_seed(1)) * batch.zfree.mask
     results, calls = [], []

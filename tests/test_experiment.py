@@ -50,7 +50,7 @@ def test_quick_writes_every_file_with_finite_numbers_per_cell(quick_run):
         assert (root / name).read_bytes()[:4] == b"\x89PNG"
     cfg = quick_cfg(root)
     expected = len(exp.experiment_cells(cfg))
-    assert expected == 2 * 3 * 2 + 2 * 2  # settings x weightings x betas, + token/layernorm x betas
+    assert expected == 2 * 3 * 2 + 3 * 2  # settings x weightings x betas, + token/prefix/layernorm x betas
     cells = read_csv(root / "cells.csv")
     assert len(cells) == expected and sum(f"[cell {i}/{expected}]" in "\n".join(lines) for i in (1, expected)) == 2
     for row in cells:

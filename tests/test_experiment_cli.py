@@ -36,7 +36,7 @@ def test_the_help_shows_each_jobs_defaults_and_the_quick_budget():
     assert f"own task: 6 cells x up to {cap} steps x 1 start;" in text
     assert f"grid: {len(grid.experiment_cells(grid.quick(cfgs['grid'])))} cells x up to 150 steps x 1 start" in text
     assert "own task: 18 cells x up to 6000 steps x 3 starts" in text  # without --quick
-    assert "z pathway (default: prefix, train's)" in text and "prefix slots (default: 4, train's)" in text
+    assert "z pathway (default: query, train's)" in text and "prefix slots (default: 4, train's)" in text
 
 
 def test_the_quick_help_follows_the_preset_file(tmp_path, monkeypatch):

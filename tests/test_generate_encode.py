@@ -170,7 +170,7 @@ def invoke_generate(run_dir, path, out, *extra):
     ('{"x": 3}', 'line 2: "x" is a int; give it as "x": a list of symbols'),
     ('["a"]', "line 2: a JSON list, not an object"),
     ("{x", "line 2: not JSON"),
-    (json.dumps({"x": ["a"] * 4096}), "line 2: x makes a prompt of 4106 tokens, and the backbone's context is"),
+    (json.dumps({"x": ["a"] * 4096}), "line 2: x makes a prompt of 4103 tokens, and the backbone's context is"),
 ])
 def test_bad_input_is_one_line_naming_the_file_and_line(runs, tiny, tmp_path, line, message):
     run_dir, _ = runs["discrete"]
@@ -209,7 +209,7 @@ def test_a_tokenizer_run_on_string_data_generates_strings(two_regime, tmp_path):
         samples = [replace(s, x=" ".join(s.x), y=" ".join(s.y)) for s in first_test_samples(data, 128, split)]
         write_shards(samples, text / split, shard_size=64)
     run_dir = tmp_path / "run"
-    trained_and_evaluated(text, hf, None, run_dir, CVAEConfig(k=2, slots=2), split="val")
+    trained_and_evaluated(text, hf, None, run_dir, CVAEConfig(k=2, cond="prefix", slots=2), split="val")
     samples = first_test_samples(text, 4, "val")
     lines = [{"key": s.key, "x": s.x} for s in samples] + [{"x": s.x.split()} for s in samples[:1]]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))

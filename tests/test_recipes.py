@@ -97,7 +97,7 @@ def test_train_with_only_the_required_flags_builds_the_default_config(tiny, tmp_
     assert result.exit_code == 0, result.output
     saved = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
     assert saved == TrainConfig(io=saved.io, loss=LossConfig(policy="frozen"), optim=OptimConfig(steps=2, batch_size=4))
-    assert (saved.cvae.cond, saved.cvae.slots, saved.cvae.posterior_pool) == ("prefix", 4, "mean")
+    assert (saved.cvae.cond, saved.cvae.slots, saved.cvae.posterior_pool) == ("query", 1, "mean")
     assert saved.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform")
     assert (saved.cvae.latent_init_norm, saved.cvae.latent_init_center) == (0.5, True)
     assert (saved.loss.beta, saved.loss.beta_warmup_steps, saved.optim.lr) == (0.3, 100, 3e-4)
@@ -157,7 +157,7 @@ def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):
     data, ckpt = tiny
     out = tmp_path / "cli"
     args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--policy", "frozen", "--steps", "2",
-            "--batch-size", "4", "--num-workers", "0", "--beta", "0.3", "--warmup-steps", "1", "--slots", "2",
+            "--batch-size", "4", "--num-workers", "0", "--beta", "0.3", "--warmup-steps", "1", "--cond", "prefix", "--slots", "2",
             "--anchor-weight", "2", "--log-every", "1"]
     result = CliRunner().invoke(train, args)
     assert result.exit_code == 0, result.output

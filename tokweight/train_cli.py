@@ -29,7 +29,8 @@ FLAGS = (
     Flag("--z-dim", "cvae.z_dim", "Continuous latent dimensions."),
     Flag("--samples", "cvae.samples", "Draws of a continuous latent per example, among which its E-step chooses.",
          default="4 for a continuous latent, 1 for a discrete one"),
-    Flag("--cond", "cvae.cond", "z pathway.", choices=COND_MODES),
+    Flag("--cond", "cvae.cond", "z pathway.", choices=COND_MODES,
+         default="query for a discrete latent, prefix for a continuous one"),
     Flag("--slots", "cvae.slots", "Latent slots of the prefix pathway.", default="4 for the prefix, else 1"),
     Flag("--weighting", "loss.weighting", "Reconstruction weighting.", choices=tuple(WEIGHTINGS)),
     Flag("--token-weighted-reconstruction-weight", "loss.token_weighted_reconstruction_weight",
@@ -48,7 +49,8 @@ FLAGS = (
          "the end of the warm-up (0: off)."),
     Flag("--steps", "optim.steps", "Cap on optimizer steps; the run stops earlier once validation says it converged."),
     Flag("--starts", "optim.starts", "Initialisations trained --start-steps each; the one whose validation "
-         "reconstruction (the weighting's, under q) is least goes on (RUN/starts/, RUN/starts.json).",
+         "objective (the weighting's reconstruction under q plus beta KL) is least goes on (RUN/starts/, "
+         "RUN/starts.json).",
          default="3 for a discrete latent, 1 for a continuous one"),
     Flag("--start-steps", "optim.start_steps", "Steps each start trains before they are compared; again while no "
          "start's code has formed, up to optim.start_steps_max."),
@@ -139,11 +141,12 @@ def train_config(config: str | None, flags: dict, sets: tuple[str, ...]) -> Trai
 def train(config, sets, threads, **flags):
     """Train a CVAE from the entangled checkpoint with a weighted reconstruction (torchrun-ready).
 
-    The defaults are the method as docs/results.md measures it: a 4-slot prefix, surprisal-share, beta 0.3
-    warmed up over 100 steps, the exact E-step over the K decoder passes with centred latent rows, the anchor
-    term after the warm-up, lr 3e-4 falling to 0 over the run's last fifth, and three starts of which the one
-    that reconstructs validation best goes on (a continuous latent: one). Once its periodic validations stop
-    improving the run ends after that fall, else at --steps, and says which."""
+    The defaults are the method as docs/results.md measures it: z offsets the decoder's queries (a continuous
+    latent: a 4-slot prefix), surprisal-share, beta 0.3 warmed up over 100 steps, the exact E-step over the K
+    decoder passes with centred latent rows, the anchor term after the warm-up, lr 3e-4 falling to 0 over the
+    run's last fifth, and three starts of which the one of least validation objective goes on (a continuous
+    latent: one). Once its periodic validations stop improving the run ends after that fall, else at --steps,
+    and says which."""
     from tokweight.training.run_dir import CheckpointWriteError
     from tokweight.training.train import run
 

@@ -21,6 +21,13 @@ ESTEP_PRIORS = ("uniform", "learned")
 LATENTS = ("discrete", "continuous")
 
 
+def default_cond(latent: str) -> str:
+    """The z pathway a run gets unless it names its own (``CVAEConfig.cond``): "query" for a discrete latent, whose
+    values then name the strategies where the prefix merged two (docs/results.md, section 5); "prefix" for a
+    continuous one, which was measured through it only."""
+    return "query" if latent == "discrete" else "prefix"
+
+
 @dataclass(frozen=True)
 class CVAEConfig:
     latent: str = "discrete"
@@ -36,12 +43,12 @@ class CVAEConfig:
     default), 1 for a discrete one."""
     prior: str = "learned"
     """Continuous prior: "learned" (conditional, from the decoder at <z>) or "standard" N(0, I)."""
-    cond: str = "prefix"
+    cond: str | None = None
     """z pathway: "token" (one slot), "prefix" (``slots`` slots), "layernorm" (one slot + LayerNorm modulation)
     or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder) or "query" (z
     as an offset of every query, per layer and head: where the decoder reads; on a Hugging Face backbone by a hook
-    on each layer's query projection, before RoPE). One slot
-    is a bottleneck the decoder's response to z does not grow through (docs/results.md, "The z pathways")."""
+    on each layer's query projection, before RoPE). One slot is a bottleneck the decoder's response to z does not
+    grow through (docs/results.md, "The z pathways"). None: ``default_cond(latent)``."""
     slots: int | None = None
     """Latent slots of the z-conditioned template (prefix only; 1 otherwise); None: 4 for the prefix."""
     posterior_pool: str = "mean"
@@ -61,6 +68,8 @@ class CVAEConfig:
     def __post_init__(self):
         if self.latent not in LATENTS:
             raise ValueError(f"latent must be one of {LATENTS}, got {self.latent!r}")
+        if self.cond is None:
+            object.__setattr__(self, "cond", default_cond(self.latent))
         if self.cond not in COND_MODES:
             raise ValueError(f"cond must be one of {COND_MODES}, got {self.cond!r}")
         if self.slots is None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from tokweight.report.plots import figure, save_figures
 from tokweight.report.tables import MISSING, fixed, markdown_table
 from tokweight.training.configs import COND_MODES
-from tokweight.training.configs import CVAEConfig
+from tokweight.training.configs import default_cond
 from tokweight.config_files import preset_config
 from tokweight.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all, synthetic_task
 from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
@@ -51,8 +51,8 @@ class ExperimentConfig:
     cond_modes: tuple[str, ...] = ("token", "prefix", "layernorm")
     """z pathways for surprisal-share at the largest setting (``cond`` is the grid's own); the ones the
     published grid ran (any of ``COND_MODES`` may be named)."""
-    cond: str = CVAEConfig.cond
-    """z pathway of the discrete grid's cells (train's by default)."""
+    cond: str | None = None
+    """z pathway of the grid's cells; None: train's for each latent (``default_cond``)."""
     prefix_slots: int | None = None
     """Latent slots of the prefix pathway (None: train's)."""
     budget: CellBudget = field(default_factory=CellBudget)
@@ -69,7 +69,7 @@ class ExperimentConfig:
         for name in ("weightings", "betas", "seeds", "continuous_weightings", "cond_modes"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         bad = [w for w in self.weightings + self.continuous_weightings if w not in ALL_WEIGHTINGS]
-        bad += [c for c in self.cond_modes + (self.cond,) if c not in COND_MODES]
+        bad += [c for c in self.cond_modes + ((self.cond,) if self.cond else ()) if c not in COND_MODES]
         if bad:
             raise ValueError(f"unknown weightings or z pathways: {bad}")
         if not self.weightings or not self.betas or not self.seeds:
@@ -89,12 +89,13 @@ def quick(cfg: ExperimentConfig) -> ExperimentConfig:
 
 def experiment_cells(cfg: ExperimentConfig) -> list[Cell]:
     names = [s.name for s in cfg.task.settings]
-    cells = [Cell(s, "discrete", cfg.cond, w, b, seed) for s in names for w in cfg.weightings
+    discrete, continuous = (cfg.cond or default_cond(latent) for latent in ("discrete", "continuous"))
+    cells = [Cell(s, "discrete", discrete, w, b, seed) for s in names for w in cfg.weightings
              for b in cfg.betas for seed in cfg.seeds]
-    cells += [Cell(s, "continuous", cfg.cond, w, b, seed, "continuous") for s in names
+    cells += [Cell(s, "continuous", continuous, w, b, seed, "continuous") for s in names
               for w in cfg.continuous_weightings for b in cfg.betas for seed in cfg.seeds]
     cells += [Cell(names[-1], "discrete", c, "surprisal-share", b, seed, "cond") for c in cfg.cond_modes
-              if c != cfg.cond for b in cfg.betas for seed in cfg.seeds]
+              if c != discrete for b in cfg.betas for seed in cfg.seeds]
     return cells
 
 

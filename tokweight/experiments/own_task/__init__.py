@@ -21,7 +21,7 @@ from tokweight.store.durable import write_json_atomic
 from tokweight.report.plots import save_figures
 from tokweight.report.tables import fixed
 from tokweight.training.configs import COND_MODES
-from tokweight.training.configs import CVAEConfig
+from tokweight.training.configs import CVAEConfig, default_cond
 from tokweight.experiments.artefacts import Echo, coerce_nested
 from tokweight.experiments.cells import CONTROL, STATUSES, Cell, CellBudget, CellPlan, Loss, run_cells
 from tokweight.experiments.own_task.inputs import (SETTING, Checkpoint, check_store, dataset, latent_k,
@@ -71,10 +71,9 @@ class OwnTaskConfig:
     """Seeds of every cell."""
     recipe: str = "default"
     """A recipe (tokweight/presets/recipes/) every cell trains with; "default": `tokweight train`'s."""
-    cond: str = CVAEConfig.cond
-    """z pathway of every cell, one of training.conditioning.MODES: train's (a prefix; one slot collapsed from
-    scratch under every weighting)."""
-    slots: int = CVAEConfig().slots
+    cond: str = default_cond("discrete")
+    """z pathway of every cell, one of training.conditioning.MODES: train's for a discrete latent."""
+    slots: int = CVAEConfig(cond="prefix").slots
     """Latent slots of the prefix pathway (the others have one): train's."""
     budget: CellBudget = field(default_factory=CellBudget)
     """Per cell: steps, starts, batch, learning rate, beta warm-up (train's) and decoded examples."""
