@@ -382,7 +382,7 @@ class HFBackbone(nn.Module):
         sites = [m for name, m in self.model.named_modules() if name.rsplit(".", 1)[-1] in QUERY_SITES]
         if len(sites) != self.query_shape[0]:
             raise ValueError(f"the query z pathway finds no query projection per layer in the {self.cfg.model_type!r} "
-                             f"backbone (modules named {list(QUERY_SITES)}): use --cond token, prefix or memory")
+                             f"backbone (modules named {list(QUERY_SITES)}): train it with --cond prefix")
         return sites
 
     @contextmanager

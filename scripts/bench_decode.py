@@ -8,7 +8,7 @@ token is one the vocabulary lacks), so every decode is 64 tokens. The two decode
 
 Backbones: the built-in GPT (3 layers, d = 128, as the default base) and Hugging Face models built from a
 config, no download (Llama and GPT-2, 3 layers, hidden 128), each with a 128-token context. The CVAE is
-discrete, K = 4, the default 4-slot prefix pathway. Target: cached >= 3x recompute on the CPU for each.
+discrete, K = 4, the 4-slot prefix pathway (the query, the default, decodes through the same cache: tests/test_decode_cache.py). Target: cached >= 3x recompute on the CPU for each.
 
     python scripts/bench_decode.py [--rounds 3] [--prompts 16] [--backbones gpt,llama,gpt2] [--threads 1]
 """
@@ -55,7 +55,7 @@ def setup(kind: str, prompts: int):
     from tokweight.training.decode import latent_values, prompt_maker
 
     vocab = Vocab(SYMBOLS, k_max=4)
-    model = build_cvae(backbone(kind, len(vocab)), vocab, CVAEConfig(k=4)).eval()
+    model = build_cvae(backbone(kind, len(vocab)), vocab, CVAEConfig(k=4, cond="prefix")).eval()
     make = prompt_maker(vocab, model.conditioning.slots)
     xs = [[SYMBOLS[(i * 7 + j) % len(SYMBOLS)] for j in range(6 + i % 4)] for i in range(prompts)]
     return model, [make(x) for x in xs], *latent_values(model, None)

@@ -56,7 +56,8 @@ Strategies of unequal frequency (copy 0.8, rotate-left 0.2; k2-imbalanced-60: 0.
 The longest dilution, T/(t0+1) about 64 (x of 64 symbols, K = 2), with a base trained the usual way and
 one trained on the z-conditioned template at 4 slots only (`train-base --min-slots 4`):
 
-    python scripts/defaults_table.py OUT --blocks k2-n64,k2-n64-slots4 --weightings uniform,surprisal-share --cap 300
+    python scripts/defaults_table.py OUT --blocks k2-n64,k2-n64-slots4 --weightings uniform,surprisal-share --cap 300 \
+        --cond prefix
 
 and the same ratio with x of 16 symbols and y = s(x) followed by a fixed ending of 48 filler tokens, on a
 base trained 1500 steps (which has not learnt the copy) and one trained 4000 (`--cond` for the other pathways):
@@ -212,7 +213,7 @@ def table(rows: list[dict]) -> str:
         first = group[0]
         stops = Counter(r.get("stop") or "cap" for r in group)
         label = ", ".join([block] + [first[k] for k in ("cond", "slots", "starts", "latent", "remedy")
-                                     if first.get(k) not in (None, "", "prefix", "discrete")])
+                                     if first.get(k) not in (None, "", default_cond(first["latent"]), "discrete")])
         out.append([label, str(first["k"]), f"{first['ratio_true']:.1f}", f"{first['b_after_t0']:.3f}", weighting,
                     " / ".join(str(count.get(o, 0)) for o in OUTCOMES),
                     ", ".join(f"{n} {reason}" for reason, n in sorted(stops.items())), ms("mi"), ms("strategy_mi"),
@@ -240,7 +241,7 @@ def main() -> None:
     ap.add_argument("--blocks", default="k2,k2-imperfect,k4")
     ap.add_argument("--weightings", default=",".join(WEIGHTINGS))
     ap.add_argument("--cond", default=None, help="z pathway (default: train's for the latent, "
-                    "training.configs.default_cond)")
+                    "training.configs.default_cond; the prefix with --slots)")
     ap.add_argument("--latent", default="discrete", choices=("discrete", "continuous"))
     ap.add_argument("--set", dest="remedy", action="append", default=[], metavar="GROUP.FIELD=VALUE",
                     help="a TrainConfig field over the default's, as `tokweight train --set` (repeatable)")
@@ -255,7 +256,7 @@ def main() -> None:
     seeds = tuple(int(s) for s in args.seeds.split(","))
     start = time.perf_counter()
     weightings = tuple(args.weightings.split(","))
-    cond = args.cond or default_cond(args.latent)
+    cond = args.cond or ("prefix" if args.slots else default_cond(args.latent))  # slots are the prefix's
     rows = [r for name in args.blocks.split(",") for r in run_block(name, args.out, seeds, weightings, cond,
                                                                     args.latent, args.jobs, args.cap,
                                                                     tuple(args.remedy), args.slots, args.starts)]

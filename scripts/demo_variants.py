@@ -1,4 +1,4 @@
-"""Variants of the default on the demo's data and budget (h0-n16, 4 slots, surprisal-share, beta 0.3, 300 steps),
+"""Variants of the default on the demo's data and budget (h0-n16, surprisal-share, beta 0.3, 300 steps),
 one axis at a time: the z pathway (--conds) and how far the latent rows start from the checkpoint's mean latent
 row (--norms, CVAEConfig.latent_init_norm, in units of the token-row spread; without it, the default's).
 One row per variant and seed: eval's verdict, exact MI, I(z; strategy), the decoder's token-mean NLL at step 0
@@ -30,7 +30,7 @@ from tokweight.experiments.results import write_table_run
 DEMO = demo_preset("default")
 BETA = 0.3  # the default's beta (LossConfig.beta)
 WEIGHTING = "surprisal-share"  # the default's
-SLOTS = 4  # the default's (CVAEConfig.slots)
+SLOTS = 4  # the prefix pathway's (CVAEConfig.slots)
 
 
 def run(root: Path, conds: tuple[str, ...], norms: tuple[float | None, ...], seeds: tuple[int, ...],

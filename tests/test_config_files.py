@@ -4,6 +4,7 @@ reaching every field, and flags whose type and shown default come from the datac
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -92,3 +93,18 @@ def test_presets_are_files_built_into_their_dataclasses():
         build(CVAEConfig, {"kk": 3}, "cvae.")
     assert build(TrainConfig, {"io": {"checkpoint": "c", "data": "d", "out": "o", "store": "s"}}).io == \
         IOConfig(checkpoint="c", data="d", out="o", store="s")
+
+
+def test_a_run_config_given_another_pathway_or_latent_resolves_what_follows_from_it_anew(tmp_path):
+    """A run's config.json holds its resolved fields (the query's 1 slot): changing the pathway or the latent on
+    top of it resolves the fields that follow from them again, unless they are set too."""
+    path = tmp_path / "config.json"
+    run = TrainConfig(io=IOConfig(checkpoint="/c", data="/d", out="/o", store="/s"))
+    path.write_text(json.dumps(run.to_json()))
+    assert (run.cvae.cond, run.cvae.slots) == ("query", 1)
+    assert train_config(str(path), {"cvae.cond": "prefix"}, ()).cvae.slots == 4
+    assert train_config(str(path), {"cvae.cond": "prefix", "cvae.slots": 2}, ()).cvae.slots == 2
+    continuous = train_config(str(path), {}, ("cvae.latent=continuous",))
+    assert (continuous.cvae.cond, continuous.cvae.slots, continuous.cvae.samples, continuous.optim.starts,
+            continuous.estep.mode) == ("prefix", 4, 4, 1, "hard")
+    assert train_config(str(path), {}, ()) == replace(run, io=train_config(str(path), {}, ()).io)

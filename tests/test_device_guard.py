@@ -69,11 +69,11 @@ def train_config(data, ckpt, out, store=None, steps=3, **groups):
     return TrainConfig(**{**base, **groups})
 
 
-@pytest.mark.parametrize("cvae", [CVAEConfig(), CVAEConfig(cond="token", slots=1), CVAEConfig(cond="memory", slots=1),
-                                  CVAEConfig(cond="layernorm", slots=1), CVAEConfig(cond="query", slots=1),
+@pytest.mark.parametrize("cvae", [CVAEConfig(cond="prefix"), CVAEConfig(cond="token", slots=1), CVAEConfig(cond="memory", slots=1),
+                                  CVAEConfig(cond="layernorm", slots=1), CVAEConfig(),
                                   CVAEConfig(latent="continuous", z_dim=2),
                                   CVAEConfig(latent="continuous", z_dim=2, cond="memory", slots=1)],
-                         ids=["discrete-prefix", "token", "memory", "layernorm", "query", "continuous",
+                         ids=["discrete-prefix", "token", "memory", "layernorm", "query (default)", "continuous",
                               "continuous-memory"])
 def test_train_under_the_guard(tiny, tiny_store, tmp_path, cvae):
     data, ckpt = tiny

@@ -23,7 +23,8 @@ from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, Opt
 
 WARM = LossConfig(beta_warmup_steps=1)  # step 0 at beta 0 with the anchor off, step 1 at beta with the anchor on
 PATHS = {  # name: (backbone, TrainConfig groups)
-    "default": ("gpt", {}),
+    "default": ("gpt", {}),  # the query pathway
+    "prefix": ("gpt", dict(cvae=CVAEConfig(cond="prefix"))),
     "memory": ("gpt", dict(cvae=CVAEConfig(cond="memory"))),
     "layernorm": ("gpt", dict(cvae=CVAEConfig(cond="layernorm"))),
     "continuous-token": ("gpt", dict(cvae=CVAEConfig(latent="continuous", cond="token"))),
@@ -36,7 +37,6 @@ PATHS = {  # name: (backbone, TrainConfig groups)
     "checkpointing-bf16": ("gpt", dict(io=dict(grad_checkpointing=True, dtype="bfloat16"))),
     "llama": ("llama", {}),
     "gpt2-lora-memory": ("gpt2", dict(lora=LoRAConfig(rank=4), cvae=CVAEConfig(cond="memory"))),
-    "query": ("gpt", dict(cvae=CVAEConfig(cond="query"))),
     "llama-lora-query": ("llama", dict(lora=LoRAConfig(rank=4), cvae=CVAEConfig(cond="query"))),
 }
 

@@ -26,7 +26,7 @@ SAMPLES = [Sample("k0", ("a", "b"), ("b", "a", "c")), Sample("k1", ("c",), ("d",
 CONFIGS = [CVAEConfig(k=4, cond="token"), CVAEConfig(k=3, cond="prefix", slots=4),
            CVAEConfig(k=2, cond="layernorm"), CVAEConfig(latent="continuous", z_dim=3, cond="token"),
            CVAEConfig(latent="continuous", z_dim=2, cond="prefix", slots=3),
-           CVAEConfig(k=3, posterior_pool="mean"), CVAEConfig(k=2, posterior_pool="last"),
+           CVAEConfig(k=3, cond="prefix", posterior_pool="mean"), CVAEConfig(k=2, cond="prefix", posterior_pool="last"),
            CVAEConfig(k=3, cond="memory"), CVAEConfig(latent="continuous", z_dim=2, cond="memory"),
            CVAEConfig(k=3, cond="query")]
 REACH_PREFIX = ("layernorm", "memory", "query")  # z pathways that reach the prefix: it is not shared

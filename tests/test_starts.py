@@ -87,6 +87,15 @@ def test_a_start_whose_z_costs_more_than_it_gains_is_not_chosen(tmp_path):
     again = starts_module.compare_starts(replace(cfg, io=replace(cfg.io, out=str(tmp_path / "again"))), Ranks(),
                                          lambda seed, until, announce: val[seed])
     assert again["seed"] == 2
+    old = tmp_path / "old"  # rounds recorded before the objective was: refused where they would be compared
+    old.mkdir()
+    (old / "starts.json").write_text(json.dumps({"seeds": [0, 1, 2], "start_steps": 200, "start_steps_max": 800,
+                                                 "rounds": [{"steps": 200, "val_recon": [0.154, 0.165, 0.009],
+                                                             "val_mi": [0.0, 0.002, 0.686]}]}))
+    with pytest.raises(ValueError, match="old/starts.json holds rounds from before the starts were compared by the "
+                                         "objective; use a new --out"):
+        starts_module.compare_starts(replace(cfg, io=replace(cfg.io, out=str(old))), Ranks(),
+                                     lambda seed, until, announce: val[seed])
 
 
 def test_the_starts_go_on_while_a_code_is_forming_and_not_yet_formed(tiny_dropout, tmp_path):

@@ -15,7 +15,7 @@ from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.training.baselines import POLICIES
 from tokweight.training.configs import COND_MODES, LATENTS
 from tokweight.training.losses import WEIGHTINGS
-from tokweight.training.train_config import SHARDS, TrainConfig
+from tokweight.training.train_config import SHARDS, TrainConfig, with_resolved_anew
 
 FLAGS = (
     Flag("--checkpoint", "io.checkpoint", "Entangled checkpoint to initialise the CVAE from (required).",
@@ -119,7 +119,7 @@ def train_config(config: str | None, flags: dict, sets: tuple[str, ...]) -> Trai
     """The dataclass defaults, then ``config`` (TOML or a run's config.json), then the flags, then ``--set``."""
     from tokweight.config_files import assignment, read, with_values
 
-    values = absolute(flags) | absolute(dict(assignment(item) for item in sets))
+    values = with_resolved_anew(absolute(flags) | absolute(dict(assignment(item) for item in sets)))
     obj = with_values(read(config) if config else {}, values)
     missing = [field for field in REQUIRED if not (obj.get("io") or {}).get(field.split(".")[1])]
     if missing:

@@ -58,7 +58,7 @@ class BaseTrainConfig:
     """The z-conditioned template's slots are drawn from min_slots..max_slots. Each count puts y at
     another offset from x, which a copy or a rotation must learn anew: with a long x, several counts can leave
     every one poorly learnt (docs/results.md, "The base models"). min_slots = max_slots trains only the count the
-    CVAE reads (CVAEConfig.slots, 4)."""
+    CVAE's prefix pathway reads (CVAEConfig.slots, 4; the other pathways read one)."""
     zcond_rate: float = 0.5
     """Share of training sequences given the z-conditioned template, with min_slots..max_slots
     slots holding one random latent token. z then carries no information about y, so the

@@ -286,6 +286,25 @@ class TrainConfig:
             raise ValueError(f"configuration: {e}") from None
 
 
+RESOLVED_FROM = {"cvae.cond": "cvae.latent", "cvae.slots": "cvae.cond", "cvae.samples": "cvae.latent",
+                 "cvae.latent_init_norm": "cvae.latent", "optim.starts": "cvae.latent", "estep.mode": "cvae.latent",
+                 "estep.prior": "cvae.latent"}
+"""Fields whose default is resolved from another field's value (None in the dataclass, filled in from it)."""
+
+
+def with_resolved_anew(values: dict) -> dict:
+    """Dotted overrides ``values``, plus None for every field resolved from one they change (and from those, in
+    turn) that they do not set themselves: a resolved config.json given ``--cond prefix`` gets the prefix's 4
+    slots, not the 1 the query's resolution wrote there."""
+    out, changed = dict(values), set(values)
+    while True:
+        anew = {f for f, source in RESOLVED_FROM.items() if source in changed and f not in changed}
+        if not anew:
+            return out
+        out |= {f: None for f in anew}
+        changed |= anew
+
+
 def from_remedies(obj: dict) -> dict:
     """A config.json of before the ``estep`` group: its ``remedies`` group ({"estep": {...},
     "latent_embedding_norm", "latent_embedding_center"}, whose own defaults were "no remedy") as ``estep`` and

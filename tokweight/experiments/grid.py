@@ -222,10 +222,11 @@ def continuous_section(agg: list[dict], ratio: dict[str, float]) -> list[str]:
 
 
 def pathway_section(cfg: dict, agg: list[dict], ratio: dict[str, float]) -> list[str]:
-    """surprisal-share at the largest setting under each z pathway (the grid's cells are the token pathway)."""
+    """surprisal-share at the largest setting under each z pathway: the grid's own (its discrete cells') and those
+    of ``cond_modes``."""
     largest = cfg["task"]["settings"][-1]["name"]
     cond = [r for r in agg if r["setting"] == largest and r["latent"] == "discrete" and r["weighting"] ==
-            "surprisal-share" and r["group"] in ("grid", "cond") and r["cond"] in cfg["cond_modes"]]
+            "surprisal-share" and r["group"] in ("grid", "cond")]
     if not any(r["group"] == "cond" for r in cond):
         return []
     cond.sort(key=lambda r: (-r["beta"], COND_MODES.index(r["cond"])))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokweight.config_files import flat, preset, with_values
-from tokweight.training.train_config import TrainConfig
+from tokweight.training.train_config import TrainConfig, with_resolved_anew
 
 RECIPE_FIELDS = ("estep.", "cvae.latent_init_norm", "cvae.latent_init_center", "cvae.posterior_pool")
 """The dotted fields a recipe may set (a prefix ending in "." names a whole group)."""
@@ -30,4 +30,4 @@ def recipe_overrides(name: str) -> dict[str, Any]:
 def with_recipe(cfg: TrainConfig, name: str, extra: dict[str, Any] | None = None) -> TrainConfig:
     """``cfg`` with recipe ``name``'s overrides, then ``extra`` (dotted fields a cell compares)."""
     values = recipe_overrides(name) | (extra or {})
-    return TrainConfig.from_json(with_values(cfg.to_json(), values)) if values else cfg
+    return TrainConfig.from_json(with_values(cfg.to_json(), with_resolved_anew(values))) if values else cfg
