@@ -108,3 +108,7 @@ def test_a_run_config_given_another_pathway_or_latent_resolves_what_follows_from
     assert (continuous.cvae.cond, continuous.cvae.slots, continuous.cvae.samples, continuous.optim.starts,
             continuous.estep.mode) == ("prefix", 4, 4, 1, "hard")
     assert train_config(str(path), {}, ()) == replace(run, io=train_config(str(path), {}, ()).io)
+    prefix = tmp_path / "prefix.json"  # the latent named as it was changes nothing that follows from it
+    prefix.write_text(json.dumps(replace(run, cvae=CVAEConfig(cond="prefix", slots=2)).to_json()))
+    again = train_config(str(prefix), {"cvae.latent": "discrete"}, ())
+    assert (again.cvae.cond, again.cvae.slots) == ("prefix", 2)

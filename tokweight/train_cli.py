@@ -119,8 +119,9 @@ def train_config(config: str | None, flags: dict, sets: tuple[str, ...]) -> Trai
     """The dataclass defaults, then ``config`` (TOML or a run's config.json), then the flags, then ``--set``."""
     from tokweight.config_files import assignment, read, with_values
 
-    values = with_resolved_anew(absolute(flags) | absolute(dict(assignment(item) for item in sets)))
-    obj = with_values(read(config) if config else {}, values)
+    start = read(config) if config else {}
+    values = with_resolved_anew(absolute(flags) | absolute(dict(assignment(item) for item in sets)), start)
+    obj = with_values(start, values)
     missing = [field for field in REQUIRED if not (obj.get("io") or {}).get(field.split(".")[1])]
     if missing:
         names = [next(f.name for f in FLAGS if f.field == field) for field in missing]

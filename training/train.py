@@ -362,8 +362,8 @@ def train_start(cfg: TrainConfig, seed: int, until: int, ranks: Ranks, hooks: Ho
     """One start: the whole run's config from ``seed``, trained (or resumed) to step ``until`` (its validations and
     stop rule go as in a run from that seed) and checkpointed there; its metrics on the whole val split (the
     reconstruction E_q[R], the KL, the exact MI), from which RUN/starts.json keeps the reconstruction, the
-    objective and the exact MI (the start's metrics.jsonl is cut back to its
-    checkpoint when the next round resumes it)."""
+    objective and the exact MI (the start's metrics.jsonl is cut back to its checkpoint when the next round
+    resumes it)."""
     start = replace(seeded(cfg, seed), io=replace(cfg.io, out=str(start_dir(cfg, seed))))
     state = setup(start, ranks, announce=announce)
     if state.progress.step > until:

@@ -292,11 +292,19 @@ RESOLVED_FROM = {"cvae.cond": "cvae.latent", "cvae.slots": "cvae.cond", "cvae.sa
 """Fields whose default is resolved from another field's value (None in the dataclass, filled in from it)."""
 
 
-def with_resolved_anew(values: dict) -> dict:
-    """Dotted overrides ``values``, plus None for every field resolved from one they change (and from those, in
-    turn) that they do not set themselves: a resolved config.json given ``--cond prefix`` gets the prefix's 4
-    slots, not the 1 the query's resolution wrote there."""
-    out, changed = dict(values), set(values)
+def with_resolved_anew(values: dict, config: dict) -> dict:
+    """Dotted overrides ``values`` of the nested ``config``, plus None for every field resolved from one whose value
+    they change (and from those, in turn) that they do not set themselves: a resolved config.json given ``--cond
+    prefix`` gets the prefix's 4 slots, not the 1 the query's resolution wrote there."""
+    def value(dotted: str):
+        node = config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+    out, changed = dict(values), {field for field, v in values.items() if v != value(field)}
     while True:
         anew = {f for f, source in RESOLVED_FROM.items() if source in changed and f not in changed}
         if not anew:

@@ -30,4 +30,5 @@ def recipe_overrides(name: str) -> dict[str, Any]:
 def with_recipe(cfg: TrainConfig, name: str, extra: dict[str, Any] | None = None) -> TrainConfig:
     """``cfg`` with recipe ``name``'s overrides, then ``extra`` (dotted fields a cell compares)."""
     values = recipe_overrides(name) | (extra or {})
-    return TrainConfig.from_json(with_values(cfg.to_json(), with_resolved_anew(values))) if values else cfg
+    start = cfg.to_json()
+    return TrainConfig.from_json(with_values(start, with_resolved_anew(values, start))) if values else cfg
