@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from itertools import islice
 from pathlib import Path
 
@@ -196,6 +197,18 @@ SHARED_PREFIX_KS = (2, 4, 8)
 PATHWAYS = ("query", "prefix")
 
 
+def alternating_medians(steps_of: dict, n: int) -> dict:
+    """{name: median seconds} of ``steps_of[name](i)`` for i = 1..n, the names taken in turn at each i (so drifts
+    of a noisy machine hit them alike), after each has run i = 0 to warm up."""
+    times = {name: [] for name in steps_of}
+    for i in range(n + 1):
+        for name, take in steps_of.items():
+            took = take(i)
+            if i:
+                times[name].append(took)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def bench_shared_prefix(data, ckpt, store, work, steps, batch_size) -> dict:
     """{K: step seconds and one step's peak MiB, shared prefix and full passes}: one model per K, the
     same batches, each step taken both ways in turn (the model moves on by both steps alike)."""
@@ -203,17 +216,15 @@ def bench_shared_prefix(data, ckpt, store, work, steps, batch_size) -> dict:
     for k in SHARED_PREFIX_KS:
         run = make_state(data, ckpt, store, work, "precomputed", batch_size, k)
         fed = batches(run[0], steps + 1)
-        times, peaks = {True: [], False: []}, {}
-        for i, batch in enumerate(fed):  # step 0 warms up
-            for share in times:
-                run[0].model.share_prefix = share
-                took = step_time(run, batch)
-                if i:
-                    times[share].append(took)
-        for share in times:
+        def step(share: bool, i: int) -> float:
+            run[0].model.share_prefix = share
+            return step_time(run, fed[i])
+
+        med = alternating_medians({share: partial(step, share) for share in (True, False)}, steps)
+        peaks = {}
+        for share in med:
             run[0].model.share_prefix = share
             peaks[share] = step_peak_mib(run, fed[0])
-        med = {share: statistics.median(ts) for share, ts in times.items()}
         out[k] = {"shared_s": med[True], "full_s": med[False], "ratio": med[True] / med[False],
                   "shared_peak_mib": peaks[True], "full_peak_mib": peaks[False]}
     return out
@@ -224,13 +235,7 @@ def bench_pathways(data, ckpt, store, work, steps, batch_size) -> dict:
     through the prefix (x's prefix shared), each on its own batches of the same examples, steps alternating."""
     runs = {cond: make_state(data, ckpt, store, work, "precomputed", batch_size, K, cond) for cond in PATHWAYS}
     fed = {cond: batches(run[0], steps + 1) for cond, run in runs.items()}
-    times = {cond: [] for cond in runs}
-    for i in range(steps + 1):  # step 0 warms up
-        for cond, run in runs.items():
-            took = step_time(run, fed[cond][i])
-            if i:
-                times[cond].append(took)
-    med = {cond: statistics.median(ts) for cond, ts in times.items()}
+    med = alternating_medians({cond: lambda i, c=cond: step_time(runs[c], fed[c][i]) for cond in runs}, steps)
     return {"step_s": med, "query_over_prefix": med["query"] / med["prefix"],
             "prefix_shares": runs["prefix"][0].model.shares_prefix, "query_shares": runs["query"][0].model.shares_prefix}
 
