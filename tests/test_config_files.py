@@ -106,7 +106,11 @@ def test_a_run_config_given_another_pathway_or_latent_resolves_what_follows_from
     assert train_config(str(path), {"cvae.cond": "prefix", "cvae.slots": 2}, ()).cvae.slots == 2
     continuous = train_config(str(path), {}, ("cvae.latent=continuous",))
     assert (continuous.cvae.cond, continuous.cvae.slots, continuous.cvae.samples, continuous.optim.starts,
-            continuous.estep.mode) == ("prefix", 4, 4, 1, "hard")
+            continuous.estep.mode, continuous.estep.harden) == ("prefix", 4, 4, 1, "hard", 0.0)
+    assert (run.estep.harden, run.estep.harden_from) == (0.5, 800)  # from a soft E-step and the starts' window
+    hard = train_config(str(path), {"estep.mode": "hard"}, ())
+    assert (hard.estep.mode, hard.estep.harden) == ("hard", 0.0)
+    assert train_config(str(path), {"optim.start_steps_max": 400}, ()).estep.harden_from == 400
     assert train_config(str(path), {}, ()) == replace(run, io=train_config(str(path), {}, ()).io)
     prefix = tmp_path / "prefix.json"  # the latent named as it was changes nothing that follows from it
     prefix.write_text(json.dumps(replace(run, cvae=CVAEConfig(cond="prefix", slots=2)).to_json()))

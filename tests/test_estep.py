@@ -13,7 +13,7 @@ from tokweight.training.latent import CategoricalLatent
 
 def E(**fields) -> EStepConfig:
     """An E-step config with the pure functions' reference settings spelt out (a run resolves them per latent)."""
-    return EStepConfig(**{"follow_beta": False, "prior": "uniform", **fields})
+    return EStepConfig(**{"follow_beta": False, "prior": "uniform", "harden": 0.0, **fields})
 
 
 def brute_force_minimiser(R, log_p, beta, grid=60):
@@ -63,6 +63,27 @@ def test_hard_assignment_is_the_argmin_and_uniform_prior_ignores_the_learned_one
     assert learned.tolist() == [[1, 0, 0], [0, 0, 1]]
 
 
+def test_harden_trains_a_sure_example_s_copy_only_and_leaves_an_unsure_one_soft():
+    R = torch.tensor([[0.1, 2.0, 2.0], [1.00, 1.05, 1.10]])
+    zero = torch.zeros_like(R)
+    soft = assignment(R, zero, E(mode="soft", temperature=0.3))
+    assert soft[0].max() > 0.9 and soft[1].max() < 0.5
+    hardened = assignment(R, zero, E(mode="soft", temperature=0.3, harden=0.5))
+    assert hardened[0].tolist() == [1.0, 0.0, 0.0]
+    assert torch.equal(hardened[1], soft[1])
+
+
+def test_harden_is_the_soft_e_step_where_z_is_not_in_use_and_before_harden_from():
+    R = torch.tensor([[1.0, 1.01, 0.99], [2.0, 2.0, 2.02]])  # copies alike: no example sure of one
+    zero = torch.zeros_like(R)
+    cfg = E(mode="soft", temperature=0.3, harden=0.5, harden_from=800)
+    assert torch.equal(assignment(R, zero, cfg), assignment(R, zero, E(mode="soft", temperature=0.3)))
+    assert cfg.at(799).harden == 0.0 and cfg.at(800).harden == 0.5
+    sure = torch.tensor([[0.0, 3.0, 3.0]])
+    assert assignment(sure, torch.zeros_like(sure), cfg.at(799))[0, 0] < 1.0
+    assert assignment(sure, torch.zeros_like(sure), cfg.at(800)).tolist() == [[1.0, 0.0, 0.0]]
+
+
 def test_distillation_and_assigned_reconstruction_by_hand():
     log_q = torch.tensor([[0.5, 0.25, 0.25]]).log()
     a = torch.tensor([[0.0, 1.0, 0.0]])
@@ -90,6 +111,10 @@ def test_em_objective_trains_copies_by_assignment_and_the_posterior_by_distillat
 def test_config_validation():
     with pytest.raises(ValueError, match="mode"):
         E(mode="viterbi")
+    with pytest.raises(ValueError, match="harden must be a share"):
+        E(harden=1.5)
+    with pytest.raises(ValueError, match="harden sharpens the soft E-step"):
+        EStepConfig(mode="hard", harden=0.5).resolved("discrete", 1, 800)
     with pytest.raises(ValueError, match="temperature"):
         E(temperature=0.0)
     assert not E(mode="hard", until_step=5).active(5) and E(mode="hard").active(10 ** 6)

@@ -95,6 +95,10 @@ class CVAEConfig:
         return asdict(self)
 
 
+HARDEN = 0.5
+"""A soft E-step's default ``EStepConfig.harden``: an example is sure of a copy that q* gives at least half."""
+
+
 @dataclass(frozen=True)
 class EStepConfig:
     """The E-step (``estep.py``): which examples each decoder copy learns from. The default is the exact E-step of
@@ -115,6 +119,15 @@ class EStepConfig:
     """p(k|x) inside q*: "uniform" (against rich-get-richer: a value's falling usage is not fed back into its
     share) or "learned". None: "uniform" for a discrete latent, "learned" for a continuous one (its importance
     weights need the prior the model has)."""
+    harden: float | None = None
+    """Mode "soft": from step ``harden_from``, an example whose q* gives one copy at least this share trains that
+    copy only (its one-hot), the others train by q*; 0: never. Two copies that explain an example about as well
+    both learn from it under q* and stay alike there; a sure example's one-hot lets each copy specialise. Where
+    no example is that sure (a z not in use) it is the soft E-step. None: ``HARDEN`` (0.5) for a discrete
+    latent in mode soft, else 0."""
+    harden_from: int | None = None
+    """The first step at which ``harden`` acts: after the window in which the starts are compared and a run's code
+    forms, so the soft E-step chooses the code and the hardening sharpens it. None: ``optim.start_steps_max``."""
     balance_iters: int = 0
     """Sinkhorn-Knopp iterations making the batch's assignment equipartitioned over k (0: off). A balance gives
     each value 1/K of every batch, which a strategy code has only when the strategies are equally frequent."""
@@ -137,20 +150,27 @@ class EStepConfig:
             raise ValueError(f"estep prior must be one of {ESTEP_PRIORS}, got {self.prior!r}")
         if not self.temperature > 0 or self.balance_iters < 0 or self.until_step < 0:
             raise ValueError("need temperature > 0, balance_iters >= 0, until_step >= 0")
+        if not (self.harden is None or 0 <= self.harden <= 1) or (self.harden_from or 0) < 0:
+            raise ValueError(f"estep harden must be a share in [0, 1] and harden_from >= 0, got {self.harden}, "
+                             f"{self.harden_from}")
         if not 0 < self.labelled_weight < 1:
             raise ValueError(f"estep labelled_weight must be a share in (0, 1), got {self.labelled_weight}")
         if not 0 <= self.labelled <= 1 or (self.labelled and self.mode not in (None, "soft", "hard")):
             raise ValueError(f"estep labelled must be a share in [0, 1], and only in mode soft or hard (mode "
                              f"{self.mode!r}, labelled {self.labelled})")
 
-    def resolved(self, latent: str, samples: int) -> EStepConfig:
+    def resolved(self, latent: str, samples: int, start_steps_max: int) -> EStepConfig:
         """This config with the latent's defaults filled in, checked against what the latent can do: a continuous
         latent's E-step weighs its draws of z, not values that mean strategies (no label mode, no labels), nor
         values a batch can be balanced over, and its importance weights need the learned prior and more than one
         draw to choose among."""
         continuous = latent == "continuous"
-        cfg = replace(self, mode=self.mode or ("hard" if continuous else "soft"),
-                      prior=self.prior or ("learned" if continuous else "uniform"))
+        mode = self.mode or ("hard" if continuous else "soft")
+        harden = self.harden if self.harden is not None else (HARDEN if mode == "soft" and not continuous else 0.0)
+        if harden and mode != "soft":
+            raise ValueError(f"estep harden sharpens the soft E-step: set it with mode 'soft', not {mode!r}")
+        cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden,
+                      harden_from=start_steps_max if self.harden_from is None else self.harden_from)
         if not continuous or cfg.mode == "off":
             return cfg
         if cfg.mode == "label" or cfg.labelled or cfg.balance_iters or cfg.prior != "learned":
@@ -160,6 +180,10 @@ class EStepConfig:
         if samples < 2:
             raise ValueError(f"a continuous latent's E-step chooses among its draws: set samples >= 2, not {samples}")
         return cfg
+
+    def at(self, step: int) -> EStepConfig:
+        """This config as it acts at ``step``: no hardening before ``harden_from``."""
+        return self if not self.harden or step >= self.harden_from else replace(self, harden=0.0)
 
     def active(self, step: int) -> bool:
         return self.mode not in (None, "off") and (self.until_step == 0 or step < self.until_step)

@@ -48,8 +48,8 @@ def sinkhorn(log_scores: torch.Tensor, iters: int) -> torch.Tensor:
 
 def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float = 0.0,
                labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL) -> torch.Tensor:
-    """The E-step's (B, K) weights of the decoder copies, detached: soft q*, its hard argmax, or
-    (mode "label") the one-hot of ``labels`` (B,) strategy indices. In the other modes ``labels`` (B,), when
+    """The E-step's (B, K) weights of the decoder copies, detached: soft q* (where ``cfg.harden`` > 0, the
+    one-hot argmax on the rows whose q* gives one copy at least that share), its hard argmax, or (mode "label") the one-hot of ``labels`` (B,) strategy indices. In the other modes ``labels`` (B,), when
     given, fixes the rows whose index is >= 0 to its one-hot (the labelled examples); -1: q*'s.
 
     R (B, K) nats per copy; log_prior (B, K) the learned prior (ignored under prior "uniform");
@@ -57,8 +57,8 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
     Balancing acts on q* before the argmax, so a hard assignment is balanced too, and over
     the global ``batch``: Sinkhorn's columns are sums over all of its rows.
     """
-    if cfg.mode is None or cfg.prior is None:
-        raise ValueError("the E-step's mode and prior are unset: resolve the config for the latent first "
+    if cfg.mode is None or cfg.prior is None or cfg.harden is None:
+        raise ValueError("the E-step's mode, prior and harden are unset: resolve the config for the latent first "
                          "(EStepConfig.resolved)")
     R = R.detach()
     if cfg.mode == "label":
@@ -74,6 +74,9 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
     a = batch.rows(sinkhorn(batch.gather(log_q), cfg.balance_iters)) if cfg.balance_iters else log_q.exp()
     if hard:
         a = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
+    elif cfg.harden:
+        sure = a.max(-1).values >= cfg.harden
+        a = torch.where(sure[:, None], F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype), a)
     if labels is not None:
         labels = labels.to(R.device)
         a = torch.where(labels[:, None] >= 0, F.one_hot(labels.clamp(min=0), R.shape[-1]).to(R.dtype), a)

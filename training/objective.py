@@ -61,7 +61,7 @@ def step_loss(latent, out, b: torch.Tensor, mask: torch.Tensor, loss, estep: ESt
     pi, degenerate = reconstruction_weights(loss.weighting, b, mask, params,
                                             loss.token_weighted_reconstruction_weight, batch)  # (B, T)
     beta, em = loss.beta_at(step), estep.active(step)
-    obj = (em_objective(latent, out, pi, beta, loss.free_bits, estep, labels, batch) if em
+    obj = (em_objective(latent, out, pi, beta, loss.free_bits, estep.at(step), labels, batch) if em
            else plain_objective(latent, out, pi, beta, loss.free_bits, batch))
     anchor = anchored(latent, out, b, mask, loss.anchor_margin)
     anchor_weight = loss.anchor_weight_at(step)

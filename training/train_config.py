@@ -251,7 +251,8 @@ class TrainConfig:
         for name, group in GROUPS.items():  # from_json hands the groups over as dicts
             if isinstance(getattr(self, name), dict):
                 object.__setattr__(self, name, group(**getattr(self, name)))
-        object.__setattr__(self, "estep", self.estep.resolved(self.cvae.latent, self.cvae.samples))
+        object.__setattr__(self, "estep", self.estep.resolved(self.cvae.latent, self.cvae.samples,
+                                                                 self.optim.start_steps_max))
         if self.optim.starts is None:
             object.__setattr__(self, "optim", replace(self.optim, starts=default_starts(self.cvae.latent)))
         if self.io.store is None and self.loss.needs_store:
@@ -288,7 +289,8 @@ class TrainConfig:
 
 RESOLVED_FROM = {"cvae.cond": "cvae.latent", "cvae.slots": "cvae.cond", "cvae.samples": "cvae.latent",
                  "cvae.latent_init_norm": "cvae.latent", "optim.starts": "cvae.latent", "estep.mode": "cvae.latent",
-                 "estep.prior": "cvae.latent"}
+                 "estep.prior": "cvae.latent", "estep.harden": "estep.mode",
+                 "estep.harden_from": "optim.start_steps_max"}
 """Fields whose default is resolved from another field's value (None in the dataclass, filled in from it)."""
 
 
