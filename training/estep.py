@@ -15,7 +15,10 @@ Trade", with a uniform prior against rich-get-richer): decoder copy k is trained
 k, and the amortised posterior is distilled towards the assignment (``objective.py``). A balanced assignment
 (Sinkhorn-Knopp equipartition over the batch, as in SwAV, Caron et al. 2020) keeps one k from taking every
 example. The "label" mode assigns each example to its ground-truth strategy instead (a supervised warm start
-with ``until_step``); ``labelled`` fixes a share of the examples to their label's value.
+with ``until_step``); ``labelled`` fixes a share of the examples to their label's value. ``harden`` gives an
+example that q* is sure of (one copy at least that share) its one-hot, once the run's code has formed: two
+copies that explain an example about as well then part, and where q* is sure of nothing (z not in use) the
+step is q* itself.
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ def sinkhorn(log_scores: torch.Tensor, iters: int) -> torch.Tensor:
 def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float = 0.0,
                labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL) -> torch.Tensor:
     """The E-step's (B, K) weights of the decoder copies, detached: soft q* (where ``cfg.harden`` > 0, the
-    one-hot argmax on the rows whose q* gives one copy at least that share), its hard argmax, or (mode "label") the one-hot of ``labels`` (B,) strategy indices. In the other modes ``labels`` (B,), when
-    given, fixes the rows whose index is >= 0 to its one-hot (the labelled examples); -1: q*'s.
+    one-hot argmax on the rows whose q* gives one copy at least that share), its hard argmax, or (mode "label")
+    the one-hot of ``labels`` (B,) strategy indices. In the other modes ``labels`` (B,), when given, fixes the
+    rows whose index is >= 0 to its one-hot (the labelled examples); -1: q*'s.
 
     R (B, K) nats per copy; log_prior (B, K) the learned prior (ignored under prior "uniform");
     beta: the step's KL weight, the temperature under ``follow_beta`` (hard at beta = 0).
