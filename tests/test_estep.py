@@ -113,8 +113,9 @@ def test_config_validation():
         E(mode="viterbi")
     with pytest.raises(ValueError, match="harden must be a share"):
         E(harden=1.5)
-    with pytest.raises(ValueError, match="harden sharpens the soft E-step"):
-        EStepConfig(mode="hard", harden=0.5).resolved("discrete", 1, 800)
+    assert EStepConfig(mode="hard", harden=0.5).resolved("discrete", 1, 800).harden == 0.0  # nothing to harden
+    assert EStepConfig().resolved("discrete", 1, 800).harden == 0.5
+    assert EStepConfig(mode="soft").resolved("continuous", 4, 800).harden == 0.0
     with pytest.raises(ValueError, match="temperature"):
         E(temperature=0.0)
     assert not E(mode="hard", until_step=5).active(5) and E(mode="hard").active(10 ** 6)

@@ -124,7 +124,7 @@ class EStepConfig:
     copy only (its one-hot), the others train by q*; 0: never. Two copies that explain an example about as well
     both learn from it under q* and stay alike there; a sure example's one-hot lets each copy specialise. Where
     no example is that sure (a z not in use) it is the soft E-step. None: ``HARDEN`` (0.5) for a discrete
-    latent in mode soft, else 0."""
+    latent in mode soft; 0 in every other mode, whatever it is set to (they have no q* to harden)."""
     harden_from: int | None = None
     """The first step at which ``harden`` acts: after the window in which the starts are compared and a run's code
     forms, so the soft E-step chooses the code and the hardening sharpens it. None: ``optim.start_steps_max``."""
@@ -166,9 +166,8 @@ class EStepConfig:
         draw to choose among."""
         continuous = latent == "continuous"
         mode = self.mode or ("hard" if continuous else "soft")
-        harden = self.harden if self.harden is not None else (HARDEN if mode == "soft" and not continuous else 0.0)
-        if harden and mode != "soft":
-            raise ValueError(f"estep harden sharpens the soft E-step: set it with mode 'soft', not {mode!r}")
+        harden = (0.0 if mode != "soft" else self.harden if self.harden is not None
+                  else 0.0 if continuous else HARDEN)
         cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden,
                       harden_from=start_steps_max if self.harden_from is None else self.harden_from)
         if not continuous or cfg.mode == "off":
