@@ -31,14 +31,9 @@ from tokweight.training.run_dir import load_run
 from tokweight.training.stream import EvalStream, loader
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    e = np.exp(logits - logits.max(1, keepdims=True))
-    return e / e.sum(1, keepdims=True)
-
-
 @torch.no_grad()
 def records(run: str, data: str, split: str) -> dict:
-    """Per example of ``split``: q (N, K), R (N, K) nats, the summed NLL (N, K) nats, strategy and key; and beta."""
+    """Per example of ``split``: q, q* and p(k | x, y) (N, K), R (N, K) nats, strategy and key."""
     tcfg, model, vocab, meta = load_run(run, "cpu")
     if tcfg.cvae.latent != "discrete":
         raise SystemExit(f"{run}: a {tcfg.cvae.latent} latent; the probe reads a discrete one's K passes")
@@ -49,20 +44,21 @@ def records(run: str, data: str, split: str) -> dict:
                       block_size=model.backbone.cfg.block_size, batch_size=128, store=None, root=data,
                       on_bad_sample=tcfg.io.on_bad_sample)
     model.eval()
-    rows = {"q": [], "R": [], "nll": [], "strategy": [], "key": []}
+    rows = {"q": [], "q*": [], "p(k | x, y)": [], "R": [], "strategy": [], "key": []}
     for batch in loader(EvalStream(spec), 0):
         if isinstance(batch, Skips):  # the samples the stream left out
             continue
         out = model(batch, generator=torch.Generator().manual_seed(tcfg.optim.seed))
         pi, _ = reconstruction_weights(tcfg.loss.weighting, baseline(batch, out), batch.zfree.mask, params,
                                        tcfg.loss.token_weighted_reconstruction_weight)
+        R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype)).double()
         rows["q"].append(out.post.exp())
-        rows["R"].append(weighted_reconstruction(out.nll, pi.to(out.nll.dtype)))
-        rows["nll"].append(out.nll.sum(-1))
+        rows["q*"].append(torch.softmax(-R / tcfg.loss.beta, -1))
+        rows["p(k | x, y)"].append(torch.softmax(-out.nll.double().sum(-1), -1))
+        rows["R"].append(R)
         rows["strategy"] += list(batch.strategies)
         rows["key"] += list(batch.keys)
-    arrays = {k: torch.cat(v).double().numpy() for k, v in rows.items() if k in ("q", "R", "nll")}
-    return arrays | {"strategy": rows["strategy"], "key": rows["key"], "beta": tcfg.loss.beta}
+    return {k: v if k in ("strategy", "key") else torch.cat(v).double().numpy() for k, v in rows.items()}
 
 
 def main() -> None:
@@ -78,9 +74,9 @@ def main() -> None:
     if any(s is None for s in labels):
         raise SystemExit(f"{args.data}: split {args.split!r} has examples without a strategy label")
     K, H = q.shape[1], np.log(len(set(labels)))
-    posteriors = {"q": q, "q* = softmax(-R/beta)": softmax(-r["R"] / r["beta"]),
-                  "p(k | x, y)": softmax(-r["nll"]), "argmax q": np.eye(K)[q.argmax(1)]}
-    print(f"{args.run}: {len(labels)} {args.split} examples, beta {r['beta']}")
+    posteriors = {"q": q, "q* = softmax(-R/beta)": r["q*"], "p(k | x, y)": r["p(k | x, y)"],
+                  "argmax q": np.eye(K)[q.argmax(1)]}
+    print(f"{args.run}: {len(labels)} {args.split} examples")
     print(f"| posterior | I(z; strategy) | of log S (S = {len(set(labels))}) |\n|---|---|---|")
     for name, post in posteriors.items():
         mi = strategy_mi(post, labels)

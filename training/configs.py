@@ -166,8 +166,12 @@ class EStepConfig:
         draw to choose among."""
         continuous = latent == "continuous"
         mode = self.mode or ("hard" if continuous else "soft")
-        harden = (0.0 if mode != "soft" else self.harden if self.harden is not None
-                  else 0.0 if continuous else HARDEN)
+        if mode != "soft":
+            harden = 0.0  # nothing to harden
+        elif self.harden is None:
+            harden = 0.0 if continuous else HARDEN
+        else:
+            harden = self.harden
         cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden,
                       harden_from=start_steps_max if self.harden_from is None else self.harden_from)
         if not continuous or cfg.mode == "off":

@@ -76,11 +76,9 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
         hard = cfg.mode == "hard"
     log_q = exact_posterior(R, prior, beta if cfg.follow_beta and beta > 0 else cfg.temperature)
     a = batch.rows(sinkhorn(batch.gather(log_q), cfg.balance_iters)) if cfg.balance_iters else log_q.exp()
-    if hard:
-        a = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
-    elif cfg.harden:
-        sure = a.max(-1).values >= cfg.harden
-        a = torch.where(sure[:, None], F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype), a)
+    if hard or cfg.harden:  # the argmax's one-hot: every row, or the rows q* is sure of
+        top = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
+        a = top if hard else torch.where((a.max(-1).values >= cfg.harden)[:, None], top, a)
     if labels is not None:
         labels = labels.to(R.device)
         a = torch.where(labels[:, None] >= 0, F.one_hot(labels.clamp(min=0), R.shape[-1]).to(R.dtype), a)
