@@ -69,7 +69,7 @@ def shown_default(name: str, value: str, resolutions: dict[str, dict]) -> str:
     if value != "None" or name.startswith("io."):  # io's paths are the caller's, never resolved
         return f"`{value}`"
     by_latent = {latent: values[name] for latent, values in resolutions.items()}
-    if all(v is None for v in by_latent.values()):
+    if any(v is None for v in by_latent.values()):  # resolved where it runs (the first sentence says where)
         return "`None`"
     if len(set(map(literal, by_latent.values()))) == 1:
         return f"`None`: {literal(next(iter(by_latent.values())))}"

@@ -107,10 +107,15 @@ def test_a_run_config_given_another_pathway_or_latent_resolves_what_follows_from
     continuous = train_config(str(path), {}, ("cvae.latent=continuous",))
     assert (continuous.cvae.cond, continuous.cvae.slots, continuous.cvae.samples, continuous.optim.starts,
             continuous.estep.mode, continuous.estep.harden) == ("prefix", 4, 4, 1, "hard", 0.0)
-    assert (run.estep.harden, run.estep.harden_from) == (0.5, 800)  # from a soft E-step and the starts' window
+    assert (run.estep.harden, run.estep.harden_from) == (0.5, None)  # a soft E-step's, from the starts' comparison
     hard = train_config(str(path), {"estep.mode": "hard"}, ())
     assert (hard.estep.mode, hard.estep.harden) == ("hard", 0.0)
-    assert train_config(str(path), {"optim.start_steps_max": 400}, ()).estep.harden_from == 400
+    one = train_config(str(path), {"optim.starts": 1, "optim.start_steps_max": 400}, ())
+    assert one.estep.harden_from == 400  # one start: where the starts' window would close
+    kept = tmp_path / "kept.json"  # a job's run: its kept seed, hardened from the step its starts were compared at
+    kept.write_text(json.dumps(replace(run, estep=replace(run.estep, harden_from=200)).to_json()))
+    assert train_config(str(kept), {}, ()).estep.harden_from == 200
+    assert train_config(str(kept), {"optim.seed": 5}, ()).estep.harden_from is None  # other starts, compared anew
     assert train_config(str(path), {}, ()) == replace(run, io=train_config(str(path), {}, ()).io)
     prefix = tmp_path / "prefix.json"  # the latent named as it was changes nothing that follows from it
     prefix.write_text(json.dumps(replace(run, cvae=CVAEConfig(cond="prefix", slots=2)).to_json()))

@@ -1,5 +1,6 @@
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -82,6 +83,7 @@ def test_harden_is_the_soft_e_step_where_z_is_not_in_use_and_before_harden_from(
     sure = torch.tensor([[0.0, 3.0, 3.0]])
     assert assignment(sure, torch.zeros_like(sure), cfg.at(799))[0, 0] < 1.0
     assert assignment(sure, torch.zeros_like(sure), cfg.at(800)).tolist() == [[1.0, 0.0, 0.0]]
+    assert replace(cfg, harden_from=None).at(10 ** 6).harden == 0.0  # a start: its starts not yet compared
 
 
 def test_distillation_and_assigned_reconstruction_by_hand():

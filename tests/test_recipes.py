@@ -98,7 +98,7 @@ def test_train_with_only_the_required_flags_builds_the_default_config(tiny, tmp_
     saved = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
     assert saved == TrainConfig(io=saved.io, loss=LossConfig(policy="frozen"), optim=OptimConfig(steps=2, batch_size=4))
     assert (saved.cvae.cond, saved.cvae.slots, saved.cvae.posterior_pool) == ("query", 1, "mean")
-    assert saved.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform", harden=0.5, harden_from=800)
+    assert saved.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform", harden=0.5, harden_from=None)
     assert (saved.cvae.latent_init_norm, saved.cvae.latent_init_center) == (0.5, True)
     assert (saved.loss.beta, saved.loss.beta_warmup_steps, saved.optim.lr) == (0.3, 100, 3e-4)
     assert saved.loss.anchor_weight_at(99) == 0.0 and saved.loss.anchor_weight_at(100) == 1.0
@@ -184,7 +184,7 @@ def test_train_labelled_sets_the_default_e_steps_share_and_refuses_a_bad_one(tin
     assert result.exit_code == 0, result.output
     saved = TrainConfig.from_json(json.loads((tmp_path / "a" / "config.json").read_text()))
     assert saved.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform", labelled=0.2, harden=0.5,
-                                       harden_from=800)
+                                       harden_from=None)
     for bad, message in ((["--labelled", "1.5"], "labelled must be a share in [0, 1]"),
                          (["--labelled", "0.2", "--latent", "continuous"], "labelled 0")):
         refused = CliRunner().invoke(train, args + ["--out", str(tmp_path / "b")] + bad)

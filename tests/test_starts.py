@@ -19,8 +19,11 @@ STARTS, START_STEPS, SEED = 3, 2, 1
 
 
 def with_starts(cfg, **optim):
+    """``cfg`` with STARTS starts of START_STEPS, and a hardening that takes every example (harden 0.01: each has
+    a value of q* that large), so that where it starts shows in the run."""
     return replace(cfg, optim=replace(cfg.optim, **({"starts": STARTS, "start_steps": START_STEPS, "seed": SEED}
-                                                     | optim)))
+                                                     | optim)),
+                   estep=replace(cfg.estep, harden=0.01))
 
 
 def rounds_while_room(rounds, cfg, last) -> bool:
@@ -137,15 +140,27 @@ def test_a_start_past_its_round_is_refused(tiny_dropout, tmp_path, forming):
         train(cfg)
 
 
+def alone(cfg, made: dict):
+    """``cfg`` as the single run from the kept start's seed, hardened from the step the starts were compared at."""
+    return replace(cfg, optim=replace(cfg.optim, seed=made["seed"]),
+                   estep=replace(cfg.estep, harden=0.01, harden_from=made["compared_at"]))
+
+
 def test_the_job_ends_where_a_single_run_from_the_chosen_seed_ends(tiny_dropout, started, tmp_path):
     out, result = started
+    made = result["start"]
+    assert json.loads((out / "config.json").read_text())["estep"]["harden_from"] == made["compared_at"]
     single = tmp_path / "single"
-    cfg = config(tiny_dropout, single, "to the cap")
-    alone = train(replace(cfg, optim=replace(cfg.optim, seed=result["start"]["seed"])))
+    single_result = train(alone(config(tiny_dropout, single, "to the cap"), made))
     for name in FILES:
         assert (out / "checkpoint" / name).read_bytes() == (single / "checkpoint" / name).read_bytes(), name
     assert (out / "metrics.jsonl").read_text() == (single / "metrics.jsonl").read_text()
-    assert result["nll_token_mean"] == alone["nll_token_mean"]
+    assert result["nll_token_mean"] == single_result["nll_token_mean"]
+    unhardened = tmp_path / "unhardened"  # the hardening acts in the job: the run without it ends elsewhere
+    cfg = alone(config(tiny_dropout, unhardened, "to the cap"), made)
+    train(replace(cfg, estep=replace(cfg.estep, harden=0.0)))
+    assert (unhardened / "checkpoint" / "model.safetensors").read_bytes() != (
+        single / "checkpoint" / "model.safetensors").read_bytes()
 
 
 def test_a_start_that_stopped_during_the_rounds_ends_the_job_where_its_single_run_ends(tiny_dropout, tmp_path,
@@ -155,12 +170,11 @@ def test_a_start_that_stopped_during_the_rounds_ends_the_job_where_its_single_ru
     job = train(with_starts(config(tiny_dropout, tmp_path / "run", "converges"), start_steps=1))
     assert job["start"]["compared_at"] == CONVERGED_END and job["stop"]["step"] == CONVERGED_END
     single = tmp_path / "single"
-    cfg = config(tiny_dropout, single, "converges")
-    alone = train(replace(cfg, optim=replace(cfg.optim, seed=job["start"]["seed"])))
+    single_result = train(alone(config(tiny_dropout, single, "converges"), job["start"]))
     for name in FILES:
         assert (tmp_path / "run" / "checkpoint" / name).read_bytes() == (single / "checkpoint" / name).read_bytes()
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == (single / "metrics.jsonl").read_text()
-    assert job["nll_token_mean"] == alone["nll_token_mean"]
+    assert job["nll_token_mean"] == single_result["nll_token_mean"]
 
 
 def test_a_finished_job_run_again_trains_nothing(tiny_dropout, started):

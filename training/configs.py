@@ -126,8 +126,9 @@ class EStepConfig:
     no example is that sure (a z not in use) it is the soft E-step. None: ``HARDEN`` (0.5) for a discrete
     latent in mode soft; 0 in every other mode, whatever it is set to (they have no q* to harden)."""
     harden_from: int | None = None
-    """The first step at which ``harden`` acts: after the window in which the starts are compared and a run's code
-    forms, so the soft E-step chooses the code and the hardening sharpens it. None: ``optim.start_steps_max``."""
+    """The first step at which ``harden`` acts; None: the step the starts were compared at (RUN/starts.json's
+    "compared_at"), or ``optim.start_steps_max`` in a run of one start. So the soft E-step chooses the code (the
+    starts themselves do not harden) and the hardening sharpens the one kept."""
     balance_iters: int = 0
     """Sinkhorn-Knopp iterations making the batch's assignment equipartitioned over k (0: off). A balance gives
     each value 1/K of every batch, which a strategy code has only when the strategies are equally frequent."""
@@ -159,11 +160,11 @@ class EStepConfig:
             raise ValueError(f"estep labelled must be a share in [0, 1], and only in mode soft or hard (mode "
                              f"{self.mode!r}, labelled {self.labelled})")
 
-    def resolved(self, latent: str, samples: int, start_steps_max: int) -> EStepConfig:
-        """This config with the latent's defaults filled in, checked against what the latent can do: a continuous
-        latent's E-step weighs its draws of z, not values that mean strategies (no label mode, no labels), nor
-        values a batch can be balanced over, and its importance weights need the learned prior and more than one
-        draw to choose among."""
+    def resolved(self, latent: str, samples: int, harden_from: int | None) -> EStepConfig:
+        """This config with the latent's defaults filled in (``harden_from``: the run's, where it sets none), checked
+        against what the latent can do: a continuous latent's E-step weighs its draws of z, not values that mean
+        strategies (no label mode, no labels), nor values a batch can be balanced over, and its importance weights
+        need the learned prior and more than one draw to choose among."""
         continuous = latent == "continuous"
         mode = self.mode or ("hard" if continuous else "soft")
         if mode != "soft":
@@ -173,7 +174,7 @@ class EStepConfig:
         else:
             harden = self.harden
         cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden,
-                      harden_from=start_steps_max if self.harden_from is None else self.harden_from)
+                      harden_from=harden_from if self.harden_from is None else self.harden_from)
         if not continuous or cfg.mode == "off":
             return cfg
         if cfg.mode == "label" or cfg.labelled or cfg.balance_iters or cfg.prior != "learned":
@@ -185,8 +186,11 @@ class EStepConfig:
         return cfg
 
     def at(self, step: int) -> EStepConfig:
-        """This config as it acts at ``step``: no hardening before ``harden_from``."""
-        return self if not self.harden or step >= self.harden_from else replace(self, harden=0.0)
+        """This config as it acts at ``step``: no hardening before ``harden_from``, nor while it is None (the starts,
+        not yet compared)."""
+        if not self.harden or (self.harden_from is not None and step >= self.harden_from):
+            return self
+        return replace(self, harden=0.0)
 
     def active(self, step: int) -> bool:
         return self.mode not in (None, "off") and (self.until_step == 0 or step < self.until_step)

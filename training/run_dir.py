@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -162,7 +163,10 @@ def resume(cfg: TrainConfig, model: CVAE, init_fingerprint: str, rank: int = 0, 
             truncate(out / "metrics.jsonl", 0)
         return None
     # read back through TrainConfig, so an old run's flat config and fields added since compare at their defaults
-    differ = config_differences(read_config(source), cfg)
+    saved = read_config(source)
+    if source != out and saved.estep.harden_from is None:  # a start, unhardened: the run hardens from where it goes on
+        saved = replace(saved, estep=replace(saved.estep, harden_from=cfg.estep.harden_from))
+    differ = config_differences(saved, cfg)
     if differ:
         raise ValueError(f"{source} holds a run with another config ({', '.join(differ)} differ); use a new --out")
     meta = json.loads((ckpt / "state.json").read_text())

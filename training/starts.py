@@ -8,7 +8,8 @@ objective E_q[R] + beta KL (what the run minimises, and what its stop rule reads
 it: among codes, the one that reconstructs the tokens that decide the strategy best (a merge reconstructs them
 worse, at about the same KL); between a code and a start that has none, the one the objective prefers, so a z
 whose gain is below its cost (past the weighting's beta_c) is not kept because one start happened to find it. A
-start continued is the run from its seed, so the job ends bitwise where a single run from the kept seed ends.
+start continued is the run from its seed, so the job ends bitwise where a single run from the kept seed ends, with
+its hardening from the same step (``continued``).
 
 RUN/starts.json records each round and, once made, the choice; a job run again resumes from its last round and
 keeps a choice made. How one start trains is the caller's (``train.train_start``).
@@ -37,6 +38,15 @@ TrainStart = Callable[[int, int, bool], dict]
 
 def seeded(cfg: TrainConfig, seed: int) -> TrainConfig:
     return replace(cfg, optim=replace(cfg.optim, seed=seed))
+
+
+def continued(cfg: TrainConfig, made: dict) -> TrainConfig:
+    """The run that goes on from the kept start: its seed and, unless the config sets another, the E-step's
+    hardening from the step the starts were compared at, where the code is chosen (``EStepConfig.harden_from``)."""
+    chosen = seeded(cfg, made["seed"])
+    if chosen.estep.harden_from is not None:
+        return chosen
+    return replace(chosen, estep=replace(chosen.estep, harden_from=made["compared_at"]))
 
 
 def start_dir(cfg: TrainConfig, seed: int) -> Path:

@@ -55,7 +55,7 @@ from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
 from tokweight.training.losses import WEIGHTINGS, WeightingParams
 from tokweight.training.run_dir import append_metrics, committed_checkpoint, resume, write_config
-from tokweight.training.starts import compare_starts, read_starts, seeded, start_dir
+from tokweight.training.starts import compare_starts, continued, read_starts, seeded, start_dir
 from tokweight.training.state import Progress, State, set_rng_states
 from tokweight.training.step import train_step
 from tokweight.training.stream import TrainStream
@@ -345,7 +345,7 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
         chosen_before = "seed" in read_starts(Path(cfg.io.out))  # then no start announces the job
         made = compare_starts(cfg, ranks, lambda seed, until, announce:
                               train_start(cfg, seed, until, ranks, hooks, announce))
-        chosen = seeded(cfg, made["seed"])
+        chosen = continued(cfg, made)
         fresh = ranks.broadcast(not (committed_checkpoint(Path(cfg.io.out)) / "state.json").is_file())
         state = setup(chosen, ranks, continue_from=start_dir(cfg, made["seed"]), announce=chosen_before)
         if fresh and state.progress.stop_reason(chosen.optim.steps, chosen.optim.lr_decay):  # the start stopped

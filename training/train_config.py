@@ -251,10 +251,11 @@ class TrainConfig:
         for name, group in GROUPS.items():  # from_json hands the groups over as dicts
             if isinstance(getattr(self, name), dict):
                 object.__setattr__(self, name, group(**getattr(self, name)))
-        object.__setattr__(self, "estep", self.estep.resolved(self.cvae.latent, self.cvae.samples,
-                                                                 self.optim.start_steps_max))
         if self.optim.starts is None:
             object.__setattr__(self, "optim", replace(self.optim, starts=default_starts(self.cvae.latent)))
+        # several starts: the hardening waits for their comparison (None here, its step in the run that goes on)
+        harden_from = self.optim.start_steps_max if self.optim.starts == 1 else None
+        object.__setattr__(self, "estep", self.estep.resolved(self.cvae.latent, self.cvae.samples, harden_from))
         if self.io.store is None and self.loss.needs_store:
             raise ValueError(f"policy {self.loss.policy!r} with weighting {self.loss.weighting!r} needs --store")
         check_free_bits(self.loss.free_bits, self.cvae.latent, self.cvae.k)
@@ -287,11 +288,11 @@ class TrainConfig:
             raise ValueError(f"configuration: {e}") from None
 
 
-RESOLVED_FROM = {"cvae.cond": "cvae.latent", "cvae.slots": "cvae.cond", "cvae.samples": "cvae.latent",
-                 "cvae.latent_init_norm": "cvae.latent", "optim.starts": "cvae.latent", "estep.mode": "cvae.latent",
-                 "estep.prior": "cvae.latent", "estep.harden": "estep.mode",
-                 "estep.harden_from": "optim.start_steps_max"}
-"""Fields whose default is resolved from another field's value (None in the dataclass, filled in from it)."""
+RESOLVED_FROM = {"cvae.cond": ("cvae.latent",), "cvae.slots": ("cvae.cond",), "cvae.samples": ("cvae.latent",),
+                 "cvae.latent_init_norm": ("cvae.latent",), "optim.starts": ("cvae.latent",),
+                 "estep.mode": ("cvae.latent",), "estep.prior": ("cvae.latent",), "estep.harden": ("estep.mode",),
+                 "estep.harden_from": ("optim.starts", "optim.seed", "optim.start_steps", "optim.start_steps_max")}
+"""Fields whose default is resolved from other fields' values (None in the dataclass, filled in from them)."""
 
 
 def with_resolved_anew(values: dict, config: dict) -> dict:
@@ -308,7 +309,7 @@ def with_resolved_anew(values: dict, config: dict) -> dict:
 
     out, changed = dict(values), {field for field, v in values.items() if v != value(field)}
     while True:
-        anew = {f for f, source in RESOLVED_FROM.items() if source in changed and f not in changed}
+        anew = {f for f, sources in RESOLVED_FROM.items() if changed.intersection(sources) and f not in changed}
         if not anew:
             return out
         out |= {f: None for f in anew}
