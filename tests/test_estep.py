@@ -115,9 +115,15 @@ def test_config_validation():
         E(mode="viterbi")
     with pytest.raises(ValueError, match="harden must be a share"):
         E(harden=1.5)
-    assert EStepConfig(mode="hard", harden=0.5).resolved("discrete", 1, 800).harden == 0.0  # nothing to harden
-    assert EStepConfig().resolved("discrete", 1, 800).harden == 0.5
-    assert EStepConfig(mode="soft").resolved("continuous", 4, 800).harden == 0.0
+    assert EStepConfig(mode="hard", harden=0.5).resolved("discrete", 4, 1, 800).harden == 0.0  # nothing to harden
+    assert EStepConfig().resolved("discrete", 4, 1, 800).harden == 0.5
+    assert EStepConfig(mode="soft").resolved("continuous", 4, 4, 800).harden == 0.0
+    # at k = 2 every q* gives one value at least half, a z not in use included: no hardening unless set above it
+    assert EStepConfig().resolved("discrete", 2, 1, 800).harden == 0.0
+    assert EStepConfig().resolved("discrete", 3, 1, 800).harden == 0.5
+    assert EStepConfig(harden=0.8).resolved("discrete", 2, 1, 800).harden == 0.8
+    with pytest.raises(ValueError, match=r"harden 0.5 is at most 1/k = 0.5: .* set it above 1/k, or 0"):
+        EStepConfig(harden=0.5).resolved("discrete", 2, 1, 800)
     with pytest.raises(ValueError, match="temperature"):
         E(temperature=0.0)
     assert not E(mode="hard", until_step=5).active(5) and E(mode="hard").active(10 ** 6)

@@ -16,14 +16,15 @@ import tokweight.training.starts as starts_module
 from tokweight.training.starts import another_round, code_formed
 
 STARTS, START_STEPS, SEED = 3, 2, 1
+HARDEN = 1 / CVAEConfig().k + 1e-4
 
 
 def with_starts(cfg, **optim):
-    """``cfg`` with STARTS starts of START_STEPS, and a hardening that takes every example (harden 0.01: each has
-    a value of q* that large), so that where it starts shows in the run."""
+    """``cfg`` with STARTS starts of START_STEPS, and a hardening that takes nearly every example (harden just above
+    1/k: every q* not exactly uniform gives one value that much), so that where it starts shows in the run."""
     return replace(cfg, optim=replace(cfg.optim, **({"starts": STARTS, "start_steps": START_STEPS, "seed": SEED}
                                                      | optim)),
-                   estep=replace(cfg.estep, harden=0.01))
+                   estep=replace(cfg.estep, harden=HARDEN))
 
 
 def rounds_while_room(rounds, cfg, last) -> bool:
@@ -143,7 +144,7 @@ def test_a_start_past_its_round_is_refused(tiny_dropout, tmp_path, forming):
 def alone(cfg, made: dict):
     """``cfg`` as the single run from the kept start's seed, hardened from the step the starts were compared at."""
     return replace(cfg, optim=replace(cfg.optim, seed=made["seed"]),
-                   estep=replace(cfg.estep, harden=0.01, harden_from=made["compared_at"]))
+                   estep=replace(cfg.estep, harden=HARDEN, harden_from=made["compared_at"]))
 
 
 def test_the_job_ends_where_a_single_run_from_the_chosen_seed_ends(tiny_dropout, started, tmp_path):

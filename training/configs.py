@@ -96,7 +96,8 @@ class CVAEConfig:
 
 
 HARDEN = 0.5
-"""A soft E-step's default ``EStepConfig.harden``: an example is sure of a copy that q* gives at least half."""
+"""A soft E-step's default ``EStepConfig.harden`` (k >= 3): an example is sure of a copy that q* gives at least
+half."""
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,10 @@ class EStepConfig:
     """Mode "soft": from step ``harden_from``, an example whose q* gives one copy at least this share trains that
     copy only (its one-hot), the others train by q*; 0: never. Two copies that explain an example about as well
     both learn from it under q* and stay alike there; a sure example's one-hot lets each copy specialise. Where
-    no example is that sure (a z not in use) it is the soft E-step. None: ``HARDEN`` (0.5) for a discrete
-    latent in mode soft; 0 in every other mode, whatever it is set to (they have no q* to harden)."""
+    no example is that sure (a z not in use) it is the soft E-step, so the share must exceed 1/k. None:
+    ``HARDEN`` (0.5) for a discrete latent in mode soft with k >= 3 (at k = 2 half is chance: every example would
+    be sure, a z not in use included, so 0 there); 0 in every other mode, whatever it is set to (they have no q*
+    to harden)."""
     harden_from: int | None = None
     """The first step at which ``harden`` acts; None: the step the starts were compared at (RUN/starts.json's
     "compared_at"), or ``optim.start_steps_max`` in a run of one start. So the soft E-step chooses the code (the
@@ -160,7 +163,7 @@ class EStepConfig:
             raise ValueError(f"estep labelled must be a share in [0, 1], and only in mode soft or hard (mode "
                              f"{self.mode!r}, labelled {self.labelled})")
 
-    def resolved(self, latent: str, samples: int, harden_from: int | None) -> EStepConfig:
+    def resolved(self, latent: str, k: int, samples: int, harden_from: int | None) -> EStepConfig:
         """This config with the latent's defaults filled in (``harden_from``: the run's, where it sets none), checked
         against what the latent can do: a continuous latent's E-step weighs its draws of z, not values that mean
         strategies (no label mode, no labels), nor values a batch can be balanced over, and its importance weights
@@ -170,7 +173,10 @@ class EStepConfig:
         if mode != "soft":
             harden = 0.0  # nothing to harden
         elif self.harden is None:
-            harden = 0.0 if continuous else HARDEN
+            harden = HARDEN if not continuous and HARDEN > 1 / k else 0.0
+        elif 0 < self.harden <= 1 / k and not continuous:
+            raise ValueError(f"estep harden {self.harden} is at most 1/k = {1 / k:.3g}: every example would be sure "
+                             "of a value, a z not in use included; set it above 1/k, or 0 for none")
         else:
             harden = self.harden
         cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden,

@@ -255,7 +255,8 @@ class TrainConfig:
             object.__setattr__(self, "optim", replace(self.optim, starts=default_starts(self.cvae.latent)))
         # several starts: the hardening waits for their comparison (None here, its step in the run that goes on)
         harden_from = self.optim.start_steps_max if self.optim.starts == 1 else None
-        object.__setattr__(self, "estep", self.estep.resolved(self.cvae.latent, self.cvae.samples, harden_from))
+        object.__setattr__(self, "estep", self.estep.resolved(self.cvae.latent, self.cvae.k, self.cvae.samples,
+                                                                 harden_from))
         if self.io.store is None and self.loss.needs_store:
             raise ValueError(f"policy {self.loss.policy!r} with weighting {self.loss.weighting!r} needs --store")
         check_free_bits(self.loss.free_bits, self.cvae.latent, self.cvae.k)
@@ -290,7 +291,8 @@ class TrainConfig:
 
 RESOLVED_FROM = {"cvae.cond": ("cvae.latent",), "cvae.slots": ("cvae.cond",), "cvae.samples": ("cvae.latent",),
                  "cvae.latent_init_norm": ("cvae.latent",), "optim.starts": ("cvae.latent",),
-                 "estep.mode": ("cvae.latent",), "estep.prior": ("cvae.latent",), "estep.harden": ("estep.mode",),
+                 "estep.mode": ("cvae.latent",), "estep.prior": ("cvae.latent",),
+                 "estep.harden": ("estep.mode", "cvae.k"),
                  "estep.harden_from": ("optim.starts", "optim.seed", "optim.start_steps", "optim.start_steps_max")}
 """Fields whose default is resolved from other fields' values (None in the dataclass, filled in from them)."""
 
