@@ -122,8 +122,11 @@ def test_config_validation():
     assert EStepConfig().resolved("discrete", 2, 1, 800).harden == 0.0
     assert EStepConfig().resolved("discrete", 3, 1, 800).harden == 0.5
     assert EStepConfig(harden=0.8).resolved("discrete", 2, 1, 800).harden == 0.8
+    at_half = EStepConfig(harden=0.5).resolved("discrete", 2, 1, 800)  # a config.json of before the refusal loads
     with pytest.raises(ValueError, match=r"harden 0.5 is at most 1/k = 0.5: .* set it above 1/k, or 0"):
-        EStepConfig(harden=0.5).resolved("discrete", 2, 1, 800)
+        at_half.check_harden(2)  # where a run trains
+    at_half.check_harden(3)
+    EStepConfig(harden=0.0).resolved("discrete", 2, 1, 800).check_harden(2)
     with pytest.raises(ValueError, match="temperature"):
         E(temperature=0.0)
     assert not E(mode="hard", until_step=5).active(5) and E(mode="hard").active(10 ** 6)

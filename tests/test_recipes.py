@@ -191,6 +191,22 @@ def test_train_labelled_sets_the_default_e_steps_share_and_refuses_a_bad_one(tin
         assert refused.exit_code != 0 and message in refused.output and "Traceback" not in refused.output
 
 
+def test_train_refuses_a_hardening_every_example_reaches_in_one_line(tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from tokweight.train_cli import train
+
+    data, ckpt = tiny
+    args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(tmp_path / "run"), "--policy", "frozen",
+            "--steps", "2", "--batch-size", "4", "--num-workers", "0", "--k", "2"]
+    refused = CliRunner().invoke(train, args + ["--set", "estep.harden=0.5"])
+    assert refused.exit_code != 0 and "harden 0.5 is at most 1/k = 0.5" in refused.output
+    assert "Traceback" not in refused.output and not (tmp_path / "run" / "checkpoint").exists()
+    result = CliRunner().invoke(train, args)  # k = 2's default: no hardening
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["estep"]["harden"] == 0.0
+
+
 def test_labelled_examples_reach_the_e_step_as_their_strategies_index(tiny, tmp_path, monkeypatch):
     from tokweight.pipeline.synth import load_synth_config
     from tokweight.training import estep

@@ -174,9 +174,6 @@ class EStepConfig:
             harden = 0.0  # nothing to harden
         elif self.harden is None:
             harden = HARDEN if not continuous and HARDEN > 1 / k else 0.0
-        elif 0 < self.harden <= 1 / k and not continuous:
-            raise ValueError(f"estep harden {self.harden} is at most 1/k = {1 / k:.3g}: every example would be sure "
-                             "of a value, a z not in use included; set it above 1/k, or 0 for none")
         else:
             harden = self.harden
         cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden,
@@ -190,6 +187,14 @@ class EStepConfig:
         if samples < 2:
             raise ValueError(f"a continuous latent's E-step chooses among its draws: set samples >= 2, not {samples}")
         return cfg
+
+    def check_harden(self, k: int) -> None:
+        """Refuses to train with a share q* always reaches (at most 1/k): every example would be sure of a value, a z
+        not in use included. Checked where a run trains, so a config.json that holds one (written before the
+        refusal) still loads for eval."""
+        if self.harden and self.harden <= 1 / k:
+            raise ValueError(f"estep harden {self.harden} is at most 1/k = {1 / k:.3g}: every example would be sure "
+                             "of a value, a z not in use included; set it above 1/k, or 0 for none")
 
     def at(self, step: int) -> EStepConfig:
         """This config as it acts at ``step``: no hardening before ``harden_from``, nor while it is None (the starts,

@@ -338,6 +338,7 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
     and ``skipped_shards``: every rank's train and val streams'. With ``optim.starts`` > 1 and a cap above
     ``optim.start_steps`` the starts are trained and compared first (``starts.py``), the best goes on,
     and ``start`` says which. ``hooks``: faults a test injects."""
+    cfg.estep.check_harden(cfg.cvae.k)
     ranks = Ranks(timeout_s=120.0, backend="nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo")
     try:
         if not (cfg.optim.starts > 1 and cfg.optim.steps > cfg.optim.start_steps):
