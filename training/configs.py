@@ -54,6 +54,13 @@ class CVAEConfig:
     posterior_pool: str = "mean"
     """Which z-free states the posterior head reads: "last" (the state at <eos>) or "mean" (the mean of the
     states that predict S, each of which holds the strategy once it is revealed; <eos> predicts nothing)."""
+    posterior_likelihood: bool | None = None
+    """Whether a discrete posterior also reads y's log-likelihood under each value, log q(k | x, y) = head(states)_k
+    + s * log p(y | x, k) + const (s learned, from 1; the K decoder passes each step runs, detached), once the
+    code is chosen: from ``estep.harden_from``, so the starts, compared by the head's own reading, are unchanged.
+    The head's features fit the training lines; the decoders' likelihoods generalise to others (docs/results.md,
+    "A posterior that reads the decoders"). None: True for a discrete latent; a continuous one's copies are draws
+    from q, so it has none."""
     latent_init_norm: float | None = None
     """The latent rows' offset from the checkpoint's mean latent row at the start, in units of the checkpoint's
     token-row spread (``cvae.token_row_spread``): the K rows (discrete) or the slot projection's columns
@@ -76,6 +83,8 @@ class CVAEConfig:
             object.__setattr__(self, "slots", 4 if self.cond == "prefix" else 1)
         if self.samples is None:
             object.__setattr__(self, "samples", 4 if self.latent == "continuous" else 1)
+        if self.posterior_likelihood is None:
+            object.__setattr__(self, "posterior_likelihood", self.latent == "discrete")
         if self.latent_init_norm is None:
             object.__setattr__(self, "latent_init_norm", 0.5 if self.latent == "discrete" else 1.0)
         if self.k < 2 or self.z_dim < 1 or self.slots < 1 or self.samples < 1:
@@ -86,6 +95,9 @@ class CVAEConfig:
             raise ValueError(f"slots={self.slots} needs cond='prefix'")
         if self.prior not in ("learned", "standard"):
             raise ValueError(f"prior must be 'learned' or 'standard', got {self.prior!r}")
+        if self.posterior_likelihood and self.latent != "discrete":
+            raise ValueError("posterior_likelihood needs a discrete latent (a continuous one's copies are draws "
+                             "from q): set it false")
         if self.posterior_pool not in ("last", "mean"):
             raise ValueError(f"posterior_pool must be 'last' or 'mean', got {self.posterior_pool!r}")
         if self.latent_init_norm < 0:

@@ -92,6 +92,9 @@ class CVAE(nn.Module):
         super().__init__()
         self.backbone, self.latent, self.conditioning = backbone, latent, conditioning
         self.pool = pool  # CVAEConfig.posterior_pool
+        # whether the posterior reads y's likelihood under each value now (CVAEConfig.posterior_likelihood from
+        # estep.harden_from): set by the step loop and load_run through TrainConfig.posterior_reads_likelihood
+        self.reads_likelihood = False
         self.share_prefix = share_prefix  # exact either way (tests/test_shared_prefix.py); off: for the bench
 
     @property
@@ -101,7 +104,8 @@ class CVAE(nn.Module):
     @property
     def posterior_parameters(self) -> list[nn.Parameter]:
         """The posterior head's own parameters: where the gradient diagnostic is measured."""
-        return list(self.latent.head.parameters())
+        scale = getattr(self.latent, "likelihood_scale", None)
+        return list(self.latent.head.parameters()) + ([] if scale is None else [scale])
 
     def posterior_input(self, batch: TrainBatch, hidden_free: torch.Tensor, frame: Frame = Frame()) -> torch.Tensor:
         """(B, d) what the posterior head reads from the backbone's z-free states ``hidden_free`` (B, L, d) in
@@ -139,6 +143,8 @@ class CVAE(nn.Module):
         hidden = self.backbone.hidden(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', d): all copies at once
         nll = nll_over_s(self.backbone, hidden, rep(frame.pos(cond.logit_pos)), rep(cond.targets), rep(cond.mask))
         prior = self.latent.prior(*self._at_z(batch, hidden[::C], frame))
+        if getattr(self.latent, "likelihood_scale", None) is not None:  # copy k carries value k: -sum_t l_t(k)
+            post = self.latent.posterior(pooled, -nll.view(B, C, -1).sum(-1), self.reads_likelihood)
         return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll, pooled, z)
 
     def _at_z(self, batch: TrainBatch, hidden: torch.Tensor, frame: Frame):
@@ -171,7 +177,7 @@ def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
         if cfg.k > vocab.k_max:
             raise ValueError(f"k={cfg.k} exceeds the vocabulary's {vocab.k_max} latent tokens <z_0>..: append the "
                              "missing ones first (add_latent_tokens)")
-        latent = CategoricalLatent(cfg.k, d, [vocab.latent_id(k) for k in range(cfg.k)])
+        latent = CategoricalLatent(cfg.k, d, [vocab.latent_id(k) for k in range(cfg.k)], cfg.posterior_likelihood)
     else:
         latent = GaussianLatent(cfg.z_dim, d, cfg.prior, cfg.samples)
     conditioning = Conditioning(cfg.cond, cfg.slots, d, n_ln, latent.features, continuous=cfg.latent == "continuous",

@@ -35,6 +35,7 @@ def train_step(state: State, batch: TrainBatch, cfg, logged: bool) -> dict | Non
     on a logged step, else None. ``cfg``: the run's TrainConfig."""
     progress = state.progress
     lr = lr_at(cfg.optim.lr, progress.step, progress.decay_window(cfg.optim.steps, cfg.optim.lr_decay))
+    state.model.reads_likelihood = cfg.posterior_reads_likelihood(progress.step)
     with torch.autocast(state.device.type, dtype=torch.bfloat16, enabled=cfg.io.dtype == "bfloat16"):
         out, b, terms = step_terms(state, batch, cfg)
     every = cfg.log.grad_diag_every

@@ -261,6 +261,13 @@ class TrainConfig:
             raise ValueError(f"policy {self.loss.policy!r} with weighting {self.loss.weighting!r} needs --store")
         check_free_bits(self.loss.free_bits, self.cvae.latent, self.cvae.k)
 
+    def posterior_reads_likelihood(self, step: int) -> bool:
+        """Whether the posterior reads y's likelihood under each value in training step ``step`` (0-based; a model
+        trained N steps is validated and loaded with step N - 1's) (``CVAEConfig.posterior_likelihood``): from
+        ``estep.harden_from``, as the hardening, so never in a start, whose comparison reads the head alone."""
+        start = self.estep.harden_from
+        return bool(self.cvae.posterior_likelihood) and start is not None and step >= start
+
     @property
     def objective_settles(self) -> int:
         """The step count from which the objective stops changing: beta's warm-up over, the anchor term on
@@ -276,8 +283,11 @@ class TrainConfig:
     @classmethod
     def from_json(cls, obj: dict) -> TrainConfig:
         """A config.json (``to_json``; one written before the E-step and the latent rows' start had their own
-        groups is read too); a group or field this version does not have is refused by name."""
+        groups is read too, and one without ``cvae.posterior_likelihood`` as its run trained: False); a group or
+        field this version does not have is refused by name."""
         obj = from_beta_group(from_remedies(obj))
+        if isinstance(obj.get("cvae"), dict) and "posterior_likelihood" not in obj["cvae"]:
+            obj = {**obj, "cvae": {**obj["cvae"], "posterior_likelihood": False}}  # written before it: the head alone
         unknown = set(obj) - {f.name for f in fields(cls)}
         for name, group in GROUPS.items():
             unknown |= {f"{name}.{k}" for k in set(obj.get(name) or {}) - {f.name for f in fields(group)}}
@@ -290,7 +300,8 @@ class TrainConfig:
 
 
 RESOLVED_FROM = {"cvae.cond": ("cvae.latent",), "cvae.slots": ("cvae.cond",), "cvae.samples": ("cvae.latent",),
-                 "cvae.latent_init_norm": ("cvae.latent",), "optim.starts": ("cvae.latent",),
+                 "cvae.latent_init_norm": ("cvae.latent",),
+                 "cvae.posterior_likelihood": ("cvae.latent",), "optim.starts": ("cvae.latent",),
                  "estep.mode": ("cvae.latent",), "estep.prior": ("cvae.latent",),
                  "estep.harden": ("estep.mode", "cvae.k"),
                  "estep.harden_from": ("optim.starts", "optim.seed", "optim.start_steps", "optim.start_steps_max")}
