@@ -107,6 +107,9 @@ def test_a_run_config_given_another_pathway_or_latent_resolves_what_follows_from
     continuous = train_config(str(path), {}, ("cvae.latent=continuous",))
     assert (continuous.cvae.cond, continuous.cvae.slots, continuous.cvae.samples, continuous.optim.starts,
             continuous.estep.mode, continuous.estep.harden) == ("prefix", 4, 4, 1, "hard", 0.0)
+    assert run.cvae.posterior_likelihood and not continuous.cvae.posterior_likelihood
+    flags_only = train_config(None, {}, ("io.checkpoint=/c", "io.data=/d", "io.out=/o", "io.store=/s"))
+    assert flags_only.cvae.posterior_likelihood  # the command line's partial config resolves it too
     assert (run.estep.harden, run.estep.harden_from) == (0.5, None)  # a soft E-step's, from the starts' comparison
     hard = train_config(str(path), {"estep.mode": "hard"}, ())
     assert (hard.estep.mode, hard.estep.harden) == ("hard", 0.0)

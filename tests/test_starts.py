@@ -11,7 +11,7 @@ import pytest
 from tests.test_resume import CKPT_EVERY, CONVERGED_END, FILES, STEPS, Killed, config, kill_after_step, train
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.faults import Hooks
-from tokweight.training.run_dir import read_metrics
+from tokweight.training.run_dir import load_run, read_config, read_metrics
 import tokweight.training.starts as starts_module
 from tokweight.training.starts import another_round, code_formed
 
@@ -162,6 +162,25 @@ def test_the_job_ends_where_a_single_run_from_the_chosen_seed_ends(tiny_dropout,
     train(replace(cfg, estep=replace(cfg.estep, harden=0.0)))
     assert (unhardened / "checkpoint" / "model.safetensors").read_bytes() != (
         single / "checkpoint" / "model.safetensors").read_bytes()
+
+
+def test_the_posterior_reads_the_likelihood_in_the_run_that_goes_on_and_not_in_the_starts(started, tmp_path):
+    """The starts are compared by the head alone (its likelihood scale untouched at 1: weighed by 0, its gradient
+    is 0); the run reads it from the comparison on, and eval loads it so."""
+    out, result = started
+    _, model, _, meta = load_run(out)
+    assert meta["step"] > result["start"]["compared_at"]
+    assert model.reads_likelihood and model.latent.likelihood_scale.item() != 1.0
+    for seed in result["start"]["seeds"]:
+        _, start, _, _ = load_run(out / "starts" / f"seed-{seed}")
+        assert not start.reads_likelihood and start.latent.likelihood_scale.item() == 1.0
+    assert read_config(out).cvae.posterior_likelihood is True
+    old = tmp_path / "old"  # a run's config.json from before the field: its run trained the head alone
+    old.mkdir()
+    written = json.loads((out / "config.json").read_text())
+    del written["cvae"]["posterior_likelihood"]
+    (old / "config.json").write_text(json.dumps(written))
+    assert read_config(old).cvae.posterior_likelihood is False
 
 
 def test_a_start_that_stopped_during_the_rounds_ends_the_job_where_its_single_run_ends(tiny_dropout, tmp_path,

@@ -283,11 +283,8 @@ class TrainConfig:
     @classmethod
     def from_json(cls, obj: dict) -> TrainConfig:
         """A config.json (``to_json``; one written before the E-step and the latent rows' start had their own
-        groups is read too, and one without ``cvae.posterior_likelihood`` as its run trained: False); a group or
-        field this version does not have is refused by name."""
+        groups is read too); a group or field this version does not have is refused by name."""
         obj = from_beta_group(from_remedies(obj))
-        if isinstance(obj.get("cvae"), dict) and "posterior_likelihood" not in obj["cvae"]:
-            obj = {**obj, "cvae": {**obj["cvae"], "posterior_likelihood": False}}  # written before it: the head alone
         unknown = set(obj) - {f.name for f in fields(cls)}
         for name, group in GROUPS.items():
             unknown |= {f"{name}.{k}" for k in set(obj.get(name) or {}) - {f.name for f in fields(group)}}
