@@ -103,8 +103,9 @@ class CVAE(nn.Module):
 
     @property
     def posterior_parameters(self) -> list[nn.Parameter]:
-        """The posterior head's own parameters: where the gradient diagnostic is measured."""
-        scale = getattr(self.latent, "likelihood_scale", None)
+        """The posterior's own parameters (its head's, and the likelihood's scale): where the gradient diagnostic is
+        measured."""
+        scale = self.latent.likelihood_scale
         return list(self.latent.head.parameters()) + ([] if scale is None else [scale])
 
     def posterior_input(self, batch: TrainBatch, hidden_free: torch.Tensor, frame: Frame = Frame()) -> torch.Tensor:
@@ -143,7 +144,7 @@ class CVAE(nn.Module):
         hidden = self.backbone.hidden(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', d): all copies at once
         nll = nll_over_s(self.backbone, hidden, rep(frame.pos(cond.logit_pos)), rep(cond.targets), rep(cond.mask))
         prior = self.latent.prior(*self._at_z(batch, hidden[::C], frame))
-        if getattr(self.latent, "likelihood_scale", None) is not None:  # copy k carries value k: -sum_t l_t(k)
+        if self.latent.likelihood_scale is not None:  # discrete: copy k carries value k, -sum_t l_t(k) = log p(y|x,k)
             post = self.latent.posterior(pooled, -nll.view(B, C, -1).sum(-1), self.reads_likelihood)
         return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll, pooled, z)
 

@@ -101,6 +101,7 @@ class GaussianLatent(nn.Module):
     kind = "continuous"
     sampled = True
     prior_tokens = None  # the prior reads the hidden state at <z>, no logits
+    likelihood_scale = None  # its copies are draws from q: the posterior reads no likelihood
 
     def __init__(self, z_dim: int, d_model: int, prior: str = "learned", samples: int = 1):
         super().__init__()
