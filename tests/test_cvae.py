@@ -183,26 +183,24 @@ def test_mean_pool_posterior_reads_the_mean_state_over_s():
 
 
 def test_the_posterior_adds_each_values_likelihood_of_y_detached():
-    """log q = log_softmax(head + s log p(y|x,k)), log p(y|x,k) = -sum_t l_t(k) under copy k; its gradient reaches
-    the head and s, not the decoder passes; not reading it, q is the head's alone, with s at weight 0."""
+    """log q = log_softmax(head + log p(y|x,k)), log p(y|x,k) = -sum_t l_t(k) under copy k: its gradient reaches the
+    head, not the decoder passes; not reading it, q is the head's alone."""
     cfg = CVAEConfig(k=3)
     assert cfg.posterior_likelihood  # a discrete latent's default
     model, batch = make(cfg)
     head_only = model(batch)
     torch.testing.assert_close(head_only.post, torch.log_softmax(model.latent.head(head_only.pooled), -1))
     model.reads_likelihood = True
-    with torch.no_grad():
-        model.latent.likelihood_scale.fill_(0.7)
     out = model(batch)
-    want = torch.log_softmax(model.latent.head(out.pooled) - 0.7 * out.nll.sum(-1), -1)
+    want = torch.log_softmax(model.latent.head(out.pooled) - out.nll.sum(-1), -1)
     torch.testing.assert_close(out.post, want, atol=1e-5, rtol=0)  # the NLL is float32
     assert not torch.allclose(out.post, head_only.post, atol=1e-3)
     with torch.no_grad():
         model.latent.head.weight.zero_()  # q then moves the backbone through the decoder passes only, if at all
     out = model(batch)
-    *backbone, scale = torch.autograd.grad(out.post[:, 0].sum(), [*model.backbone.parameters(),
-                                                                   model.latent.likelihood_scale], allow_unused=True)
-    assert all(g is None or not g.any() for g in backbone) and scale.abs() > 0
+    *backbone, head = torch.autograd.grad(out.post[:, 0].sum(), [*model.backbone.parameters(), model.latent.head.bias],
+                                          allow_unused=True)
+    assert all(g is None or not g.any() for g in backbone) and head.abs().sum() > 0
 
 
 def test_a_continuous_latent_has_no_likelihood_posterior():

@@ -164,17 +164,20 @@ def test_the_job_ends_where_a_single_run_from_the_chosen_seed_ends(tiny_dropout,
         single / "checkpoint" / "model.safetensors").read_bytes()
 
 
-def test_the_posterior_reads_the_likelihood_in_the_run_that_goes_on_and_not_in_the_starts(started, tmp_path):
-    """The starts are compared by the head alone (its likelihood scale untouched at 1: weighed by 0, its gradient
-    is 0); the run reads it from the comparison on, and eval loads it so."""
+def test_the_posterior_reads_the_likelihood_in_the_run_that_goes_on_and_not_in_the_starts(tiny_dropout, started,
+                                                                                           tmp_path):
+    """The starts are compared by the head alone, and a run that never reaches ``estep.harden_from`` is the run the
+    head alone trains, bitwise; the run that goes on reads the likelihood, and eval loads it so."""
     out, result = started
-    _, model, _, meta = load_run(out)
-    assert meta["step"] > result["start"]["compared_at"]
-    assert model.reads_likelihood and model.latent.likelihood_scale.item() != 1.0
+    assert load_run(out)[1].reads_likelihood and read_config(out).cvae.posterior_likelihood is True
     for seed in result["start"]["seeds"]:
-        _, start, _, _ = load_run(out / "starts" / f"seed-{seed}")
-        assert not start.reads_likelihood and start.latent.likelihood_scale.item() == 1.0
-    assert read_config(out).cvae.posterior_likelihood is True
+        assert not load_run(out / "starts" / f"seed-{seed}")[1].reads_likelihood
+    runs = {}
+    for reads in (True, False):  # one start: from step 800, past the cap
+        cfg = config(tiny_dropout, tmp_path / str(reads), "to the cap")
+        train(replace(cfg, cvae=replace(cfg.cvae, posterior_likelihood=reads)))
+        runs[reads] = (tmp_path / str(reads) / "checkpoint" / "model.safetensors").read_bytes()
+    assert runs[True] == runs[False]
     old = tmp_path / "old"  # a run's config.json from before the field: its run trained the head alone
     old.mkdir()
     written = json.loads((out / "config.json").read_text())

@@ -56,8 +56,9 @@ class CVAEConfig:
     states that predict S, each of which holds the strategy once it is revealed; <eos> predicts nothing)."""
     posterior_likelihood: bool | None = None
     """Whether a discrete posterior also reads y's log-likelihood under each value, log q(k | x, y) = head(states)_k
-    + s * log p(y | x, k) + const (s learned, from 1; the K decoder passes each step runs, detached), once the
-    code is chosen: from ``estep.harden_from``, so the starts, compared by the head's own reading, are unchanged.
+    + log p(y | x, k) + const (Bayes' rule with the head as the log prior; from the K decoder passes each step runs,
+    detached), once the code is chosen: from ``estep.harden_from``, so the starts, compared by the head's own
+    reading, are the runs they were.
     The head's features fit the training lines; the decoders' likelihoods generalise to others (docs/results.md,
     "A posterior that reads the decoders"). None: True for a discrete latent; a continuous one's copies are draws
     from q, so it has none."""

@@ -103,10 +103,8 @@ class CVAE(nn.Module):
 
     @property
     def posterior_parameters(self) -> list[nn.Parameter]:
-        """The posterior's own parameters (its head's, and the likelihood's scale): where the gradient diagnostic is
-        measured."""
-        scale = self.latent.likelihood_scale
-        return list(self.latent.head.parameters()) + ([] if scale is None else [scale])
+        """The posterior head's own parameters: where the gradient diagnostic is measured."""
+        return list(self.latent.head.parameters())
 
     def posterior_input(self, batch: TrainBatch, hidden_free: torch.Tensor, frame: Frame = Frame()) -> torch.Tensor:
         """(B, d) what the posterior head reads from the backbone's z-free states ``hidden_free`` (B, L, d) in
@@ -144,8 +142,8 @@ class CVAE(nn.Module):
         hidden = self.backbone.hidden(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', d): all copies at once
         nll = nll_over_s(self.backbone, hidden, rep(frame.pos(cond.logit_pos)), rep(cond.targets), rep(cond.mask))
         prior = self.latent.prior(*self._at_z(batch, hidden[::C], frame))
-        if self.latent.likelihood_scale is not None:  # discrete: copy k carries value k, -sum_t l_t(k) = log p(y|x,k)
-            post = self.latent.posterior(pooled, -nll.view(B, C, -1).sum(-1), self.reads_likelihood)
+        if self.reads_likelihood:  # a discrete latent's copy k carries value k: -sum_t l_t(k) = log p(y|x,k)
+            post = self.latent.posterior(pooled, -nll.view(B, C, -1).sum(-1))
         return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll, pooled, z)
 
     def _at_z(self, batch: TrainBatch, hidden: torch.Tensor, frame: Frame):
@@ -178,7 +176,7 @@ def build_cvae(backbone: GPT, vocab: Vocab, cfg: CVAEConfig) -> CVAE:
         if cfg.k > vocab.k_max:
             raise ValueError(f"k={cfg.k} exceeds the vocabulary's {vocab.k_max} latent tokens <z_0>..: append the "
                              "missing ones first (add_latent_tokens)")
-        latent = CategoricalLatent(cfg.k, d, [vocab.latent_id(k) for k in range(cfg.k)], cfg.posterior_likelihood)
+        latent = CategoricalLatent(cfg.k, d, [vocab.latent_id(k) for k in range(cfg.k)])
     else:
         latent = GaussianLatent(cfg.z_dim, d, cfg.prior, cfg.samples)
     conditioning = Conditioning(cfg.cond, cfg.slots, d, n_ln, latent.features, continuous=cfg.latent == "continuous",

@@ -35,35 +35,32 @@ class CategoricalLatent(nn.Module):
 
     Prior p(k|x): softmax over the decoder's logits of ``<z_0..z_{K-1}>`` at ``<z>`` (the
     next-token distribution renormalised over the K latent tokens, so their logits suffice).
-    Posterior q(k|x,y): a linear head on the pooled z-free hidden state; with ``likelihood``, plus s log p(y|x,k),
-    y's log-likelihood under each value's decoder copy, s a learned scale (``CVAEConfig.posterior_likelihood``).
+    Posterior q(k|x,y): a linear head on the pooled z-free hidden state; where it reads the likelihood
+    (``CVAEConfig.posterior_likelihood``), plus log p(y|x,k) under each value's decoder copy: Bayes' rule with the
+    head as the log prior.
     """
 
     kind = "discrete"
     sampled = False
 
-    def __init__(self, k: int, d_model: int, latent_ids: list[int], likelihood: bool = False):
+    def __init__(self, k: int, d_model: int, latent_ids: list[int]):
         super().__init__()
         if len(latent_ids) != k:
             raise ValueError(f"need {k} latent token ids, got {len(latent_ids)}")
         self.k = k
         self.features = k  # one-hot
         self.head = nn.Linear(d_model, k)
-        # s, from 1: log q = head + log p(y|x,k) + const is the Bayes posterior with the head as the log prior
-        self.likelihood_scale = nn.Parameter(torch.ones(())) if likelihood else None
         self.register_buffer("latent_ids", torch.tensor(latent_ids), persistent=False)
 
     @property
     def copies(self) -> int:
         return self.k
 
-    def posterior(self, h: torch.Tensor, log_likelihood: torch.Tensor | None = None, reads: bool = True
-                  ) -> torch.Tensor:
-        """(B, K) log q from the pooled states h (B, d) and, where given, log p(y|x,k) (B, K) nats, detached;
-        ``reads`` False weighs it by 0 (the scale takes part in every step, as DistributedDataParallel needs)."""
+    def posterior(self, h: torch.Tensor, log_likelihood: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, K) log q from the pooled states h (B, d) and, where given, log p(y|x,k) (B, K) nats, detached."""
         logits = at_least_float32(self.head(h))
         if log_likelihood is not None:
-            logits = logits + (self.likelihood_scale * float(reads)) * log_likelihood.detach().to(logits.dtype)
+            logits = logits + log_likelihood.detach().to(logits.dtype)
         return F.log_softmax(logits, -1)
 
     @property
@@ -101,7 +98,6 @@ class GaussianLatent(nn.Module):
     kind = "continuous"
     sampled = True
     prior_tokens = None  # the prior reads the hidden state at <z>, no logits
-    likelihood_scale = None  # its copies are draws from q: the posterior reads no likelihood
 
     def __init__(self, z_dim: int, d_model: int, prior: str = "learned", samples: int = 1):
         super().__init__()
