@@ -147,8 +147,8 @@ def test_two_ranks_resume_bitwise_and_stop_together(tiny, tiny_store, tmp_path):
     # two starts of 2 steps (seeds 6 and 7), and a single run from each of their seeds
     starts = replace(common(tiny, tiny_store, tmp_path / "starts", batch_size=4),
                      optim=replace(whole.optim, starts=2, start_steps=2))
-    singles = [replace(common(tiny, tiny_store, tmp_path / f"seed-{s}", batch_size=4),
-                       optim=replace(whole.optim, seed=s)) for s in (6, 7)]
+    singles = [compared_at_2(replace(common(tiny, tiny_store, tmp_path / f"seed-{s}", batch_size=4),
+                                     optim=replace(whole.optim, seed=s))) for s in (6, 7)]
     runs = [whole, replace(part, optim=replace(part.optim, steps=2)), part, stops, starts, *singles]
     torchrun_runs(runs, tmp_path / "runs.json")
     resumed_and_chosen_end_bitwise(tmp_path)
@@ -260,7 +260,14 @@ def fsdp_resume_runs(tiny, tiny_store, root: Path) -> list[TrainConfig]:
                                      for name in ("whole", "part", "starts", "seed-6", "seed-7"))
     return [whole, replace(part, optim=replace(part.optim, steps=2)), part,
             replace(starts, optim=replace(starts.optim, starts=2, start_steps=2)),
-            *(replace(single, optim=replace(single.optim, seed=seed)) for single, seed in zip(singles, (6, 7)))]
+            *(compared_at_2(replace(single, optim=replace(single.optim, seed=seed)))
+              for single, seed in zip(singles, (6, 7)))]
+
+
+def compared_at_2(single: TrainConfig) -> TrainConfig:
+    """A single run from a start's seed as the run that goes on from it: the starts of 2 steps are compared at 2, from
+    which that run hardens and its posterior reads the likelihood."""
+    return replace(single, estep=replace(single.estep, harden_from=2))
 
 
 def test_fsdp_on_two_ranks_equals_one_process_writes_the_same_checkpoint_and_resumes(tiny, tiny_store, backbones,
