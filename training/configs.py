@@ -57,8 +57,8 @@ class CVAEConfig:
     posterior_likelihood: bool | None = None
     """Whether a discrete posterior also reads y's log-likelihood under each value, log q(k | x, y) = head(states)_k
     + log p(y | x, k) + const (Bayes' rule with the head as the log prior; from the K decoder passes each step runs,
-    detached), once the code is chosen: from ``estep.harden_from``, so the starts, compared by the head's own
-    reading, are the runs they were.
+    detached), once the code is chosen: where the hardening acts (``estep.harden`` from ``estep.harden_from``; K >= 3),
+    so the starts, compared by the head's own reading, are the runs they were.
     The head's features fit the training lines; the decoders' likelihoods generalise to others (docs/results.md,
     "A posterior that reads the decoders"). None: True for a discrete latent; a continuous one's copies are draws
     from q, so it has none."""

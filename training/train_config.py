@@ -263,10 +263,10 @@ class TrainConfig:
 
     def posterior_reads_likelihood(self, step: int) -> bool:
         """Whether the posterior reads y's likelihood under each value in training step ``step`` (0-based; a model
-        trained N steps is validated and loaded with step N - 1's) (``CVAEConfig.posterior_likelihood``): from
-        ``estep.harden_from``, as the hardening, so never in a start, whose comparison reads the head alone."""
-        start = self.estep.harden_from
-        return bool(self.cvae.posterior_likelihood) and start is not None and step >= start
+        trained N steps is validated and loaded with step N - 1's) (``CVAEConfig.posterior_likelihood``): where the
+        hardening acts (``estep.harden`` from ``harden_from``), so never in a start, whose comparison reads the head
+        alone, nor at K = 2, where it let uniform keep z (docs/results.md, "A posterior that reads the decoders")."""
+        return bool(self.cvae.posterior_likelihood) and self.estep.at(step).harden > 0
 
     @property
     def objective_settles(self) -> int:
