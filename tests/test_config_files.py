@@ -107,12 +107,12 @@ def test_a_run_config_given_another_pathway_or_latent_resolves_what_follows_from
     continuous = train_config(str(path), {}, ("cvae.latent=continuous",))
     assert (continuous.cvae.cond, continuous.cvae.slots, continuous.cvae.samples, continuous.optim.starts,
             continuous.estep.mode, continuous.estep.harden) == ("prefix", 4, 4, 1, "hard", 0.0)
-    assert run.cvae.posterior_likelihood and not continuous.cvae.posterior_likelihood
-    flags_only = train_config(None, {}, ("io.checkpoint=/c", "io.data=/d", "io.out=/o", "io.store=/s"))
-    assert flags_only.cvae.posterior_likelihood  # the command line's partial config resolves it too
-    from_0 = replace(run, estep=replace(run.estep, harden_from=0))  # the read acts where the hardening does
-    assert from_0.posterior_reads_likelihood(0) and not run.posterior_reads_likelihood(10 ** 6)  # None: a start
-    k2 = replace(from_0, cvae=replace(run.cvae, k=2), estep=replace(from_0.estep, harden=None))
+    from_0 = replace(run, cvae=replace(run.cvae, posterior_likelihood=True),
+                     estep=replace(run.estep, harden_from=0))  # the read acts where the hardening does
+    assert from_0.posterior_reads_likelihood(0) and not replace(run, cvae=from_0.cvae).posterior_reads_likelihood(
+        10 ** 6)  # harden_from None: a start
+    assert not replace(from_0, cvae=run.cvae).posterior_reads_likelihood(0)  # off: the default
+    k2 = replace(from_0, cvae=replace(from_0.cvae, k=2), estep=replace(from_0.estep, harden=None))
     assert k2.estep.harden == 0.0 and not k2.posterior_reads_likelihood(10 ** 6)  # nothing hardens at K = 2
     assert (run.estep.harden, run.estep.harden_from) == (0.5, None)  # a soft E-step's, from the starts' comparison
     hard = train_config(str(path), {"estep.mode": "hard"}, ())

@@ -266,7 +266,7 @@ def fsdp_resume_runs(tiny, tiny_store, root: Path) -> list[TrainConfig]:
 
 def compared_at_2(single: TrainConfig) -> TrainConfig:
     """A single run from a start's seed as the run that goes on from it: the starts of 2 steps are compared at 2, from
-    which that run hardens and its posterior reads the likelihood."""
+    which that run hardens (and, where set, its posterior reads the likelihood)."""
     return replace(single, estep=replace(single.estep, harden_from=2))
 
 

@@ -23,8 +23,8 @@ from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, Opt
 
 WARM = LossConfig(beta_warmup_steps=1)  # step 0 at beta 0 with the anchor off, step 1 at beta with the anchor on
 PATHS = {  # name: (backbone, TrainConfig groups)
-    "default": ("gpt", {}),  # the query pathway; the posterior reads the head alone before estep.harden_from
-    "likelihood-posterior": ("gpt", dict(estep=EStepConfig(harden_from=1))),  # and its likelihood too from step 1
+    "default": ("gpt", {}),  # the query pathway
+    "likelihood-posterior": ("gpt", dict(cvae=CVAEConfig(posterior_likelihood=True), estep=EStepConfig(harden_from=1))),
     "prefix": ("gpt", dict(cvae=CVAEConfig(cond="prefix"))),
     "memory": ("gpt", dict(cvae=CVAEConfig(cond="memory"))),
     "layernorm": ("gpt", dict(cvae=CVAEConfig(cond="layernorm"))),

@@ -21,10 +21,11 @@ HARDEN = 1 / CVAEConfig().k + 1e-4
 
 def with_starts(cfg, **optim):
     """``cfg`` with STARTS starts of START_STEPS, and a hardening that takes nearly every example (harden just above
-    1/k: every q* not exactly uniform gives one value that much), so that where it starts shows in the run."""
+    1/k: every q* not exactly uniform gives one value that much) and the posterior's read of the likelihood, so that
+    where they start shows in the run."""
     return replace(cfg, optim=replace(cfg.optim, **({"starts": STARTS, "start_steps": START_STEPS, "seed": SEED}
                                                      | optim)),
-                   estep=replace(cfg.estep, harden=HARDEN))
+                   estep=replace(cfg.estep, harden=HARDEN), cvae=replace(cfg.cvae, posterior_likelihood=True))
 
 
 def rounds_while_room(rounds, cfg, last) -> bool:
@@ -143,7 +144,7 @@ def test_a_start_past_its_round_is_refused(tiny_dropout, tmp_path, forming):
 
 def alone(cfg, made: dict):
     """``cfg`` as the single run from the kept start's seed, hardened from the step the starts were compared at."""
-    return replace(cfg, optim=replace(cfg.optim, seed=made["seed"]),
+    return replace(cfg, optim=replace(cfg.optim, seed=made["seed"]), cvae=replace(cfg.cvae, posterior_likelihood=True),
                    estep=replace(cfg.estep, harden=HARDEN, harden_from=made["compared_at"]))
 
 
@@ -183,7 +184,7 @@ def test_the_posterior_reads_the_likelihood_in_the_run_that_goes_on_and_not_in_t
     written = json.loads((out / "config.json").read_text())
     del written["cvae"]["posterior_likelihood"]
     (old / "config.json").write_text(json.dumps(written))
-    assert read_config(old).cvae.posterior_likelihood is False
+    assert read_config(old).cvae.posterior_likelihood is False  # the default
 
 
 def test_a_start_that_stopped_during_the_rounds_ends_the_job_where_its_single_run_ends(tiny_dropout, tmp_path,

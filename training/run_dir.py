@@ -40,12 +40,7 @@ def write_config(cfg: TrainConfig) -> None:
 
 
 def read_config(run: str | Path) -> TrainConfig:
-    """RUN/config.json, which holds every field: one without ``cvae.posterior_likelihood`` was written before it,
-    and its run trained the head alone."""
-    obj = json.loads((Path(run) / "config.json").read_text())
-    if isinstance(obj.get("cvae"), dict) and "posterior_likelihood" not in obj["cvae"]:
-        obj["cvae"]["posterior_likelihood"] = False
-    return TrainConfig.from_json(obj)
+    return TrainConfig.from_json(json.loads((Path(run) / "config.json").read_text()))
 
 
 def read_metrics(run: str | Path) -> list[dict]:
