@@ -92,8 +92,8 @@ class CVAE(nn.Module):
         super().__init__()
         self.backbone, self.latent, self.conditioning = backbone, latent, conditioning
         self.pool = pool  # CVAEConfig.posterior_pool
-        # whether the posterior reads y's likelihood under each value now (CVAEConfig.posterior_likelihood from
-        # estep.harden_from): set by the step loop and load_run through TrainConfig.posterior_reads_likelihood
+        # whether the posterior reads y's likelihood under each value now (CVAEConfig.posterior_likelihood, where the
+        # hardening acts): set by the step loop, validate_run and load_run (TrainConfig.posterior_reads_likelihood)
         self.reads_likelihood = False
         self.share_prefix = share_prefix  # exact either way (tests/test_shared_prefix.py); off: for the bench
 

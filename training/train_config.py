@@ -266,7 +266,7 @@ class TrainConfig:
         trained N steps is validated and loaded with step N - 1's) (``CVAEConfig.posterior_likelihood``): where the
         hardening acts (``estep.harden`` from ``harden_from``), so never in a start, whose comparison reads the head
         alone, nor at K = 2, where it let uniform keep z (docs/results.md, "A posterior that reads the decoders")."""
-        return bool(self.cvae.posterior_likelihood) and self.estep.at(step).harden > 0
+        return self.cvae.posterior_likelihood and self.estep.at(step).harden > 0
 
     @property
     def objective_settles(self) -> int:
@@ -297,8 +297,7 @@ class TrainConfig:
 
 
 RESOLVED_FROM = {"cvae.cond": ("cvae.latent",), "cvae.slots": ("cvae.cond",), "cvae.samples": ("cvae.latent",),
-                 "cvae.latent_init_norm": ("cvae.latent",),
-                 "optim.starts": ("cvae.latent",),
+                 "cvae.latent_init_norm": ("cvae.latent",), "optim.starts": ("cvae.latent",),
                  "estep.mode": ("cvae.latent",), "estep.prior": ("cvae.latent",),
                  "estep.harden": ("estep.mode", "cvae.k"),
                  "estep.harden_from": ("optim.starts", "optim.seed", "optim.start_steps", "optim.start_steps_max")}
