@@ -202,7 +202,7 @@ def test_the_posterior_adds_each_values_likelihood_of_y_detached():
     assert all(g is None or not g.any() for g in backbone) and head.abs().sum() > 0
 
 
-def test_a_continuous_latent_has_no_likelihood_posterior():
+def test_the_likelihood_posterior_is_off_by_default_and_refused_for_a_continuous_latent():
     assert not CVAEConfig().posterior_likelihood  # not the default
     with pytest.raises(ValueError, match="posterior_likelihood needs a discrete latent"):
         CVAEConfig(latent="continuous", posterior_likelihood=True)
