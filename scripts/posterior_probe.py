@@ -52,7 +52,8 @@ def records(run: str, data: str, split: str) -> dict:
         pi, _ = reconstruction_weights(tcfg.loss.weighting, baseline(batch, out), batch.zfree.mask, params,
                                        tcfg.loss.token_weighted_reconstruction_weight)
         R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype)).double()
-        rows["q"].append(out.post.exp())
+        read = tcfg.likelihood_read(meta["step"] - 1)  # q as the run's last step read it
+        rows["q"].append((out if read is None else read(out, pi)).post.exp())
         rows["q*"].append(torch.softmax(-R / tcfg.loss.beta, -1))
         rows["p(k | x, y)"].append(torch.softmax(-out.nll.double().sum(-1), -1))
         rows["R"].append(R)

@@ -14,6 +14,7 @@ from tokweight.config_files import build, flat, parse_value, preset, preset_name
 from tokweight.flags import default_of, resolve
 from tokweight.train_cli import FLAGS, train_config
 from tokweight.training.configs import CVAEConfig
+from tokweight.training.estep import LikelihoodRead
 from tokweight.training.train_config import IOConfig, TrainConfig
 
 IO = {"io": {"checkpoint": "/c", "data": "/d", "out": "/o", "store": "/s"}}
@@ -109,11 +110,11 @@ def test_a_run_config_given_another_pathway_or_latent_resolves_what_follows_from
             continuous.estep.mode, continuous.estep.harden) == ("prefix", 4, 4, 1, "hard", 0.0)
     from_0 = replace(run, cvae=replace(run.cvae, posterior_likelihood=True),
                      estep=replace(run.estep, harden_from=0))  # the read acts where the hardening does
-    assert from_0.posterior_reads_likelihood(0) and not replace(run, cvae=from_0.cvae).posterior_reads_likelihood(
-        10 ** 6)  # harden_from None: a start
-    assert not replace(from_0, cvae=run.cvae).posterior_reads_likelihood(0)  # off: the default
+    assert from_0.likelihood_read(0) == LikelihoodRead(from_0.estep, from_0.loss.beta_at(0))
+    assert replace(run, cvae=from_0.cvae).likelihood_read(10 ** 6) is None  # harden_from None: a start
+    assert replace(from_0, cvae=run.cvae).likelihood_read(0) is None  # off: the default
     k2 = replace(from_0, cvae=replace(from_0.cvae, k=2), estep=replace(from_0.estep, harden=None))
-    assert k2.estep.harden == 0.0 and not k2.posterior_reads_likelihood(10 ** 6)  # nothing hardens at K = 2
+    assert k2.estep.harden == 0.0 and k2.likelihood_read(10 ** 6) is None  # nothing hardens at K = 2
     assert (run.estep.harden, run.estep.harden_from) == (0.5, None)  # a soft E-step's, from the starts' comparison
     hard = train_config(str(path), {"estep.mode": "hard"}, ())
     assert (hard.estep.mode, hard.estep.harden) == ("hard", 0.0)

@@ -182,26 +182,6 @@ def test_mean_pool_posterior_reads_the_mean_state_over_s():
         assert not torch.allclose(out.post[i], last, atol=1e-3)  # not the <eos> read
 
 
-def test_the_posterior_adds_each_values_likelihood_of_y_detached():
-    """log q = log_softmax(head + log p(y|x,k)), log p(y|x,k) = -sum_t l_t(k) under copy k: its gradient reaches the
-    head, not the decoder passes; not reading it, q is the head's alone."""
-    cfg = CVAEConfig(k=3, posterior_likelihood=True)
-    model, batch = make(cfg)
-    head_only = model(batch)
-    torch.testing.assert_close(head_only.post, torch.log_softmax(model.latent.head(head_only.pooled), -1))
-    model.reads_likelihood = True
-    out = model(batch)
-    want = torch.log_softmax(model.latent.head(out.pooled) - out.nll.sum(-1), -1)
-    torch.testing.assert_close(out.post, want, atol=1e-5, rtol=0)  # the NLL is float32
-    assert not torch.allclose(out.post, head_only.post, atol=1e-3)
-    with torch.no_grad():
-        model.latent.head.weight.zero_()  # q then moves the backbone through the decoder passes only, if at all
-    out = model(batch)
-    *backbone, head = torch.autograd.grad(out.post[:, 0].sum(), [*model.backbone.parameters(), model.latent.head.bias],
-                                          allow_unused=True)
-    assert all(g is None or not g.any() for g in backbone) and head.abs().sum() > 0
-
-
 def test_the_likelihood_posterior_is_off_by_default_and_refused_for_a_continuous_latent():
     assert not CVAEConfig().posterior_likelihood  # not the default
     with pytest.raises(ValueError, match="posterior_likelihood needs a discrete latent"):

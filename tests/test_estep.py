@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tokweight.training.cvae import CVAEOutput
-from tokweight.training.estep import (EStepConfig, assigned_reconstruction, assignment, assignment_kl, distillation,
-                                      exact_posterior, sinkhorn)
+from tokweight.training.estep import (EStepConfig, LikelihoodRead, assigned_reconstruction, assignment,
+                                      assignment_kl, distillation, exact_posterior, sinkhorn, sure_rows)
 from tokweight.training.objective import em_objective
 from tokweight.training.latent import CategoricalLatent
 
@@ -84,6 +84,41 @@ def test_harden_is_the_soft_e_step_where_z_is_not_in_use_and_before_harden_from(
     assert assignment(sure, torch.zeros_like(sure), cfg.at(799))[0, 0] < 1.0
     assert assignment(sure, torch.zeros_like(sure), cfg.at(800)).tolist() == [[1.0, 0.0, 0.0]]
     assert replace(cfg, harden_from=None).at(10 ** 6).harden == 0.0  # a start: its starts not yet compared
+
+
+def test_sure_rows_are_those_the_e_step_gives_a_one_hot():
+    R = torch.tensor([[0.1, 2.0, 2.0], [1.00, 1.05, 1.10], [1.0, 1.0, 1.0]])
+    zero = torch.zeros_like(R)
+    cfg = E(mode="soft", temperature=0.3, harden=0.5)
+    assert sure_rows(R, zero, cfg, 1.0).tolist() == [True, False, False]
+    assert sure_rows(R, zero, replace(cfg, harden=0.0), 1.0).tolist() == [False] * 3
+    assert sure_rows(R, zero, E(mode="hard"), 1.0).tolist() == [True] * 3
+    followed = replace(cfg, follow_beta=True)  # the temperature is beta: at 10, row 0 is no longer sure
+    assert sure_rows(R, zero, followed, 10.0).tolist() == [False] * 3
+    hardened = assignment(R, zero, cfg)
+    assert torch.equal(sure_rows(R, zero, cfg, 1.0), (hardened == 1).any(-1))
+
+
+def test_the_likelihood_read_adds_log_p_y_on_the_sure_rows_only_and_detached():
+    """log q = log_softmax(log q_head - sum_t l_t(k)) where the E-step is sure, q_head elsewhere: Bayes' rule with
+    the head as the log prior; its gradient reaches q_head, not the decoder's NLL."""
+    torch.manual_seed(0)
+    nll = torch.rand(3, 3, 4, dtype=torch.float64)
+    nll[0, 0] = 0.01  # example 0: copy 0 explains it (q* sure); examples 1 and 2 about alike across copies
+    nll = nll.requires_grad_()
+    head = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
+    post = torch.log_softmax(head, -1)
+    out = CVAEOutput(post, torch.zeros(3, 3, dtype=torch.float64).log_softmax(-1), nll, nll.detach()[:, 0])
+    pi = torch.full((3, 4), 0.25, dtype=torch.float64)
+    read = LikelihoodRead(E(mode="soft", temperature=0.1, harden=0.9), beta=1.0)
+    got = read(out, pi).post
+    assert sure_rows((nll * pi[:, None]).sum(-1), out.prior, read.estep, 1.0).tolist() == [True, False, False]
+    torch.testing.assert_close(got[0], torch.log_softmax(head[0] - nll[0].sum(-1), -1))
+    torch.testing.assert_close(got[1:], post[1:])
+    grad_nll, grad_head = torch.autograd.grad(got[:, 0].sum(), [nll, head], allow_unused=True)
+    assert grad_nll is None and grad_head[0].abs().sum() > 0
+    nobody = LikelihoodRead(E(mode="soft", temperature=0.1, harden=0.0), beta=1.0)
+    assert torch.equal(nobody(out, pi).post, post)  # no hardening: q is the head's
 
 
 def test_distillation_and_assigned_reconstruction_by_hand():

@@ -102,8 +102,8 @@ def checkpoint(state: State, cfg, hooks: Hooks) -> None:
 
 def validate_run(state: State, cfg, examples: int | None = None) -> dict:
     """``validation.validate`` on the val split, scored as the run trains; rank 0 logs it."""
-    scoring = Scoring(state.baseline, cfg.loss, state.params, cfg.cvae, cfg.optim.seed)
-    state.model.reads_likelihood = cfg.posterior_reads_likelihood(state.progress.step - 1)  # q as trained last
+    scoring = Scoring(state.baseline, cfg.loss, state.params, cfg.cvae, cfg.optim.seed,
+                      cfg.likelihood_read(state.progress.step - 1))  # q as the last step read it
     spec = replace(state.spec, urls=split_urls(cfg.io.data, "val"), batch_size=cfg.log.eval_batch_size)
     ranks = state.global_batch
     metrics = validate(state.model, scoring, spec, split="val", step=state.progress.step, world=ranks.world,

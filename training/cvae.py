@@ -92,9 +92,6 @@ class CVAE(nn.Module):
         super().__init__()
         self.backbone, self.latent, self.conditioning = backbone, latent, conditioning
         self.pool = pool  # CVAEConfig.posterior_pool
-        # whether the posterior reads y's likelihood under each value now (CVAEConfig.posterior_likelihood, where the
-        # hardening acts): set by the step loop, validate_run and load_run (TrainConfig.posterior_reads_likelihood)
-        self.reads_likelihood = False
         self.share_prefix = share_prefix  # exact either way (tests/test_shared_prefix.py); off: for the bench
 
     @property
@@ -142,8 +139,6 @@ class CVAE(nn.Module):
         hidden = self.backbone.hidden(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', d): all copies at once
         nll = nll_over_s(self.backbone, hidden, rep(frame.pos(cond.logit_pos)), rep(cond.targets), rep(cond.mask))
         prior = self.latent.prior(*self._at_z(batch, hidden[::C], frame))
-        if self.reads_likelihood:  # a discrete latent's copy k carries value k: -sum_t l_t(k) = log p(y|x,k)
-            post = self.latent.posterior(pooled, -nll.view(B, C, -1).sum(-1))
         return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll, pooled, z)
 
     def _at_z(self, batch: TrainBatch, hidden: torch.Tensor, frame: Frame):

@@ -72,7 +72,8 @@ def load_trained(run: str, device: str):
 def posterior_pass(model, tcfg, meta: dict, vocab, data: str, split: str, batch_size: int) -> PassRecords:
     """Eval's pass over the split (its records: post, logvar, kl, key, strategy), b from the run's own backbone."""
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
-    scoring = Scoring(make_baseline("dynamic", None), tcfg.loss, params, tcfg.cvae, tcfg.optim.seed)
+    scoring = Scoring(make_baseline("dynamic", None), tcfg.loss, params, tcfg.cvae, tcfg.optim.seed,
+                      tcfg.likelihood_read(meta["step"] - 1))
     spec = StreamSpec(urls=split_urls(data, split), vocab=vocab, slots=tcfg.cvae.slots,
                       block_size=model.backbone.cfg.block_size, batch_size=batch_size, root=data,
                       on_bad_sample=tcfg.io.on_bad_sample)

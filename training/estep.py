@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import math
 import zlib
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from tokweight.training.configs import EStepConfig
 from tokweight.training.global_batch import LOCAL, GlobalBatch
+from tokweight.training.losses import weighted_reconstruction
 
 
 def exact_posterior(R: torch.Tensor, log_prior: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -69,12 +71,7 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
         if labels is None:
             raise ValueError('estep mode "label" needs the batch\'s strategy labels')
         return F.one_hot(labels.to(R.device), R.shape[-1]).to(R.dtype)
-    prior = torch.zeros_like(R) if cfg.prior == "uniform" else log_prior.detach()
-    if cfg.follow_beta and beta == 0:  # the beta -> 0 limit of p exp(-R / beta): argmin R whatever p
-        hard, prior = True, torch.zeros_like(R)
-    else:
-        hard = cfg.mode == "hard"
-    log_q = exact_posterior(R, prior, beta if cfg.follow_beta and beta > 0 else cfg.temperature)
+    log_q, hard = step_posterior(R, log_prior, cfg, beta)
     a = batch.rows(sinkhorn(batch.gather(log_q), cfg.balance_iters)) if cfg.balance_iters else log_q.exp()
     if hard or cfg.harden:  # the argmax's one-hot: every row, or the rows q* is sure of
         top = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
@@ -83,6 +80,48 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
         labels = labels.to(R.device)
         a = torch.where(labels[:, None] >= 0, F.one_hot(labels.clamp(min=0), R.shape[-1]).to(R.dtype), a)
     return a
+
+
+def step_posterior(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float
+                   ) -> tuple[torch.Tensor, bool]:
+    """(log q* (B, K), whether the step takes its argmax on every row): q* at the step's temperature (``beta``
+    under ``follow_beta``) and prior (``cfg.prior``); at beta = 0 under ``follow_beta``, the hard argmin of R
+    whatever p."""
+    if cfg.follow_beta and beta == 0:  # the beta -> 0 limit of p exp(-R / beta): argmin R whatever p
+        return exact_posterior(R, torch.zeros_like(R), cfg.temperature), True
+    prior = torch.zeros_like(R) if cfg.prior == "uniform" else log_prior.detach()
+    return exact_posterior(R, prior, beta if cfg.follow_beta else cfg.temperature), cfg.mode == "hard"
+
+
+def sure_rows(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float) -> torch.Tensor:
+    """(B,) bool: the examples the E-step gives a one-hot, as ``assignment`` does before any balancing or label:
+    every row of a hard step, else those whose q* gives one copy at least ``cfg.harden`` (none at 0)."""
+    log_q, hard = step_posterior(R.detach(), log_prior, cfg, beta)
+    if hard:
+        return torch.ones(len(R), dtype=torch.bool, device=R.device)
+    return log_q.exp().max(-1).values >= cfg.harden if cfg.harden else torch.zeros(len(R), dtype=torch.bool,
+                                                                                      device=R.device)
+
+
+@dataclass(frozen=True)
+class LikelihoodRead:
+    """Where the posterior reads y's likelihood under each value (``CVAEConfig.posterior_likelihood``): on the
+    examples the step's E-step is sure of (``sure_rows``), log q(k | x, y) = head_k + log p(y | x, k) + const,
+    Bayes' rule with the head as the log prior (log p(y | x, k) = -sum_t l_t(k), from the K decoder passes,
+    detached); elsewhere the head's q. A z not in use makes no example sure, so its q stays the head's."""
+
+    estep: EStepConfig
+    """The step's E-step (``EStepConfig.at``)."""
+    beta: float
+    """The step's KL weight: q*'s temperature under ``follow_beta``."""
+
+    def __call__(self, out, pi: torch.Tensor):
+        """``out`` (a discrete latent's ``CVAEOutput``) with its posterior read so; pi (B, T) the reconstruction's
+        token weights, which give R and so q*."""
+        R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, K)
+        sure = sure_rows(R, out.prior, self.estep, self.beta)
+        log_likelihood = torch.where(sure[:, None], -out.nll.sum(-1), 0).detach()
+        return replace(out, post=F.log_softmax(out.post + log_likelihood.to(out.post.dtype), -1))
 
 
 def strategy_indices(strategies, names: tuple[str, ...], keys) -> torch.Tensor:

@@ -161,7 +161,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     base = load_backbone(tcfg.io.baseline_source, device=device, template=vocab.template).model.eval()  # b (frozen) and the base decode
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
     scoring = Scoring(make_baseline(policy, base if policy == "frozen" else None), tcfg.loss, params, tcfg.cvae,
-                      tcfg.optim.seed)
+                      tcfg.optim.seed, tcfg.likelihood_read(meta["step"] - 1))
     spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
                       batch_size=cfg.batch_size, store=store, root=cfg.data, on_bad_sample=tcfg.io.on_bad_sample)
     records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, torch.device(device))

@@ -35,9 +35,8 @@ class CategoricalLatent(nn.Module):
 
     Prior p(k|x): softmax over the decoder's logits of ``<z_0..z_{K-1}>`` at ``<z>`` (the
     next-token distribution renormalised over the K latent tokens, so their logits suffice).
-    Posterior q(k|x,y): a linear head on the pooled z-free hidden state; where it reads the likelihood
-    (``CVAEConfig.posterior_likelihood``), plus log p(y|x,k) under each value's decoder copy: Bayes' rule with the
-    head as the log prior.
+    Posterior q(k|x,y): a linear head on the pooled z-free hidden state (with ``CVAEConfig.posterior_likelihood``,
+    read with y's likelihood under each value where the E-step is sure: ``estep.LikelihoodRead``).
     """
 
     kind = "discrete"
@@ -56,12 +55,9 @@ class CategoricalLatent(nn.Module):
     def copies(self) -> int:
         return self.k
 
-    def posterior(self, h: torch.Tensor, log_likelihood: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, K) log q from the pooled states h (B, d) and, where given, log p(y|x,k) (B, K) nats, detached."""
-        logits = at_least_float32(self.head(h))
-        if log_likelihood is not None:
-            logits = logits + log_likelihood.detach().to(logits.dtype)
-        return F.log_softmax(logits, -1)
+    def posterior(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, K) log q from the pooled states h (B, d)."""
+        return F.log_softmax(at_least_float32(self.head(h)), -1)
 
     @property
     def prior_tokens(self) -> torch.Tensor:

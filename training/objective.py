@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from tokweight.training.configs import EStepConfig
-from tokweight.training.estep import (assigned_reconstruction, assignment, assignment_kl, distillation,
-                                      labelled_weights)
+from tokweight.training.estep import (LikelihoodRead, assigned_reconstruction, assignment, assignment_kl,
+                                      distillation, labelled_weights)
 from tokweight.training.global_batch import LOCAL, GlobalBatch
 from tokweight.training.losses import (WeightingParams, anchor_penalty, free_bits_kl, reconstruction_weights,
                                        weighted_reconstruction)
@@ -46,6 +46,7 @@ class Terms:
     """One step's objective and what its diagnostics read."""
 
     obj: Objective
+    out: object  # the CVAE's outputs the objective read: the forward's, its posterior read with the likelihood
     loss: torch.Tensor  # () what the step backpropagates: the objective, plus the anchor term when it acts
     anchor: torch.Tensor  # () the anchor term, measured whatever its weight
     pi: torch.Tensor  # (B, T) the reconstruction's token weights
@@ -55,18 +56,22 @@ class Terms:
 
 
 def step_loss(latent, out, b: torch.Tensor, mask: torch.Tensor, loss, estep: EStepConfig, step: int,
-              params: WeightingParams, labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL) -> Terms:
+              params: WeightingParams, labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL,
+              read: LikelihoodRead | None = None) -> Terms:
     """J for one batch: ``out`` the CVAE's outputs, b (B, T) nats over S (detached), mask (B, T); ``loss`` a
-    ``LossConfig``; labels (B,) strategy indices for an E-step that reads them; ``batch`` the global batch."""
+    ``LossConfig``; labels (B,) strategy indices for an E-step that reads them; ``batch`` the global batch;
+    ``read``: where the posterior reads y's likelihood this step (``TrainConfig.likelihood_read``)."""
     pi, degenerate = reconstruction_weights(loss.weighting, b, mask, params,
                                             loss.token_weighted_reconstruction_weight, batch)  # (B, T)
+    if read is not None:
+        out = read(out, pi)
     beta, em = loss.beta_at(step), estep.active(step)
     obj = (em_objective(latent, out, pi, beta, loss.free_bits, estep.at(step), labels, batch) if em
            else plain_objective(latent, out, pi, beta, loss.free_bits, batch))
     anchor = anchored(latent, out, b, mask, loss.anchor_margin)
     anchor_weight = loss.anchor_weight_at(step)
     total = obj.loss + anchor_weight * anchor if anchor_weight else obj.loss
-    return Terms(obj, total, anchor, pi, degenerate, beta, em)
+    return Terms(obj, out, total, anchor, pi, degenerate, beta, em)
 
 
 def plain_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float = 0.0,

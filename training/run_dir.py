@@ -217,7 +217,6 @@ def load_run(run: str | Path, device: str = "cpu") -> tuple[TrainConfig, CVAE, V
     if cfg.lora.rank:
         attach_lora(model.backbone, cfg.lora.rank, latent_row_ids(vocab, cvae), cfg.optim.seed)
     load_trained_state(model, run / "checkpoint" / "model.safetensors")
-    model.reads_likelihood = cfg.posterior_reads_likelihood(meta["step"] - 1)  # q as the run's last step read it
     return cfg, model.to(device).eval(), vocab, meta
 
 

@@ -35,7 +35,6 @@ def train_step(state: State, batch: TrainBatch, cfg, logged: bool) -> dict | Non
     on a logged step, else None. ``cfg``: the run's TrainConfig."""
     progress = state.progress
     lr = lr_at(cfg.optim.lr, progress.step, progress.decay_window(cfg.optim.steps, cfg.optim.lr_decay))
-    state.model.reads_likelihood = cfg.posterior_reads_likelihood(progress.step)
     with torch.autocast(state.device.type, dtype=torch.bfloat16, enabled=cfg.io.dtype == "bfloat16"):
         out, b, terms = step_terms(state, batch, cfg)
     every = cfg.log.grad_diag_every
@@ -56,8 +55,8 @@ def step_terms(state: State, batch: TrainBatch, cfg) -> tuple[object, torch.Tens
     labels = (step_labels(cfg.estep, batch.strategies, state.strategy_names, batch.keys)
               if cfg.estep.active(step) and state.strategy_names else None)
     terms = step_loss(state.model.latent, out, b, batch.zfree.mask, cfg.loss, cfg.estep, step, state.params, labels,
-                      state.global_batch)
-    return out, b, terms
+                      state.global_batch, cfg.likelihood_read(step))
+    return terms.out, b, terms
 
 
 def optimizer_step(state: State, grad_clip: float, lr: float) -> None:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from tokweight.training.baselines import POLICIES
 from tokweight.training.configs import CVAEConfig, EStepConfig, LoRAConfig, check_free_bits
 from tokweight.training.convergence import StopRule
+from tokweight.training.estep import LikelihoodRead
 from tokweight.training.losses import WEIGHTINGS, WeightingParams
 from tokweight.training.schedules import warmed_up
 
@@ -261,12 +262,16 @@ class TrainConfig:
             raise ValueError(f"policy {self.loss.policy!r} with weighting {self.loss.weighting!r} needs --store")
         check_free_bits(self.loss.free_bits, self.cvae.latent, self.cvae.k)
 
-    def posterior_reads_likelihood(self, step: int) -> bool:
-        """Whether the posterior reads y's likelihood under each value in training step ``step`` (0-based; a model
-        trained N steps is validated and loaded with step N - 1's) (``CVAEConfig.posterior_likelihood``): where the
-        hardening acts (``estep.harden`` from ``harden_from``), so never in a start, whose comparison reads the head
-        alone, nor at K = 2, where it let uniform keep z (docs/results.md, "A posterior that reads the decoders")."""
-        return self.cvae.posterior_likelihood and self.estep.at(step).harden > 0
+    def likelihood_read(self, step: int) -> LikelihoodRead | None:
+        """Where the posterior reads y's likelihood in training step ``step`` (0-based; a model trained N steps is
+        validated and loaded with step N - 1's), None: nowhere (``CVAEConfig.posterior_likelihood``). It reads where
+        the hardening acts (``estep.harden`` from ``harden_from``), on the examples the E-step is sure of: never in a
+        start, whose comparison reads the head alone, nor at K = 2 (docs/results.md, "A posterior that reads the
+        decoders")."""
+        estep = self.estep.at(step)
+        if not (self.cvae.posterior_likelihood and estep.harden > 0):
+            return None
+        return LikelihoodRead(estep, self.loss.beta_at(step))
 
     @property
     def objective_settles(self) -> int:
