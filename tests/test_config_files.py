@@ -112,7 +112,9 @@ def test_a_run_config_given_another_pathway_or_latent_resolves_what_follows_from
                      estep=replace(run.estep, harden_from=0))  # the read acts where the hardening does
     assert from_0.likelihood_read(0) == LikelihoodRead(from_0.estep, from_0.loss.beta_at(0))
     assert replace(run, cvae=from_0.cvae).likelihood_read(10 ** 6) is None  # harden_from None: a start
-    assert replace(from_0, cvae=run.cvae).likelihood_read(0) is None  # off: the default
+    assert run.cvae.posterior_likelihood is True  # a discrete latent's default
+    off = replace(from_0, cvae=replace(run.cvae, posterior_likelihood=False))
+    assert off.likelihood_read(0) is None
     k2 = replace(from_0, cvae=replace(from_0.cvae, k=2), estep=replace(from_0.estep, harden=None))
     assert k2.estep.harden == 0.0 and k2.likelihood_read(10 ** 6) is None  # nothing hardens at K = 2
     assert (run.estep.harden, run.estep.harden_from) == (0.5, None)  # a soft E-step's, from the starts' comparison

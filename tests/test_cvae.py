@@ -182,8 +182,10 @@ def test_mean_pool_posterior_reads_the_mean_state_over_s():
         assert not torch.allclose(out.post[i], last, atol=1e-3)  # not the <eos> read
 
 
-def test_the_likelihood_posterior_is_off_by_default_and_refused_for_a_continuous_latent():
-    assert not CVAEConfig().posterior_likelihood  # not the default
+def test_the_likelihood_posterior_is_a_discrete_latents_default_and_refused_for_a_continuous_one():
+    assert CVAEConfig().posterior_likelihood is True
+    assert CVAEConfig(posterior_likelihood=False).posterior_likelihood is False
+    assert CVAEConfig(latent="continuous").posterior_likelihood is False
     with pytest.raises(ValueError, match="posterior_likelihood needs a discrete latent"):
         CVAEConfig(latent="continuous", posterior_likelihood=True)
 

@@ -12,6 +12,7 @@ from tests.test_resume import CKPT_EVERY, CONVERGED_END, FILES, STEPS, Killed, c
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.faults import Hooks
 from tokweight.training.run_dir import read_config, read_metrics
+from tokweight.training.train_config import TrainConfig
 import tokweight.training.starts as starts_module
 from tokweight.training.starts import another_round, code_formed
 
@@ -189,7 +190,8 @@ def test_the_posterior_reads_the_likelihood_in_the_run_that_goes_on_and_not_in_t
     written = json.loads((out / "config.json").read_text())
     del written["cvae"]["posterior_likelihood"]
     (old / "config.json").write_text(json.dumps(written))
-    assert read_config(old).cvae.posterior_likelihood is False  # the default
+    assert read_config(old).cvae.posterior_likelihood is False  # as it trained, where the default is now true
+    assert TrainConfig.from_json(written).cvae.posterior_likelihood is True  # a config given to a new run
 
 
 def test_a_start_that_stopped_during_the_rounds_ends_the_job_where_its_single_run_ends(tiny_dropout, tmp_path,

@@ -54,14 +54,14 @@ class CVAEConfig:
     posterior_pool: str = "mean"
     """Which z-free states the posterior head reads: "last" (the state at <eos>) or "mean" (the mean of the
     states that predict S, each of which holds the strategy once it is revealed; <eos> predicts nothing)."""
-    posterior_likelihood: bool = False
-    """Whether a discrete posterior also reads y's log-likelihood under each value, log q(k | x, y) = head(states)_k
-    + log p(y | x, k) + const (Bayes' rule with the head as the log prior; from the K decoder passes each step runs,
-    detached), once the code is chosen: where the hardening acts (``estep.harden`` from ``estep.harden_from``; K >= 3),
-    so the starts, compared by the head's own reading, are the runs they were.
-    The head's features fit the training lines; the decoders' likelihoods generalise to others (docs/results.md,
-    "A posterior that reads the decoders": not the default, since it let uniform keep a trace of z). A continuous
-    latent's copies are draws from q, so it has none."""
+    posterior_likelihood: bool | None = None
+    """Whether a discrete posterior also reads y's log-likelihood under each value on the examples the E-step is sure
+    of (``estep.LikelihoodRead``): log q(k | x, y) = head(states)_k + log p(y | x, k) + const, Bayes' rule with the
+    head as the log prior, from the K decoder passes each step runs, detached; where the hardening acts
+    (``estep.harden`` from ``estep.harden_from``; K >= 3), so the starts, compared by the head's own reading, are
+    the runs they were. The head's features fit the training lines; the decoders' likelihoods generalise to others
+    (docs/results.md, "A posterior that reads the decoders"). None: true for a discrete latent; a continuous one's
+    copies are draws from q, so it has none."""
     latent_init_norm: float | None = None
     """The latent rows' offset from the checkpoint's mean latent row at the start, in units of the checkpoint's
     token-row spread (``cvae.token_row_spread``): the K rows (discrete) or the slot projection's columns
@@ -84,6 +84,8 @@ class CVAEConfig:
             object.__setattr__(self, "slots", 4 if self.cond == "prefix" else 1)
         if self.samples is None:
             object.__setattr__(self, "samples", 4 if self.latent == "continuous" else 1)
+        if self.posterior_likelihood is None:
+            object.__setattr__(self, "posterior_likelihood", self.latent == "discrete")
         if self.latent_init_norm is None:
             object.__setattr__(self, "latent_init_norm", 0.5 if self.latent == "discrete" else 1.0)
         if self.k < 2 or self.z_dim < 1 or self.slots < 1 or self.samples < 1:

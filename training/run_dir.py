@@ -40,7 +40,10 @@ def write_config(cfg: TrainConfig) -> None:
 
 
 def read_config(run: str | Path) -> TrainConfig:
-    return TrainConfig.from_json(json.loads((Path(run) / "config.json").read_text()))
+    """A run's config.json; one written before ``cvae.posterior_likelihood`` was a field reads false, as it trained."""
+    written = json.loads((Path(run) / "config.json").read_text())
+    written.get("cvae", {}).setdefault("posterior_likelihood", False)
+    return TrainConfig.from_json(written)
 
 
 def read_metrics(run: str | Path) -> list[dict]:

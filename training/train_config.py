@@ -302,7 +302,8 @@ class TrainConfig:
 
 
 RESOLVED_FROM = {"cvae.cond": ("cvae.latent",), "cvae.slots": ("cvae.cond",), "cvae.samples": ("cvae.latent",),
-                 "cvae.latent_init_norm": ("cvae.latent",), "optim.starts": ("cvae.latent",),
+                 "cvae.latent_init_norm": ("cvae.latent",),
+                 "cvae.posterior_likelihood": ("cvae.latent",), "optim.starts": ("cvae.latent",),
                  "estep.mode": ("cvae.latent",), "estep.prior": ("cvae.latent",),
                  "estep.harden": ("estep.mode", "cvae.k"),
                  "estep.harden_from": ("optim.starts", "optim.seed", "optim.start_steps", "optim.start_steps_max")}
