@@ -15,26 +15,32 @@ from click.testing import CliRunner
 from tokweight.cli import main
 from tokweight.pipeline.shards import iter_shard, write_shards
 from tokweight.training import evaluate
-from tokweight.training.configs import CVAEConfig
+from tokweight.training.configs import CVAEConfig, EStepConfig
 from tokweight.training.data import split_urls
+import tokweight.training.encode as encode_module
+from tokweight.training.baselines import make_baseline
 from tokweight.training.encode import EncodeConfig, run as encode
 from tokweight.training.evaluate import EvalConfig, run_eval
 from tokweight.training.export_hf import export_hf
 from tokweight.training.generate import GenerateConfig, run as generate
+from tokweight.training.run_dir import read_config
 from tokweight.training.train import run as train
 from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
 
 DECODED = 8  # examples eval decodes (all of them in eval.json's sample_outputs)
 KINDS = {"discrete": CVAEConfig(), "continuous": CVAEConfig(latent="continuous", z_dim=2)}
+READING = "discrete, reading the likelihood"  # hardened from step 0: the posterior reads y's likelihood
 
 
-def trained_and_evaluated(data, ckpt, store, out, cvae: CVAEConfig, split: str = "test"):
+def trained_and_evaluated(data, ckpt, store, out, cvae: CVAEConfig, split: str = "test",
+                          estep: EStepConfig = EStepConfig()):
     """Train 3 steps (b from the store, or without one from the frozen base), evaluate on ``split``; returns
     eval's pass records (captured from run_eval)."""
     policy = "frozen" if store is None else "precomputed"
     train(TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), out=str(out), store=store and str(store),
                                num_workers=0),
-                      cvae=cvae, loss=LossConfig(policy=policy), optim=OptimConfig(steps=3, batch_size=8)))
+                      cvae=cvae, loss=LossConfig(policy=policy), optim=OptimConfig(steps=3, batch_size=8),
+                      estep=estep))
     captured = []
 
     def spy(*args, **kwargs):
@@ -53,8 +59,11 @@ def runs(tiny, tiny_store, tmp_path_factory):
     """latent kind -> (run dir, eval's records of the test split)."""
     data, ckpt = tiny
     root = tmp_path_factory.mktemp("use")
-    return {kind: (root / kind, trained_and_evaluated(data, ckpt, tiny_store, root / kind, cvae))
+    made = {kind: (root / kind, trained_and_evaluated(data, ckpt, tiny_store, root / kind, cvae))
             for kind, cvae in KINDS.items()}
+    made[READING] = (root / "reading", trained_and_evaluated(data, ckpt, tiny_store, root / "reading", CVAEConfig(),
+                                                             estep=EStepConfig(harden_from=0)))
+    return made
 
 
 @pytest.fixture(scope="module")
@@ -118,18 +127,28 @@ def test_sampling_is_seeded_and_a_high_temperature_differs_across_seeds(runs, ti
 
 
 def test_encode_rows_are_evals_posteriors_by_key(runs, tiny):
+    """Key by key; a run whose posterior reads the likelihood where q* is sure is passed b as eval took it (the
+    store's), since q* reads b; the others b from the run's own backbone, which q never reads."""
+    assert read_config(runs[READING][0]).likelihood_read(2) is not None
+    assert read_config(runs["discrete"][0]).likelihood_read(2) is None  # the starts not yet compared
     for kind, (run_dir, records) in runs.items():
-        result = encode(EncodeConfig(run=str(run_dir), data=str(tiny[0]), split="test", batch_size=32, device="cpu"))
+        policies = []
+        with pytest.MonkeyPatch.context() as mp:  # which b the pass reads: the store's where q* decides the read
+            mp.setattr(encode_module, "make_baseline", lambda policy, model: policies.append(policy) or
+                       make_baseline(policy, model))
+            result = encode(EncodeConfig(run=str(run_dir), data=str(tiny[0]), split="test", batch_size=32,
+                                         device="cpu"))
+        assert policies == ["precomputed" if kind == READING else "dynamic"]
         table = pq.read_table(run_dir / "posteriors-test.parquet").to_pylist()
         assert result["examples"] == len(table) == len(records.rows["key"]) == 128
         rows = {row["key"]: row for row in table}
         post = np.stack(records.rows["post"])
-        _, clusters = evaluate.split_clusters(post, CVAEConfig(latent=kind), 0)
+        _, clusters = evaluate.split_clusters(post, CVAEConfig(latent=kind.split(",")[0]), 0)
         for i, key in enumerate(records.rows["key"]):
             row = rows[key]
             assert row["split"] == "test" and row["strategy"] == records.rows["strategy"][i]
             assert row["latent"] == clusters[i] and row["kl"] == pytest.approx(records.rows["kl"][i], abs=1e-5)
-            if kind == "discrete":
+            if kind != "continuous":
                 np.testing.assert_allclose(row["q"], post[i], atol=1e-6)
                 assert row["latent"] == int(np.argmax(row["q"]))
             else:

@@ -10,8 +10,10 @@ One row per example the split's stream keeps, in stream order, with the columns:
   of the split's mu, seeded as eval seeds them, so it indexes the same values as eval's and generate's;
 - ``kl`` (nats): KL(q(z | x, y) || p(z | x)).
 
-The posteriors come from eval's pass (``validation.evaluate_pass``). A posterior reads x and y only, never b,
-so the pass takes b from the run's own backbone (policy dynamic): no store and no base checkpoint are read.
+The posteriors come from eval's pass (``validation.evaluate_pass``), with b as eval takes it where the posterior
+reads the likelihood on the examples the E-step is sure of (``cvae.posterior_likelihood``; q* reads b): the
+store, or the baseline checkpoint for a split the store lacks. A posterior that does not reads x and y only, and
+the pass takes b from the run's own backbone (policy dynamic): no store and no base checkpoint are read.
 Written to ``RUN/posteriors-<split>.parquet`` by default, where ``tokweight sql STORE --run RUN`` finds it.
 """
 
@@ -25,11 +27,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.ranks import resolve_device
 from tokweight.store.sql import POSTERIORS_FILE
 from tokweight.training.baselines import make_baseline
 from tokweight.training.data import StreamSpec, split_urls
-from tokweight.training.evaluate import split_clusters
+from tokweight.training.evaluate import eval_baseline, split_clusters
 from tokweight.training.losses import WeightingParams
 from tokweight.training.run_dir import load_run
 from tokweight.training.stream import EvalStream, loader
@@ -70,14 +73,19 @@ def load_trained(run: str, device: str):
 
 
 def posterior_pass(model, tcfg, meta: dict, vocab, data: str, split: str, batch_size: int) -> PassRecords:
-    """Eval's pass over the split (its records: post, logvar, kl, key, strategy), b from the run's own backbone."""
+    """Eval's pass over the split (its records: post, logvar, kl, key, strategy), b as eval takes it where q reads
+    it, else from the run's own backbone."""
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
-    scoring = Scoring(make_baseline("dynamic", None), tcfg.loss, params, tcfg.cvae, tcfg.optim.seed,
-                      tcfg.likelihood_read(meta["step"] - 1))
-    spec = StreamSpec(urls=split_urls(data, split), vocab=vocab, slots=tcfg.cvae.slots,
-                      block_size=model.backbone.cfg.block_size, batch_size=batch_size, root=data,
-                      on_bad_sample=tcfg.io.on_bad_sample)
+    urls, read = split_urls(data, split), tcfg.likelihood_read(meta["step"] - 1)
     device = next(model.parameters()).device
+    policy, store = "dynamic", None
+    if read is not None:
+        policy, store, _ = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, data, split)
+    base = (load_backbone(tcfg.io.baseline_source, device=device, template=vocab.template).model.eval()
+            if policy == "frozen" else None)
+    scoring = Scoring(make_baseline(policy, base), tcfg.loss, params, tcfg.cvae, tcfg.optim.seed, read)
+    spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
+                      batch_size=batch_size, store=store, root=data, on_bad_sample=tcfg.io.on_bad_sample)
     records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, device)
     model.eval()  # evaluate_pass hands the model back in train mode, for the training loop
     return records

@@ -135,8 +135,8 @@ def sample_outputs(samples, outputs, refs, assigned, hits, n: int = 8) -> list[d
     return rows
 
 
-def eval_baseline(policy: str, io: IOConfig, meta: dict, vocab, urls,
-                  cfg: EvalConfig) -> tuple[str, StoreRef | None, dict]:
+def eval_baseline(policy: str, io: IOConfig, meta: dict, vocab, urls, data: str,
+                  split: str) -> tuple[str, StoreRef | None, dict]:
     """(policy, store to join, what eval.json says of b): the run's own ``policy``, except that a split
     the store does not hold is scored by the baseline checkpoint (``frozen``), which gives what the
     store would hold (the store equals the frozen b to 1e-5)."""
@@ -146,8 +146,8 @@ def eval_baseline(policy: str, io: IOConfig, meta: dict, vocab, urls,
     missing = shards_without_rows(store.open(vocab), urls)
     if not missing:
         return "precomputed", store, {"policy": "precomputed", "store": io.store}
-    command = extract_command(io.baseline_source, cfg.data, io.store)
-    note = (f"{len(missing)} of {len(urls)} shards of split {cfg.split!r} (first {missing[0]}) have no rows in "
+    command = extract_command(io.baseline_source, data, io.store)
+    note = (f"{len(missing)} of {len(urls)} shards of split {split!r} (first {missing[0]}) have no rows in "
             f"store {io.store}: b computed by the baseline checkpoint {io.baseline_source} (policy frozen); "
             f"to store it instead: {command}")
     return "frozen", None, {"policy": "frozen", "reason": note, "extract_command": command}
@@ -157,7 +157,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     device = resolve_device(cfg.device)
     tcfg, model, vocab, meta = load_run(cfg.run, device)
     urls = split_urls(cfg.data, cfg.split)
-    policy, store, b_source = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, cfg)
+    policy, store, b_source = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, cfg.data, cfg.split)
     base = load_backbone(tcfg.io.baseline_source, device=device, template=vocab.template).model.eval()  # b (frozen) and the base decode
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
     scoring = Scoring(make_baseline(policy, base if policy == "frozen" else None), tcfg.loss, params, tcfg.cvae,
