@@ -11,10 +11,11 @@ prior p(k|x). The baseline (``baselines.py``) gives b_t, the z-free base model's
 
 The E-step is the exact minimiser of J over q for the current decoder (``estep.py``); the decoder copies learn
 from the examples assigned to them, the amortised posterior q is distilled to a, and the prior fits a through
-beta * KL. w_i = 1, except with a few labelled examples (``estep.labelled``): they carry a fixed share of the
-batch's fit (``estep.labelled_weight``) however few they are. The anchor term keeps every token within a margin
-of the base model's loss (``losses.anchor_penalty``). With the E-step off, J is the plain ELBO-style objective
-E_q[R] + beta KL(q || p).
+beta * KL. Once the hardening acts, q adds log p(y|x,k) = -sum_t l_t(k) to its head on the examples q* is sure of
+(``estep.LikelihoodRead``), before any of this reads it. w_i = 1, except with a few labelled examples
+(``estep.labelled``): they carry a fixed share of the batch's fit (``estep.labelled_weight``) however few they
+are. The anchor term keeps every token within a margin of the base model's loss (``losses.anchor_penalty``). With
+the E-step off, J is the plain ELBO-style objective E_q[R] + beta KL(q || p).
 
 Everything here is a pure function of tensors; the weightings are named objects in ``losses.WEIGHTINGS``.
 """
