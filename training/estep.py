@@ -97,10 +97,9 @@ def sure_rows(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: 
     """(B,) bool: the examples the E-step gives a one-hot, as ``assignment`` does before any balancing or label:
     every row of a hard step, else those whose q* gives one copy at least ``cfg.harden`` (none at 0)."""
     log_q, hard = step_posterior(R.detach(), log_prior, cfg, beta)
-    if hard:
-        return torch.ones(len(R), dtype=torch.bool, device=R.device)
-    return log_q.exp().max(-1).values >= cfg.harden if cfg.harden else torch.zeros(len(R), dtype=torch.bool,
-                                                                                      device=R.device)
+    if hard or not cfg.harden:
+        return torch.full((len(R),), hard, dtype=torch.bool, device=R.device)
+    return log_q.exp().max(-1).values >= cfg.harden
 
 
 @dataclass(frozen=True)
