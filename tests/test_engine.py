@@ -106,3 +106,30 @@ def test_a_named_optimizer_state_is_numbered_as_the_optimizer_numbers_it():
 def test_the_shard_field_is_checked(tiny, tmp_path):
     with pytest.raises(ValueError, match="shard must be 'ddp' or 'fsdp', got 'zero3'"):
         IOConfig(checkpoint=str(tiny[1]), data=str(tiny[0]), out=str(tmp_path), shard="zero3")
+
+
+BF16_PATHS = {  # every z pathway under both latents, full and LoRA, on the built-in GPT and a Llama
+    f"{latent}-{cond}-{tuning}": ("gpt", dict(io=dict(dtype="bfloat16"), cvae=CVAEConfig(latent=latent, cond=cond),
+                                              **(dict(lora=LoRAConfig(rank=4)) if tuning == "lora" else {})))
+    for latent in ("discrete", "continuous") for cond in ("query", "token", "prefix", "layernorm", "memory")
+    for tuning in ("full", "lora")
+} | {
+    f"llama-{latent}-{cond}": ("llama", dict(io=dict(dtype="bfloat16"), cvae=CVAEConfig(latent=latent, cond=cond)))
+    for latent in ("discrete", "continuous") for cond in ("query", "token", "prefix", "memory")
+}
+
+
+@pytest.mark.parametrize("name", list(BF16_PATHS))
+def test_a_bfloat16_step_runs_on_every_pathway(tiny, tiny_store, hf_checkpoints, tmp_path, name):
+    """Under bfloat16 autocast every z pathway trains for two steps with finite losses, the trainable parameters staying
+    float32 and every one of them getting a gradient."""
+    backbone, groups = BF16_PATHS[name]
+    ckpt, store = (tiny[1], tiny_store) if backbone == "gpt" else (hf_checkpoints[backbone], None)
+    cfg = path_config(tiny, store, ckpt, tmp_path / "run", dict(groups))
+    state = setup(cfg, Ranks())
+    batches = TrainStream(state.spec, 0, 1).batches(0)
+    for _ in range(2):
+        record = train_step(state, next(batches), cfg, logged=True)
+        assert torch.isfinite(torch.tensor(record["loss"]))
+    trainable = [p for p in state.model.parameters() if p.requires_grad]
+    assert trainable and all(p.dtype == torch.float32 and p.grad is not None for p in trainable)

@@ -129,7 +129,7 @@ class Conditioning(nn.Module):
             ids = ids.scatter(1, slot_pos, slot_ids[:, None].expand(N, M))
         elif self.writes_slots:
             emb = backbone.embed(ids)  # (N, L, d)
-            slot_emb = self.slot_proj(z).view(N, M, self.d_model)
+            slot_emb = self.slot_proj(z).view(N, M, self.d_model).to(emb.dtype)  # an autocast's output: emb's dtype
             kwargs["tok_emb"] = emb.scatter(1, slot_pos[..., None].expand(N, M, self.d_model), slot_emb)
         if self.ln_proj is not None:
             kwargs["ln_cond"] = self.ln_proj(z).view(N, self.n_layernorms, 2, self.d_model)
