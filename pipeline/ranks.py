@@ -78,6 +78,11 @@ class Ranks:
         self._dist.all_gather_object(out, obj)
         return out
 
+    def barrier(self) -> None:
+        """Wait until every rank is here (a job of one: return)."""
+        if self._dist is not None:
+            self._dist.barrier()
+
     def close(self) -> None:
         if self._dist is not None and self._owns_group:
             self._dist.barrier()  # without it two-rank runs sometimes ended in SIGABRT at exit (docs/reference.md)

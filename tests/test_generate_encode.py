@@ -111,6 +111,14 @@ def test_greedy_outputs_are_evals_decodes(confident_runs, two_regime, tmp_path, 
     assert min(len(y) for line in lines for y in line["outputs"]) >= 5  # sequences (y has 12 symbols), not a token
 
 
+def test_generate_stops_at_a_finite_length_by_default():
+    """A decode that never writes </y> stops at max_new_tokens, not at the end of a real model's 32k-131k context."""
+    default = GenerateConfig(run="r", input="i", out="o").max_new_tokens
+    assert isinstance(default, int) and 1 <= default <= 1024
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        GenerateConfig(run="r", input="i", out="o", max_new_tokens=0)
+
+
 def test_sampling_is_seeded_and_a_high_temperature_differs_across_seeds(runs, tiny, tmp_path):
     run_dir, _ = runs["discrete"]
     inputs = write_inputs(tmp_path / "in.jsonl", first_test_samples(tiny[0], 4), with_y=False)
@@ -122,7 +130,7 @@ def test_sampling_is_seeded_and_a_high_temperature_differs_across_seeds(runs, ti
 
     first, again, other = sample(0, "a.jsonl"), sample(0, "b.jsonl"), sample(1, "c.jsonl")
     assert first == again and first != other
-    assert all(len(outs) == 4 for outs in first)
+    assert all(len(outs) == 4 and all(len(y) <= 6 for y in outs) for outs in first)
     assert len({tuple(y) for outs in first for y in outs}) > 4  # near-uniform draws: the outputs vary
 
 

@@ -147,3 +147,29 @@ def test_a_job_says_once_what_trains_and_that_its_checkpoint_learnt_the_training
     err = capsys.readouterr().err
     assert err.count("parameters (") == 1 and err.count("has learnt the training lines") == 1
     assert "on the train split against" in err and "docs/own-task.md" in err
+
+
+def test_the_collective_timeout_covers_a_checkpoint_write_and_every_rank_waits_for_it(tiny, tmp_path, monkeypatch):
+    """The job's process group waits collective_timeout_s (30 min by default, not 2), and every checkpoint ends at a
+    barrier that every rank reaches after rank 0's write."""
+    import tokweight.training.train as train_module
+    from tokweight.pipeline.ranks import Ranks
+
+    assert IOConfig(checkpoint="c", data="d", out="o").collective_timeout_s >= 1800
+    with pytest.raises(ValueError, match="collective_timeout_s must be > 0"):
+        IOConfig(checkpoint="c", data="d", out="o", collective_timeout_s=0)
+    made, barriers = [], []
+
+    class Recorded(Ranks):
+        def __init__(self, timeout_s, backend):
+            made.append(timeout_s)
+            super().__init__(timeout_s, backend)
+
+        def barrier(self):
+            barriers.append(True)
+
+    monkeypatch.setattr(train_module, "Ranks", Recorded)
+    cfg = config(tiny, tmp_path / "run", steps=4)
+    run(replace(cfg, io=replace(cfg.io, collective_timeout_s=3600.0)))
+    assert made == [3600.0]
+    assert len(barriers) >= 2  # ckpt_every 2 over 4 steps: the checkpoints at steps 2 and 4

@@ -26,7 +26,7 @@ device_option = click.option("--device", default=None,
 @click.option("--temperature", type=float, default=None, help="0: greedy; > 0: sampling.  [default: 0]")
 @click.option("--seed", type=int, default=None, help="Seed of the sampling draws.  [default: 0]")
 @click.option("--max-new-tokens", type=int, default=None,
-              help="Tokens of y at most.  [default: what the backbone's context leaves]")
+              help="Tokens of y at most (fewer where the context ends first).  [default: 256]")
 @click.option("--data", type=DataSource(), default=None,
               help="Continuous latent: the dataset whose split's posterior means give the K centres, as eval.")
 @click.option("--split", default=None, help="Split of --data for the centres.  [default: test]")
@@ -39,9 +39,9 @@ def generate(run_dir, input_path, out, temperature, seed, max_new_tokens, data, 
 
     set_threads(threads)
     try:
-        result = run(GenerateConfig(run=run_dir, input=input_path, out=out, data=data, max_new_tokens=max_new_tokens,
+        result = run(GenerateConfig(run=run_dir, input=input_path, out=out, data=data,
                                     **given(temperature=temperature, seed=seed, split=split, batch_size=batch_size,
-                                            device=device)))
+                                            device=device, max_new_tokens=max_new_tokens)))
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     click.echo(json.dumps(result, indent=1))

@@ -84,20 +84,21 @@ class Checkpoint:
 
 
 def checkpoint(state: State, cfg, hooks: Hooks) -> None:
-    """RUN/checkpoint/ at the run's step: what a resumed run needs to go on as if never stopped."""
+    """RUN/checkpoint/ at the run's step: what a resumed run needs to go on as if never stopped. Rank 0 writes it;
+    every rank waits here until it is written, so no rank waits out the write inside the next step's collective."""
     main = state.global_batch.rank == 0
     rngs = state.ranks.gather(rng_states(state.device))  # a collective: every rank takes part
     if state.sharded or main:  # under FSDP a collective too
         tensors, opt_state = checkpoint_state(state.model, state.opt, state.sharded)
-    if not main:
-        return
-    progress = state.progress
-    meta = {"step": progress.step, **state.meta, "world": state.global_batch.world,
-            "convergence": progress.convergence.to_json(), "converged_at": progress.converged_at,
-            "metrics_bytes": metrics_size(cfg.io.out)}
-    rng = {f"{name}.{rank}": t for rank, states in enumerate(rngs) for name, t in states.items()}
-    save_checkpoint(cfg.io.out, tensors, opt_state, state.spec.vocab, meta, rng, hooks.before_write)
-    hooks.after_checkpoint(progress.step)
+    if main:
+        progress = state.progress
+        meta = {"step": progress.step, **state.meta, "world": state.global_batch.world,
+                "convergence": progress.convergence.to_json(), "converged_at": progress.converged_at,
+                "metrics_bytes": metrics_size(cfg.io.out)}
+        rng = {f"{name}.{rank}": t for rank, states in enumerate(rngs) for name, t in states.items()}
+        save_checkpoint(cfg.io.out, tensors, opt_state, state.spec.vocab, meta, rng, hooks.before_write)
+        hooks.after_checkpoint(progress.step)
+    state.ranks.barrier()
 
 
 def validate_run(state: State, cfg, examples: int | None = None) -> dict:

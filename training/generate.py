@@ -42,8 +42,9 @@ class GenerateConfig:
     """0: greedy; > 0: sampling from softmax(logits / temperature)."""
     seed: int = 0
     """Seeds the sampling draws (unused when greedy)."""
-    max_new_tokens: int | None = None
-    """Tokens of y at most, before </y>; None: as many as the backbone's context leaves."""
+    max_new_tokens: int = 256
+    """Tokens of y at most, before </y> (fewer where the backbone's context ends first): a line whose decode never
+    writes </y> stops here, not at the end of a real model's context."""
     data: str | None = None
     """Continuous latent only: the dataset whose split's posterior means give the K centres."""
     split: str = "test"
@@ -56,7 +57,7 @@ class GenerateConfig:
     def __post_init__(self):
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature}")
-        if self.batch_size < 1 or (self.max_new_tokens is not None and self.max_new_tokens < 1):
+        if self.batch_size < 1 or self.max_new_tokens < 1:
             raise ValueError("batch_size and max_new_tokens must be >= 1")
 
 

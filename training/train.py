@@ -339,7 +339,7 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
     ``optim.start_steps`` the starts are trained and compared first (``starts.py``), the best goes on,
     and ``start`` says which. ``hooks``: faults a test injects."""
     cfg.estep.check_harden(cfg.cvae.k)
-    ranks = Ranks(timeout_s=120.0, backend="nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo")
+    ranks = Ranks(timeout_s=cfg.io.collective_timeout_s, backend="nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo")
     try:
         if not (cfg.optim.starts > 1 and cfg.optim.steps > cfg.optim.start_steps):
             return train_to_end(setup(cfg, ranks), cfg, hooks)

@@ -66,6 +66,9 @@ class IOConfig:
     gradients are averaged (DistributedDataParallel); "fsdp", parameters, gradients and AdamW's state are
     sharded over the ranks per transformer block (FSDP2), for a backbone whose full fine-tune does not fit one
     GPU. A job of one process runs the model itself either way."""
+    collective_timeout_s: float = 1800.0
+    """Seconds a rank waits in a collective before the job is aborted. Rank 0 writes every checkpoint while the
+    others wait at a barrier: the timeout must cover the longest write (a multi-GB model on a slow disk)."""
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
@@ -74,6 +77,8 @@ class IOConfig:
             raise ValueError(f"shard must be 'ddp' or 'fsdp', got {self.shard!r}")
         if self.on_bad_sample not in ("error", "skip"):
             raise ValueError(f"on_bad_sample must be 'error' or 'skip', got {self.on_bad_sample!r}")
+        if not self.collective_timeout_s > 0:
+            raise ValueError(f"collective_timeout_s must be > 0, got {self.collective_timeout_s}")
         if self.lanes is not None and self.lanes < 1:
             raise ValueError(f"lanes must be >= 1 (or None: one per rank), got {self.lanes}")
         if min(self.num_workers, self.shuffle_buffer) < 0:
