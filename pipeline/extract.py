@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.checkpoint import Checkpoint
-from tokweight.pipeline.dtypes import FORWARD_DTYPES
+from tokweight.pipeline.dtypes import DTYPE_CHOICES, resolve_dtype
 from tokweight.pipeline.extract_plan import (Plan, Task, cross_shard_duplicates, later_occurrences, make_plan,
                                             run_inputs, skip_duplicates, url_duplicates, where)
 from tokweight.pipeline.extract_read import (PreparedShard, ShardBatches, encode, prepare_shard,  # noqa: F401
@@ -82,8 +82,9 @@ class ExtractConfig:
     device: str = "auto"
     """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"; under torchrun "cuda" (or "auto" on a
     machine with GPUs) means each rank's cuda:LOCAL_RANK."""
-    dtype: str = "float32"
-    """Dtype of the forward ("float32", "bfloat16", "float16"); the log-softmax is float32 whatever it is."""
+    dtype: str = "auto"
+    """Dtype of the forward ("float32", "bfloat16", "float16", or "auto": bfloat16 on CUDA, float32 elsewhere); the
+    log-softmax is float32 whatever it is. The manifest records the resolved one."""
     on_bad_sample: str = "error"
     """"error": stop at the first bad sample or truncated shard, naming shard and key;
     "skip": leave it out and count it per reason in the part entry and the manifest."""
@@ -109,8 +110,8 @@ class ExtractConfig:
             raise ValueError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
         if self.on_bad_sample not in POLICIES:
             raise ValueError(f"on_bad_sample must be one of {POLICIES}, got {self.on_bad_sample!r}")
-        if self.dtype not in FORWARD_DTYPES:
-            raise ValueError(f"dtype must be one of {FORWARD_DTYPES}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {self.dtype!r}")
         if self.lock_wait_s < 0:
             raise ValueError(f"lock_wait_s must be >= 0, got {self.lock_wait_s}")
 
@@ -457,6 +458,7 @@ def run(cfg: ExtractConfig) -> dict:
     """Extract (or finish extracting) the store for ``cfg.checkpoint`` over ``cfg.data``; returns a summary."""
     t_start = time.perf_counter()
     ranks = Ranks()
+    cfg = replace(cfg, dtype=resolve_dtype(cfg.dtype, ranks.device(cfg.device)))  # what the manifest records
     reader = None
     try:
         reader = start_reader(cfg)  # before the checkpoint loads: its start overlaps that

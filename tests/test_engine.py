@@ -122,14 +122,30 @@ BF16_PATHS = {  # every z pathway under both latents, full and LoRA, on the buil
 @pytest.mark.parametrize("name", list(BF16_PATHS))
 def test_a_bfloat16_step_runs_on_every_pathway(tiny, tiny_store, hf_checkpoints, tmp_path, name):
     """Under bfloat16 autocast every z pathway trains for two steps with finite losses, the trainable parameters staying
-    float32 and every one of them getting a gradient."""
+    float32 and every one of them getting a gradient; the weights that do not train (LoRA's backbone) held in
+    bfloat16."""
     backbone, groups = BF16_PATHS[name]
     ckpt, store = (tiny[1], tiny_store) if backbone == "gpt" else (hf_checkpoints[backbone], None)
     cfg = path_config(tiny, store, ckpt, tmp_path / "run", dict(groups))
     state = setup(cfg, Ranks())
+    frozen = [p for p in state.model.parameters() if not p.requires_grad]
+    assert bool(frozen) == name.endswith("lora") and all(p.dtype == torch.bfloat16 for p in frozen)
     batches = TrainStream(state.spec, 0, 1).batches(0)
     for _ in range(2):
         record = train_step(state, next(batches), cfg, logged=True)
         assert torch.isfinite(torch.tensor(record["loss"]))
     trainable = [p for p in state.model.parameters() if p.requires_grad]
     assert trainable and all(p.dtype == torch.float32 and p.grad is not None for p in trainable)
+
+
+def test_a_bfloat16_runs_frozen_baseline_is_a_bfloat16_copy(tiny, tiny_store, tmp_path):
+    """The frozen policy's copy of the baseline model is held in the forward's dtype, apart from the trained model."""
+    cfg = path_config(tiny, tiny_store, tiny[1], tmp_path / "run",
+                      dict(io=dict(dtype="bfloat16"), loss=LossConfig(policy="frozen", beta_warmup_steps=1)))
+    state = setup(cfg, Ranks())
+    copy = list(state.baseline.model.parameters())
+    assert copy and all(p.dtype == torch.bfloat16 and not p.requires_grad for p in copy)
+    trained = {p.data_ptr() for p in state.model.parameters()}
+    assert not trained & {p.data_ptr() for p in copy}
+    record = train_step(state, next(TrainStream(state.spec, 0, 1).batches(0)), cfg, logged=True)
+    assert torch.isfinite(torch.tensor(record["loss"]))

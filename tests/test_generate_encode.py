@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import torch
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -250,3 +251,32 @@ def test_a_tokenizer_run_on_string_data_generates_strings(two_regime, tmp_path):
         assert line["outputs"] == [out["y"] for out in evaluated[line["key"]]["outputs"]]
         assert all(y.endswith("e e e e e") for y in line["outputs"])  # the base model's certain suffix, as text
     assert listed["key"] is None and listed["outputs"] == [y.split() for y in texts[0]["outputs"]]
+
+
+@pytest.mark.parametrize("kind", ["discrete", "continuous"])
+def test_eval_generate_and_encode_run_in_bfloat16(runs, tiny, tmp_path, kind):
+    """--dtype bfloat16 loads the run's weights in bfloat16 and runs every pass in it: eval's verdict, encode's
+    posteriors (within bfloat16's precision of float32's) and generate's outputs, with nothing left in float32."""
+    import shutil
+
+    from tokweight.training.encode import load_trained
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs[kind][0], run_dir)  # eval writes eval.json into the run
+    _, model, _, _ = load_trained(str(run_dir), "cpu", "bfloat16")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    common = dict(run=str(run_dir), data=str(tiny[0]), split="test", device="cpu")
+    posteriors = {}
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / f"{dtype}.parquet"
+        encode(EncodeConfig(**common, out=str(out), dtype=dtype))
+        column = "q" if kind == "discrete" else "mu"
+        posteriors[dtype] = np.array([row[column] for row in pq.read_table(out).to_pylist()])
+    np.testing.assert_allclose(posteriors["bfloat16"], posteriors["float32"], atol=0.05)
+    evaluated = run_eval(EvalConfig(**common, decode_examples=DECODED, dtype="bfloat16"))
+    assert evaluated["config"]["dtype"] == "bfloat16" and evaluated["z_used"]["outcome"]
+    inputs = write_inputs(tmp_path / "in.jsonl", first_test_samples(tiny[0], 4), with_y=False)
+    result = generate(GenerateConfig(run=str(run_dir), input=str(inputs), out=str(tmp_path / "out.jsonl"),
+                                     max_new_tokens=6, device="cpu", dtype="bfloat16",
+                                     data=str(tiny[0]) if kind == "continuous" else None))
+    assert result["lines"] == 4 and all(len(line["outputs"]) == 4 for line in generated(tmp_path / "out.jsonl"))

@@ -17,6 +17,7 @@ from typing import Callable
 import click
 
 from tokweight.pipeline.data_option import DataSource
+from tokweight.pipeline.dtypes import TRAIN_DTYPES
 from tokweight.pipeline.threads import set_threads, threads_option
 
 
@@ -158,8 +159,12 @@ def own_help(text: str, field: str) -> Callable[[], str]:
 @click.option("--k", type=int, default=None, help="Your own task: latent values (default: the data's labels).")
 @click.option("--cond", default=None, cls=JobHelp, help_of=own_help("z pathway", "cond"))
 @click.option("--slots", type=int, default=None, cls=JobHelp, help_of=own_help("prefix slots", "slots"))
+@click.option("--dtype", type=click.Choice(TRAIN_DTYPES), default=None,
+              help="The forward's dtype in every cell's training and eval.  [default: auto, bfloat16 on CUDA, float32 "
+                   "elsewhere]")
 @threads_option
-def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs, threads, **own):
+def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs, threads, dtype,
+               **own):
     """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results.
     With --checkpoint and --data: the weightings compared on your own task and checkpoint."""
     from tokweight.experiments.artefacts import base_schedule, synthetic_task
@@ -178,7 +183,7 @@ def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, ba
             if base_steps is not None:
                 task = replace(task, base=replace(task.base, **base_schedule(base_steps)))
             cfg, run = job(out, quick, sweep, settings, refine, task, chosen)
-        run(with_flags(cfg, seeds, betas, jobs, cvae_steps), echo=click.echo, command=command)
+        run(with_flags(cfg, seeds, betas, jobs, cvae_steps, dtype), echo=click.echo, command=command)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
 
@@ -210,8 +215,10 @@ def job(out, quick, sweep, settings, refine, task, chosen: dict):
     return (grid.quick(cfg) if quick else cfg), grid.run
 
 
-def with_flags(cfg, seeds: str | None, betas: str | None, jobs: int | None, cvae_steps: int | None):
-    """``cfg`` with the seeds, betas, jobs and steps per cell that were given."""
+def with_flags(cfg, seeds: str | None, betas: str | None, jobs: int | None, cvae_steps: int | None,
+               dtype: str | None = None):
+    """``cfg`` with the seeds, betas, jobs, steps per cell and dtype that were given."""
     given = {"seeds": _ints(seeds), "betas": _floats(betas), "jobs": jobs}
     cfg = replace(cfg, **{k: v for k, v in given.items() if v is not None})
-    return cfg if cvae_steps is None else replace(cfg, budget=replace(cfg.budget, steps=cvae_steps))
+    budget = {k: v for k, v in {"steps": cvae_steps, "dtype": dtype}.items() if v is not None}
+    return replace(cfg, budget=replace(cfg.budget, **budget)) if budget else cfg

@@ -9,7 +9,7 @@ import json
 
 import click
 
-from tokweight.pipeline.dtypes import FORWARD_DTYPES
+from tokweight.pipeline.dtypes import DTYPE_CHOICES
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.store.formats import PARQUET, PART_FORMATS
 
@@ -25,8 +25,9 @@ from tokweight.store.formats import PARQUET, PART_FORMATS
 @click.option("--batch-tokens", type=int, default=16384, help="Computed tokens per forward batch.")
 @click.option("--device", default="auto", show_default=True,
               help="torch device: auto (CUDA when present), cpu, cuda or cuda:N.")
-@click.option("--dtype", type=click.Choice(FORWARD_DTYPES), default="float32",
-              help="Dtype of the forward; the log-softmax is float32 whatever it is.")
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="auto",
+              help="Dtype of the forward (auto: bfloat16 on CUDA, float32 elsewhere); the log-softmax is float32 "
+                   "whatever it is.")
 @click.option("--template", default="tokweight", show_default=True,
               help="The checkpoint's format: tokweight (the built-in template), chat (the tokenizer's own chat "
                    "template: x the user turn, y the assistant turn) or FILE, a JSON string template "

@@ -13,6 +13,7 @@ import click
 from tokweight.sql_cli import estimator_options, exact_quantiles_option, fingerprint_option, store_argument
 from tokweight.pipeline.data_option import DataSource
 from tokweight.pipeline.threads import set_threads, threads_option
+from tokweight.use_cli import dtype_option
 from tokweight.train_cli import echo_skips, given
 
 
@@ -45,8 +46,9 @@ def inspect_cmd(store, out, data, fingerprints, q, tau, eps, exact_quantiles):
 @click.option("--split", default="test")
 @click.option("--decode-examples", type=int, default=256)
 @click.option("--device", default=None, help="auto (CUDA when present), cpu, cuda or cuda:N.  [default: auto]")
+@dtype_option
 @threads_option
-def evaluate(run_dir, data, split, decode_examples, device, threads):
+def evaluate(run_dir, data, split, decode_examples, device, dtype, threads):
     """All metrics on a split plus decode-per-latent -> RUN/eval.json and RUN/eval.md."""
     from tokweight.report.eval_md import write_eval_md
     from tokweight.training.evaluate import EvalConfig, run_eval
@@ -54,7 +56,7 @@ def evaluate(run_dir, data, split, decode_examples, device, threads):
     set_threads(threads)
     try:
         result = run_eval(EvalConfig(run=run_dir, data=data, split=split, decode_examples=decode_examples,
-                                     **given(device=device)))
+                                     **given(device=device, dtype=dtype)))
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     if "reason" in result["baseline"]:

@@ -12,6 +12,7 @@ import click
 from tokweight.flags import Flag, fields_set, options
 from tokweight.pipeline.data_option import DataSource
 from tokweight.pipeline.threads import set_threads, threads_option
+from tokweight.pipeline.dtypes import TRAIN_DTYPES
 from tokweight.training.baselines import POLICIES
 from tokweight.training.configs import COND_MODES, LATENTS
 from tokweight.training.losses import WEIGHTINGS
@@ -74,8 +75,8 @@ FLAGS = (
     Flag("--log-every", "log.log_every", "Steps between metrics lines."),
     Flag("--ckpt-every", "log.ckpt_every", "Steps between checkpoints."),
     Flag("--device", "io.device", "auto (CUDA when present), cpu, cuda or cuda:N."),
-    Flag("--dtype", "io.dtype", "The training forward's precision (bfloat16: autocast, for large models on a GPU).",
-         choices=("float32", "bfloat16")),
+    Flag("--dtype", "io.dtype", "The forward's precision: auto (bfloat16 on CUDA, float32 elsewhere), float32 or "
+         "bfloat16 (autocast; trained parameters float32, frozen weights held in bfloat16).", choices=TRAIN_DTYPES),
     Flag("--grad-checkpointing", "io.grad_checkpointing",
          "Recompute activations in the backward instead of keeping them: less memory, more time."),
     Flag("--shard", "io.shard",

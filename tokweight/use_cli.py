@@ -8,6 +8,7 @@ import json
 import click
 
 from tokweight.pipeline.data_option import DataSource
+from tokweight.pipeline.dtypes import DTYPE_CHOICES
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.train_cli import echo_skips, given
 
@@ -15,6 +16,9 @@ run_option = click.option("--run", "run_dir", type=click.Path(exists=True, file_
                           help="The train run directory (its checkpoint/).")
 device_option = click.option("--device", default=None,
                              help="auto (CUDA when present), cpu, cuda or cuda:N.  [default: auto]")
+dtype_option = click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default=None,
+                            help="The weights' and the forward's dtype; the log-softmax and the posterior run in "
+                                 "float32.  [default: auto, bfloat16 on CUDA, float32 elsewhere]")
 
 
 @click.command("generate")
@@ -32,8 +36,10 @@ device_option = click.option("--device", default=None,
 @click.option("--split", default=None, help="Split of --data for the centres.  [default: test]")
 @click.option("--batch-size", type=int, default=None, help="Input lines decoded together.  [default: 64]")
 @device_option
+@dtype_option
 @threads_option
-def generate(run_dir, input_path, out, temperature, seed, max_new_tokens, data, split, batch_size, device, threads):
+def generate(run_dir, input_path, out, temperature, seed, max_new_tokens, data, split, batch_size, device, dtype,
+             threads):
     """One output per latent value for every input line (greedy, or sampled at --temperature)."""
     from tokweight.training.generate import GenerateConfig, run
 
@@ -41,7 +47,7 @@ def generate(run_dir, input_path, out, temperature, seed, max_new_tokens, data, 
     try:
         result = run(GenerateConfig(run=run_dir, input=input_path, out=out, data=data,
                                     **given(temperature=temperature, seed=seed, split=split, batch_size=batch_size,
-                                            device=device, max_new_tokens=max_new_tokens)))
+                                            device=device, dtype=dtype, max_new_tokens=max_new_tokens)))
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     click.echo(json.dumps(result, indent=1))
@@ -56,15 +62,16 @@ def generate(run_dir, input_path, out, temperature, seed, max_new_tokens, data, 
                    "`tokweight sql STORE --run RUN`]")
 @click.option("--batch-size", type=int, default=None, help="[default: 128]")
 @device_option
+@dtype_option
 @threads_option
-def encode(run_dir, data, split, out, batch_size, device, threads):
+def encode(run_dir, data, split, out, batch_size, device, dtype, threads):
     """Every example's posterior over a split (q, or mu and sigma; its latent value) -> a Parquet file."""
     from tokweight.training.encode import EncodeConfig, run
 
     set_threads(threads)
     try:
         result = run(EncodeConfig(run=run_dir, data=data, out=out,
-                                  **given(split=split, batch_size=batch_size, device=device)))
+                                  **given(split=split, batch_size=batch_size, device=device, dtype=dtype)))
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     echo_skips(result)

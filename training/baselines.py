@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
+import torch.nn as nn
 
 from tokweight.pipeline.backbone import s_nll
 
@@ -35,10 +36,21 @@ def dynamic(batch: TrainBatch, out: CVAEOutput) -> torch.Tensor:
 
 
 class Frozen:
-    """b from a frozen copy of the baseline model (no gradients, eval mode)."""
+    """b from a frozen baseline model, read in eval mode without gradients: a copy of ``model`` with its weights copied
+    straight to ``device`` in ``dtype`` (the forward's: a bfloat16 run holds the copy in bfloat16), the original left
+    as it is; or (``Frozen.loaded``) a model loaded for this alone, held as it is."""
 
-    def __init__(self, model):
-        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+    def __init__(self, model, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        weights = {id(p): nn.Parameter(p.detach().to(device, dtype, copy=True), requires_grad=False)
+                   for p in model.parameters()}  # deepcopy takes these for the parameters: no full-size detour
+        self.model = copy.deepcopy(model, memo=weights).to(device).eval()
+
+    @classmethod
+    def loaded(cls, model) -> Frozen:
+        """``model`` itself, no copy (eval's and encode's baseline checkpoint, which nothing trains)."""
+        frozen = cls.__new__(cls)
+        frozen.model = model.eval().requires_grad_(False)
+        return frozen
 
     def __call__(self, batch: TrainBatch, out: CVAEOutput | None = None) -> torch.Tensor:
         with torch.no_grad():
@@ -71,10 +83,10 @@ class AdaptersOff:
             self.backbone.train(training)
 
 
-def frozen(model) -> Frozen:
+def frozen(model, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Frozen:
     if model is None:
         raise ValueError("policy 'frozen' needs the baseline model")
-    return Frozen(model)
+    return Frozen(model, device, dtype)
 
 
 @dataclass(frozen=True)
@@ -82,20 +94,22 @@ class Policy:
     """Where b comes from, and what that needs: ``make(baseline model or None)`` -> the step's ``Baseline``."""
 
     name: str
-    make: Callable[[torch.nn.Module | None], Baseline]
+    make: Callable[..., Baseline]  # (baseline model or None, device, dtype) -> the step's Baseline
     needs_store: bool = False  # b is the store's row, joined into the batch by the data stream
     frozen_model: bool = False  # a frozen copy of the baseline model runs one extra z-free pass a step
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
-    Policy("precomputed", lambda model: precomputed, needs_store=True),
+    Policy("precomputed", lambda *_: precomputed, needs_store=True),
     Policy("frozen", frozen, frozen_model=True),
-    Policy("dynamic", lambda model: dynamic),
+    Policy("dynamic", lambda *_: dynamic),
 )}
 """Every policy by name: the names ``LossConfig.policy`` accepts."""
 
 
-def make_baseline(policy: str, baseline_model) -> Baseline:
+def make_baseline(policy: str, baseline_model, device: torch.device | str = "cpu",
+                  dtype: torch.dtype = torch.float32) -> Baseline:
+    """The step's ``Baseline`` for ``policy``; a frozen model's copy on ``device`` in ``dtype``."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {policy!r}")
-    return POLICIES[policy].make(baseline_model)
+    return POLICIES[policy].make(baseline_model, device, dtype)

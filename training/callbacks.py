@@ -15,6 +15,7 @@ from tokweight.training.convergence import converged, observe, val_mi, val_objec
 from tokweight.training.data import split_urls
 from tokweight.training.engine import checkpoint_state
 from tokweight.training.faults import Hooks
+from tokweight.training.precision import autocast
 from tokweight.training.run_dir import append_metrics, metrics_size, save_checkpoint
 from tokweight.training.state import State, rng_states
 from tokweight.training.validation import Scoring, validate
@@ -107,8 +108,9 @@ def validate_run(state: State, cfg, examples: int | None = None) -> dict:
                       cfg.likelihood_read(state.progress.step - 1))  # q as the last step read it
     spec = replace(state.spec, urls=split_urls(cfg.io.data, "val"), batch_size=cfg.log.eval_batch_size)
     ranks = state.global_batch
-    metrics = validate(state.model, scoring, spec, split="val", step=state.progress.step, world=ranks.world,
-                       device=state.device, log=Path(cfg.io.out) if ranks.rank == 0 else None, examples=examples,
-                       sharded=state.sharded)
+    with autocast(cfg.io.dtype, state.device):  # in the forward's dtype, as the run trains
+        metrics = validate(state.model, scoring, spec, split="val", step=state.progress.step, world=ranks.world,
+                           device=state.device, log=Path(cfg.io.out) if ranks.rank == 0 else None,
+                           examples=examples, sharded=state.sharded)
     state.progress.skips.merge(metrics.get("skipped_shards", {}))
     return metrics

@@ -28,9 +28,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokweight.pipeline.backbone import load_backbone
+from tokweight.pipeline.dtypes import resolve_dtype
 from tokweight.pipeline.ranks import resolve_device
 from tokweight.store.sql import POSTERIORS_FILE
-from tokweight.training.baselines import make_baseline
+from tokweight.training.baselines import Frozen, make_baseline
 from tokweight.training.data import StreamSpec, split_urls
 from tokweight.training.evaluate import eval_baseline, split_clusters
 from tokweight.training.losses import WeightingParams
@@ -53,8 +54,12 @@ class EncodeConfig:
     """Examples per forward batch."""
     device: str = "auto"
     """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
+    dtype: str = "auto"
+    """The weights' and the forward's dtype: "float32", "bfloat16", "float16", or "auto" (bfloat16 on CUDA, float32
+    elsewhere); the log-softmax and the posterior run in float32 whatever it is."""
 
     def __post_init__(self):
+        resolve_dtype(self.dtype, "cpu")  # refuses an unknown name
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
@@ -63,10 +68,12 @@ class EncodeConfig:
         return Path(self.out) if self.out else Path(self.run) / POSTERIORS_FILE.format(split=self.split)
 
 
-def load_trained(run: str, device: str):
-    """``load_run``'s (config, model, vocab, state) with a missing checkpoint said as what to do."""
+def load_trained(run: str, device: str, dtype: str = "float32"):
+    """``load_run``'s (config, model, vocab, state) on ``device`` in ``dtype`` ("auto" resolved there), with a missing
+    checkpoint said as what to do."""
+    device = resolve_device(device)
     try:
-        return load_run(run, resolve_device(device))
+        return load_run(run, device, resolve_dtype(dtype, device))
     except FileNotFoundError as e:
         raise ValueError(f"{e}; train one with `tokweight train --out {run}` (a run writes RUN/checkpoint/ "
                          "every --ckpt-every steps and at its end)") from None
@@ -81,9 +88,11 @@ def posterior_pass(model, tcfg, meta: dict, vocab, data: str, split: str, batch_
     policy, store = "dynamic", None
     if read is not None:
         policy, store, _ = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, data, split)
-    base = (load_backbone(tcfg.io.baseline_source, device=device, template=vocab.template).model.eval()
-            if policy == "frozen" else None)
-    scoring = Scoring(make_baseline(policy, base), tcfg.loss, params, tcfg.cvae, tcfg.optim.seed, read)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")  # the base in the run model's dtype
+    baseline = (Frozen.loaded(load_backbone(tcfg.io.baseline_source, device=device, dtype=dtype,
+                                            template=vocab.template).model)
+                if policy == "frozen" else make_baseline(policy, None))
+    scoring = Scoring(baseline, tcfg.loss, params, tcfg.cvae, tcfg.optim.seed, read)
     spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
                       batch_size=batch_size, store=store, root=data, on_bad_sample=tcfg.io.on_bad_sample)
     records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, device)
@@ -118,7 +127,7 @@ def write_table(table: pa.Table, path: Path) -> None:
 
 
 def run(cfg: EncodeConfig) -> dict:
-    tcfg, model, vocab, meta = load_trained(cfg.run, cfg.device)
+    tcfg, model, vocab, meta = load_trained(cfg.run, cfg.device, cfg.dtype)
     records = posterior_pass(model, tcfg, meta, vocab, cfg.data, cfg.split, cfg.batch_size)
     if not records.rows["key"]:
         raise ValueError(f"split {cfg.split!r} of {cfg.data} has no example the stream keeps: nothing to encode")

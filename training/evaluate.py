@@ -35,10 +35,11 @@ import torch
 
 from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.labels import DatasetLabels, load_labels
+from tokweight.pipeline.dtypes import resolve_dtype
 from tokweight.pipeline.ranks import resolve_device
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.templates import template_ids, y_ids
-from tokweight.training.baselines import make_baseline
+from tokweight.training.baselines import Frozen, make_baseline
 from tokweight.training.losses import WeightingParams
 from tokweight.training.control import (label_free_control, likelihood_control, reference_control,
                                         reproduction_by_label, strategy_execution, value_report, z_use)
@@ -66,8 +67,12 @@ class EvalConfig:
     """Examples decoded per latent value (the first ones of the split)."""
     device: str = "auto"
     """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
+    dtype: str = "auto"
+    """The weights' and the forward's dtype (the run's model and the base model): "float32", "bfloat16", "float16", or
+    "auto" (bfloat16 on CUDA, float32 elsewhere); the log-softmax and the posterior run in float32 whatever it is."""
 
     def __post_init__(self):
+        resolve_dtype(self.dtype, "cpu")  # refuses an unknown name
         if self.batch_size < 1 or self.decode_examples < 0:
             raise ValueError("batch_size must be >= 1 and decode_examples >= 0")
 
@@ -155,13 +160,15 @@ def eval_baseline(policy: str, io: IOConfig, meta: dict, vocab, urls, data: str,
 
 def run_eval(cfg: EvalConfig) -> dict:
     device = resolve_device(cfg.device)
-    tcfg, model, vocab, meta = load_run(cfg.run, device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    tcfg, model, vocab, meta = load_run(cfg.run, device, dtype)
     urls = split_urls(cfg.data, cfg.split)
     policy, store, b_source = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, cfg.data, cfg.split)
-    base = load_backbone(tcfg.io.baseline_source, device=device, template=vocab.template).model.eval()  # b (frozen) and the base decode
+    base = load_backbone(tcfg.io.baseline_source, device=device, dtype=dtype,  # b (frozen) and the base decode
+                         template=vocab.template).model.eval()
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
-    scoring = Scoring(make_baseline(policy, base if policy == "frozen" else None), tcfg.loss, params, tcfg.cvae,
-                      tcfg.optim.seed, tcfg.likelihood_read(meta["step"] - 1))
+    scoring = Scoring(Frozen.loaded(base) if policy == "frozen" else make_baseline(policy, None), tcfg.loss, params,
+                      tcfg.cvae, tcfg.optim.seed, tcfg.likelihood_read(meta["step"] - 1))
     spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
                       batch_size=cfg.batch_size, store=store, root=cfg.data, on_bad_sample=tcfg.io.on_bad_sample)
     records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, torch.device(device))

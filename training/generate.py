@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokweight.pipeline.dtypes import resolve_dtype
 from tokweight.pipeline.errors import SampleError
 from tokweight.training.decode import Prompt, decode_ids, latent_values, picker, prompt_maker
 from tokweight.training.encode import load_trained, posterior_pass
@@ -53,8 +54,12 @@ class GenerateConfig:
     """Input lines decoded together (each as K rows); also the batch of the centres' pass."""
     device: str = "auto"
     """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
+    dtype: str = "auto"
+    """The weights' and the forward's dtype: "float32", "bfloat16", "float16", or "auto" (bfloat16 on CUDA, float32
+    elsewhere); the log-softmax runs in float32 whatever it is."""
 
     def __post_init__(self):
+        resolve_dtype(self.dtype, "cpu")  # refuses an unknown name
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature}")
         if self.batch_size < 1 or self.max_new_tokens < 1:
@@ -159,7 +164,7 @@ def output_lines(model, vocab, lines, prompts, z, slot_ids, cfg: GenerateConfig)
 
 def run(cfg: GenerateConfig) -> dict:
     lines = read_inputs(cfg.input)  # every line checked before the model is loaded
-    tcfg, model, vocab, meta = load_trained(cfg.run, cfg.device)
+    tcfg, model, vocab, meta = load_trained(cfg.run, cfg.device, cfg.dtype)
     prompts = line_prompts(lines, vocab, model.conditioning.slots, model.backbone.cfg.block_size, cfg.input, cfg.run)
     z, slot_ids, source = decode_points(model, tcfg, meta, vocab, cfg)
     out = Path(cfg.out)

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tokweight.pipeline.backbone import load_backbone
+from tokweight.pipeline.dtypes import torch_dtype
 from tokweight.pipeline.model import GPT, ModelConfig
 from tokweight.pipeline.templates import Template
 from tokweight.pipeline.vocab import Vocab, load_vocab
@@ -207,8 +208,9 @@ def read_optimizer(path: Path, param_groups: list) -> dict:
     return {"state": nested, "param_groups": param_groups}
 
 
-def load_run(run: str | Path, device: str = "cpu") -> tuple[TrainConfig, CVAE, Vocab, dict]:
-    """(config, model in eval mode, vocabulary, checkpoint state.json) of a run directory."""
+def load_run(run: str | Path, device: str = "cpu", dtype: str = "float32") -> tuple[TrainConfig, CVAE, Vocab, dict]:
+    """(config, model in eval mode on ``device`` with its weights in ``dtype``, vocabulary, checkpoint state.json) of
+    a run directory."""
     run = Path(run)
     if not (run / "checkpoint" / "state.json").is_file():
         raise FileNotFoundError(f"{run}: no checkpoint/state.json (not a tokweight train run, or not started)")
@@ -220,7 +222,7 @@ def load_run(run: str | Path, device: str = "cpu") -> tuple[TrainConfig, CVAE, V
     if cfg.lora.rank:
         attach_lora(model.backbone, cfg.lora.rank, latent_row_ids(vocab, cvae), cfg.optim.seed)
     load_trained_state(model, run / "checkpoint" / "model.safetensors")
-    return cfg, model.to(device).eval(), vocab, meta
+    return cfg, model.to(device, torch_dtype(dtype)).eval(), vocab, meta
 
 
 def run_backbone(run: Path, cfg: TrainConfig, meta: dict, cvae: CVAEConfig):

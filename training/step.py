@@ -19,6 +19,7 @@ from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.losses import WeightingParams, example_kl, reconstruction_weights, weighted_reconstruction
 from tokweight.training.metrics import entropy, informative_token_spread, posterior_gradient_norms
 from tokweight.training.objective import Terms, step_loss
+from tokweight.training.precision import autocast
 from tokweight.training.schedules import lr_at
 from tokweight.training.state import State
 
@@ -35,7 +36,7 @@ def train_step(state: State, batch: TrainBatch, cfg, logged: bool) -> dict | Non
     on a logged step, else None. ``cfg``: the run's TrainConfig."""
     progress = state.progress
     lr = lr_at(cfg.optim.lr, progress.step, progress.decay_window(cfg.optim.steps, cfg.optim.lr_decay))
-    with torch.autocast(state.device.type, dtype=torch.bfloat16, enabled=cfg.io.dtype == "bfloat16"):
+    with autocast(cfg.io.dtype, state.device):
         out, b, terms = step_terms(state, batch, cfg)
     every = cfg.log.grad_diag_every
     record = diagnostics(state, batch, out, b, terms, lr, bool(every and progress.step % every == 0)) if logged else None

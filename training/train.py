@@ -53,6 +53,7 @@ from tokweight.training.engine import build_device, is_sharded, load_optimizer_s
 from tokweight.training.faults import NO_HOOKS, Hooks
 from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
+from tokweight.training.precision import forward_dtype, hold_frozen
 from tokweight.training.losses import WEIGHTINGS, WeightingParams
 from tokweight.training.run_dir import append_metrics, committed_checkpoint, resume, write_config
 from tokweight.training.starts import compare_starts, continued, read_starts, seeded, start_dir
@@ -86,12 +87,15 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
     adapters_on_base = cfg.lora.rank > 0 and base is init and policy.frozen_model
     # the frozen copy, taken before any re-init; with adapters on the baseline checkpoint, that checkpoint is
     # the trained backbone with its adapters off (AdaptersOff, below)
-    baseline = None if adapters_on_base else make_baseline(cfg.loss.policy, base.model.to(device)
-                                                           if policy.frozen_model else base.model)
+    lower = forward_dtype(cfg.io.dtype, device)
+    baseline = None if adapters_on_base else make_baseline(cfg.loss.policy, base.model if policy.frozen_model
+                                                           else None, device, lower)
     vocab = add_latent_tokens(init.model, init.vocab, latent_tokens_needed(cfg.cvae))  # the trainable copy's
-    model = build_cvae(init.model.train(), vocab, cfg.cvae).to(home)
+    model = build_cvae(init.model.train(), vocab, cfg.cvae)
     adapters = (attach_lora(model.backbone, cfg.lora.rank, latent_row_ids(vocab, cfg.cvae), cfg.optim.seed)
                 if cfg.lora.rank else None)
+    hold_frozen(model, lower)  # a LoRA run's frozen backbone in the forward's dtype, before it reaches the device
+    model.to(home)
     if adapters_on_base:
         baseline = AdaptersOff(model.backbone, adapters, base_vocab_size)
     if cfg.io.grad_checkpointing:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from tokweight.pipeline.dtypes import TRAIN_DTYPES
 from tokweight.training.baselines import POLICIES
 from tokweight.training.configs import CVAEConfig, EStepConfig, LoRAConfig, check_free_bits
 from tokweight.training.convergence import StopRule
@@ -52,9 +53,10 @@ class IOConfig:
     device: str = "auto"
     """torch device of the model: "auto" (CUDA when present, else CPU), "cpu", "cuda", "cuda:N"; "cuda"
     under torchrun is cuda:LOCAL_RANK on each rank."""
-    dtype: str = "float32"
-    """The training forward's precision: "float32", or "bfloat16" autocast (parameters, optimizer state and
-    the head's log-softmax stay float32; for large backbones on a GPU)."""
+    dtype: str = "auto"
+    """The forward's precision: "bfloat16" (autocast; the trained parameters, their gradients and AdamW's state stay
+    float32, the frozen weights are held in bfloat16, the log-softmax and every loss run in float32), "float32", or
+    "auto": bfloat16 on CUDA, float32 elsewhere (``training/precision.py``)."""
     grad_checkpointing: bool = False
     """Recompute the backbone's activations in the backward instead of keeping them: less memory, about one
     more forward of time (a Hugging Face backbone then runs the K + 1 passes whole, without the shared prefix)."""
@@ -71,8 +73,8 @@ class IOConfig:
     others wait at a barrier: the timeout must cover the longest write (a multi-GB model on a slow disk)."""
 
     def __post_init__(self):
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.dtype not in TRAIN_DTYPES:
+            raise ValueError(f"dtype must be one of {TRAIN_DTYPES}, got {self.dtype!r}")
         if self.shard not in SHARDS:
             raise ValueError(f"shard must be 'ddp' or 'fsdp', got {self.shard!r}")
         if self.on_bad_sample not in ("error", "skip"):

@@ -22,7 +22,7 @@ from tokweight.store.lock import StoreLock
 from tokweight.training.control import OUTCOMES
 from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, key_of, read_json
 from tokweight.experiments.recipes import with_recipe
-from tokweight.training.train_config import LossConfig, OptimConfig
+from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig
 
 METRICS = ("mi", "strategy_mi", "kl", "strategy_nmi", "control_accuracy", "recon_uniform", "recon", "active_units")
 """Per-cell numbers: mi (exact, discrete only), strategy_mi (exact I(z; strategy), discrete only), kl,
@@ -61,6 +61,8 @@ class CellBudget:
     """Test examples decoded per latent value for the control accuracy."""
     beta_warmup_steps: int = LossConfig.beta_warmup_steps
     """> 0: beta rises linearly from 0 to the cell's beta over this many steps; 0: constant beta."""
+    dtype: str = IOConfig.dtype
+    """The forward's dtype in training and eval (train's ``--dtype``: "auto" is bfloat16 on CUDA, float32 elsewhere)."""
 
     def __post_init__(self):
         if min(self.steps, self.batch_size) < 1 or self.decode_examples < 1 or not self.lr > 0:
@@ -141,7 +143,7 @@ def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
     b = plan.budget
     cfg = TrainConfig(
         io=IOConfig(checkpoint=str(prep.base), data=str(prep.data), store=str(prep.store), out=str(run_dir),
-                    num_workers=0),
+                    num_workers=0, dtype=b.dtype),
         cvae=CVAEConfig(latent=cell.latent, k=plan.k, cond=cell.cond,
                         slots=plan.prefix_slots if cell.cond == "prefix" else 1),
         loss=LossConfig(weighting=cell.weighting, policy="precomputed", beta=cell.beta,
@@ -220,7 +222,7 @@ def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
     start = time.perf_counter()
     trained = train(tcfg)  # refuses a run directory trained from another checkpoint
     evaluated = run_eval(EvalConfig(run=tcfg.io.out, data=str(prep.data), split="test",
-                                    decode_examples=decode_examples))
+                                    decode_examples=decode_examples, dtype=tcfg.io.dtype))
     metrics, free = evaluated["metrics"], evaluated["decode"].get("label_free", {})
     reference = evaluated["decode"].get("reference", {})
     stop = trained.get("stop", {}).get("reason")
