@@ -36,8 +36,9 @@ def is_native_checkpoint(path: Path) -> bool:
 
 
 def load_backbone(path: str | Path, *, device: str | torch.device = "cpu", dtype: str = "float32",
-                  template: Template = TOKWEIGHT) -> Checkpoint:
-    """The checkpoint at ``path`` in eval mode, its weights cast to ``dtype`` for the forward."""
+                  template: Template = TOKWEIGHT, weights: bool = True) -> Checkpoint:
+    """The checkpoint at ``path`` in eval mode, its weights cast to ``dtype`` for the forward; ``weights`` False: its
+    shape alone, on the meta device (an FSDP rank that receives its shard from rank 0), fingerprint unverified."""
     path = Path(path)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -45,11 +46,11 @@ def load_backbone(path: str | Path, *, device: str | torch.device = "cpu", dtype
         if not template.builtin:
             raise ValueError(f"{path}: a tokweight checkpoint has a symbol vocabulary and no tokenizer to render a "
                              f"{template.kind} template; leave out --template (the built-in one)")
-        ckpt = load_checkpoint(path, device=device)
+        ckpt = load_checkpoint(path, device=device, weights=weights)
         ckpt.model.to(DTYPES[dtype])
         return ckpt
     if is_hf_checkpoint(path):
-        model, vocab, fingerprint = load_hf(path, device=device, dtype=dtype, template=template)
+        model, vocab, fingerprint = load_hf(path, device=device, dtype=dtype, template=template, weights=weights)
         return Checkpoint(model, vocab, fingerprint, path, {"kind": "huggingface", "dtype": dtype})
     raise FileNotFoundError(f"{path}: neither a tokweight checkpoint ({', '.join(NATIVE_FILES)}) nor a Hugging Face "
                             "model directory (config.json with model_type, *.safetensors, tokenizer files)")

@@ -47,7 +47,9 @@ def save_checkpoint(out: str | Path, model: GPT, vocab: Vocab, meta: dict | None
     return fp
 
 
-def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu") -> Checkpoint:
+def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu", weights: bool = True) -> Checkpoint:
+    """The checkpoint at ``path``, its fingerprint verified; ``weights`` False: the model's shape alone, on the meta
+    device, nothing read but its config and vocabulary (the recorded fingerprint, unverified)."""
     path = Path(path)
     for name in ("model.safetensors", "config.json", "vocab.json", "fingerprint.json"):
         if not (path / name).is_file():
@@ -57,9 +59,12 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu") -> 
     vocab = Vocab.load(path / "vocab.json")
     if cfg.vocab_size != len(vocab):
         raise ValueError(f"{path}: config vocab_size {cfg.vocab_size} != {len(vocab)} tokens in vocab.json")
+    recorded = json.loads((path / "fingerprint.json").read_text())
+    if not weights:
+        with torch.device("meta"):
+            return Checkpoint(GPT(cfg).eval(), vocab, recorded.get("fingerprint"), path, meta)
     model = GPT(cfg)
     model.load_state_dict(load_file(path / "model.safetensors"))
-    recorded = json.loads((path / "fingerprint.json").read_text())
     fp = model_fingerprint(model, vocab)
     if recorded.get("fingerprint") != fp:
         raise ValueError(f"{path}: fingerprint.json says {recorded.get('fingerprint')} but the files hash to {fp}; "

@@ -535,8 +535,9 @@ def _hashed(header: bytes, files: tuple[tuple[str, int, int], ...]) -> str:
 
 
 def load_hf(path: str | Path, *, device: str | torch.device = "cpu", dtype: str = "float32",
-            template: Template = TOKWEIGHT):
-    """(HFBackbone in eval mode, TokenizerVocab, fingerprint) of a local HF directory in ``template``; no hub access."""
+            template: Template = TOKWEIGHT, weights: bool = True):
+    """(HFBackbone in eval mode, TokenizerVocab, fingerprint) of a local HF directory in ``template``; no hub access.
+    ``weights`` False: the model's shape alone, on the meta device, and no fingerprint (no weight file read)."""
     path = Path(path)
     weight_files(path)
     config = json.loads((path / "config.json").read_text())
@@ -550,6 +551,11 @@ def load_hf(path: str | Path, *, device: str | torch.device = "cpu", dtype: str 
     tf = _transformers()
     renames = read_template(path)
     vocab = TokenizerVocab(tf.AutoTokenizer.from_pretrained(path, local_files_only=True), renames, path, template)
+    if not weights:
+        with torch.device("meta"):
+            model = tf.AutoModelForCausalLM.from_config(tf.AutoConfig.from_pretrained(path, local_files_only=True),
+                                                        dtype=DTYPES[dtype])
+        return HFBackbone(model).eval(), vocab, None
     model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
                                                     dtype=DTYPES[dtype])
     return HFBackbone(model).to(device).eval(), vocab, hf_fingerprint(path, renames, template)

@@ -276,13 +276,17 @@ def test_fsdp_on_two_ranks_equals_one_process_writes_the_same_checkpoint_and_res
     scale, adapters over frozen shards, recomputed blocks, Hugging Face decoder layers and tied embeddings, a clip
     that acts on every step's sharded gradients): the one-process result and log, a checkpoint of the unsharded
     run's files (eval loads it); a run stopped at step 2 and resumed ends bitwise where the uninterrupted run ends,
-    and so does the start a run with two starts chooses where a single run from its seed ends."""
+    and so does the start a run with two starts chooses where a single run from its seed ends. Rank 1 reads no weights:
+    it builds the model's shape on the meta device and receives its shards from rank 0."""
     paths = {"default": lambda c: c, **{name: PATHS[name](backbones) for name in (
         "memory", "lora-frozen", "continuous-token-checkpointing", "frozen-plain-diagnostic", "llama")},
              "gpt2-tied": lambda c: hf(c, backbones["gpt2"]),
              "clipped": lambda c: replace(c, optim=replace(c.optim, grad_clip=0.01))}
     differences = paths_alike(tiny, tiny_store, tmp_path, paths, "fsdp", fsdp_resume_runs(tiny, tiny_store, tmp_path))
     assert max(differences.values()) < MAX_RELATIVE_DIFFERENCE, differences
+    # only rank 0 read any weights (checkpoints, resumed models and optimizer states); rank 1 received its shards
+    reads = [json.loads((tmp_path / f"runs.json.reads-{rank}.json").read_text()) for rank in (0, 1)]
+    assert reads[1] == [] and {"model.safetensors", "optimizer.safetensors"} <= set(reads[0]), reads
     one, two = (tmp_path / "default" / side / "checkpoint" for side in ("one", "two"))
     for name in ("model.safetensors", "optimizer.safetensors"):
         a, b = load_file(one / name), load_file(two / name)

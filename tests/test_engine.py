@@ -149,3 +149,32 @@ def test_a_bfloat16_runs_frozen_baseline_is_a_bfloat16_copy(tiny, tiny_store, tm
     assert not trained & {p.data_ptr() for p in copy}
     record = train_step(state, next(TrainStream(state.spec, 0, 1).batches(0)), cfg, logged=True)
     assert torch.isfinite(torch.tensor(record["loss"]))
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama", "gpt2"])
+def test_a_shape_only_checkpoint_reads_no_weights_and_a_frozen_copy_of_it_is_allocated(tiny, hf_checkpoints,
+                                                                                        monkeypatch, arch):
+    """What an FSDP rank other than 0 builds: the checkpoint's shape on the meta device, no weight file opened (it
+    receives its shards from rank 0), and the frozen policy's copy of it allocated on the rank's device, in the
+    forward's dtype, for rank 0's broadcast."""
+    import safetensors.torch
+
+    from tokweight.training.baselines import Frozen
+
+    path = tiny[1] if arch == "gpt" else hf_checkpoints[arch]
+    whole = load_backbone(path)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a weight file was read")
+
+    monkeypatch.setattr(safetensors.torch, "load_file", refused)
+    monkeypatch.setattr("tokweight.pipeline.checkpoint.load_file", refused)
+    monkeypatch.setattr(safetensors.torch, "safe_open", refused)
+    shape = load_backbone(path, weights=False)
+    params = dict(shape.model.named_parameters())
+    assert params and all(p.is_meta for p in params.values())
+    assert {n: p.shape for n, p in params.items()} == {n: p.shape for n, p in whole.model.named_parameters()}
+    assert list(shape.vocab.tokens) == list(whole.vocab.tokens)
+    frozen = Frozen(shape.model, "cpu", torch.bfloat16)
+    assert all(p.device.type == "cpu" and p.dtype == torch.bfloat16 for p in frozen.model.parameters())
+    assert all(not b.is_meta for b in frozen.model.buffers())

@@ -41,9 +41,12 @@ class Frozen:
     as it is; or (``Frozen.loaded``) a model loaded for this alone, held as it is."""
 
     def __init__(self, model, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
-        weights = {id(p): nn.Parameter(p.detach().to(device, dtype, copy=True), requires_grad=False)
+        shape_only = any(p.is_meta for p in model.parameters())  # an FSDP rank's: rank 0 broadcasts the weights
+        weights = {id(p): nn.Parameter(torch.empty(p.shape, dtype=dtype, device="meta") if shape_only
+                                       else p.detach().to(device, dtype, copy=True), requires_grad=False)
                    for p in model.parameters()}  # deepcopy takes these for the parameters: no full-size detour
-        self.model = copy.deepcopy(model, memo=weights).to(device).eval()
+        copied = copy.deepcopy(model, memo=weights)
+        self.model = (copied.to_empty(device=device) if shape_only else copied.to(device)).eval()
 
     @classmethod
     def loaded(cls, model) -> Frozen:

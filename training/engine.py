@@ -23,8 +23,11 @@ and the whole tensors a checkpoint holds when the model is sharded.
   transformers' cache, where the gradient reaches them after the layer was freed, without passing its outputs. So
   a Hugging Face backbone runs its passes whole under FSDP (``CVAE.share_prefix`` off: the x prefix computed K + 1
   times instead of once), as it does with gradient checkpointing.
-  The model is built, its latent rows spread, its memory measured and a checkpoint loaded on the CPU, then sharded:
-  a rank holds the whole model in host memory once, and only its shard on its device.
+  Rank 0 alone reads the checkpoint's weights and builds the whole model on the CPU (its latent rows spread, its
+  memory measured over every rank's first rows, a checkpoint loaded); the other ranks build its shape on the meta
+  device. Once sharded, rank 0 broadcasts the tensors one at a time and each rank keeps its shard on its device: no
+  host but rank 0's holds the model, and no device more than its shard. Under a bfloat16 forward the blocks are
+  all-gathered in bfloat16 (``MixedPrecisionPolicy``), the gradients reduce-scattered in float32.
 
 Checkpoints are the same files either way (``run_dir.py``): under FSDP every rank takes part in gathering the whole
 trained tensors and optimizer state onto rank 0's CPU (``torch.distributed.checkpoint.state_dict``), which writes
@@ -53,13 +56,15 @@ def build_device(shard: str, world: int, device: torch.device) -> torch.device:
     return torch.device("cpu") if is_sharded(shard, world) else device
 
 
-def wrap(model: nn.Module, shard: str, ranks: Ranks, device: torch.device) -> nn.Module:
+def wrap(model: nn.Module, shard: str, ranks: Ranks, device: torch.device,
+         param_dtype: torch.dtype = torch.float32) -> nn.Module:
     """What the step calls: the model itself in a job of one; DistributedDataParallel around it (which starts every
-    rank from rank 0's parameters); or, under FSDP, the model itself, sharded in place (``fully_shard_cvae``)."""
+    rank from rank 0's parameters); or, under FSDP, the model itself, sharded in place (``fully_shard_cvae``), its
+    blocks all-gathered in ``param_dtype``."""
     if ranks.world == 1:
         return model
     if shard == "fsdp":
-        return fully_shard_cvae(model, device, ranks.world)
+        return fully_shard_cvae(model, device, ranks, param_dtype)
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -80,11 +85,16 @@ def transformer_blocks(backbone: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def fully_shard_cvae(model: nn.Module, device: torch.device, world: int) -> nn.Module:
+def fully_shard_cvae(model: nn.Module, device: torch.device, ranks: Ranks,
+                     param_dtype: torch.dtype = torch.float32) -> nn.Module:
     """FSDP2 on each transformer block, then the root: the CVAE, sharded in place over a 1-D mesh of the ranks on
-    ``device``'s type, its shards moved to this rank's device."""
+    ``device``'s type. Rank 0 holds the whole model (on the CPU); every other rank its shape on the meta device, which
+    is allocated on ``device`` once sharded. Then rank 0's tensors are broadcast one at a time into every rank's shard
+    (``set_model_state_dict``'s ``broadcast_from_rank0``) and its buffers into every rank's. Under a bfloat16 forward
+    the blocks are all-gathered in bfloat16 and the gradients reduce-scattered in float32 (``MixedPrecisionPolicy``)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if not isinstance(model.backbone, GPT):
         model.share_prefix = False  # why: the module docstring
@@ -92,10 +102,37 @@ def fully_shard_cvae(model: nn.Module, device: torch.device, world: int) -> nn.M
     # op on one would skip its pre-backward gather. Nothing here changes a module's output in place (two FSDP ranks
     # train as one process does, tests/test_ddp.py).
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
-    mesh = init_device_mesh(device.type, (world,))
+    whole = model.state_dict() if ranks.is_main else {}  # rank 0's CPU tensors, the source of every shard
+    mesh = init_device_mesh(device.type, (ranks.world,))
+    policy = (MixedPrecisionPolicy() if param_dtype == torch.float32
+              else MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32))
     for block in transformer_blocks(model.backbone):
-        fully_shard(block, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    if not ranks.is_main:
+        model.to_empty(device=device)
+    set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    broadcast_buffers(model)
+    return model
+
+
+def broadcast_buffers(module: nn.Module) -> None:
+    """Rank 0's buffers (the non-persistent ones too, which no state dict holds) into every rank's, in place."""
+    import torch.distributed as dist
+
+    for buffer in module.buffers():
+        dist.broadcast(buffer, src=0)
+
+
+def broadcast_module(module: nn.Module) -> None:
+    """Rank 0's parameters and buffers of a module every rank holds whole (the frozen policy's baseline copy) into
+    every rank's, in place."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for param in module.parameters():
+            dist.broadcast(param.data, src=0)
+    broadcast_buffers(module)
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -135,14 +172,18 @@ def numbered(named: dict) -> dict:
 
 def load_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, state: dict, sharded: bool) -> None:
     """``state`` (numbered, as ``checkpoint_state`` returns it, read back by ``run_dir.read_optimizer``) into
-    ``opt``; under FSDP every rank reads the whole state and keeps its shard of each tensor."""
+    ``opt``; under FSDP rank 0 alone has read it (the others pass {}) and broadcasts each tensor, of which every
+    rank keeps its shard."""
     if not sharded:
         opt.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    names = [name for name, p in model.named_parameters() if p.requires_grad]  # the optimizer's order
-    named = {"state": {names[i]: s for i, s in state["state"].items()},
-             "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
-                              for group in state["param_groups"]]}
-    set_optimizer_state_dict(model, opt, named, options=StateDictOptions(full_state_dict=True))
+    named = {}
+    if state:
+        names = [name for name, p in model.named_parameters() if p.requires_grad]  # the optimizer's order
+        named = {"state": {names[i]: s for i, s in state["state"].items()},
+                 "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                                  for group in state["param_groups"]]}
+    set_optimizer_state_dict(model, opt, named,
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))

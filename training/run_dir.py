@@ -149,14 +149,15 @@ def config_differences(saved: TrainConfig, mine: TrainConfig) -> list[str]:
 
 
 def resume(cfg: TrainConfig, model: CVAE, init_fingerprint: str, rank: int = 0, world: int = 1,
-           continue_from: Path | None = None) -> dict | None:
+           continue_from: Path | None = None, load: bool = True) -> dict | None:
     """The committed checkpoint's state.json, its model loaded into ``model`` (whole, before any sharding), AdamW's
     state under "optimizer" (``read_optimizer``; the caller loads it into the optimizer it makes, sharded or not)
     and this rank's RNG states under "rng"; None when there is none. The checkpoint is RUN's, or, where RUN
     has none yet, that of ``continue_from`` (the start a run with several starts goes on from). Refuses one
     from another config, init checkpoint or number of ranks. Rank 0 cuts metrics.jsonl back to what it held
     when the checkpoint was written (to nothing without one; a start's log up to its checkpoint when RUN goes on
-    from it), so that the steps a resumed run redoes are logged once."""
+    from it), so that the steps a resumed run redoes are logged once. ``load`` False (an FSDP rank other than 0, which
+    receives its shards from rank 0): neither the model nor AdamW's state is read."""
     out = Path(cfg.io.out)
     source = out
     if continue_from is not None and not (committed_checkpoint(out) / "state.json").is_file():
@@ -179,8 +180,9 @@ def resume(cfg: TrainConfig, model: CVAE, init_fingerprint: str, rank: int = 0, 
     if meta.get("world", world) != world:
         raise ValueError(f"{ckpt} was written by {meta['world']} ranks, this run has {world}: resume it with "
                          f"{meta['world']} (torchrun --nproc-per-node {meta['world']}) or use a new --out")
-    load_trained_state(model, ckpt / "model.safetensors")
-    meta["optimizer"] = read_optimizer(ckpt / "optimizer.safetensors", meta["param_groups"])
+    if load:
+        load_trained_state(model, ckpt / "model.safetensors")
+        meta["optimizer"] = read_optimizer(ckpt / "optimizer.safetensors", meta["param_groups"])
     rng = load_file(ckpt / "rng.safetensors") if (ckpt / "rng.safetensors").is_file() else {}
     meta["rng"] = {name.split(".")[0]: t for name, t in rng.items() if name.endswith(f".{rank}")}
     if rank == 0 and "metrics_bytes" in meta:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from tokweight.pipeline.errors import Skips
 from tokweight.pipeline.labels import load_labels
 from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.vocab import Vocab
-from tokweight.training.baselines import POLICIES, AdaptersOff, make_baseline
+from tokweight.training.baselines import POLICIES, AdaptersOff, Frozen, make_baseline
 from tokweight.training.callbacks import Checkpoint, Faults, MetricsLine, StopRule, checkpoint, validate_run
 from tokweight.training.conditioning import token_key_values
 from tokweight.training.configs import CVAEConfig
@@ -49,11 +50,11 @@ from tokweight.training.convergence import Convergence
 from tokweight.training.cvae import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed,
                                      spread_latent_embeddings, token_row_spread)
 from tokweight.training.data import StoreRef, StreamSpec, extract_command, shards_without_rows, split_urls
-from tokweight.training.engine import build_device, is_sharded, load_optimizer_state, wrap
+from tokweight.training.engine import broadcast_module, build_device, is_sharded, load_optimizer_state, wrap
 from tokweight.training.faults import NO_HOOKS, Hooks
 from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
-from tokweight.training.precision import forward_dtype, hold_frozen
+from tokweight.training.precision import autocast, forward_dtype, hold_frozen
 from tokweight.training.losses import WEIGHTINGS, WeightingParams
 from tokweight.training.run_dir import append_metrics, committed_checkpoint, resume, write_config
 from tokweight.training.starts import compare_starts, continued, read_starts, seeded, start_dir
@@ -75,41 +76,33 @@ def data_seed(seed: int) -> int:
 def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, announce: bool = True) -> State:
     """The run's live objects, resumed from RUN's checkpoint where it has one, else (``continue_from``) from the
     checkpoint of the start it continues. ``announce``: rank 0 prints what trains and, where the store shows one, that
-    the checkpoint has learnt the training lines (once per job: its first start, or its one run)."""
+    the checkpoint has learnt the training lines (once per job: its first start, or its one run).
+
+    Under FSDP only rank 0 reads the checkpoints' weights and builds the whole model (on the CPU); every other rank
+    builds its shape on the meta device and receives its shard from rank 0 (``engine.fully_shard_cvae``), so no
+    other host ever holds the model."""
     if cfg.lora.rank:
         require_peft()  # before any checkpoint is read
     torch.manual_seed(cfg.optim.seed)
     device = ranks.device(cfg.io.device)
-    home = build_device(cfg.io.shard, ranks.world, device)  # where the whole model is built (the CPU under FSDP)
-    init, base = load_checkpoints(cfg.io)
-    base_vocab_size = base.model.cfg.vocab_size
-    policy = POLICIES[cfg.loss.policy]
-    adapters_on_base = cfg.lora.rank > 0 and base is init and policy.frozen_model
-    # the frozen copy, taken before any re-init; with adapters on the baseline checkpoint, that checkpoint is
-    # the trained backbone with its adapters off (AdaptersOff, below)
+    sharded = is_sharded(cfg.io.shard, ranks.world)
+    whole = ranks.is_main or not sharded  # this rank holds the model's weights before it is sharded
+    init, base = load_checkpoints(cfg.io, weights=whole)
+    if sharded:  # a rank that read no weights has hashed none
+        init.fingerprint, base.fingerprint = ranks.broadcast((init.fingerprint, base.fingerprint))
     lower = forward_dtype(cfg.io.dtype, device)
-    baseline = None if adapters_on_base else make_baseline(cfg.loss.policy, base.model if policy.frozen_model
-                                                           else None, device, lower)
-    vocab = add_latent_tokens(init.model, init.vocab, latent_tokens_needed(cfg.cvae))  # the trainable copy's
-    model = build_cvae(init.model.train(), vocab, cfg.cvae)
-    adapters = (attach_lora(model.backbone, cfg.lora.rank, latent_row_ids(vocab, cfg.cvae), cfg.optim.seed)
-                if cfg.lora.rank else None)
-    hold_frozen(model, lower)  # a LoRA run's frozen backbone in the forward's dtype, before it reaches the device
-    model.to(home)
-    if adapters_on_base:
-        baseline = AdaptersOff(model.backbone, adapters, base_vocab_size)
-    if cfg.io.grad_checkpointing:
-        model.backbone.enable_checkpointing()
-    spread_latents(model, vocab, cfg.cvae, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
+    home = build_device(cfg.io.shard, ranks.world, device)  # where the whole model is built (the CPU under FSDP)
+    model, vocab, baseline = build_model(cfg, init, base, (home, device), lower, whole)
     store, dataset_mean_b, split_b = open_store(cfg, init.vocab, base.fingerprint)
+    policy = POLICIES[cfg.loss.policy]
     spec = StreamSpec(urls=split_urls(cfg.io.data, "train"), vocab=vocab, slots=cfg.cvae.slots,
                       block_size=init.model.cfg.block_size, batch_size=cfg.optim.batch_size,
                       store=store if policy.needs_store else None,
                       seed=data_seed(cfg.optim.seed), shuffle_buffer=cfg.io.shuffle_buffer,
                       lanes=cfg.io.lanes or ranks.world, root=cfg.io.data, on_bad_sample=cfg.io.on_bad_sample)
     global_batch = GlobalBatch(ranks.rank, ranks.world)
-    stream = TrainStream(spec, ranks.rank, ranks.world)
-    init_memory(model, stream, global_batch, device, cfg.optim.seed)  # before resume too
+    with autocast(cfg.io.dtype, device):  # before resume too
+        init_memory(model, spec, global_batch, device, cfg.optim.seed, sharded)
     if ranks.is_main and announce:
         for line in (trainable_line(model), split_b and memorised_line(split_b["train"], split_b["val"])):
             if line:
@@ -117,18 +110,48 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
     meta = {"cvae": cfg.cvae.to_json(), "init_fingerprint": init.fingerprint, "baseline_fingerprint": base.fingerprint,
             "model_config": init.model.cfg.to_json(), "dataset_mean_b": dataset_mean_b,
             "backbone": init.meta.get("kind", "tokweight"), "template": init.vocab.template.to_json()}
-    saved = resume(cfg, model, init.fingerprint, ranks.rank, ranks.world, continue_from) or {}
-    sharded = is_sharded(cfg.io.shard, ranks.world)
-    engine = wrap(model, cfg.io.shard, ranks, device)  # DDP around the model, or the model sharded in place
+    saved = resume(cfg, model, init.fingerprint, ranks.rank, ranks.world, continue_from, load=whole) or {}
+    engine = wrap(model, cfg.io.shard, ranks, device, lower)  # DDP around the model, or the model sharded in place
+    if sharded and isinstance(baseline, Frozen):
+        broadcast_module(baseline.model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr, weight_decay=0.0,
                             betas=(0.9, 0.95))
-    if "optimizer" in saved:
-        load_optimizer_state(model, opt, saved["optimizer"], sharded)
+    if saved:
+        load_optimizer_state(model, opt, saved.get("optimizer", {}), sharded)
     seed_dropout(cfg.optim.seed, ranks.rank)
     set_rng_states(saved.get("rng", {}), device)  # a resumed run's, which replace those
     progress = Progress(saved.get("step", 0), Convergence(**saved.get("convergence", {})), saved.get("converged_at"))
     return State(model, engine, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
                  global_batch, ranks, device, meta, label_names(cfg), progress, sharded)
+
+
+def build_model(cfg: TrainConfig, init, base, devices: tuple[torch.device, torch.device], lower: torch.dtype,
+                whole: bool) -> tuple[CVAE, Vocab, object]:
+    """(the CVAE to train, its vocabulary, the step's baseline) from the loaded checkpoints: with its latent rows
+    spread, a LoRA run's frozen weights in the forward's dtype ``lower``, on ``devices``' first (home: where the whole
+    model is built, the CPU under FSDP); ``whole`` False: its shape alone, on the meta device. A frozen baseline copy
+    goes to ``devices``' second, the rank's own."""
+    home, device = devices
+    policy = POLICIES[cfg.loss.policy]
+    base_vocab_size = base.model.cfg.vocab_size  # before the latent tokens a run appends (base may be init)
+    adapters_on_base = cfg.lora.rank > 0 and base is init and policy.frozen_model
+    # the frozen copy, taken before any re-init; with adapters on the baseline checkpoint, that checkpoint is
+    # the trained backbone with its adapters off (AdaptersOff, below)
+    baseline = None if adapters_on_base else make_baseline(cfg.loss.policy, base.model if policy.frozen_model
+                                                           else None, device, lower)
+    vocab = add_latent_tokens(init.model, init.vocab, latent_tokens_needed(cfg.cvae))  # the trainable copy's
+    with nullcontext() if whole else torch.device("meta"):
+        model = build_cvae(init.model.train(), vocab, cfg.cvae)
+        adapters = (attach_lora(model.backbone, cfg.lora.rank, latent_row_ids(vocab, cfg.cvae), cfg.optim.seed)
+                    if cfg.lora.rank else None)
+    if adapters_on_base:
+        baseline = AdaptersOff(model.backbone, adapters, base_vocab_size)
+    if cfg.io.grad_checkpointing:
+        model.backbone.enable_checkpointing()
+    if whole:
+        spread_latents(model, vocab, cfg.cvae, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
+    hold_frozen(model, lower)  # a LoRA run's frozen backbone in the forward's dtype, before it reaches the device
+    return (model.to(home) if whole else model), vocab, baseline
 
 
 def seed_dropout(seed: int, rank: int) -> None:
@@ -163,14 +186,14 @@ def parameter_group(name: str) -> str:
     return "backbone"
 
 
-def load_checkpoints(io: IOConfig):
+def load_checkpoints(io: IOConfig, weights: bool = True):
     """(init checkpoint, baseline checkpoint): one object when they are the same directory; both read in the
-    template the store was extracted with."""
+    template the store was extracted with; ``weights`` False: their shapes alone, on the meta device."""
     template = store_template(io.store, io.baseline_source)
-    init = load_backbone(io.checkpoint, template=template)
+    init = load_backbone(io.checkpoint, template=template, weights=weights)
     if Path(io.baseline_source).resolve() == Path(io.checkpoint).resolve():
         return init, init
-    base = load_backbone(io.baseline_source, template=template)
+    base = load_backbone(io.baseline_source, template=template, weights=weights)
     if list(base.vocab.tokens) != list(init.vocab.tokens):
         raise ValueError(f"baseline checkpoint {base.path} and init checkpoint {init.path} have different vocabularies")
     return init, base
@@ -193,13 +216,34 @@ def spread_latents(model: CVAE, vocab: Vocab, cvae: CVAEConfig, seed: int) -> No
                                  center=cvae.latent_init_center)
 
 
-def init_memory(model: CVAE, stream: TrainStream, ranks: GlobalBatch, device: torch.device, seed: int) -> None:
+def init_memory(model: CVAE, spec: StreamSpec, ranks: GlobalBatch, device: torch.device, seed: int,
+                sharded: bool) -> None:
     """The memory (or query) pathway's projection at the scale of the backbone's keys and values, measured on the z-free
     positions (the tokens before <z>) of the first global batch (``Conditioning.init_memory``): each rank measures
     its own rows where the model is, and the ranks pool their measurements (on ``device``, where their collectives
-    run), so that every rank starts from the one-process measurement."""
+    run), so that every rank starts from the one-process measurement. Under FSDP (``sharded``) rank 0, which alone
+    holds the weights, measures every rank's rows and pools them; the others receive the projection with its shard."""
     if model.conditioning.memory_proj is None and model.conditioning.query_proj is None:
         return
+    if sharded:
+        if ranks.rank == 0:
+            parts = [measure_key_values(model, TrainStream(spec, rank, ranks.world)) for rank in range(ranks.world)]
+            mean, spread = pooled_key_values(*(torch.cat(t) for t in zip(*parts)))
+            model.conditioning.init_memory(mean, spread, torch.Generator().manual_seed(seed))
+        return
+    count, mean, spread = measure_key_values(model, TrainStream(spec, ranks.rank, ranks.world))
+    if ranks.world > 1:
+        home = mean.device
+        mean, spread = (t.to(home) for t in pooled_key_values(*(ranks.gather(t.to(device)) for t in (count, mean,
+                                                                                                      spread))))
+    else:
+        mean, spread = mean[0], spread[0]
+    model.conditioning.init_memory(mean, spread, torch.Generator().manual_seed(seed))
+
+
+def measure_key_values(model: CVAE, stream: TrainStream) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``token_key_values`` over the z-free positions of ``stream``'s first batch, on the model's device: (1,) positions,
+    (1, layers, 2, H, dh) mean, (1, layers, 2, H) spread (one part of ``pooled_key_values``)."""
     home = next(model.parameters()).device
     batch = next(stream.batches(0)).to(home)
     model.backbone.eval()  # no dropout draw: the run's random stream stays as without the measurement
@@ -207,10 +251,7 @@ def init_memory(model: CVAE, stream: TrainStream, ranks: GlobalBatch, device: to
         mean, spread = token_key_values(model.backbone, batch.zcond.input_ids[:, : int(batch.z_pos.max())],
                                         batch.z_pos)
     model.backbone.train()
-    if ranks.world > 1:
-        gathered = [ranks.gather(t.to(device, mean.dtype)[None]) for t in (batch.z_pos.sum(), mean, spread)]
-        mean, spread = (t.to(home) for t in pooled_key_values(*gathered))
-    model.conditioning.init_memory(mean, spread, torch.Generator().manual_seed(seed))
+    return batch.z_pos.sum().to(mean.dtype)[None], mean[None], spread[None]
 
 
 def pooled_key_values(counts: torch.Tensor, means: torch.Tensor, spreads: torch.Tensor
