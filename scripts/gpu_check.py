@@ -181,15 +181,15 @@ def markdown(rows: list[st.Row]) -> str:
     return "\n".join(lines)
 
 
-def targets(rows: list[st.Row], seq_len: int) -> list[str]:
-    """The check's targets, each with what was measured (checked on a GPU only)."""
+def targets(rows: list[st.Row], seq_len: int, judged: bool) -> list[str]:
+    """The check's targets, each with what was measured; ``judged`` (on a GPU only): met or not."""
     by = {r.stage: r for r in rows}
     full, lora = by.get("train full"), by.get("train LoRA (rank 16)")
     scoring, bare = by.get("extract: scoring loop"), by.get("extract: bare forward, head on S")
     planner = by.get("planner peak vs measured")
 
     def line(what: str, value: str | None, ok: bool | None) -> str:
-        verdict = "n/a" if value is None else ("met" if ok else "not met")
+        verdict = "n/a" if value is None else ("met" if ok else "not met") if judged else "not judged off a GPU"
         return f"- {what}: {value or 'not measured'} ({verdict})"
 
     mfu = full.mfu if full else None
@@ -286,7 +286,7 @@ def report(args, check: st.Check, rows: list[st.Row], sizes: dict, params: int, 
               f"total {total_s:.0f} s")
     if check.device.type != "cuda":
         header += "; on the CPU: not a GPU figure, the targets are checked on a GPU only"
-    text = f"{header}\n\n{markdown(rows)}\n\nTargets:\n" + "\n".join(targets(rows, sizes["seq_len"])) + "\n"
+    text = f"{header}\n\n{markdown(rows)}\n\nTargets:\n" + "\n".join(targets(rows, sizes["seq_len"], check.device.type == "cuda")) + "\n"
     (args.out / "gpu_check.md").write_text(text)
     (args.out / "gpu_check.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
     print(text)

@@ -410,7 +410,7 @@ def evaluation(check: Check, name: str, run: str = "run-full") -> Row:
     tokens = sum(t for _, t in timed) / len(timed)
     flops = counted_flops(scored, timed) / len(timed)
     return check.measured(name, seconds, f"batch of {check.eval_batch}", tokens, flops,
-                          note=f"{len(timed)} timed batches")
+                          note=f"timed batches: {len(timed)}")
 
 
 def generation(check: Check, name: str, temperature: float, run: str = "run-full") -> Row:
