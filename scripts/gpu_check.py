@@ -146,7 +146,7 @@ def large_step(check: st.Check, name: str, shape: str, lines: list[dict], batch:
     return row
 
 
-def two_ranks(check: st.Check, name: str, args) -> st.Row:
+def two_ranks(check: st.Check, name: str, args, timeout_s: float = 300.0) -> st.Row:
     """The full fine-tune on 2 GPUs: ``gpu_check_stages.py`` under torchrun, DistributedDataParallel on NCCL."""
     if check.device.type != "cuda" or torch.cuda.device_count() < 2:
         return st.Row(name, status="skipped: fewer than 2 GPUs")
@@ -158,12 +158,18 @@ def two_ranks(check: st.Check, name: str, args) -> st.Row:
     if args.peak_tflops:
         launch += ["--peak-tflops", str(args.peak_tflops)]
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    done = subprocess.run(launch, capture_output=True, text=True, timeout=600, env=env)
-    sys.stderr.write(done.stderr[-4000:])
-    found = [line for line in done.stdout.splitlines() if line.startswith("GPU_CHECK_ROW ")]
-    if done.returncode or not found:
-        tail = " ".join(done.stderr.strip().splitlines()[-1:])[:160]
-        raise RuntimeError(f"torchrun exited {done.returncode}: {tail}")
+    launcher = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        stdout, stderr = launcher.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # SIGTERM to the launcher ends its workers (their own session)
+        launcher.terminate()
+        launcher.communicate(timeout=60)
+        raise RuntimeError(f"torchrun ran past {timeout_s} s and was stopped") from None
+    sys.stderr.write(stderr[-4000:])
+    found = [line for line in stdout.splitlines() if line.startswith("GPU_CHECK_ROW ")]
+    if launcher.returncode or not found:
+        tail = " ".join(stderr.strip().splitlines()[-1:])[:160]
+        raise RuntimeError(f"torchrun exited {launcher.returncode}: {tail}")
     return st.Row(**json.loads(found[-1].removeprefix("GPU_CHECK_ROW ")))
 
 

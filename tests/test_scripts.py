@@ -135,7 +135,8 @@ def test_merge_probe_ranks_each_values_strategy_among_the_bases_choices(tiny):
 def test_gpu_check_runs_every_stage_on_a_tiny_model_on_the_cpu(tmp_path, monkeypatch, capsys):
     """The GPU check's stages, end to end, on the CPU: the script a lent device runs must not fail there first.
     Every timed stage has a positive time and its FLOPs counted; none failed; the GPU-only rows say why not."""
-    monkeypatch.setattr(sys, "argv", ["gpu_check.py", str(tmp_path), "--small", "--device", "cpu", "--rows", "120"])
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", str(tmp_path), "--small", "--device", "cpu", "--rows", "120",
+                                      "--steps", "1"])
     runpy.run_path(str(SCRIPTS[0].parent / "gpu_check.py"), run_name="__main__")
     rows = {r["stage"]: r for r in json.loads((tmp_path / "gpu_check.json").read_text())}
     assert list(rows) == ["extract command (task)", "extract: bare forward, head on S", "extract: scoring loop",
@@ -148,7 +149,7 @@ def test_gpu_check_runs_every_stage_on_a_tiny_model_on_the_cpu(tmp_path, monkeyp
     assert all(r["mfu"] is None and r["peak_gib"] is None for r in rows.values())  # no GPU figure from a CPU
     assert rows["planner peak vs measured"]["status"].startswith("skipped")
     assert rows["full, 2 ranks (DDP, NCCL)"]["status"] == "skipped: fewer than 2 GPUs"
-    assert "at step 5" in rows["resume"]["note"]  # 1 warm-up, 2 timed and 2 counted steps: checkpointed and resumed there
+    assert "at step 3" in rows["resume"]["note"]  # 1 warm-up, 1 timed and 1 counted step: checkpointed and resumed there
     assert "Targets:" in (tmp_path / "gpu_check.md").read_text()
     assert (tmp_path / "run-starts3" / "starts.json").is_file()
 
