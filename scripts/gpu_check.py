@@ -146,14 +146,18 @@ def large_step(check: st.Check, name: str, shape: str, lines: list[dict], batch:
     return row
 
 
+def several_gpus(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.device_count() >= 2
+
+
 def two_ranks(check: st.Check, name: str, args, timeout_s: float = 300.0) -> st.Row:
     """The full fine-tune on 2 GPUs: ``gpu_check_stages.py`` under torchrun, DistributedDataParallel on NCCL."""
-    if check.device.type != "cuda" or torch.cuda.device_count() < 2:
+    if not several_gpus(check.device):
         return st.Row(name, status="skipped: fewer than 2 GPUs")
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
               str(Path(__file__).resolve().parent / "gpu_check_stages.py"), "--out", str(check.out),
               "--model", str(check.model), "--data", str(check.data), "--store", str(check.store),
-              "--dtype", check.dtype, "--batch", str(check.batch), "--k", str(check.k),
+              "--device", check.device.type, "--dtype", check.dtype, "--batch", str(check.batch), "--k", str(check.k),
               "--warmup", str(check.warmup), "--steps", str(check.steps)]
     if args.peak_tflops:
         launch += ["--peak-tflops", str(args.peak_tflops)]
@@ -170,7 +174,7 @@ def two_ranks(check: st.Check, name: str, args, timeout_s: float = 300.0) -> st.
     if launcher.returncode or not found:
         tail = " ".join(stderr.strip().splitlines()[-1:])[:160]
         raise RuntimeError(f"torchrun exited {launcher.returncode}: {tail}")
-    return st.Row(**json.loads(found[-1].removeprefix("GPU_CHECK_ROW ")))
+    return st.Row(**{**json.loads(found[-1].removeprefix("GPU_CHECK_ROW ")), "stage": name})
 
 
 def fmt(value, spec: str) -> str:
