@@ -1,6 +1,6 @@
 """The GPU check: tokweight's stages on a model of the shape users bring, timed in steady state, one prepared command.
 
-    python scripts/gpu_check.py OUT                        # on a GPU: a 0.5B-shaped Qwen2 chat model, sequences of 512
+    python scripts/gpu_check.py OUT                        # on a GPU: a 0.5B-shaped Qwen2 chat model, 512 tokens
     python scripts/gpu_check.py OUT --small --device cpu   # the same stages on a tiny model: a smoke test
 
 It builds a chat model from a config, nothing downloaded (the shape of Qwen2-0.5B: hidden 896, 24 layers, 14 heads
@@ -257,7 +257,8 @@ def main() -> None:
     check = st.Check(out=out, model=out / "model", data=out / "data-task", store=out / "store-task", device=device,
                      dtype=dtype, batch=sizes["batch"], k=4, warmup=sizes["warmup"], steps=sizes["steps"],
                      peak=st.peak_tflops(device, args.peak_tflops), eval_batch=sizes["eval_batch"],
-                     max_new_tokens=sizes["max_new_tokens"], prompts=[line["x"] for line in lines[: sizes["prompts"]]])
+                     max_new_tokens=sizes["max_new_tokens"],
+                     prompts=[line["x"] for line in lines[: sizes["prompts"]]])
     rows: list[st.Row] = []
     shard_size = max(1, sizes["rows"] // 8)  # several shards: extraction's parts, and a lane per rank
     stages = {  # row name (a failed stage's too): what makes the row
@@ -289,14 +290,16 @@ def device_name(device: torch.device) -> str:
 
 def report(args, check: st.Check, rows: list[st.Row], sizes: dict, params: int, total_s: float) -> None:
     peak = f"peak {check.peak:g} TFLOPS dense bf16" if check.peak else "no known peak: MFU n/a"
-    header = (f"`python scripts/gpu_check.py OUT{' --small' if args.small else ''} --device {args.device}`, "
+    argv = " ".join("OUT" if a == str(args.out) else a for a in sys.argv[1:])
+    header = (f"`python scripts/gpu_check.py {argv}`, "
               f"{date.today()}, {device_name(check.device)}, {peak}, torch {torch.__version__}, {check.dtype}, "
               f"{params:,} parameters ({sizes['shape']} shape), {sizes['rows']} rows of about {sizes['seq_len']} "
               f"tokens, batch {check.batch}, K {check.k}, {check.warmup} warm-up + {check.steps} timed steps; "
               f"total {total_s:.0f} s")
     if check.device.type != "cuda":
         header += "; on the CPU: not a GPU figure, the targets are checked on a GPU only"
-    text = f"{header}\n\n{markdown(rows)}\n\nTargets:\n" + "\n".join(targets(rows, sizes["seq_len"], check.device.type == "cuda")) + "\n"
+    judged = targets(rows, sizes["seq_len"], check.device.type == "cuda")
+    text = f"{header}\n\n{markdown(rows)}\n\nTargets:\n" + "\n".join(judged) + "\n"
     (args.out / "gpu_check.md").write_text(text)
     (args.out / "gpu_check.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
     print(text)

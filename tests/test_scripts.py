@@ -149,7 +149,7 @@ def test_gpu_check_runs_every_stage_on_a_tiny_model_on_the_cpu(tmp_path, monkeyp
     assert all(r["mfu"] is None and r["peak_gib"] is None for r in rows.values())  # no GPU figure from a CPU
     assert rows["planner peak vs measured"]["status"].startswith("skipped")
     assert rows["full, 2 ranks (DDP, NCCL)"]["status"] == "skipped: fewer than 2 GPUs"
-    assert "at step 3" in rows["resume"]["note"]  # 1 warm-up, 1 timed and 1 counted step: checkpointed and resumed there
+    assert "at step 3" in rows["resume"]["note"]  # 1 warm-up, 1 timed and 1 counted step: checkpointed, resumed
     assert "Targets:" in (tmp_path / "gpu_check.md").read_text()
     assert (tmp_path / "run-starts3" / "starts.json").is_file()
 
