@@ -59,9 +59,9 @@ SHAPES = {  # Qwen2-0.5B's and Qwen2.5-1.5B's shapes, and tiny stand-ins for the
 }
 SIZES = {  # per mode: shapes, task, batches, timed windows, decode
     "gpu": dict(shape="0.5B", large="1.5B", rows=2000, seq_len=512, batch=8, large_batch=4, warmup=3, steps=10,
-                eval_batch=32, prompts=64, max_new_tokens=32, start_steps=4),
+                eval_batch=32, prompts=64, max_new_tokens=32, start_steps=4, val_fraction=0.05),
     "small": dict(shape="tiny", large="tiny-wide", rows=240, seq_len=48, batch=4, large_batch=2, warmup=1, steps=2,
-                  eval_batch=8, prompts=8, max_new_tokens=8, start_steps=1),
+                  eval_batch=8, prompts=8, max_new_tokens=8, start_steps=1, val_fraction=0.1),
 }
 
 
@@ -114,13 +114,15 @@ def command(args: list[str]) -> dict:
     return json.loads(text[start:]) if start >= 0 else {}
 
 
-def prepare(out: Path, name: str, lines: list[dict], model: Path, shard_size: int, check: st.Check) -> st.Row:
-    """OUT/data-NAME and OUT/store-NAME: the lines converted and extracted by ``model``, by the commands; the
-    extraction's row (its whole command: load, hash, read, score, write)."""
+def prepare(out: Path, name: str, lines: list[dict], model: Path, shard_size: int, check: st.Check,
+            held_out: float = 0.1) -> st.Row:
+    """OUT/data-NAME and OUT/store-NAME: the lines converted (``held_out`` of them to val and as many to test) and
+    extracted by ``model``, by the commands; the extraction's row (its whole command: load, hash, read, score,
+    write)."""
     (out / f"{name}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     data, store = out / f"data-{name}", out / f"store-{name}"
     command(["convert", "--jsonl", str(out / f"{name}.jsonl"), "--out", str(data), "--overwrite",
-             "--shard-size", str(shard_size)])
+             "--shard-size", str(shard_size), "--val-fraction", str(held_out), "--test-fraction", str(held_out)])
     st.synchronize(check.device)
     start = time.perf_counter()
     result = command(["extract", "--checkpoint", str(model), "--data", str(data), "--store", str(store),
@@ -262,7 +264,8 @@ def main() -> None:
     rows: list[st.Row] = []
     shard_size = max(1, sizes["rows"] // 8)  # several shards: extraction's parts, and a lane per rank
     stages = {  # row name (a failed stage's too): what makes the row
-        "extract command (task)": lambda name: prepare(out, "task", lines, check.model, shard_size, check),
+        "extract command (task)": lambda name: prepare(out, "task", lines, check.model, shard_size, check,
+                                                       sizes["val_fraction"]),  # val: the validations' cost
         "extract": lambda name: st.extraction(check),  # two rows: the bare forward and the scoring loop
         "train full": lambda name: st.training(check, name, keep=True, out="run-full"),
         "resume": lambda name: st.resume(check, name),  # the full run's state: before any other stage runs

@@ -173,7 +173,6 @@ def run_stage(check: Check, rows: list[Row], name: str, fn: Callable[[], Row | l
         rows.append(row)
         print(f"[gpu_check] {row.stage}: {row.status}" + (f", {row.seconds:.4g} s/{row.per}" if row.seconds else "")
               + f" ({time.perf_counter() - start:.1f} s with setup)", file=sys.stderr, flush=True)
-    fresh_memory(check.device)
 
 
 # ---------------------------------------------------------------- extraction
