@@ -305,8 +305,9 @@ def training(check: Check, name: str, keep: bool = False, warmup: int | None = N
     cfg = train_config(check, **kwargs)
     state = setup(cfg, Ranks(), announce=False)
     row = timed_steps(check, state, cfg, name, warmup or check.warmup, steps or check.steps)
-    if keep:
-        check.kept["full"], check.kept["full_peak"] = (state, cfg), row.peak_gib
+    if keep:  # for resume, and the planner's comparison: the peak, and the batch's tokens per example
+        check.kept.update(full=(state, cfg), full_peak=row.peak_gib, full_tokens=round(row.tokens_per_s *
+                          row.seconds / cfg.optim.batch_size))
     return row
 
 
@@ -440,20 +441,25 @@ def generation(check: Check, name: str, temperature: float, run: str = "run-full
 
 
 def planner(check: Check, name: str) -> Row:
-    """The planner's predicted peak for the full fine-tune's configuration against that stage's measured
-    ``torch.cuda.max_memory_allocated``. The planner is ``tokweight.training.plan``; this is the one place the
-    check calls it (``plan.train_peak_bytes(TrainConfig) -> int``)."""
+    """The planner's predicted training peak for the full fine-tune's configuration against that stage's measured
+    ``torch.cuda.max_memory_allocated``. This is the one place the check calls the planner
+    (``tokweight.training.plan``: ``plan(PlanConfig(...), search=False).train.peak``, bytes)."""
     try:
         from tokweight.training import plan
     except ImportError:
         return Row(name, status="skipped: planner not available (tokweight.training.plan)")
-    full = check.kept.get("full_peak")
-    if full is None:
+    if check.kept.get("full_peak") is None:
         return Row(name, status="skipped: no measured peak (the full fine-tune stage failed, or not on a GPU)")
-    predicted = plan.train_peak_bytes(train_config(check, out="run-full")) / 2 ** 30
-    ratio = predicted / full
-    return Row(name, peak_gib=full, status="ok" if abs(ratio - 1) <= 0.1 else "off target",
-               note=f"planned {predicted:.2f} GiB, {ratio:.2f} of measured (target within 10%)")
+    from tokweight.training.configs import CVAEConfig
+
+    measured, seq_len = check.kept["full_peak"], check.kept["full_tokens"]
+    cfg = plan.PlanConfig(model=str(check.model), k=check.k, batch_size=check.batch, seq_len=seq_len,
+                          dtype=check.dtype, cvae=CVAEConfig(k=check.k))
+    predicted = plan.plan(cfg, search=False).train.peak / 2 ** 30
+    ratio = predicted / measured
+    return Row(name, peak_gib=measured, status="ok" if abs(ratio - 1) <= 0.1 else "off target",
+               note=f"planned {predicted:.2f} GiB at sequence length {seq_len}, {ratio:.2f} of measured "
+                    "(target within 10%)")
 
 
 # ---------------------------------------------------------------- one rank of the 2-rank stage
