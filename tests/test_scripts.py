@@ -1,6 +1,7 @@
 """Every script in scripts/ loads and answers --help: its imports and module-level code still match the
 package (a renamed recipe or config field breaks a driver nobody runs until a session needs it)."""
 
+import json
 import runpy
 import sys
 from pathlib import Path
@@ -132,14 +133,25 @@ def test_merge_probe_ranks_each_values_strategy_among_the_bases_choices(tiny):
 
 
 def test_gpu_check_runs_every_stage_on_a_tiny_model_on_the_cpu(tmp_path, monkeypatch, capsys):
-    """The GPU check's stages, end to end, on the CPU: the script a lent device runs must not fail there first."""
-    monkeypatch.setattr(sys, "argv", ["gpu_check.py", str(tmp_path), "--small", "--device", "cpu", "--rows", "120"])
+    """The GPU check's stages, end to end, on the CPU: the script a lent device runs must not fail there first.
+    Every timed stage has a positive time and its FLOPs counted; none failed; the GPU-only rows say why not."""
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", str(tmp_path), "--small", "--device", "cpu", "--rows", "120",
+                                      "--steps", "1"])
     runpy.run_path(str(SCRIPTS[0].parent / "gpu_check.py"), run_name="__main__")
-    table = (tmp_path / "gpu_check.md").read_text()
-    stages = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "stage" not in line]
-    assert stages == ["convert", "extract", "train full", "train LoRA", "train query", "eval", "generate", "encode"]
-    assert all((tmp_path / run / "checkpoint" / "state.json").is_file() for run in ("run-lora", "run-query"))
-    assert len((tmp_path / "outputs.jsonl").read_text().splitlines()) == 64
+    rows = {r["stage"]: r for r in json.loads((tmp_path / "gpu_check.json").read_text())}
+    assert list(rows) == ["extract command (task)", "extract: bare forward, head on S", "extract: scoring loop",
+                          "train full", "resume", "planner peak vs measured", "train LoRA (rank 16)",
+                          "train continuous latent", "train --starts 3", "eval pass (float32)",
+                          "generate (sampled, T=1)", "full step, tiny-wide shape", "full, 2 ranks (DDP, NCCL)"]
+    assert not [name for name, r in rows.items() if r["status"].startswith("failed")]
+    timed = [r for r in rows.values() if r["per"] in ("step", "batch of 8") or r["per"].startswith(("pass", "decode"))]
+    assert len(timed) == 8 and all(r["seconds"] > 0 and r["tflops"] > 0 and r["tokens_per_s"] > 0 for r in timed)
+    assert all(r["mfu"] is None and r["peak_gib"] is None for r in rows.values())  # no GPU figure from a CPU
+    assert rows["planner peak vs measured"]["status"].startswith("skipped")
+    assert rows["full, 2 ranks (DDP, NCCL)"]["status"] == "skipped: fewer than 2 GPUs"
+    assert "at step 3" in rows["resume"]["note"]  # 1 warm-up, 1 timed and 1 counted step: checkpointed, resumed
+    assert "Targets:" in (tmp_path / "gpu_check.md").read_text()
+    assert (tmp_path / "run-starts3" / "starts.json").is_file()
 
 
 def test_start_alignment_reads_the_values_apart_and_their_agreement_with_the_strategy():
