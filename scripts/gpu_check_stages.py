@@ -369,13 +369,14 @@ def starts(check: Check, name: str, n: int, start_steps: int) -> Row:
 
 
 def trained_run(check: Check, run: str):
-    """(config, model in eval mode, vocabulary, state.json) of RUN as eval and generate load it."""
+    """(config, model in eval mode, vocabulary, state.json) of RUN as eval and generate load it (weights in the
+    check's dtype, as their ``--dtype``)."""
     from tokweight.training.run_dir import load_run
 
     run_dir = check.out / run
     if not (run_dir / "checkpoint" / "state.json").is_file():
         raise RuntimeError(f"{run_dir} has no checkpoint (the resume stage writes it)")
-    return load_run(run_dir, str(check.device))
+    return load_run(run_dir, str(check.device), check.dtype)
 
 
 def evaluation(check: Check, name: str, run: str = "run-full") -> Row:
