@@ -1,4 +1,4 @@
-"""What two latent values that share two strategies decode (docs/results.md, "Merges, and labels that name the values"). For a
+"""What two latent values that share two strategies decode. For a
 trained run on synthetic data: each latent value's greedy decodes of a split's inputs and the strategy each
 executes (eval's ``strategy_execution``); then, for every value whose decodes execute both strategies a and b
 of a pair, on at least a fifth of its a-or-b decodes each:

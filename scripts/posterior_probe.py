@@ -1,5 +1,5 @@
-"""How much of the strategy each posterior of a trained discrete run holds (docs/results.md, "Hardening the sure
-examples"). Over a split, I(z; strategy) of four posteriors:
+"""How much of the strategy each posterior of a trained discrete run holds. Over a split, I(z; strategy) of four
+posteriors:
 
 - q: the amortised posterior head, the one eval reports and encode writes;
 - q*: the objective's own, softmax(log p - R(k) / beta) over the K decoder passes (uniform p, the run's beta);

@@ -26,18 +26,10 @@ DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 DIARY = re.compile(r"\b(today|yesterday)\b", re.IGNORECASE)
 RESULTS_SECTION = re.compile(r"results\.md[`'\"]?\s*,?\s*(?:\"[^\"]+\"|section \d+)", re.IGNORECASE)
 
-KNOWN_CODE_PATHS = {
-    ("tokweight/experiments/own_task/__init__.py", "docs/results/from-scratch/README.md"),
-    ("tokweight/presets/demo/default.toml", "docs/results/from-scratch/"),
-}
+KNOWN_CODE_PATHS: set[tuple[str, str]] = set()
 """Paths cited in code that do not exist, left for the engineers editing those files (the from-scratch runs are
 under docs/history/results/); the test fails on any other, and xfails while these remain."""
-KNOWN_RESULTS_CITES = {
-    "scripts/merge_probe.py", "scripts/posterior_probe.py", "tests/test_starts.py",
-    "tokweight/experiments/artefacts.py", "tokweight/experiments/sweep.py", "training/conditioning.py",
-    "training/configs.py", "training/control.py", "training/convergence.py", "training/cvae.py", "training/starts.py",
-    "training/train_base.py", "training/train_config.py",
-}
+KNOWN_RESULTS_CITES = {"training/control.py", "training/cvae.py", "training/train_base.py", "training/train_config.py"}
 """Files whose docstrings or comments cite a section of docs/results.md, left for the engineers editing them: a
 docstring says what the code does, and the docs point to the code, not back. Any other file fails the test."""
 

@@ -77,7 +77,7 @@ def test_each_start_has_its_own_seed_and_the_least_validation_objective_is_chose
 
 def test_a_start_whose_z_costs_more_than_it_gains_is_not_chosen(tmp_path):
     """The objective, not the reconstruction alone: a start that reconstructs best with a code whose KL costs more
-    than it gains loses to one without z (uniform's K = 2 through the query, docs/results.md, section 5)."""
+    than it gains loses to one without z (uniform's K = 2 through the query)."""
     from tokweight.pipeline.ranks import Ranks
     from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig
 

@@ -66,7 +66,7 @@ class Conditioning(nn.Module):
         features sum F of them, so its columns are 1/sqrt(F) as long.
 
         Why: started at GPT-2's std 0.02 the memory stays far below a token's keys and values for hundreds of
-        steps (AdamW moves a weight by about lr a step), and z is not found (docs/results.md, "The z pathways").
+        steps (AdamW moves a weight by about lr a step), and z is not found.
 
         The query pathway's offsets start the same way from the keys' spread (a query's own scale; each query
         head that of the key head it reads), about a mean of 0: the base's own queries plus a random direction.
@@ -96,8 +96,8 @@ class Conditioning(nn.Module):
         long, so that a standard-normal z of F features moves a slot by about ``norm``.
 
         Why: at GPT-2's std 0.02 the projection gives the slots near-zero embeddings, inputs the base never read,
-        which AdamW grows by about lr a step (the memory pathway's projection stayed near its init scale for
-        hundreds of steps: docs/results.md, "The z pathways")."""
+        which AdamW grows by about lr a step (the memory pathway's projection stays near its init scale for
+        hundreds of steps)."""
         slots, d, features = self.slots, self.d_model, self.slot_proj.in_features
         if features >= d:
             raise ValueError(f"cannot make {features} directions orthogonal to the mean row in d_model={d}")

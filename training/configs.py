@@ -23,8 +23,8 @@ LATENTS = ("discrete", "continuous")
 
 def default_cond(latent: str) -> str:
     """The z pathway a run gets unless it names its own (``CVAEConfig.cond``): "query" for a discrete latent, whose
-    values then name the strategies where the prefix merged two (docs/results.md, section 5); "prefix" for a
-    continuous one, which was measured through it only."""
+    values then name the strategies where the prefix merges two; "prefix" for a continuous one, the pathway it
+    is measured through."""
     return "query" if latent == "discrete" else "prefix"
 
 
@@ -36,7 +36,7 @@ class CVAEConfig:
     """Latent values of a discrete latent (<= the vocabulary's k_max); clusters for a continuous one's eval."""
     z_dim: int = 2
     """Dimensions of a continuous latent. Each dimension's share of a slot's offset is 1/sqrt(z_dim), so a
-    larger z moves the decoder's input less per dimension (docs/results.md, "The continuous latent")."""
+    larger z moves the decoder's input less per dimension."""
     samples: int | None = None
     """Draws of a continuous latent per example, each a decoder copy, among which its E-step chooses (a discrete
     latent's copies are its K values). None: 4 for a continuous latent (as many passes as the K = 4 discrete
@@ -48,7 +48,7 @@ class CVAEConfig:
     or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder) or "query" (z
     as an offset of every query, per layer and head: where the decoder reads; on a Hugging Face backbone by a hook
     on each layer's query projection, before RoPE). One slot is a bottleneck the decoder's response to z does not
-    grow through (docs/results.md, "The z pathways"). None: ``default_cond(latent)``."""
+    grow through. None: ``default_cond(latent)``."""
     slots: int | None = None
     """Latent slots of the z-conditioned template (prefix only; 1 otherwise); None: 4 for the prefix."""
     posterior_pool: str = "mean"
@@ -60,7 +60,7 @@ class CVAEConfig:
     head as the log prior, from the K decoder passes each step runs, detached; where the hardening acts
     (``estep.harden`` from ``estep.harden_from``; K >= 3), so the starts, compared by the head's own reading, are
     the runs they were. The head's features fit the training lines; the decoders' likelihoods generalise to others
-    (docs/results.md, "A posterior that reads the decoders"). None: true for a discrete latent; a continuous one's
+    None: true for a discrete latent; a continuous one's
     copies are draws from q, so it has none."""
     latent_init_norm: float | None = None
     """The latent rows' offset from the checkpoint's mean latent row at the start, in units of the checkpoint's

@@ -28,10 +28,10 @@ class StopRule:
     patience: int = 7
     """Counted validations without an improvement before the run converges (0: off, the run trains to its cap).
     At 50 steps a validation: 350 steps, because a run can sit on a plateau for several validations before z is
-    found (docs/results.md, "Why each default")."""
+    found."""
     min_delta_objective: float = 0.02
     """Nats the val objective must fall below its best to count as an improvement: above the validation's own
-    noise, so that a run that has settled is not kept going by it (docs/results.md, "Why each default")."""
+    noise, so that a run that has settled is not kept going by it."""
     min_delta_mi: float = 0.02
     """Nats the MI must rise above its best to count as an improvement (the same reason)."""
 

@@ -78,8 +78,7 @@ def usage(q: np.ndarray) -> dict:
 
 # The floors below which the posterior is called flat (it carries no information about x, y), and
 # with it the strategy NMI / accuracy uninformative: argmax q or k-means of mu then sorts examples
-# by noise, and a near-uniform contingency can still score well, even perfectly (docs/results.md,
-# "The verdict's thresholds").
+# by noise, and a near-uniform contingency can still score well, even perfectly.
 MI_FLOOR = 0.01
 """nats: discrete exact MI, continuous MI estimate."""
 ACTIVE_UNIT_THRESHOLD = 0.01

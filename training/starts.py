@@ -1,6 +1,6 @@
 """Several starts: train each initialisation a round at a time, compare them once a code has formed, go on from one.
 
-A run's code is set in its first few hundred steps (docs/results.md, section 3), so ``optim.starts`` seeds are
+A run's code is set in its first few hundred steps, so ``optim.starts`` seeds are
 each trained ``start_steps`` in their own run directory (RUN/starts/seed-S/, resumable like any run) and validated
 on the whole val split. While no start's code has formed but one is forming (``another_round``), every start goes
 on by ``start_steps`` more, up to ``start_steps_max`` and below the cap. Then the start with the least validation

@@ -5,8 +5,8 @@ A TaskConfig holds the generator's and the base trainer's own configs, so every 
 settable here and hashed into the artefacts' keys. An artefact's directory is named by a key, a hash of
 the canonical JSON of everything that determines it (its config with defaults, and the keys or
 fingerprints of its inputs). Data is reused when its dataset.json records the same config; what is built on
-it (base model, cells) is keyed by the data's content, its shards' sha256, so a generator field added
-later with the old behaviour as its default regenerates the data but reuses the base trained on the same
+it (base model, cells) is keyed by the data's content, its shards' sha256, so a generator field whose
+default leaves the data as it was but reuses the base trained on the same
 bytes. A base model is reused only when it loads (which checks its files against its fingerprint) with the
 fingerprint recorded when it was built; the store by extract itself (a complete store for the fingerprint
 does nothing).
@@ -216,11 +216,11 @@ def inspection_estimate(store: Path, fingerprint: str) -> dict:
 
 ZCOND_TOLERANCE = 0.1
 """Nats per token the base may lose on the z-conditioned template against the z-free one before a setting is
-flagged: a base can read the z-free template well and the z-conditioned one badly (docs/results.md, "Long y")."""
+flagged: a base can read the z-free template well and the z-conditioned one badly."""
 
 
 def zcond_gap(stats: dict) -> float | None:
-    """The base's val NLL on the z-conditioned template minus the z-free one; None for a base that predates it."""
+    """The base's val NLL on the z-conditioned template minus the z-free one; None for a base whose stats lack either."""
     zcond, zfree = stats.get("base_val_nll_zcond"), stats.get("base_val_nll")
     return None if zcond is None or zfree is None else zcond - zfree
 

@@ -66,14 +66,13 @@ class SweepConfig:
     budget: CellBudget = field(default_factory=lambda: CellBudget(steps=1000, lr=3e-4))
     """Steps and evaluation size per cell: the survival recipe's 200 warm-start steps, then 800 at beta. Near the
     threshold z takes that long to settle, and at a higher learning rate the decoder falls apart on the tokens
-    surprisal-share barely weights (docs/results.md, "The collapse threshold" and "Why each default")."""
+    surprisal-share barely weights."""
     recipe: str = "survival"
     """A recipe (tokweight/presets/recipes/) applied to every cell; "default": train's."""
     cond: str = "token"
     """z pathway of every cell."""
     prefix_slots: int = 1
-    """Latent slots of the prefix pathway (finding z from scratch needs 2 or more: docs/results.md, "The z
-    pathways")."""
+    """Latent slots of the prefix pathway (finding z from scratch needs 2 or more)."""
     jobs: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
     """Cells trained at once, each in its own process with one torch thread."""
 

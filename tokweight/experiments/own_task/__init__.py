@@ -123,7 +123,7 @@ def arms(cfg: OwnTaskConfig) -> list[tuple[str, str, Loss]]:
     surprisal-share with each repair."""
     mixed = [(f"surprisal-share λ={lam:g}", ((LAMBDA, lam),)) for lam in cfg.mix_lambdas]
     # The anchor acts once beta is warm: from step 0 it pulled h0-n16's decoder back to the base before the
-    # E-step could use t0's asymmetry, and z was lost at beta 1 (docs/results/from-scratch/README.md).
+    # E-step could use t0's asymmetry, and z was lost at beta 1 (docs/history/results/from-scratch/README.md).
     start = cfg.budget.beta_warmup_steps
     anchored = [(f"surprisal-share anchor {w:g}/{m:g}", (("anchor_weight", w), ("anchor_margin", m),
                                                         ("anchor_start_step", start))) for w, m in cfg.anchors]
