@@ -68,8 +68,8 @@ from tokweight.training.train_config import IOConfig, TrainConfig
 
 
 def data_seed(seed: int) -> int:
-    """The stream's seed, the same for a run and its resumes (the 0 in the seed sequence was once the step
-    a run resumed from; kept, so that runs repeat the data they drew before)."""
+    """The stream's seed, the same for a run and its resumes: a function of (seed, 0), the 0 a fixed part of the
+    sequence that every run's data is drawn from."""
     return int(np.random.SeedSequence([seed, 0]).generate_state(1)[0])
 
 
