@@ -8,10 +8,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from tokweight.cli import main
+from tokweight.pipeline.templates import template_ids
 from tokweight.training.configs import CVAEConfig, LoRAConfig
+from tokweight.training.decode import latent_values
+from tokweight.training.encode import load_trained
 from tokweight.training.generate import GenerateConfig, in_form, run as generate
 from tokweight.training.train import run as train
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
@@ -36,30 +40,41 @@ CASES = {  # name: (backbone, CVAEConfig fields, LoRA rank)
     "llama-query-lora": ("llama", dict(cond="query", k=2), 4),
     "chat-token": ("chat", dict(cond="token", k=2), 0),
     "chat-query": ("chat", dict(cond="query", k=2), 0),
+    "text-prefix": ("text", dict(cond="prefix", slots=2, k=2), 0),
 }
-LINES = 4  # inputs generated per case
+LINES = 8  # inputs generated per case
 MAX_NEW = 12
+
+
+def extracted(ckpt, data, template, root):
+    from tokweight.pipeline.extract import ExtractConfig, run as extract
+
+    extract(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(root / "store"), template=str(template),
+                          progress=False, reader_process=False))
+    return root / "store"
 
 
 @pytest.fixture(scope="module")
 def chat_store(chat_checkpoint, text_data, tmp_path_factory):
-    from tokweight.pipeline.extract import ExtractConfig, run as extract
+    return extracted(chat_checkpoint, text_data, "chat", tmp_path_factory.mktemp("export_chat_store"))
 
-    store = tmp_path_factory.mktemp("export_chat_store") / "store"
-    extract(ExtractConfig(checkpoint=str(chat_checkpoint), data=str(text_data), store=str(store), template="chat",
-                          progress=False, reader_process=False))
-    return store
+
+@pytest.fixture(scope="module")
+def text_store(text_checkpoint, text_data, text_template, tmp_path_factory):
+    return extracted(text_checkpoint, text_data, text_template, tmp_path_factory.mktemp("export_text_store"))
 
 
 def where(backbone, request):
-    """(checkpoint, data, store) of a backbone: the tiny data with its store, or without one (an HF backbone's b
-    from the dynamic policy), or the chat model over string data."""
+    """(checkpoint, data, store) of a backbone: the built-in base model sure of y after its first two tokens (so
+    that decodes are whole sequences), the tiny HF models over the tiny data, the chat model and a GPT-2 with a string template over string data; b
+    from the store for the chat model and the GPT-2 with a string template, from the run's own backbone (the dynamic policy) for the others."""
     tiny = request.getfixturevalue("tiny")
     if backbone == "builtin":
-        return tiny[1], tiny[0], request.getfixturevalue("tiny_store")
-    if backbone == "chat":
-        return (request.getfixturevalue("chat_checkpoint"), request.getfixturevalue("text_data"),
-                request.getfixturevalue("chat_store"))
+        data, ckpt = request.getfixturevalue("two_regime")
+        return ckpt, data, None
+    if backbone in ("chat", "text"):
+        return (request.getfixturevalue(f"{backbone}_checkpoint"), request.getfixturevalue("text_data"),
+                request.getfixturevalue(f"{backbone}_store"))
     return request.getfixturevalue("hf_checkpoints")[backbone], tiny[0], None
 
 
@@ -131,7 +146,39 @@ def test_transformers_greedy_generation_is_tokweight_generate_for_every_value(na
     xs = [s.x for s in load_split(data, "val")[:LINES]]
     ours = generated_by_tokweight(run_dir, data, xs, tmp_path)
     assert generated_by_transformers(export, xs) == ours
-    assert any(len(y) > 0 for rows in ours for y in rows)
+    assert sum(len(y) > 1 for rows in ours for y in rows) >= K  # sequences, not only empty decodes
+    if not continuous:
+        assert_logits_are_the_decoders(run_dir, export, load_split(data, "val")[0])
+
+
+def assert_logits_are_the_decoders(run_dir, export_dir, sample):
+    """Teacher-forced over x's prompt and y: the exported model's input ids are those the CVAE's decoder reads under
+    each value, and its logits over the run's vocabulary are the decoder's at every position (1e-4)."""
+    _, model, vocab, _ = load_trained(str(run_dir), "cpu", "float32")
+    z, slot_ids = latent_values(model, None)
+    placeholder = [vocab.latent_id(0)] * model.conditioning.slots
+    ids, layout = template_ids(vocab, sample.x, sample.y, placeholder, key=sample.key)
+    ids = torch.tensor([ids[: layout.s_start + layout.T]])  # through y's end token
+    slot_pos = torch.tensor([list(layout.slot_positions)])
+    spec = json.loads((export_dir / "export.json").read_text())
+    for value in spec["values"]:
+        v = value["value"]
+        inputs, kwargs = model.conditioning.decoder_inputs(model.backbone, ids, slot_pos, z[v:v + 1], slot_ids[v:v + 1])
+        with torch.no_grad():
+            ours = model.backbone(inputs, **kwargs)[0][0]  # (L, V)
+        path = export_dir / value["model"]
+        tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+        x = sample.x if isinstance(sample.x, str) else list(sample.x)
+        prompt = (tok.apply_chat_template([{"role": "user", "content": x}], add_generation_prompt=True, tokenize=False)
+                  if "chat" in spec["prompt"] else spec["prompt"]["text"].replace("{x}", x if isinstance(x, str)
+                                                                                  else " ".join(x)))
+        hf_ids = tok(prompt + value["answer_prefix"], add_special_tokens=False)["input_ids"] + \
+            ids[0, layout.s_start:].tolist()
+        assert hf_ids == inputs[0].tolist()
+        with torch.no_grad():
+            theirs = hf(torch.tensor([hf_ids])).logits[0, :, : ours.shape[1]]
+        torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
 
 
 def test_the_memory_pathway_is_refused_in_one_line(tiny, tiny_store, tmp_path):
