@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from tokweight.cli import main
 from tokweight.pipeline.templates import template_ids
 from tokweight.training.configs import CVAEConfig, LoRAConfig
-from tokweight.training.decode import latent_values
+from tokweight.training.decode import latent_values, prompt_maker
 from tokweight.training.encode import load_trained
 from tokweight.training.generate import GenerateConfig, in_form, run as generate
 from tokweight.training.train import run as train
@@ -91,6 +91,14 @@ def trained(name, request, root) -> tuple:
     return out, data
 
 
+def exported_prompt(spec: dict, tok, x) -> str:
+    """export.json's prompt for x: the chat template's user turn, or the text around x (a symbol list joined by
+    spaces)."""
+    if "chat" in spec["prompt"]:
+        return tok.apply_chat_template([{"role": "user", "content": x}], add_generation_prompt=True, tokenize=False)
+    return spec["prompt"]["text"].replace("{x}", x if isinstance(x, str) else " ".join(x))
+
+
 def generated_by_transformers(export_dir, xs) -> list[list]:
     """Per value, per x: the greedy continuation's tokens (up to the end token, excluded), or its text for a
     string x, through AutoModelForCausalLM and AutoTokenizer alone."""
@@ -104,12 +112,7 @@ def generated_by_transformers(export_dir, xs) -> list[list]:
         end = tok.convert_tokens_to_ids(spec["end_token"])
         rows = []
         for x in xs:
-            if "chat" in spec["prompt"]:
-                prompt = tok.apply_chat_template([{"role": "user", "content": x}], add_generation_prompt=True,
-                                                 tokenize=False)
-            else:
-                prompt = spec["prompt"]["text"].replace("{x}", x if isinstance(x, str) else " ".join(x))
-            ids = tok(prompt + value["answer_prefix"], add_special_tokens=False, return_tensors="pt")["input_ids"]
+            ids = tok(exported_prompt(spec, tok, x) + value["answer_prefix"], add_special_tokens=False, return_tensors="pt")["input_ids"]
             new = model.generate(ids, max_new_tokens=MAX_NEW)[0, ids.shape[1]:].tolist()
             new = new[: new.index(end)] if end in new else new
             rows.append(tok.decode(new) if isinstance(x, str) else tok.convert_ids_to_tokens(new))
@@ -156,10 +159,10 @@ def assert_logits_are_the_decoders(run_dir, export_dir, sample):
     each value, and its logits over the run's vocabulary are the decoder's at every position (1e-4)."""
     _, model, vocab, _ = load_trained(str(run_dir), "cpu", "float32")
     z, slot_ids = latent_values(model, None)
-    placeholder = [vocab.latent_id(0)] * model.conditioning.slots
-    ids, layout = template_ids(vocab, sample.x, sample.y, placeholder, key=sample.key)
-    ids = torch.tensor([ids[: layout.s_start + layout.T]])  # through y's end token
-    slot_pos = torch.tensor([list(layout.slot_positions)])
+    prompt = prompt_maker(vocab, model.conditioning.slots)(sample.x, sample.key)  # generate's
+    full, layout = template_ids(vocab, sample.x, sample.y, [vocab.latent_id(0)], key=sample.key)
+    ids = torch.tensor([[*prompt.ids, *full[layout.s_start: layout.s_start + layout.T]]])  # y through its end token
+    slot_pos = torch.tensor([list(prompt.slot_positions)])
     spec = json.loads((export_dir / "export.json").read_text())
     for value in spec["values"]:
         v = value["value"]
@@ -169,12 +172,8 @@ def assert_logits_are_the_decoders(run_dir, export_dir, sample):
         path = export_dir / value["model"]
         tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
         hf = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
-        x = sample.x if isinstance(sample.x, str) else list(sample.x)
-        prompt = (tok.apply_chat_template([{"role": "user", "content": x}], add_generation_prompt=True, tokenize=False)
-                  if "chat" in spec["prompt"] else spec["prompt"]["text"].replace("{x}", x if isinstance(x, str)
-                                                                                  else " ".join(x)))
-        hf_ids = tok(prompt + value["answer_prefix"], add_special_tokens=False)["input_ids"] + \
-            ids[0, layout.s_start:].tolist()
+        hf_ids = tok(exported_prompt(spec, tok, sample.x) + value["answer_prefix"], add_special_tokens=False)["input_ids"] + \
+            ids[0, len(prompt.ids):].tolist()
         assert hf_ids == inputs[0].tolist()
         with torch.no_grad():
             theirs = hf(torch.tensor([hf_ids])).logits[0, :, : ours.shape[1]]
