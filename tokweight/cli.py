@@ -21,7 +21,7 @@ from tokweight.sql_cli import sql_cmd
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.train_cli import train as train_cmd
 from tokweight.experiment_cli import experiment
-from tokweight.use_cli import encode as encode_cmd, generate as generate_cmd
+from tokweight.use_cli import encode as encode_cmd, export as export_cmd, generate as generate_cmd
 
 
 OUTPUT_OPTIONS = ("--out", "--store")  # what a command creates; a failed one leaves no empty one behind
@@ -201,7 +201,8 @@ def demo(out, preset, seed, threads):
     click.echo(f"report: {result['report']}")
 
 
-for command in (extract, store, sql_cmd, inspect_cmd, train_cmd, eval_cmd, generate_cmd, encode_cmd, experiment):
+for command in (extract, store, sql_cmd, inspect_cmd, train_cmd, eval_cmd, generate_cmd, encode_cmd, export_cmd,
+                experiment):
     main.add_command(command)
 
 if __name__ == "__main__":

@@ -76,3 +76,23 @@ def encode(run_dir, data, split, out, batch_size, device, dtype, threads):
         raise click.ClickException(str(e)) from e
     echo_skips(result)
     click.echo(json.dumps(result, indent=1))
+
+
+@click.command("export")
+@run_option
+@click.option("--out", type=click.Path(file_okay=False), required=True,
+              help="Directory to write: export.json and the model directories transformers loads.")
+@click.option("--data", type=DataSource(), default=None,
+              help="Continuous latent: the dataset whose split's posterior means give the K centres, as generate.")
+@click.option("--split", default=None, help="Split of --data for the centres.  [default: test]")
+@threads_option
+def export(run_dir, out, data, split, threads):
+    """A trained CVAE as stock transformers models, one per latent value (token, prefix, query, layernorm)."""
+    from tokweight.training.export import ExportConfig, run
+
+    set_threads(threads)
+    try:
+        result = run(ExportConfig(run=run_dir, out=out, data=data, **given(split=split)))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(json.dumps(result, indent=1))
