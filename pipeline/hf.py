@@ -417,13 +417,19 @@ class HFBackbone(nn.Module):
         ``prefix`` (``self.prefix``), the L tokens continue it: its cache, a mask of the prefix positions
         each row sees, and positions from the row's prefix length. With a ``memory`` (``GPT.hidden``),
         they continue a cache holding its one position per layer (``memory_cache``), positions from 0.
-        With a ``query`` (``GPT.hidden``), each layer's queries are offset (``_queries``)."""
+        With a ``query`` (``GPT.hidden``), each layer's queries are offset (``_queries``).
+
+        Whole sequences run with an empty cache and no attention mask: without a cache, transformers' mask
+        preparation reads the position ids back from the device to look for packed sequences (a host sync; with
+        gradient checkpointing, which drops the cache in training, it still does)."""
         if prefix is not None or memory is not None:
             return self.extend(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory, query=query)[0]
         self._check(idx, ln_cond)
         inputs = {"inputs_embeds": tok_emb} if tok_emb is not None else {"input_ids": idx}
+        if not self.checkpointing:
+            inputs[self.cache_kwarg] = _transformers().DynamicCache(config=self.model.config)
         with self._queries(query):
-            return self.model.base_model(**inputs, use_cache=False).last_hidden_state
+            return self.model.base_model(**inputs, use_cache=not self.checkpointing).last_hidden_state
 
     def extend(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
                prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None,

@@ -70,16 +70,22 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
     if cfg.mode == "label":
         if labels is None:
             raise ValueError('estep mode "label" needs the batch\'s strategy labels')
-        return F.one_hot(labels.to(R.device), R.shape[-1]).to(R.dtype)
+        return one_hot(labels.to(R.device), R.shape[-1], R.dtype)
     log_q, hard = step_posterior(R, log_prior, cfg, beta)
     a = batch.rows(sinkhorn(batch.gather(log_q), cfg.balance_iters)) if cfg.balance_iters else log_q.exp()
     if hard or cfg.harden:  # the argmax's one-hot: every row, or the rows q* is sure of
-        top = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
+        top = one_hot(a.argmax(-1), R.shape[-1], R.dtype)
         a = top if hard else torch.where((a.max(-1).values >= cfg.harden)[:, None], top, a)
     if labels is not None:
         labels = labels.to(R.device)
-        a = torch.where(labels[:, None] >= 0, F.one_hot(labels.clamp(min=0), R.shape[-1]).to(R.dtype), a)
+        a = torch.where(labels[:, None] >= 0, one_hot(labels.clamp(min=0), R.shape[-1], R.dtype), a)
     return a
+
+
+def one_hot(index: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B,) indices in [0, k) -> (B, k) one-hot rows of ``dtype``: ``F.one_hot`` without its range check, which
+    reads the indices back from the device (a host sync) everywhere but on CUDA."""
+    return (index[:, None] == torch.arange(k, device=index.device)).to(dtype)
 
 
 def step_posterior(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float

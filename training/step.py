@@ -59,6 +59,19 @@ def step_terms(state: State, batch: TrainBatch, cfg) -> tuple[object, torch.Tens
     return terms.out, b, terms
 
 
+def build_optimizer(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
+    """AdamW over the trained parameters (no weight decay, betas 0.9 and 0.95); fused when they are all on CUDA
+    (``fuses``)."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95), fused=True if fuses(params) else None)
+
+
+def fuses(params) -> bool:
+    """Whether AdamW runs fused over ``params``: when every one is on CUDA. One kernel then updates them all and
+    keeps the step counters on the device; elsewhere torch's default (per-parameter or foreach kernels)."""
+    params = list(params)
+    return bool(params) and all(p.device.type == "cuda" for p in params)
+
+
 def optimizer_step(state: State, grad_clip: float, lr: float) -> None:
     params = [p for p in state.model.parameters() if p.requires_grad]
     if grad_clip > 0:

@@ -57,7 +57,7 @@ from tokweight.training.losses import WEIGHTINGS, WeightingParams
 from tokweight.training.run_dir import append_metrics, committed_checkpoint, resume, write_config
 from tokweight.training.starts import compare_starts, continued, read_starts, seeded, start_dir
 from tokweight.training.state import Progress, State, set_rng_states
-from tokweight.training.step import train_step
+from tokweight.training.step import build_optimizer, train_step
 from tokweight.training.stream import TrainStream
 from tokweight.training.train_base import memorised_line
 from tokweight.training.train_config import IOConfig, TrainConfig
@@ -116,8 +116,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
     saved = resume(cfg, model, init.fingerprint, ranks.rank, ranks.world, continue_from) or {}
     sharded = is_sharded(cfg.io.shard, ranks.world)
     engine = wrap(model, cfg.io.shard, ranks, device)  # DDP around the model, or the model sharded in place
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr, weight_decay=0.0,
-                            betas=(0.9, 0.95))
+    opt = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim.lr)
     if "optimizer" in saved:
         load_optimizer_state(model, opt, saved["optimizer"], sharded)
     seed_dropout(cfg.optim.seed, ranks.rank)
@@ -200,7 +199,7 @@ def init_memory(model: CVAE, stream: TrainStream, ranks: GlobalBatch, device: to
     batch = next(stream.batches(0)).to(home)
     model.backbone.eval()  # no dropout draw: the run's random stream stays as without the measurement
     with torch.no_grad():
-        mean, spread = token_key_values(model.backbone, batch.zcond.input_ids[:, : int(batch.z_pos.max())],
+        mean, spread = token_key_values(model.backbone, batch.zcond.input_ids[:, : batch.widths.prefix],
                                         batch.z_pos)
     model.backbone.train()
     if ranks.world > 1:
