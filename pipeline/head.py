@@ -40,6 +40,33 @@ def chunk_rows(vocab_size: int, device: torch.device, chunk_elements: int | None
     return max(1, chunk_elements // vocab_size)
 
 
+def token_logits(module, hidden: torch.Tensor, ids: torch.Tensor | None = None, *,
+                 transpose: bool = False) -> torch.Tensor:
+    """(..., d) hidden states -> (..., V) logits of a module holding token rows (an output head, or a tied input
+    embedding: ``transpose``, as ``hidden @ weight.T``), or (..., len(ids)) those of the tokens ``ids`` only. A
+    weight parametrized by trainable rows over a frozen one (``training.lora.LatentRows``: what offers ``logits``)
+    gives its logits without rebuilding the (V, d) weight."""
+    bias = getattr(module, "bias", None)
+    rows = trainable_rows_of(module)
+    if rows is not None:
+        return rows.logits(module.parametrizations.weight.original, hidden, ids, bias)
+    if transpose:
+        return hidden @ (module.weight if ids is None else module.weight[ids]).T
+    if ids is None:
+        return module(hidden)
+    return F.linear(hidden, module.weight[ids], None if bias is None else bias[ids])
+
+
+def trainable_rows_of(module):
+    """The weight's parametrization that offers ``logits`` and ``lookup`` (trainable rows over a frozen weight),
+    when it is the only one and is on; else None."""
+    parametrizations = getattr(module, "parametrizations", None)
+    chain = getattr(parametrizations, "weight", None)
+    if chain is None or len(chain) != 1 or not hasattr(chain[0], "logits") or not chain[0].enabled:
+        return None
+    return chain[0]
+
+
 def target_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(N, V) logits, (N,) target ids -> (N,) NLL in nats, float32: -log_softmax(logits)[target]. Cross-entropy
     fuses the log-softmax and its backward: fewer passes over (N, V) than logsumexp(logits) - logits[target]."""

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.extras import require
+from tokweight.pipeline.head import token_logits
 from tokweight.pipeline.model import SharedPrefix, continues, memory_layers, suffix_positions
 from tokweight.pipeline.rendering import BackendEncoder, Check, Renderer, batch_encoder, verify
 from tokweight.pipeline.templates import TEMPLATE_VERSION, TOKWEIGHT, Rendered, Template, cut_at_y, text_parts
@@ -483,10 +484,7 @@ class HFBackbone(nn.Module):
 
     def head(self, hidden: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         """(..., d) -> (..., V) logits, or (..., len(ids)) those of the tokens ``ids`` only."""
-        out = self.model.get_output_embeddings()
-        if ids is None:
-            return out(hidden)
-        return F.linear(hidden, out.weight[ids], None if out.bias is None else out.bias[ids])
+        return token_logits(self.model.get_output_embeddings(), hidden, ids)
 
     def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
                 prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None,
