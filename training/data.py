@@ -8,6 +8,7 @@ three run per shard (``shard_examples``):
                -> (url, Sample, stored row | None)    join_store: by (__url__, __key__), before any shuffle
                -> Example                             encode: templates, T and echoed-id checks
                -> Example (shuffled)                  shuffle (seeded)
+               -> Example (in runs of similar length) bucketed (training, where asked; seeded)
                -> TrainBatch                          batched + collate_examples
 
 Bad samples follow one rule in every stage (``BadSamples``): what extraction skipped, as the
@@ -321,6 +322,21 @@ def shuffle(items: Iterable, buffer: int, rng: random.Random) -> Iterator:
     yield from pool
 
 
+def bucketed(items: Iterable[Example], batch: int, batches: int, rng: random.Random) -> Iterator[Example]:
+    """Stage: the examples in runs of ``batch`` of similar lengths. ``batches`` runs' worth are taken at a time,
+    sorted (stably) by the z-conditioned sequence's length and then the prefix's (<z>'s position), cut into runs
+    of ``batch``, and the runs handed out in an order drawn from ``rng``; a consumer that takes ``batch`` examples
+    at a time gets one run, whose sequences pad to about one length. Every example is handed out once; a finite
+    stream's last take may be short."""
+    it = iter(items)
+    while pool := list(islice(it, batch * batches)):
+        pool.sort(key=lambda ex: (len(ex.zcond), ex.layout.z_pos))
+        runs = [pool[i: i + batch] for i in range(0, len(pool), batch)]
+        rng.shuffle(runs)
+        for run in runs:
+            yield from run
+
+
 def batched(items: Iterable[Example], batch_size: int, *, partial: bool) -> Iterator[TrainBatch]:
     it = iter(items)
     while chunk := list(islice(it, batch_size)):
@@ -344,6 +360,7 @@ class StreamSpec:
     store: StoreRef | None = None
     seed: int = 0
     shuffle_buffer: int = 256
+    length_buckets: int = 0  # a training lane's batches drawn at a time and bucketed by length (``bucketed``); 0: off
     lanes: int = 1
     root: str | None = None  # the dataset (its root, or the --data that gave its URLs) shards are named relative to
     on_bad_sample: str = "error"  # a bad sample the store does not record as skipped: "error" or "skip"
