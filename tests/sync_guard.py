@@ -42,8 +42,8 @@ aten = torch.ops.aten
 READS = {torch.Tensor.tolist: "tolist", torch.Tensor.numpy: "numpy", torch.Tensor.cpu: "cpu"}
 SYNCING_OPS = {aten._local_scalar_dense.default: "item / bool / int / float", aten.nonzero.default: "nonzero",
                aten.masked_select.default: "masked_select",
-               aten.masked_scatter_backward.default: "masked_scatter's backward (masked_select)", aten.unique_dim.default: "unique",
-               aten._unique2.default: "unique", aten._unique.default: "unique",
+               aten.masked_scatter_backward.default: "masked_scatter's backward (masked_select)",
+               aten.unique_dim.default: "unique", aten._unique2.default: "unique", aten._unique.default: "unique",
                aten.unique_consecutive.default: "unique_consecutive"}
 
 
@@ -60,15 +60,15 @@ class Sync:
         return f"{self.where}: {self.what}"
 
 
-def _caller() -> tuple[str, str]:
-    """(path, "path:line") of the nearest frame outside torch and this file."""
+def _caller() -> str:
+    """"path:line" of the nearest frame outside torch and this file."""
     frame = sys._getframe(2)
     while frame is not None:
         path = frame.f_code.co_filename
         if not path.startswith(TORCH_DIR) and path != __file__:
-            return path, f"{path}:{frame.f_lineno}"
+            return f"{path}:{frame.f_lineno}"
         frame = frame.f_back
-    return "", "?"
+    return "?"
 
 
 MACHINERY = tuple(os.path.join(TORCH_DIR, name) for name in ("_dynamo", "_compile.py", "overrides.py", "utils/_"))
@@ -111,7 +111,7 @@ class _Reads(TorchFunctionMode):
         if what is None and func is torch.Tensor.to and _to_host(args, kwargs):
             what = "to('cpu')"
         if what is not None and not _by_optimizer():
-            self.found.append(Sync(what, _caller()[1]))
+            self.found.append(Sync(what, _caller()))
         return func(*args, **kwargs)
 
 
@@ -134,7 +134,7 @@ class _Ops(TorchDispatchMode):
         kwargs = kwargs or {}
         what = _syncing_op(func, args, kwargs)
         if what is not None and not _by_optimizer():
-            self.found.append(Sync(what, _caller()[1]))
+            self.found.append(Sync(what, _caller()))
         return func(*args, **kwargs)
 
 

@@ -1,7 +1,8 @@
 """The sync guard (``tests/sync_guard.py``): a step that does not log makes no host sync (SPEC §6), which a
 CPU-only suite cannot see by itself. First that the guard sees each kind of sync (and not what does not sync);
 then ``train``'s steps under it: the default recipe, each z pathway, a continuous latent, the frozen and dynamic
-policies, a Hugging Face Llama whole and with LoRA."""
+policies, example-inverse's batch normalisation, labelled examples' weights, a Hugging Face Llama whole and with
+LoRA."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from tests.sync_guard import HostSyncFound, HostSyncs, without_syncs
 from tokweight.training import train as train_module
-from tokweight.training.configs import CVAEConfig
+from tokweight.training.configs import CVAEConfig, EStepConfig
 from tokweight.training.step import train_step
 from tokweight.training.train import run as train
 from tokweight.training.train_config import IOConfig, LoRAConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
@@ -91,8 +92,10 @@ def config(data, ckpt, out, store=None, steps=3, **groups) -> TrainConfig:
     {}, {"cvae": CVAEConfig(cond="prefix")}, {"cvae": CVAEConfig(cond="token", slots=1)},
     {"cvae": CVAEConfig(cond="memory", slots=1)}, {"cvae": CVAEConfig(cond="layernorm", slots=1)},
     {"cvae": CVAEConfig(latent="continuous", z_dim=2)}, {"loss": LossConfig(policy="frozen")},
-    {"loss": LossConfig(policy="dynamic")}],
-    ids=["default", "prefix", "token", "memory", "layernorm", "continuous", "frozen", "dynamic"])
+    {"loss": LossConfig(policy="dynamic")}, {"loss": LossConfig(weighting="example-inverse")},
+    {"estep": EStepConfig(labelled=0.2)}],
+    ids=["default", "prefix", "token", "memory", "layernorm", "continuous", "frozen", "dynamic", "example-inverse",
+         "labelled"])
 def test_a_step_that_does_not_log_makes_no_host_sync(tiny, tiny_store, tmp_path, monkeypatch, groups):
     data, ckpt = tiny
     counts = guarded_run(monkeypatch, config(data, ckpt, tmp_path / "run", tiny_store, **groups))

@@ -161,16 +161,18 @@ def step_labels(cfg: EStepConfig, strategies, names: tuple[str, ...], keys) -> t
     return labelled_indices(strategies, names, keys, cfg.labelled)
 
 
-def labelled_weights(labels: torch.Tensor, share: float, batch: GlobalBatch = LOCAL) -> torch.Tensor | None:
-    """(B,) weights of the examples in the batch's fit, global-batch mean 1, under which the labelled ones
-    (labels >= 0) carry ``share`` of it and the rest 1 - share, each example of a part alike; None (unweighted)
-    where the global batch lacks either kind. The labelled rows count over the global batch, so every rank weighs
-    its rows as one process would."""
+def labelled_weights(labels: torch.Tensor, share: float, batch: GlobalBatch = LOCAL
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """((B,) weights of the examples in the batch's fit, () bool whether to weigh it): global-batch mean 1, under
+    which the labelled ones (labels >= 0) carry ``share`` of it and the rest 1 - share, each example of a part
+    alike; not weighed (the weights 1) where the global batch lacks either kind. The labelled rows count over the
+    global batch, so every rank weighs its rows as one process would; the count stays on the device (no host
+    sync), in float64 as the weights are formed."""
     labelled = labels >= 0
-    n, n_labelled = labelled.numel() * batch.world, int(batch.gather(labelled.float()).sum())
-    if n_labelled in (0, n):
-        return None
-    return torch.where(labelled, share * n / n_labelled, (1 - share) * n / (n - n_labelled))
+    n, n_labelled = labelled.numel() * batch.world, batch.gather(labelled.double()).sum()  # () the labelled rows
+    weighted = (n_labelled > 0) & (n_labelled < n)
+    w = torch.where(labelled, share * n / n_labelled.clamp(min=1), (1 - share) * n / (n - n_labelled).clamp(min=1))
+    return torch.where(weighted, w, 1.0).float(), weighted
 
 
 def distillation(log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
