@@ -80,4 +80,5 @@ def s_nll(model, batch: Batch) -> torch.Tensor:
     """(B, T_max) per-token NLL over S of a batch in one template, nats, 0 where masked: the
     z-free surprisal b when the batch is z-free (the base model's training loss, the frozen baseline).
     The head runs on the states that predict S only."""
-    return nll_over_s(model, model.hidden(batch.input_ids), batch.logit_pos, batch.targets, batch.mask)
+    return nll_over_s(model, model.hidden(batch.input_ids), batch.logit_pos, batch.targets, batch.mask,
+                      count=batch.s_tokens)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from tokweight.pipeline.dtypes import FORWARD_DTYPES
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.extras import require
+from tokweight.pipeline.head import token_logits
 from tokweight.pipeline.model import SharedPrefix, continues, memory_layers, suffix_positions
 from tokweight.pipeline.rendering import BackendEncoder, Check, Renderer, batch_encoder, verify
 from tokweight.pipeline.templates import TEMPLATE_VERSION, TOKWEIGHT, Rendered, Template, cut_at_y, text_parts
@@ -417,13 +418,19 @@ class HFBackbone(nn.Module):
         ``prefix`` (``self.prefix``), the L tokens continue it: its cache, a mask of the prefix positions
         each row sees, and positions from the row's prefix length. With a ``memory`` (``GPT.hidden``),
         they continue a cache holding its one position per layer (``memory_cache``), positions from 0.
-        With a ``query`` (``GPT.hidden``), each layer's queries are offset (``_queries``)."""
+        With a ``query`` (``GPT.hidden``), each layer's queries are offset (``_queries``).
+
+        Whole sequences run with an empty cache and no attention mask: without a cache, transformers' mask
+        preparation reads the position ids back from the device to look for packed sequences (a host sync; with
+        gradient checkpointing, which drops the cache in training, it still does)."""
         if prefix is not None or memory is not None:
             return self.extend(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory, query=query)[0]
         self._check(idx, ln_cond)
         inputs = {"inputs_embeds": tok_emb} if tok_emb is not None else {"input_ids": idx}
+        if not self.checkpointing:
+            inputs[self.cache_kwarg] = _transformers().DynamicCache(config=self.model.config)
         with self._queries(query):
-            return self.model.base_model(**inputs, use_cache=False).last_hidden_state
+            return self.model.base_model(**inputs, use_cache=not self.checkpointing).last_hidden_state
 
     def extend(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
                prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None,
@@ -477,10 +484,7 @@ class HFBackbone(nn.Module):
 
     def head(self, hidden: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         """(..., d) -> (..., V) logits, or (..., len(ids)) those of the tokens ``ids`` only."""
-        out = self.model.get_output_embeddings()
-        if ids is None:
-            return out(hidden)
-        return F.linear(hidden, out.weight[ids], None if out.bias is None else out.bias[ids])
+        return token_logits(self.model.get_output_embeddings(), hidden, ids)
 
     def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
                 prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None,

@@ -27,6 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from tokweight.pipeline.head import token_logits
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -315,8 +317,7 @@ class GPT(nn.Module):
     def head(self, hidden: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         """(..., d) hidden states -> (..., V) logits, or (..., len(ids)) those of the tokens ``ids`` only
         (the output embedding is tied to wte)."""
-        weight = self.wte.weight if ids is None else self.wte.weight[ids]
-        return hidden @ weight.T
+        return token_logits(self.wte, hidden, ids, transpose=True)
 
     def forward(self, idx: torch.Tensor, *, tok_emb: torch.Tensor | None = None, ln_cond: torch.Tensor | None = None,
                 prefix: SharedPrefix | None = None, memory: torch.Tensor | None = None,

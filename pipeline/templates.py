@@ -310,23 +310,31 @@ class Batch:
     input_ids:   (B, L) long, <pad> = 0 past each sequence's end
     logit_pos:   (B, T_max) long, the position whose logits predict S position t (0 where masked)
     targets:     (B, T_max) long, S token ids (0 where masked)
-    mask:        (B, T_max) bool, True on real S positions
+    mask:        (B, T_max) bool, True on real S positions (each row's first T)
+    s_tokens:    the mask's True entries (sum of T), a host int counted when the batch is built, so that the
+                 head indexes S without reading the mask back from the device (``head.nll_over_s``); None: unknown
     """
 
     input_ids: torch.Tensor
     logit_pos: torch.Tensor
     targets: torch.Tensor
     mask: torch.Tensor
+    s_tokens: int | None = None
 
     @classmethod
     def of(cls, arrays: BatchArrays) -> "Batch":
         """Tensors sharing the arrays' memory (no copy)."""
         import torch
 
-        return cls(*map(torch.from_numpy, arrays))
+        return cls(*map(torch.from_numpy, arrays), s_tokens=int(arrays.mask.sum()))
 
-    def to(self, device) -> "Batch":
-        return Batch(*(t.to(device) for t in (self.input_ids, self.logit_pos, self.targets, self.mask)))
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        move = lambda t: t.to(device, non_blocking=non_blocking)
+        return Batch(*map(move, (self.input_ids, self.logit_pos, self.targets, self.mask)), s_tokens=self.s_tokens)
+
+    def pin_memory(self) -> "Batch":
+        return Batch(*(t.pin_memory() for t in (self.input_ids, self.logit_pos, self.targets, self.mask)),
+                     s_tokens=self.s_tokens)
 
 
 def collate(seqs: Sequence[Sequence[int]], layouts: Sequence[Layout], *, pad_to: int | None = None) -> Batch:

@@ -18,9 +18,13 @@
    reads them), each variant in a fresh process
    (the peak is the process's ru_maxrss, the high-water mark of its resident pages; above
    start: minus the resident size before the first step), as ratios head-on-S / full;
-7. the query pathway's step (its K + 1 passes whole) against the prefix's (x's prefix shared), K = 4.
+7. the query pathway's step (its K + 1 passes whole) against the prefix's (x's prefix shared), K = 4;
+8. a step without waste: a non-logging step of the default recipe at K = 4 against the sum of its passes' bare
+   forward-backward (the backbone and the head on S of the z-free pass, the K copies and the prior's prefix, each
+   run and backpropagated alone; target <= 1.15), the padding share of the tokens those passes compute (target
+   <= 5%), and the host syncs of a non-logging step (``tests/sync_guard.py``; target 0).
 
-    python scripts/bench_train.py [--work DIR] [--steps N] [--only-head | --only-pathways]
+    python scripts/bench_train.py [--work DIR] [--steps N] [--only-head | --only-pathways | --only-lean]
 """
 
 from __future__ import annotations
@@ -65,14 +69,14 @@ def prepare(work: Path) -> tuple[Path, Path, Path]:
 
 def make_state(data, ckpt, store, work, policy, batch_size, k=K, cond="prefix"):
     """(the run's state, its config) after setup; through the prefix unless ``cond`` says otherwise (cases 1-5
-    measure what sharing x's prefix and the store save, which the prefix pathway allows)."""
+    measure what sharing x's prefix and the store save, which the prefix pathway allows; None: the default)."""
     from tokweight.pipeline.ranks import Ranks
     from tokweight.training.configs import CVAEConfig
     from tokweight.training.train import setup
     from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     cfg = TrainConfig(io=IOConfig(checkpoint=str(ckpt), data=str(data), store=str(store),
-                                  out=str(work / f"run-{policy}-{cond}"), num_workers=0),
+                                  out=str(work / f"run-{policy}-{cond or 'default'}"), num_workers=0),
                       cvae=CVAEConfig(k=k, cond=cond), loss=LossConfig(policy=policy),
                       optim=OptimConfig(batch_size=batch_size, steps=10**6), log=LogConfig(grad_diag_every=0))
     return setup(cfg, Ranks()), cfg
@@ -256,12 +260,110 @@ def print_shared_prefix(result: dict, steps: int, batch_size: int, load_before: 
           f"{load_average()} after)")
 
 
+def bare_passes(model, batch):
+    """One callable running the step's passes alone, each forward then its own backward: the z-free pass (its
+    states, the head on S without gradients, a backward from the states the posterior reads), the K copies (their
+    states and the head on S, backpropagated) and, where z reaches the prefix, the prior's prefix (its states at
+    <z>, the K latent tokens' logits, backpropagated): the work a step cannot do without."""
+    from tokweight.pipeline.head import nll_over_s
+
+    bb, free, cond, widths = model.backbone, batch.zfree, batch.zcond, batch.widths
+    B, C = len(batch), model.latent.copies
+    rows = torch.arange(B)
+    z, slot_ids = model.latent.decoder_inputs(torch.zeros(B, C))
+    rep = lambda t: t.repeat_interleave(C, 0)
+
+    def run():
+        hidden = bb.hidden(free.input_ids)
+        with torch.no_grad():
+            nll_over_s(bb, hidden, free.logit_pos, free.targets, free.mask, count=free.s_tokens)
+        hidden[rows, batch.last_pos].sum().backward()
+        ids, kwargs = model.conditioning.decoder_inputs(bb, rep(cond.input_ids), rep(batch.slot_pos), z, slot_ids)
+        hidden = bb.hidden(ids, **kwargs)
+        nll_over_s(bb, hidden, rep(cond.logit_pos), rep(cond.targets), rep(cond.mask), count=C * cond.s_tokens
+                   ).sum().backward()
+        if model.conditioning.modulates_prefix:
+            hidden = bb.hidden(cond.input_ids[:, : widths.prefix + 1])
+            bb.head(hidden[rows, batch.z_pos], model.latent.prior_tokens).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    return run
+
+
+def padding_share(batch, copies: int, shares_prefix: bool, modulates_prefix: bool) -> tuple[int, int]:
+    """(tokens the step's passes compute, of which padding): the z-free pass and the copies over their widths
+    (past the shared prefix when it is shared, which then runs once), and the prior's prefix where z reaches it."""
+    z_pos = batch.z_pos.tolist()
+    free = (batch.last_pos + 1).tolist()
+    cond = (batch.zcond.input_ids != 0).sum(1).tolist()  # <pad> is 0, no token of a sequence
+    B, w = len(batch), batch.widths
+    if shares_prefix:
+        computed = B * w.prefix + B * w.free_suffix + copies * B * w.cond_suffix
+        real = sum(z_pos) + sum(f - z for f, z in zip(free, z_pos)) + copies * sum(c - z for c, z in zip(cond, z_pos))
+    else:
+        computed = B * batch.zfree.input_ids.shape[1] + copies * B * batch.zcond.input_ids.shape[1]
+        real = sum(free) + copies * sum(cond)
+    if modulates_prefix:
+        computed += B * (w.prefix + 1)
+        real += sum(z + 1 for z in z_pos)
+    return computed, computed - real
+
+
+LENGTH_BUCKETS = 16
+"""``IOConfig.length_buckets`` for case 8's bucketed padding share: batches drawn and bucketed at a time."""
+
+
+def bench_lean_step(data, ckpt, store, work, steps, batch_size) -> dict:
+    """Case 8: the default recipe's non-logging step at K = 4 against the sum of its passes' bare
+    forward-backward (alternating, medians), the padding share over the timed batches, and the host syncs of one
+    guarded step."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.sync_guard import HostSyncs
+    from tokweight.training.step import train_step
+    from tokweight.training.stream import TrainStream
+
+    run = make_state(data, ckpt, store, work, "precomputed", batch_size, K, cond=None)
+    state, cfg = run
+    fed = batches(state, steps + 1)
+    bare = [bare_passes(state.model, batch) for batch in fed]
+
+    def bare_time(i: int) -> float:
+        t = time.perf_counter()
+        bare[i]()
+        return time.perf_counter() - t
+
+    med = alternating_medians({"step": lambda i: step_time(run, fed[i]), "bare": bare_time}, steps)
+    model = state.model
+    counts = [padding_share(b, model.latent.copies, model.shares_prefix, model.conditioning.modulates_prefix)
+              for b in fed]
+    bucketed = list(islice(TrainStream(replace(state.spec, length_buckets=LENGTH_BUCKETS), 0, 1).batches(0),
+                           steps + 1))
+    counts_bucketed = [padding_share(b, model.latent.copies, model.shares_prefix, model.conditioning.modulates_prefix)
+                       for b in bucketed]
+    with HostSyncs() as syncs:
+        train_step(state, fed[0], cfg, logged=False)
+    share = lambda counts: sum(p for _, p in counts) / sum(c for c, _ in counts)
+    return {"step_s": med["step"], "bare_s": med["bare"], "ratio": med["step"] / med["bare"],
+            "cond": model.conditioning.mode, "shares_prefix": model.shares_prefix,
+            "padding_share": share(counts), "padding_share_bucketed": share(counts_bucketed),
+            "host_syncs": len(syncs.found)}
+
+
+def print_lean_step(result: dict, steps: int, batch_size: int, load_before: str) -> None:
+    print(f"step without waste, default recipe ({result['cond']} pathway, x's prefix shared: "
+          f"{result['shares_prefix']}), K={K}, batch {batch_size}, median of {steps} alternating: non-logging step "
+          f"{result['step_s'] * 1e3:.1f} ms vs its passes' bare forward-backward {result['bare_s'] * 1e3:.1f} ms = "
+          f"{result['ratio']:.3f} (target <= 1.15); padding {result['padding_share']:.2%} of the tokens computed, "
+          f"{result['padding_share_bucketed']:.2%} with length_buckets={LENGTH_BUCKETS} (target <= 5%); host syncs in a non-logging step: {result['host_syncs']} (target 0); load average "
+          f"{load_before} before, {load_average()} after")
+
+
 HEAD_VOCAB, HEAD_SLOTS, HEAD_STEPS = 131_072, 4, 3
 HEAD_BATCH = {"train": 8, "eval": 64}  # eval: a validation batch (eval_batch_size), where full logits peaked
 HEAD_VARIANTS = ("full_logits", "head_on_s")
 
 
-def full_logits_nll(model, hidden, logit_pos, targets, mask) -> torch.Tensor:
+def full_logits_nll(model, hidden, logit_pos, targets, mask, count=None) -> torch.Tensor:
     """The CVAE's S NLLs before pipeline/head.py: logits (N, L, V) at every position, then gathered."""
     from tokweight.pipeline.templates import gather_s, token_surprisal
 
@@ -371,6 +473,7 @@ def main():
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--only-head", action="store_true", help="only case 6 (head on S vs full logits, 131k vocabulary)")
     ap.add_argument("--only-pathways", action="store_true", help="only case 7 (the query pathway's step vs the prefix's)")
+    ap.add_argument("--only-lean", action="store_true", help="only case 8 (a step without waste)")
     ap.add_argument("--head-child", nargs=2, metavar=("VARIANT", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -384,6 +487,12 @@ def main():
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_train_"))
     data, ckpt, store = prepare(work)
+    if args.only_lean:
+        load_before = load_average()
+        lean = bench_lean_step(data, ckpt, store, work, args.steps, args.batch_size)
+        print_lean_step(lean, args.steps, args.batch_size, load_before)
+        print(json.dumps({"lean_step": lean}, default=float))
+        return
     if args.only_pathways:
         load_before = load_average()
         pathways = bench_pathways(data, ckpt, store, work, args.steps, args.batch_size)
@@ -414,10 +523,13 @@ def main():
     load_before = load_average()
     pathways = bench_pathways(data, ckpt, store, work, args.steps, args.batch_size)
     print_pathways(pathways, args.steps, args.batch_size, load_before)
+    load_before = load_average()
+    lean = bench_lean_step(data, ckpt, store, work, args.steps, args.batch_size)
+    print_lean_step(lean, args.steps, args.batch_size, load_before)
     head = bench_head_on_s(HEAD_STEPS)
     print_head_on_s(head, HEAD_STEPS)
     print(json.dumps({"steps": steps, "memory": mem, "join": join, "copies": copies, "shared_prefix": shared,
-                      "pathways": pathways, "head_on_s": head}, default=float))
+                      "pathways": pathways, "lean_step": lean, "head_on_s": head}, default=float))
 
 
 if __name__ == "__main__":

@@ -230,11 +230,13 @@ def test_labelled_examples_carry_their_share_of_the_fit_however_few():
     from tokweight.training.estep import labelled_weights
 
     labels = torch.tensor([2, -1, -1, -1, -1, -1, -1, -1])  # one labelled example in 8
-    w = labelled_weights(labels, 0.5)
-    assert w[0].item() == 4.0 and torch.all(w[1:] == 4 / 7)  # half the weight on 1 row, half on 7
+    w, weighted = labelled_weights(labels, 0.5)
+    assert weighted and w[0].item() == 4.0 and torch.all(w[1:] == 4 / 7)  # half the weight on 1 row, half on 7
     torch.testing.assert_close(w.mean(), torch.tensor(1.0))
-    torch.testing.assert_close(labelled_weights(labels, 0.2)[labels >= 0].sum() / 8, torch.tensor(0.2))
-    assert labelled_weights(torch.full((8,), -1), 0.5) is None and labelled_weights(torch.zeros(8), 0.5) is None
+    torch.testing.assert_close(labelled_weights(labels, 0.2)[0][labels >= 0].sum() / 8, torch.tensor(0.2))
+    for one_kind in (torch.full((8,), -1), torch.zeros(8)):  # none labelled, or all: not weighed
+        w, weighted = labelled_weights(one_kind, 0.5)
+        assert not weighted and torch.equal(w, torch.ones(8))
     with pytest.raises(ValueError, match="labelled_weight must be a share in"):
         E(labelled_weight=1.0)
 

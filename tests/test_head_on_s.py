@@ -105,3 +105,40 @@ def test_a_cvae_step_runs_the_head_on_s_and_the_latent_rows_only():
     # forward: the z-free pass, then the K copies; backward: the copies' head again (recomputed, not kept)
     assert rows == [n_s, cfg.k * n_s, cfg.k * n_s]
     assert [(n, ids.tolist()) for n, ids in calls if ids is not None] == [(2, model.latent.latent_ids.tolist())]
+
+
+def test_the_host_count_indexes_s_as_nonzero_does_and_gives_the_same_nlls_bitwise():
+    """``s_index`` with the host's count of S tokens (no read-back of the mask) is the mask's nonzero, in its
+    order; a row of no S token is allowed. The head's NLLs and gradients through it are bitwise those of the
+    nonzero path."""
+    from tokweight.pipeline.head import s_index
+
+    mask = torch.arange(6) < torch.tensor([3, 0, 6, 1])[:, None]
+    for got, want in zip(s_index(mask, int(mask.sum())), mask.nonzero(as_tuple=True)):
+        assert torch.equal(got, want)
+    model = backbone("gpt")
+    batch = s_batch(3)
+    runs = []
+    for count in (None, int(batch[3].sum())):
+        model.zero_grad()
+        nll = nll_over_s(model, model.hidden(batch[0]), *batch[1:], chunk_elements=CHUNK, count=count)
+        (nll * torch.linspace(0.5, 2.0, nll.numel()).view(nll.shape)).sum().backward()
+        runs.append((nll.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+
+
+def test_head_chunks_are_sized_for_the_device_and_do_not_change_the_values():
+    from tokweight.pipeline.head import LOGIT_CHUNK_BYTES, chunk_rows
+
+    cpu = torch.device("cpu")
+    assert chunk_rows(152_064, cpu) == LOGIT_CHUNK_BYTES["cpu"] // 4 // 152_064 >= 100
+    assert LOGIT_CHUNK_BYTES["cuda"] // 4 // 152_064 >= 1000  # a GPU's chunk: over a thousand rows at 152k
+    assert chunk_rows(152_064, torch.device("meta")) == chunk_rows(152_064, cpu)  # other devices: the CPU's
+    assert chunk_rows(10 ** 9, cpu) == 1 and chunk_rows(V, cpu, chunk_elements=CHUNK) == 5
+    model = backbone("gpt").eval()
+    batch = s_batch(4)
+    with torch.no_grad():
+        hidden = model.hidden(batch[0])
+        by_size = [nll_over_s(model, hidden, *batch[1:], chunk_elements=n * V) for n in (1, 3, 1000)]
+    assert all(torch.equal(by_size[0], other) for other in by_size[1:])

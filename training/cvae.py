@@ -65,14 +65,15 @@ class Frame:
     def shared(cls, backbone, batch: TrainBatch) -> Frame:
         """The prefix both templates share: <bos> <x> x </x>, the tokens before <z>."""
         start = batch.z_pos
-        return cls(backbone.prefix(batch.zcond.input_ids[:, : int(start.max())], start), start)
+        return cls(backbone.prefix(batch.zcond.input_ids[:, : batch.widths.prefix], start), start)
 
-    def ids(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """(B, L) sequences of ``lengths`` tokens -> their tokens from ``start`` on (B, W), W the longest;
-        past a row's end, any tokens (attention is causal: a row's own tokens never see them)."""
+    def ids(self, ids: torch.Tensor, width: int) -> torch.Tensor:
+        """(B, L) sequences -> their tokens from ``start`` on (B, ``width``), ``width`` (a host int) the longest
+        row's tokens from its start on; past a row's end, any tokens (attention is causal: a row's own tokens
+        never see them)."""
         if self.prefix is None:
             return ids
-        cols = self.start[:, None] + torch.arange(int((lengths - self.start).max()), device=ids.device)
+        cols = self.start[:, None] + torch.arange(width, device=ids.device)
         return ids.gather(1, cols.clamp(max=ids.shape[1] - 1))
 
     def pos(self, pos: torch.Tensor) -> torch.Tensor:
@@ -122,22 +123,25 @@ class CVAE(nn.Module):
         free, cond = batch.zfree, batch.zcond
         B = len(batch)
         frame = Frame.shared(self.backbone, batch) if self.shares_prefix else Frame()
-        free_len = batch.last_pos + 1
-        hidden_free = self.backbone.hidden(frame.ids(free.input_ids, free_len), prefix=frame.rows(1))  # (B, L, d)
-        pooled = self.posterior_input(batch, hidden_free, frame)
+        widths = batch.widths
+        hidden_free = self.backbone.hidden(frame.ids(free.input_ids, widths.free_suffix), prefix=frame.rows(1))
+        pooled = self.posterior_input(batch, hidden_free, frame)  # hidden_free (B, L, d)
         post = self.latent.posterior(pooled)
         with torch.no_grad():
-            zfree_nll = nll_over_s(self.backbone, hidden_free, frame.pos(free.logit_pos), free.targets, free.mask)
+            zfree_nll = nll_over_s(self.backbone, hidden_free, frame.pos(free.logit_pos), free.targets, free.mask,
+                                   count=free.s_tokens)
 
         z, slot_ids = (self.latent.mean_inputs(post) if at_posterior_mean
                        else self.latent.decoder_inputs(post, generator, global_batch))
         C = len(z) // B  # example i's copies are rows i*C .. i*C + C-1
         rep = lambda t: t.repeat_interleave(C, 0)
-        cond_ids = frame.ids(cond.input_ids, free_len + batch.slot_pos.shape[1] + 2)  # + <z> slots </z>
+        cond_ids = frame.ids(cond.input_ids, widths.cond_suffix)
         ids, kwargs = self.conditioning.decoder_inputs(self.backbone, rep(cond_ids), rep(frame.pos(batch.slot_pos)),
                                                        z, slot_ids)
         hidden = self.backbone.hidden(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', d): all copies at once
-        nll = nll_over_s(self.backbone, hidden, rep(frame.pos(cond.logit_pos)), rep(cond.targets), rep(cond.mask))
+        count = None if cond.s_tokens is None else C * cond.s_tokens
+        nll = nll_over_s(self.backbone, hidden, rep(frame.pos(cond.logit_pos)), rep(cond.targets), rep(cond.mask),
+                         count=count)
         prior = self.latent.prior(*self._at_z(batch, hidden[::C], frame))
         return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll, pooled, z)
 
@@ -145,7 +149,7 @@ class CVAE(nn.Module):
         """What the prior reads at <z>, from a pass that has not seen z: the logits of the latent's
         ``prior_tokens`` (B, K) (None if it reads none) and the hidden state (B, d)."""
         if self.conditioning.modulates_prefix:
-            hidden = self.backbone.hidden(batch.zcond.input_ids[:, : int(batch.z_pos.max()) + 1])
+            hidden = self.backbone.hidden(batch.zcond.input_ids[:, : batch.widths.prefix + 1])
         rows = torch.arange(len(batch), device=hidden.device)
         at_z = hidden[rows, frame.pos(batch.z_pos)]  # (B, d)
         tokens = self.latent.prior_tokens

@@ -8,6 +8,7 @@ three run per shard (``shard_examples``):
                -> (url, Sample, stored row | None)    join_store: by (__url__, __key__), before any shuffle
                -> Example                             encode: templates, T and echoed-id checks
                -> Example (shuffled)                  shuffle (seeded)
+               -> Example (in runs of similar length) bucketed (training, where asked; seeded)
                -> TrainBatch                          batched + collate_examples
 
 Bad samples follow one rule in every stage (``BadSamples``): what extraction skipped, as the
@@ -225,15 +226,32 @@ def _misalignment(row: dict, targets: list[int]) -> str | None:
 
 
 @dataclass(frozen=True)
+class Widths:
+    """Where a step slices its batch, as host ints counted from the examples when the batch is built, so that
+    the step reads nothing back from the device (SPEC §6: a step that does not log makes no host sync)."""
+
+    prefix: int  # the longest shared prefix <bos> <x> x </x>, the tokens before <z>: max z_pos
+    free_suffix: int  # the longest z-free sequence past its prefix: max(len(zfree) - z_pos)
+    cond_suffix: int  # the longest z-conditioned sequence past its prefix: max(len(zcond) - z_pos)
+
+    @classmethod
+    def of(cls, examples: Sequence[Example]) -> Widths:
+        z_pos = [ex.layout.z_pos for ex in examples]
+        return cls(max(z_pos), max(len(ex.zfree) - z for ex, z in zip(examples, z_pos)),
+                   max(len(ex.zcond) - z for ex, z in zip(examples, z_pos)))
+
+
+@dataclass(frozen=True)
 class TrainBatch:
     """A batch in both templates. Per-token tensors are (B, T_max) over S.
 
-    zfree, zcond: templates.Batch (input_ids, logit_pos, targets, mask); same targets and mask.
+    zfree, zcond: templates.Batch (input_ids, logit_pos, targets, mask; s_tokens); same targets and mask.
     z_pos:     (B,) position before the first slot in zcond (<z>): its logits are the discrete prior
     slot_pos:  (B, M) positions of the latent slots in zcond
     last_pos:  (B,) last position of the z-free sequence (<eos>, the template's tail): the posterior reads it
     b:         (B, T_max) float32 nats over S from the store, 0 where masked; None without a store
     t0:        (B,) long ground-truth t0, -1 where unknown
+    widths:    host ints: where a step slices the tensors (``Widths``)
     """
 
     zfree: Batch
@@ -246,14 +264,21 @@ class TrainBatch:
     keys: tuple[str, ...]
     urls: tuple[str, ...]
     strategies: tuple[str | None, ...]
+    widths: Widths
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def to(self, device) -> "TrainBatch":
-        move = lambda t: None if t is None else t.to(device)
-        return TrainBatch(self.zfree.to(device), self.zcond.to(device), move(self.z_pos), move(self.slot_pos),
-                          move(self.last_pos), move(self.b), move(self.t0), self.keys, self.urls, self.strategies)
+        """The batch on ``device``. To a GPU through pinned host memory, without blocking: the host goes on
+        queueing the step's kernels while the copies run, and nothing waits for them but those kernels."""
+        device = torch.device(device)
+        pinned = device.type == "cuda"
+        move = lambda t: None if t is None else (t.pin_memory() if pinned else t).to(device, non_blocking=pinned)
+        batch = lambda b: (b.pin_memory() if pinned else b).to(device, non_blocking=pinned)
+        return TrainBatch(batch(self.zfree), batch(self.zcond), move(self.z_pos), move(self.slot_pos),
+                          move(self.last_pos), move(self.b), move(self.t0), self.keys, self.urls, self.strategies,
+                          self.widths)
 
 
 def collate_examples(examples: Sequence[Example]) -> TrainBatch:
@@ -268,7 +293,7 @@ def collate_examples(examples: Sequence[Example]) -> TrainBatch:
         last_pos=torch.tensor([len(ex.zfree) - 1 for ex in examples]),
         b=b, t0=torch.tensor([-1 if ex.t0 is None else ex.t0 for ex in examples]),
         keys=tuple(ex.key for ex in examples), urls=tuple(ex.url for ex in examples),
-        strategies=tuple(ex.strategy for ex in examples))
+        strategies=tuple(ex.strategy for ex in examples), widths=Widths.of(examples))
 
 
 def stored_b(examples: Sequence[Example], shape: tuple[int, int]) -> torch.Tensor:
@@ -297,6 +322,21 @@ def shuffle(items: Iterable, buffer: int, rng: random.Random) -> Iterator:
     yield from pool
 
 
+def bucketed(items: Iterable[Example], batch: int, batches: int, rng: random.Random) -> Iterator[Example]:
+    """Stage: the examples in runs of ``batch`` of similar lengths. ``batches`` runs' worth are taken at a time,
+    sorted (stably) by the z-conditioned sequence's length and then the prefix's (<z>'s position), cut into runs
+    of ``batch``, and the runs handed out in an order drawn from ``rng``; a consumer that takes ``batch`` examples
+    at a time gets one run, whose sequences pad to about one length. Every example is handed out once; a finite
+    stream's last take may be short."""
+    it = iter(items)
+    while pool := list(islice(it, batch * batches)):
+        pool.sort(key=lambda ex: (len(ex.zcond), ex.layout.z_pos))
+        runs = [pool[i: i + batch] for i in range(0, len(pool), batch)]
+        rng.shuffle(runs)
+        for run in runs:
+            yield from run
+
+
 def batched(items: Iterable[Example], batch_size: int, *, partial: bool) -> Iterator[TrainBatch]:
     it = iter(items)
     while chunk := list(islice(it, batch_size)):
@@ -320,6 +360,7 @@ class StreamSpec:
     store: StoreRef | None = None
     seed: int = 0
     shuffle_buffer: int = 256
+    length_buckets: int = 0  # a training lane's batches drawn at a time and bucketed by length (``bucketed``); 0: off
     lanes: int = 1
     root: str | None = None  # the dataset (its root, or the --data that gave its URLs) shards are named relative to
     on_bad_sample: str = "error"  # a bad sample the store does not record as skipped: "error" or "skip"

@@ -70,16 +70,22 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
     if cfg.mode == "label":
         if labels is None:
             raise ValueError('estep mode "label" needs the batch\'s strategy labels')
-        return F.one_hot(labels.to(R.device), R.shape[-1]).to(R.dtype)
+        return one_hot(labels.to(R.device), R.shape[-1], R.dtype)
     log_q, hard = step_posterior(R, log_prior, cfg, beta)
     a = batch.rows(sinkhorn(batch.gather(log_q), cfg.balance_iters)) if cfg.balance_iters else log_q.exp()
     if hard or cfg.harden:  # the argmax's one-hot: every row, or the rows q* is sure of
-        top = F.one_hot(a.argmax(-1), R.shape[-1]).to(R.dtype)
+        top = one_hot(a.argmax(-1), R.shape[-1], R.dtype)
         a = top if hard else torch.where((a.max(-1).values >= cfg.harden)[:, None], top, a)
     if labels is not None:
         labels = labels.to(R.device)
-        a = torch.where(labels[:, None] >= 0, F.one_hot(labels.clamp(min=0), R.shape[-1]).to(R.dtype), a)
+        a = torch.where(labels[:, None] >= 0, one_hot(labels.clamp(min=0), R.shape[-1], R.dtype), a)
     return a
+
+
+def one_hot(index: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B,) indices in [0, k) -> (B, k) one-hot rows of ``dtype``: ``F.one_hot`` without its range check, which
+    reads the indices back from the device (a host sync) everywhere but on CUDA."""
+    return (index[:, None] == torch.arange(k, device=index.device)).to(dtype)
 
 
 def step_posterior(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float
@@ -155,16 +161,18 @@ def step_labels(cfg: EStepConfig, strategies, names: tuple[str, ...], keys) -> t
     return labelled_indices(strategies, names, keys, cfg.labelled)
 
 
-def labelled_weights(labels: torch.Tensor, share: float, batch: GlobalBatch = LOCAL) -> torch.Tensor | None:
-    """(B,) weights of the examples in the batch's fit, global-batch mean 1, under which the labelled ones
-    (labels >= 0) carry ``share`` of it and the rest 1 - share, each example of a part alike; None (unweighted)
-    where the global batch lacks either kind. The labelled rows count over the global batch, so every rank weighs
-    its rows as one process would."""
+def labelled_weights(labels: torch.Tensor, share: float, batch: GlobalBatch = LOCAL
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """((B,) weights of the examples in the batch's fit, () bool whether to weigh it): global-batch mean 1, under
+    which the labelled ones (labels >= 0) carry ``share`` of it and the rest 1 - share, each example of a part
+    alike; not weighed (the weights 1) where the global batch lacks either kind. The labelled rows count over the
+    global batch, so every rank weighs its rows as one process would; the count stays on the device (no host
+    sync), in float64 as the weights are formed."""
     labelled = labels >= 0
-    n, n_labelled = labelled.numel() * batch.world, int(batch.gather(labelled.float()).sum())
-    if n_labelled in (0, n):
-        return None
-    return torch.where(labelled, share * n / n_labelled, (1 - share) * n / (n - n_labelled))
+    n, n_labelled = labelled.numel() * batch.world, batch.gather(labelled.double()).sum()  # () the labelled rows
+    weighted = (n_labelled > 0) & (n_labelled < n)
+    w = torch.where(labelled, share * n / n_labelled.clamp(min=1), (1 - share) * n / (n - n_labelled).clamp(min=1))
+    return torch.where(weighted, w, 1.0).float(), weighted
 
 
 def distillation(log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -55,11 +55,11 @@ class GlobalBatch:
         return total / self.world
 
     def masked_mean(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """Detached mean of ``x`` (B,) over the global batch's rows where ``keep`` (B,) bool; nan if none."""
-        if self.world == 1:
-            return x.detach()[keep].mean()
+        """Detached mean of ``x`` (B,) over the global batch's rows where ``keep`` (B,) bool; nan if none. A
+        masked sum over a count, with no boolean indexing (whose output size the host would read back)."""
         sums = torch.stack([(x.detach() * keep).sum(), keep.sum().to(x.dtype)])
-        dist.all_reduce(sums)
+        if self.world > 1:
+            dist.all_reduce(sums)
         return sums[0] / sums[1]
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from tokweight.pipeline.extras import require
@@ -35,11 +36,19 @@ def require_peft():
 
 class LatentRows(nn.Module):
     """A parametrization of an embedding weight (V, d): its rows ``ids`` are the trainable ``rows``, the others
-    the frozen weight's. Off (``enabled`` False), the frozen weight itself: the checkpoint's rows."""
+    the frozen weight's. Off (``enabled`` False), the frozen weight itself: the checkpoint's rows.
+
+    Reading ``weight`` builds the whole (V, d) matrix (and its gradient, of which K rows are kept). The step's hot
+    paths do without: an ``nn.Embedding``'s lookups take the frozen rows and put the trainable ones in where the
+    ids are latent (``lookup``, ``embed_without_rebuilding``), and the heads' logits are the frozen weight's with
+    the latent tokens' columns from the trainable rows (``logits``, read by ``pipeline.head.token_logits``)."""
 
     def __init__(self, weight: torch.Tensor, ids: torch.Tensor):
         super().__init__()
         self.register_buffer("ids", ids.to(weight.device), persistent=False)
+        slot = torch.full((len(weight),), -1, dtype=torch.long, device=weight.device)
+        slot[self.ids] = torch.arange(len(self.ids), device=weight.device)
+        self.register_buffer("slot", slot, persistent=False)  # (V,) token id -> its trainable row, -1: frozen
         self.rows = nn.Parameter(weight.detach()[self.ids].clone())
         self.enabled = True
 
@@ -48,11 +57,44 @@ class LatentRows(nn.Module):
             return weight
         return weight.index_copy(0, self.ids, self.rows.to(weight.dtype))
 
+    def lookup(self, frozen: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """``frozen`` (..., d) rows looked up for the token ids ``idx`` (...) in the frozen weight -> the same with
+        the trainable rows where the id is a latent token."""
+        k = self.slot[idx]  # (...) trainable row, -1 for the frozen ones
+        return torch.where((k >= 0)[..., None], self.rows.to(frozen.dtype)[k.clamp(min=0)], frozen)
+
+    def logits(self, weight: torch.Tensor, hidden: torch.Tensor, ids: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., d) -> (..., V) logits against the parametrized weight, the frozen ``weight`` (V, d) read as it is
+        (no gradient) and the latent tokens' columns from the trainable rows; or (..., len(ids)) of the tokens
+        ``ids`` only."""
+        rows = self.rows.to(weight.dtype)
+        if ids is not None:
+            k = self.slot[ids]
+            chosen = torch.where((k >= 0)[:, None], rows[k.clamp(min=0)], weight[ids])
+            return F.linear(hidden, chosen, None if bias is None else bias[ids])
+        out = F.linear(hidden, weight, bias)  # (..., V): the frozen columns
+        latent = F.linear(hidden, rows, None if bias is None else bias[self.ids])  # (..., K)
+        return out.index_copy(-1, self.ids, latent)
+
     @torch.no_grad()
     def write(self, ids: torch.Tensor, values: torch.Tensor) -> None:
         """Set the trainable rows of tokens ``ids`` (a subset of ``self.ids``) to ``values``."""
         where = {int(i): n for n, i in enumerate(self.ids.tolist())}
         self.rows[[where[int(i)] for i in ids]] = values.to(self.rows.dtype)
+
+
+def embed_without_rebuilding(module: nn.Embedding, rows: LatentRows):
+    """An ``nn.Embedding``'s forward for a weight parametrized by ``rows``: the frozen weight's lookup with the
+    trainable rows put in (``LatentRows.lookup``); the parametrized weight itself while the rows are off."""
+    chain = module.parametrizations.weight
+
+    def forward(idx: torch.Tensor) -> torch.Tensor:
+        if not rows.enabled:
+            return F.embedding(idx, chain.original, module.padding_idx)
+        return rows.lookup(F.embedding(idx, chain.original, module.padding_idx), idx)
+
+    return forward
 
 
 @dataclass
@@ -119,4 +161,6 @@ def trainable_rows(backbone: nn.Module, ids: torch.Tensor) -> list[LatentRows]:
         if id(weight) not in rows:
             rows[id(weight)] = LatentRows(weight, ids)
         parametrize.register_parametrization(module, "weight", rows[id(weight)], unsafe=True)
+        if type(module).forward is nn.Embedding.forward and module.max_norm is None:  # a plain lookup
+            module.forward = embed_without_rebuilding(module, rows[id(weight)])
     return list(rows.values())

@@ -110,7 +110,7 @@ def example_inverse_weights(b: torch.Tensor, mask: torch.Tensor, params: Weighti
     """
     v = 1.0 / (example_mean_b(b, mask) + params.eps)  # (B,)
     v_mean = batch.masked_mean(v, ~degenerate_examples(b, mask, params.eps))
-    v = v / v_mean if torch.isfinite(v_mean) else torch.ones_like(v)  # nan: no example has a share
+    v = torch.where(torch.isfinite(v_mean), v / v_mean, 1.0)  # nan: no example has a share (chosen on the device)
     return uniform_weights(b, mask, params) * v[:, None]
 
 

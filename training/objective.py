@@ -102,11 +102,11 @@ def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, c
     log_p, log_q = latent.log_density(out.prior, z), latent.log_density(out.post, z)  # (B, copies) each
     log_target = log_p - log_q.detach() if latent.sampled else log_p  # the E-step's p, by the proposal
     a = assignment(R, log_target, cfg, beta, labels, batch)  # (B, copies)
-    w = None if labels is None else labelled_weights(labels.to(R.device), cfg.labelled_weight, batch)  # (B,)
-    if w is None:
-        fit = assigned_reconstruction(R, a).mean() + distillation(log_q, a).mean()
-    else:
-        fit = (w.to(R.dtype) * (assigned_reconstruction(R, a) + distillation(log_q, a))).mean()
+    assigned, distilled = assigned_reconstruction(R, a), distillation(log_q, a)  # (B,) each
+    fit = assigned.mean() + distilled.mean()
+    if labels is not None:  # weighed where the global batch holds both kinds (chosen on the device: no host sync)
+        w, weighted = labelled_weights(labels.to(R.device), cfg.labelled_weight, batch)  # (B,), ()
+        fit = torch.where(weighted, (w.to(R.dtype) * (assigned + distilled)).mean(), fit)
     if latent.sampled:  # q*'s density at its draws, log q + log(S a)
         log_a = log_q.detach() + torch.log(a * a.shape[-1])
         kl = (torch.where(a > 0, a * log_a, 0) - a * log_p).sum(-1)

@@ -1,7 +1,9 @@
 """One optimizer step: forward, the objective (``objective.step_loss``), backward, the update.
 
 ``train_step`` is the whole of it; the metrics record (``diagnostics``) is made on logged steps only, since
-its ``.item()`` calls wait for the device. Several ranks average their gradients through
+its ``.item()`` calls wait for the device. A step that does not log makes no host sync at all: what it slices
+with comes with the batch as host ints (``data.Widths``, ``Batch.s_tokens``), and ``tests/test_sync_guard.py``
+fails any read-back. Several ranks average their gradients through
 DistributedDataParallel or FSDP2 (``state.engine``, ``engine.py``), overlapped with the backward; the terms that
 couple a batch's examples are computed over the global batch (``global_batch.py``), so N ranks with batch B step
 like one process with batch N * B, and log it (``global_record``).
@@ -58,6 +60,19 @@ def step_terms(state: State, batch: TrainBatch, cfg) -> tuple[object, torch.Tens
     terms = step_loss(state.model.latent, out, b, batch.zfree.mask, cfg.loss, cfg.estep, step, state.params, labels,
                       state.global_batch, cfg.likelihood_read(step))
     return terms.out, b, terms
+
+
+def build_optimizer(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
+    """AdamW over the trained parameters, without weight decay; fused when they are all on CUDA
+    (``fuses``)."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95), fused=True if fuses(params) else None)
+
+
+def fuses(params) -> bool:
+    """Whether AdamW runs fused over ``params``: when every one is on CUDA. One kernel then updates them all and
+    keeps the step counters on the device; elsewhere torch's default (per-parameter or foreach kernels)."""
+    params = list(params)
+    return bool(params) and all(p.device.type == "cuda" for p in params)
 
 
 def optimizer_step(state: State, grad_clip: float, lr: float) -> None:

@@ -3,7 +3,8 @@
 Training draws the global batch from ``lanes`` sample streams (MosaicML streaming's
 "canonical nodes"): lane l owns the shards i with i % lanes == l, resamples them with
 its own seed (WebDataset's ``ResampledShards``) and shuffles its examples in its own
-buffer; every step takes the same number of examples from each lane, in lane order.
+buffer (and, with ``length_buckets``, hands them out in runs of similar length: ``data.bucketed``);
+every step takes the same number of examples from each lane, in lane order.
 Rank r reads only its block of lanes, and its loader workers divide the rank's shard
 draws between them (worker w decodes draws w, w + W, ...), so every drawn shard is read
 once across the job, and the batches depend on the lanes, not on the number of ranks or
@@ -24,8 +25,8 @@ import webdataset as wds
 
 from tokweight.pipeline.errors import SampleError, Skips
 from tokweight.pipeline.urls import FetchError
-from tokweight.training.data import (Example, StoreMismatchError, StreamSpec, TrainBatch, batched, collate_examples, open_store,
-                           shard_examples, shard_label, shuffle)
+from tokweight.training.data import (Example, StoreMismatchError, StreamSpec, TrainBatch, batched, bucketed,
+                                    collate_examples, open_store, shard_examples, shard_label, shuffle)
 
 
 def same_seed_everywhere() -> int:
@@ -190,6 +191,10 @@ class TrainStream:
         self.router = LaneRouter(iter(loader(ShardDecoder(self.spec, self.lanes), num_workers)), lane_shards)
         streams = [shuffle(self.router.examples(lane), self.spec.shuffle_buffer,
                            random.Random(lane_seed(self.spec.seed, lane))) for lane in self.lanes]
+        if self.spec.length_buckets:  # each lane's runs of similar length, one per step
+            streams = [bucketed(stream, self.lane_batch, self.spec.length_buckets,
+                                random.Random(f"{lane_seed(self.spec.seed, lane)}:buckets"))
+                       for stream, lane in zip(streams, self.lanes)]
         for _ in range(start):  # step by step, so that no lane runs ahead and other lanes' shards pile up
             for stream in streams:
                 deque(islice(stream, self.lane_batch), maxlen=0)

@@ -59,7 +59,7 @@ from tokweight.training.losses import WEIGHTINGS, WeightingParams
 from tokweight.training.run_dir import append_metrics, committed_checkpoint, resume, write_config
 from tokweight.training.starts import compare_starts, continued, read_starts, seeded, start_dir
 from tokweight.training.state import Progress, State, set_rng_states
-from tokweight.training.step import train_step
+from tokweight.training.step import build_optimizer, train_step
 from tokweight.training.stream import TrainStream
 from tokweight.training.train_base import memorised_line
 from tokweight.training.train_config import IOConfig, TrainConfig
@@ -99,6 +99,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
                       block_size=init.model.cfg.block_size, batch_size=cfg.optim.batch_size,
                       store=store if policy.needs_store else None,
                       seed=data_seed(cfg.optim.seed), shuffle_buffer=cfg.io.shuffle_buffer,
+                      length_buckets=cfg.io.length_buckets,
                       lanes=cfg.io.lanes or ranks.world, root=cfg.io.data, on_bad_sample=cfg.io.on_bad_sample)
     global_batch = GlobalBatch(ranks.rank, ranks.world)
     with autocast(cfg.io.dtype, device):  # before resume too
@@ -114,8 +115,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
     engine = wrap(model, cfg.io.shard, ranks, device, lower)  # DDP around the model, or the model sharded in place
     if sharded and isinstance(baseline, Frozen):
         broadcast_module(baseline.model)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr, weight_decay=0.0,
-                            betas=(0.9, 0.95))
+    opt = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim.lr)
     if saved:
         load_optimizer_state(model, opt, saved.get("optimizer", {}), sharded)
     seed_dropout(cfg.optim.seed, ranks.rank)
@@ -248,7 +248,7 @@ def measure_key_values(model: CVAE, stream: TrainStream) -> tuple[torch.Tensor, 
     batch = next(stream.batches(0)).to(home)
     model.backbone.eval()  # no dropout draw: the run's random stream stays as without the measurement
     with torch.no_grad():
-        mean, spread = token_key_values(model.backbone, batch.zcond.input_ids[:, : int(batch.z_pos.max())],
+        mean, spread = token_key_values(model.backbone, batch.zcond.input_ids[:, : batch.widths.prefix],
                                         batch.z_pos)
     model.backbone.train()
     return batch.z_pos.sum().to(mean.dtype)[None], mean[None], spread[None]

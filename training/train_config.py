@@ -50,6 +50,12 @@ class IOConfig:
     """Loader worker processes (forkserver); 0 reads in the main process."""
     shuffle_buffer: int = 256
     """Examples in the seeded shuffle buffer (after the store join)."""
+    length_buckets: int = 0
+    """Length-bucketed training batches: each lane takes this many batches' examples at a time from its shuffle
+    buffer, sorts them by length and hands them out a batch of similar lengths at a time, the batches in a seeded
+    order, so that a step pads its passes less (``data.bucketed``). 0: off, the default: it changes which examples
+    share a batch, and the E-step balances its assignment over a batch, which one length's examples could tilt
+    where length goes with strategy."""
     device: str = "auto"
     """torch device of the model: "auto" (CUDA when present, else CPU), "cpu", "cuda", "cuda:N"; "cuda"
     under torchrun is cuda:LOCAL_RANK on each rank."""
@@ -83,8 +89,8 @@ class IOConfig:
             raise ValueError(f"collective_timeout_s must be > 0, got {self.collective_timeout_s}")
         if self.lanes is not None and self.lanes < 1:
             raise ValueError(f"lanes must be >= 1 (or None: one per rank), got {self.lanes}")
-        if min(self.num_workers, self.shuffle_buffer) < 0:
-            raise ValueError("num_workers and shuffle_buffer must be >= 0")
+        if min(self.num_workers, self.shuffle_buffer, self.length_buckets) < 0:
+            raise ValueError("num_workers, shuffle_buffer and length_buckets must be >= 0")
 
     @property
     def baseline_source(self) -> str:
