@@ -40,17 +40,17 @@ def log_run_figures(trackers: Trackers, run: str | Path) -> None:
 
 def log_eval(trackers: Trackers, evaluated: dict) -> None:
     """eval's verdict (text and ``eval/z_used``), its numbers as ``eval/<name>``, eval.md as text and the figure of
-    the strategies each latent value's decodes execute, at the run's last step."""
+    the strategies each latent value's decodes execute, at the step of the checkpoint eval read."""
     if not trackers:
         return
     from tokweight.report.eval_md import eval_markdown
     from tokweight.report.run_plots import plot_strategies
     from tokweight.training.trackers import series
 
-    verdict = evaluated["z_used"]
+    verdict, step = evaluated["z_used"], evaluated["step"]
     values = series({"split": "eval", **evaluated["metrics"]})
-    trackers.log_metrics(trackers.last_step, values | {"eval/z_used": float(bool(verdict.get("used")))})
-    trackers.log_text("eval/verdict", f"**{verdict['outcome']}**: {verdict['statement']}")
-    trackers.log_text("eval/table", eval_markdown(evaluated["metrics"], evaluated["decode"], verdict))
-    trackers.log_figure("figures/strategies", plot_strategies(evaluated))
+    trackers.log_metrics(step, values | {"eval/z_used": float(bool(verdict.get("used")))})
+    trackers.log_text("eval/verdict", f"**{verdict['outcome']}**: {verdict['statement']}", step)
+    trackers.log_text("eval/table", eval_markdown(evaluated["metrics"], evaluated["decode"], verdict), step)
+    trackers.log_figure("figures/strategies", plot_strategies(evaluated), step)
 
