@@ -264,3 +264,34 @@ def test_each_figure_renders_to_a_png_with_drawn_pixels(reported, tmp_path):
         pixels = rendered(fig, tmp_path, name)
         assert (pixels < 200).mean() > 0.01 and pixels.std() > 10, name  # lines and text, not a blank canvas
     assert run_plots.plot_usage([]) is None and run_plots.plot_starts({}, 0.3) is None
+
+
+def test_train_base_reports_each_metrics_line(tiny, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tokweight.config_files import preset_config
+    from tokweight.training.train_base import BaseTrainConfig, run as train_base
+
+    out = tmp_path / "base"
+    train_base(preset_config(BaseTrainConfig, "base", "tiny", data=str(tiny[0]), out=str(out), steps=4,
+                             report_to=("tensorboard",)))
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for name, by_step in expected(records).items():
+        got = {e.step: e.value for e in acc.Scalars(name)}
+        assert got == pytest.approx(by_step, rel=1e-6), name
+    assert "train/val_nll" in acc.Tags()["scalars"]
+
+
+def test_only_rank_0_opens_trackers(tiny, tiny_store, tmp_path, monkeypatch):
+    from tokweight.tracking import main_rank
+    from tokweight.training.train import run_trackers
+
+    cfg = config(tiny, tiny_store, tmp_path / "run", report_to=("tensorboard",))
+    assert not run_trackers(cfg, main=False) and not (tmp_path / "run").exists()
+    monkeypatch.setenv("RANK", "1")
+    assert not main_rank()
+    monkeypatch.setenv("RANK", "0")
+    assert main_rank()
