@@ -295,3 +295,35 @@ def test_only_rank_0_opens_trackers(tiny, tiny_store, tmp_path, monkeypatch):
     assert not main_rank()
     monkeypatch.setenv("RANK", "0")
     assert main_rank()
+
+
+def test_each_start_reports_under_its_own_prefix(tiny, tiny_store, tmp_path):
+    """A run of two starts: each start's lines under start-SEED/ (the values of its metrics.jsonl, which a later
+    round cuts back to the start's checkpoint), and the run's own metrics.jsonl (the chosen start's lines, then those
+    of the run that goes on) under train/ and val/; the starts' figure."""
+    pytest.importorskip("tensorboard")
+    from dataclasses import replace
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tokweight.tracking import train_reported
+
+    cfg = config(tiny, tiny_store, tmp_path / "run", report_to=("tensorboard",))
+    cfg = replace(cfg, optim=replace(cfg.optim, starts=2, start_steps=2, start_steps_max=2))
+    train_reported(cfg)
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    starts = sorted((tmp_path / "run" / "starts").glob("seed-*"))
+    assert len(starts) == 2
+    for start in starts:
+        records = [json.loads(line) for line in (start / "metrics.jsonl").read_text().splitlines()]
+        prefix = f"start-{start.name.removeprefix('seed-')}/"
+        want = expected(records)
+        assert "train/loss" in want
+        for name, by_step in want.items():
+            got = {e.step: e.value for e in acc.Scalars(prefix + name)}
+            assert {s: got[s] for s in by_step} == pytest.approx(by_step, rel=1e-6), prefix + name
+    run_records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for name, by_step in expected(run_records).items():  # the chosen start's lines, then the run's own
+        assert {e.step: e.value for e in acc.Scalars(name)} == pytest.approx(by_step, rel=1e-6), name
+    assert "figures/starts" in acc.Tags()["images"]

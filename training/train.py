@@ -57,7 +57,7 @@ from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
 from tokweight.training.precision import autocast, forward_dtype, hold_frozen
 from tokweight.training.losses import WEIGHTINGS, WeightingParams
-from tokweight.training.run_dir import append_metrics, committed_checkpoint, resume, write_config
+from tokweight.training.run_dir import append_metrics, committed_checkpoint, read_metrics, resume, write_config
 from tokweight.training.starts import compare_starts, continued, read_starts, seeded, start_dir
 from tokweight.training.state import Progress, State, set_rng_states
 from tokweight.training.step import train_step
@@ -405,6 +405,9 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS, trackers: Trackers | None = N
         state = setup(chosen, ranks, continue_from=start_dir(cfg, made["seed"]), announce=chosen_before)
         if fresh and state.progress.stop_reason(chosen.optim.steps, chosen.optim.lr_decay):  # the start stopped
             checkpoint(state, chosen, hooks)  # during the rounds and trains no more: its checkpoint is RUN's
+        if fresh and ranks.is_main:  # the start's lines RUN/metrics.jsonl goes on from, as the run's own series
+            for record in read_metrics(cfg.io.out):
+                trackers.log_record(record)
         return train_to_end(state, chosen, hooks, trackers) | {"start": made}
     finally:
         if own:
