@@ -63,7 +63,7 @@ from tokweight.training.state import Progress, State, set_rng_states
 from tokweight.training.step import train_step
 from tokweight.training.stream import TrainStream
 from tokweight.training.train_base import memorised_line
-from tokweight.training.trackers import NO_TRACKERS, Trackers, open_trackers
+from tokweight.training.trackers import NO_TRACKERS, Trackers, open_trackers, require
 from tokweight.training.train_config import IOConfig, TrainConfig
 
 # ---------------------------------------------------------------- setup
@@ -392,9 +392,10 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS, trackers: Trackers | None = N
     closed here (``run_trackers``)."""
     cfg.estep.check_harden(cfg.cvae.k)
     ranks = Ranks(timeout_s=cfg.io.collective_timeout_s, backend="nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo")
-    own = trackers is None
-    trackers = run_trackers(cfg, ranks.is_main) if own else trackers
+    own, trackers = trackers is None, trackers or NO_TRACKERS
     try:
+        if own:
+            trackers = run_trackers(cfg, ranks.is_main)
         if not (cfg.optim.starts > 1 and cfg.optim.steps > cfg.optim.start_steps):
             return train_to_end(setup(cfg, ranks), cfg, hooks, trackers)
         chosen_before = "seed" in read_starts(Path(cfg.io.out))  # then no start announces the job
@@ -420,7 +421,10 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS, trackers: Trackers | None = N
 
 def run_trackers(cfg: TrainConfig, main: bool) -> Trackers:
     """The trackers ``cfg.log.report_to`` names, on rank 0 (``main``), with the resolved configuration as their
-    hyperparameters; a resumed run's go on from its checkpoint's step."""
+    hyperparameters; a resumed run's go on from its checkpoint's step. Every rank checks that their extras are
+    installed, so that all of them stop on a missing one."""
+    for name in cfg.log.report_to:
+        require(name)
     if not (main and cfg.log.report_to):
         return NO_TRACKERS
     saved = committed_checkpoint(Path(cfg.io.out)) / "state.json"
