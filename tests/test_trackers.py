@@ -64,6 +64,7 @@ def reported(tiny, tiny_store, tmp_path_factory):
     from tokweight.tracking import log_eval, train_reported
 
     run = tmp_path_factory.mktemp("tracked") / "run"
+    cwd = tmp_path_factory.mktemp("cwd")  # where nothing may be written
     outside = []
     connect = socket.socket.connect
 
@@ -78,6 +79,7 @@ def reported(tiny, tiny_store, tmp_path_factory):
             mp.setenv(name, value)
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         mp.setattr(socket.socket, "connect", guarded)
+        mp.chdir(cwd)
         train_reported(config(tiny, tiny_store, run))
         evaluated = CliRunner().invoke(main, ["eval", "--run", str(run), "--data", str(tiny[0]), "--split", "val",
                                               "--decode-examples", "8", "--threads", "1"])
@@ -87,6 +89,7 @@ def reported(tiny, tiny_store, tmp_path_factory):
         log_eval(trackers, result)
         trackers.close()
     assert not outside, f"a tracker tried to reach {outside}"
+    assert not list(cwd.iterdir()), "a tracker wrote outside the run directory"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return run, records, result
 
@@ -132,6 +135,7 @@ def test_mlflow_local_store_holds_every_metric_and_the_configuration(reported):
     assert info.info.status == "FINISHED"
     figures = {Path(a.path).name for a in client.list_artifacts(run_id, "figures")}
     assert {"usage.png", "kl_mi.png", "surprisal_profile.png"} <= figures
+    assert (run / "mlartifacts").is_dir() and "stop.md" in {a.path for a in client.list_artifacts(run_id)}
 
 
 def wandb_records(path: Path):

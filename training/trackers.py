@@ -3,8 +3,8 @@
 One interface (``Trackers``) that ``open_trackers`` builds from ``LogConfig.report_to``; with no name it is empty
 and imports nothing. Each tracker's library is an optional extra (``pip install 'tokweight[tensorboard]'``, ...),
 imported here, inside the function that opens it, and only when named. Every tracker writes inside the run
-directory and reaches no network by default: TensorBoard's event files in RUN/tensorboard/, MLflow's local store
-RUN/mlruns/ (``MLFLOW_TRACKING_URI`` names another), W&B in offline mode under RUN/wandb/ (``WANDB_MODE=online``
+directory and reaches no network by default: TensorBoard's event files in RUN/tensorboard/, MLflow's local SQLite
+store RUN/mlflow.db and its artifacts in RUN/mlartifacts/ (``MLFLOW_TRACKING_URI`` names another store), W&B in offline mode under RUN/wandb/ (``WANDB_MODE=online``
 syncs it). RUN/trackers.json keeps each tracker's run id, so that a resumed run goes on in the same tracker run.
 
 What they receive (``Trackers.log_record``): every metrics.jsonl record's numbers at its step, as ``train/<name>``
@@ -117,7 +117,8 @@ class TensorBoard:
 
 
 class MLflow:
-    """A run of experiment "tokweight" in the local store RUN/mlruns/ (``MlflowClient``, no global active run)."""
+    """A run of experiment "tokweight" in the local SQLite store RUN/mlflow.db, its artifacts (texts, figures) in
+    RUN/mlartifacts/ (``MlflowClient``, no global active run)."""
 
     def __init__(self, run: Path, run_id: str | None, name: str):
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -127,7 +128,8 @@ class MLflow:
         self.client = MlflowClient(tracking_uri=uri)
         if run_id is None:
             exp = self.client.get_experiment_by_name("tokweight")
-            exp_id = exp.experiment_id if exp else self.client.create_experiment("tokweight")
+            exp_id = exp.experiment_id if exp else self.client.create_experiment(
+                "tokweight", artifact_location=(run / "mlartifacts").resolve().as_uri())  # not the working directory
             run_id = self.client.create_run(exp_id, run_name=name).info.run_id
         else:
             self.client.update_run(run_id, status="RUNNING")
