@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "store", "training", "tokweight")  # folders of the installed package
 # Imports an extra may satisfy: only inside a function, so that the commands that do
 # not need them import without them.
-OPTIONAL = {"transformers": "hf", "tokenizers": "hf", "peft": "lora"}
+OPTIONAL = {"transformers": "hf", "tokenizers": "hf", "peft": "lora", "tensorboard": "tensorboard", "mlflow": "mlflow",
+            "wandb": "wandb"}
 
 
 def project() -> dict:

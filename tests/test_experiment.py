@@ -164,7 +164,7 @@ def test_cell_key_follows_the_config_not_the_paths(tmp_path):
 def test_a_cell_key_covers_every_train_config_field_but_the_paths():
     """A key found again means the same cell: it hashes every resolved TrainConfig field with its value (a field
     added later moves every key, which is what a new default should do), the base fingerprint, the data and the
-    evaluation; the paths are left out, so a moved directory keeps its cells."""
+    evaluation; the paths and the trackers it reports to are left out, so a moved directory keeps its cells."""
     from dataclasses import fields
 
     from tokweight.training.train_config import GROUPS
@@ -176,11 +176,13 @@ def test_a_cell_key_covers_every_train_config_field_but_the_paths():
     spec = cells.cell_spec(tcfg, prep, 8)
     assert set(spec) == {"train", "base_fingerprint", "data", "eval"}
     for name, group in GROUPS.items():
-        expected = {f.name for f in fields(group)} - (set(cells.PATH_FIELDS) if name == "io" else set())
+        expected = {f.name for f in fields(group)} - (set(cells.PATH_FIELDS) if name == "io" else set()) - (
+            {"report_to"} if name == "log" else set())
         assert set(spec["train"][name]) == expected, name
     key = cells.cell_key(tcfg, prep, 8)
     moved = replace(tcfg, io=replace(tcfg.io, checkpoint="/x", data="/y", store="/z", out="/w"))
     assert cells.cell_key(moved, replace(prep, data=Path("/y"), base=Path("/x")), 8) == key
+    assert cells.cell_key(replace(tcfg, log=replace(tcfg.log, report_to=("tensorboard",))), prep, 8) == key
     changed = [replace(tcfg, loss=replace(tcfg.loss, anchor_weight=0.5)),
                replace(tcfg, cvae=replace(tcfg.cvae, latent_init_norm=2.0)),
                replace(tcfg, cvae=replace(tcfg.cvae, posterior_pool="last")),

@@ -156,19 +156,29 @@ def convert(jsonl, parquet, columns, out, shard_size, on_bad, val_fraction, test
                    "from 1, every count): 4 trains only the count train's prefix reads, which a long y needs "
                    "(docs/results.md, \"T/(t0+1) = 64\").")
 @click.option("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N.")
+@click.option("--report-to", "report_to", default=None,
+              help="Trackers that get the metrics lines and the configuration, comma-separated: tensorboard, mlflow, "
+                   "wandb (offline, in the checkpoint directory; each needs pip install 'tokweight[NAME]').  "
+                   "[default: none]")
 @threads_option
-def train_base(data, out, preset, steps, seed, k_max, min_slots, device, threads):
+def train_base(data, out, preset, steps, seed, k_max, min_slots, device, report_to, threads):
     """Train the entangled (z-free) base model on S and write a fingerprinted checkpoint."""
     from tokweight.training.train_base import BaseTrainConfig, memorised_line, run
 
     set_threads(threads)
+    from tokweight.training.trackers import parse_report_to
+
     overrides = ({"steps": steps} if steps else {}) | ({"min_slots": min_slots} if min_slots is not None else {})
     try:
+        overrides |= {"report_to": parse_report_to(report_to)} if report_to else {}
         cfg = preset_config(BaseTrainConfig, "base", preset, data=data, out=out, seed=seed, k_max=k_max,
                             device=device, **overrides)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
-    result = run(cfg)
+    try:
+        result = run(cfg)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
     click.echo(json.dumps(result, indent=1))
     if line := memorised_line(result["train_nll"], result["val_nll"]):
         click.echo(line, err=True)

@@ -162,9 +162,12 @@ def own_help(text: str, field: str) -> Callable[[], str]:
 @click.option("--dtype", type=click.Choice(TRAIN_DTYPES), default=None,
               help="The forward's dtype in every cell's training and eval.  [default: auto, bfloat16 on CUDA, float32 "
                    "elsewhere]")
+@click.option("--report-to", "report_to", default=None,
+              help="Trackers each cell trained reports to, comma-separated: tensorboard, mlflow, wandb (offline, in the "
+                   "cell's run directory; each needs pip install 'tokweight[NAME]').  [default: none]")
 @threads_option
 def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs, threads, dtype,
-               **own):
+               report_to, **own):
     """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results.
     With --checkpoint and --data: the weightings compared on your own task and checkpoint."""
     from tokweight.experiments.artefacts import base_schedule, synthetic_task
@@ -183,7 +186,7 @@ def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, ba
             if base_steps is not None:
                 task = replace(task, base=replace(task.base, **base_schedule(base_steps)))
             cfg, run = job(out, quick, sweep, settings, refine, task, chosen)
-        run(with_flags(cfg, seeds, betas, jobs, cvae_steps, dtype), echo=click.echo, command=command)
+        run(with_flags(cfg, seeds, betas, jobs, cvae_steps, dtype, report_to), echo=click.echo, command=command)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
 
@@ -216,9 +219,13 @@ def job(out, quick, sweep, settings, refine, task, chosen: dict):
 
 
 def with_flags(cfg, seeds: str | None, betas: str | None, jobs: int | None, cvae_steps: int | None,
-               dtype: str | None = None):
-    """``cfg`` with the seeds, betas, jobs, steps per cell and dtype that were given."""
+               dtype: str | None = None, report_to: str | None = None):
+    """``cfg`` with the seeds, betas, jobs, steps per cell, dtype and trackers that were given."""
+    from tokweight.training.trackers import parse_report_to
+
     given = {"seeds": _ints(seeds), "betas": _floats(betas), "jobs": jobs}
     cfg = replace(cfg, **{k: v for k, v in given.items() if v is not None})
-    budget = {k: v for k, v in {"steps": cvae_steps, "dtype": dtype}.items() if v is not None}
+    budget = {k: v for k, v in {"steps": cvae_steps, "dtype": dtype,
+                                "report_to": None if report_to is None else parse_report_to(report_to)}.items()
+              if v is not None}
     return replace(cfg, budget=replace(cfg.budget, **budget)) if budget else cfg

@@ -7,6 +7,7 @@ imports (torch, DuckDB, matplotlib) stay inside the commands so that `--help` st
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -51,6 +52,8 @@ def inspect_cmd(store, out, data, fingerprints, q, tau, eps, exact_quantiles):
 def evaluate(run_dir, data, split, decode_examples, device, dtype, threads):
     """All metrics on a split plus decode-per-latent -> RUN/eval.json and RUN/eval.md."""
     from tokweight.report.eval_md import write_eval_md
+    from tokweight.report.plots import save_figures
+    from tokweight.report.run_plots import plot_strategies
     from tokweight.training.evaluate import EvalConfig, run_eval
 
     set_threads(threads)
@@ -63,4 +66,5 @@ def evaluate(run_dir, data, split, decode_examples, device, dtype, threads):
         click.echo(f"note: {result['baseline']['reason']}", err=True)
     echo_skips(result["metrics"])
     click.echo(write_eval_md(run_dir, result).read_text())
+    save_figures({"strategies.png": plot_strategies(result)}, Path(run_dir))
     click.echo(json.dumps(result["metrics"], indent=1))

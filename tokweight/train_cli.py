@@ -74,6 +74,9 @@ FLAGS = (
          "its lr falls (0: never, the run trains to --steps)."),
     Flag("--log-every", "log.log_every", "Steps between metrics lines."),
     Flag("--ckpt-every", "log.ckpt_every", "Steps between checkpoints."),
+    Flag("--report-to", "log.report_to",
+         "Trackers that get the run's metrics, configuration and figures, comma-separated: tensorboard, mlflow, wandb "
+         "(offline, in the run directory; each needs pip install 'tokweight[NAME]').", default="none"),
     Flag("--device", "io.device", "auto (CUDA when present), cpu, cuda or cuda:N."),
     Flag("--dtype", "io.dtype", "The forward's precision: auto (bfloat16 on CUDA, float32 elsewhere), float32 or "
          "bfloat16 (autocast; trained parameters float32, frozen weights held in bfloat16).", choices=TRAIN_DTYPES),
@@ -149,13 +152,13 @@ def train(config, sets, threads, **flags):
     run's last fifth, and three starts of which the one of least validation objective goes on (a continuous
     latent: one). Once its periodic validations stop improving the run ends after that fall, else at --steps,
     and says which."""
+    from tokweight.tracking import train_reported
     from tokweight.training.run_dir import CheckpointWriteError
-    from tokweight.training.train import run
 
     set_threads(threads)
     try:
         cfg = train_config(config, fields_set(FLAGS, flags), sets)
-        result = run(cfg)
+        result = train_reported(cfg)
     except (ValueError, CheckpointWriteError) as e:
         raise click.ClickException(str(e)) from e
     if int(os.environ.get("RANK", "0")) == 0:  # one report under torchrun

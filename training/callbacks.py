@@ -18,6 +18,7 @@ from tokweight.training.faults import Hooks
 from tokweight.training.precision import autocast
 from tokweight.training.run_dir import append_metrics, metrics_size, save_checkpoint
 from tokweight.training.state import State, rng_states
+from tokweight.training.trackers import NO_TRACKERS, Trackers
 from tokweight.training.validation import Scoring, validate
 
 
@@ -32,10 +33,12 @@ class Faults:
 
 
 class MetricsLine:
-    """The step's record (made on logged steps only) as a metrics.jsonl line, and the progress bar."""
+    """The step's record (made on logged steps only) as a metrics.jsonl line and to the run's trackers (``prefix``
+    before each series: a start's), and the progress bar."""
 
-    def __init__(self, cfg, state: State):
+    def __init__(self, cfg, state: State, trackers: Trackers = NO_TRACKERS, prefix: str = ""):
         self.out, self.main = cfg.io.out, state.global_batch.rank == 0
+        self.trackers, self.prefix = trackers, prefix
         self.bar = tqdm(total=cfg.optim.steps, initial=state.progress.step, desc="train", unit="step",
                         disable=not self.main, mininterval=1.0)
 
@@ -43,6 +46,7 @@ class MetricsLine:
         self.bar.update(1)
         if self.main and record is not None:
             append_metrics(self.out, record)
+            self.trackers.log_record(record, self.prefix)
             self.bar.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}")
 
     def close(self) -> None:
@@ -54,14 +58,15 @@ class StopRule:
     reads from the step the objective settles until the learning rate starts to fall; then whether the run
     stops (``Progress.stop``)."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, cfg, trackers: Trackers = NO_TRACKERS, prefix: str = ""):
+        self.cfg, self.trackers, self.prefix = cfg, trackers, prefix
 
     def __call__(self, state: State, record: dict | None) -> None:
         cfg, progress = self.cfg, state.progress
         step, every = progress.step, cfg.log.eval_every
         if every and step % every == 0 and step < cfg.optim.steps:
-            metrics = validate_run(state, cfg, examples=cfg.log.eval_examples)
+            metrics = validate_run(state, cfg, examples=cfg.log.eval_examples, trackers=self.trackers,
+                                   prefix=self.prefix)
             if cfg.objective_settles <= step < progress.decay_window(cfg.optim.steps, cfg.optim.lr_decay)[0]:
                 # rank 0's reading on every rank: the ranks stop together even if their float sums differed
                 progress.convergence = state.ranks.broadcast(observe(progress.convergence, cfg.optim.stop, step,
@@ -102,8 +107,10 @@ def checkpoint(state: State, cfg, hooks: Hooks) -> None:
     state.ranks.barrier()
 
 
-def validate_run(state: State, cfg, examples: int | None = None) -> dict:
-    """``validation.validate`` on the val split, scored as the run trains; rank 0 logs it."""
+def validate_run(state: State, cfg, examples: int | None = None, trackers: Trackers = NO_TRACKERS,
+                 prefix: str = "") -> dict:
+    """``validation.validate`` on the val split, scored as the run trains; rank 0 logs it (to metrics.jsonl and
+    ``trackers``)."""
     scoring = Scoring(state.baseline, cfg.loss, state.params, cfg.cvae, cfg.optim.seed,
                       cfg.likelihood_read(state.progress.step - 1))  # q as the last step read it
     spec = replace(state.spec, urls=split_urls(cfg.io.data, "val"), batch_size=cfg.log.eval_batch_size)
@@ -113,4 +120,6 @@ def validate_run(state: State, cfg, examples: int | None = None) -> dict:
                            device=state.device, log=Path(cfg.io.out) if ranks.rank == 0 else None,
                            examples=examples, sharded=state.sharded)
     state.progress.skips.merge(metrics.get("skipped_shards", {}))
+    if ranks.rank == 0:
+        trackers.log_record(metrics, prefix)
     return metrics

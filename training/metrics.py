@@ -238,7 +238,8 @@ class EvalRecords:
         return self
 
     def finalize(self, latent: str, k: int, seed: int = 0) -> dict:
-        """Means of recon (weighted), recon_uniform and KL; discrete: exact MI, usage, strategy MI; continuous:
+        """Means of recon (weighted), recon_uniform and KL; the token-mean NLL (discrete: also under each latent value,
+        ``nll_by_value``); discrete: exact MI, usage, strategy MI; continuous:
         active units and the MI estimate (with its SE; when log-variances were recorded); both: whether the
         posterior is informative (``POSTERIOR_RULES``), strategy NMI and Hungarian accuracy of argmax q (or
         of k-means clusters of mu, K clusters) against the ground-truth strategy. The NMI and accuracy are
@@ -252,6 +253,8 @@ class EvalRecords:
             tokens = float(np.sum(self.rows["tokens"]))
             out |= {"nll_token_mean": float(np.sum(self.rows["nll_matched"])) / tokens,
                     "base_nll_token_mean": float(np.sum(self.rows["b_sum"])) / tokens}
+            if len(self.rows["nll_by_value"]) == n:  # discrete: the token-mean NLL under each latent value
+                out["nll_by_value"] = (np.sum(self.rows["nll_by_value"], axis=0) / tokens).tolist()
         post = np.stack(self.rows["post"])
         out |= self.latent_metrics(post, latent, seed)
         informative, values = posterior_informative(out, latent)

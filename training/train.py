@@ -28,6 +28,7 @@ N * B and the same lanes. Rank 0 writes everything.
 from __future__ import annotations
 
 import gc
+import json
 import sys
 import time
 from contextlib import nullcontext
@@ -56,12 +57,13 @@ from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.lora import attach as attach_lora, latent_row_ids, require_peft
 from tokweight.training.precision import autocast, forward_dtype, hold_frozen
 from tokweight.training.losses import WEIGHTINGS, WeightingParams
-from tokweight.training.run_dir import append_metrics, committed_checkpoint, resume, write_config
+from tokweight.training.run_dir import append_metrics, committed_checkpoint, read_metrics, resume, write_config
 from tokweight.training.starts import compare_starts, continued, read_starts, seeded, start_dir
 from tokweight.training.state import Progress, State, set_rng_states
 from tokweight.training.step import build_optimizer, train_step
 from tokweight.training.stream import TrainStream
 from tokweight.training.train_base import memorised_line
+from tokweight.training.trackers import NO_TRACKERS, Trackers, open_trackers, require
 from tokweight.training.train_config import IOConfig, TrainConfig
 
 # ---------------------------------------------------------------- setup
@@ -321,17 +323,19 @@ def logged_step(progress: Progress, cfg: TrainConfig) -> bool:
             or bool(every and step % every == 0))
 
 
-def fit(state: State, cfg: TrainConfig, hooks: Hooks = NO_HOOKS, until: int | None = None) -> int:
+def fit(state: State, cfg: TrainConfig, hooks: Hooks = NO_HOOKS, until: int | None = None,
+        trackers: Trackers = NO_TRACKERS, prefix: str = "") -> int:
     """Train from the state's step until the stop rule or the step cap says stop, or to step ``until``; the
-    bytes of shards and store parts this rank's training stream read. The callbacks run after every step."""
+    bytes of shards and store parts this rank's training stream read. The callbacks run after every step; the
+    metrics lines and validations go to ``trackers`` too (``prefix`` before each series: a start's)."""
     progress, ranks = state.progress, state.global_batch
     progress.stop = progress.stop_reason(cfg.optim.steps, cfg.optim.lr_decay)
     if progress.stop:
         return 0
     stream = TrainStream(state.spec, ranks.rank, ranks.world)
     batches = stream.batches(cfg.io.num_workers, start=progress.step)
-    log = MetricsLine(cfg, state)
-    callbacks = (Faults(hooks), log, StopRule(cfg), Checkpoint(cfg, hooks, until))
+    log = MetricsLine(cfg, state, trackers, prefix)
+    callbacks = (Faults(hooks), log, StopRule(cfg, trackers, prefix), Checkpoint(cfg, hooks, until))
     try:
         while not progress.stop and (until is None or progress.step < until):
             record = train_step(state, next(batches).to(state.device), cfg, logged_step(progress, cfg))
@@ -352,7 +356,7 @@ def stop_record(state: State, cfg: TrainConfig) -> dict:
             "rule": rule, "lr_decay": list(progress.decay_window(cfg.optim.steps, cfg.optim.lr_decay))}
 
 
-def train_to_end(state: State, cfg: TrainConfig, hooks: Hooks) -> dict:
+def train_to_end(state: State, cfg: TrainConfig, hooks: Hooks, trackers: Trackers = NO_TRACKERS) -> dict:
     """``fit`` to the run's stop, then the final validation on the whole val split and the stop line:
     ``run``'s result."""
     ranks = state.ranks
@@ -360,12 +364,13 @@ def train_to_end(state: State, cfg: TrainConfig, hooks: Hooks) -> dict:
     if ranks.is_main:
         write_config(cfg)
     t0 = time.perf_counter()
-    bytes_read = fit(state, cfg, hooks)
+    bytes_read = fit(state, cfg, hooks, trackers=trackers)
     wall = time.perf_counter() - t0
-    metrics = validate_run(state, cfg)
+    metrics = validate_run(state, cfg, trackers=trackers)
     stop = stop_record(state, cfg)
     if ranks.is_main:
         append_metrics(cfg.io.out, {"stop": stop})
+        trackers.log_record({"stop": stop})
     skips = Skips()
     for shards in ranks.gather(state.progress.skips.shards):  # the ranks read disjoint train shards
         skips.merge(shards)
@@ -376,35 +381,61 @@ def train_to_end(state: State, cfg: TrainConfig, hooks: Hooks) -> dict:
 # ---------------------------------------------------------------- the job
 
 
-def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS) -> dict:
+def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS, trackers: Trackers | None = None) -> dict:
     """The whole job; the result holds the final validation's metrics, ``stop`` (``stop_record``), the
     training wall time, ``input_bytes_read``: each rank's bytes of shards and store parts read by its
     training stream (a resumed run's fast-forward included), and, if any sample was left out, ``skipped``
     and ``skipped_shards``: every rank's train and val streams'. With ``optim.starts`` > 1 and a cap above
     ``optim.start_steps`` the starts are trained and compared first (``starts.py``), the best goes on,
-    and ``start`` says which. ``hooks``: faults a test injects."""
+    and ``start`` says which. ``hooks``: faults a test injects. ``trackers``: where rank 0 reports besides
+    metrics.jsonl (a start's series under ``start-<seed>/``); None: those ``cfg.log.report_to`` names, opened and
+    closed here (``run_trackers``)."""
     cfg.estep.check_harden(cfg.cvae.k)
     ranks = Ranks(timeout_s=cfg.io.collective_timeout_s, backend="nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo")
+    own, trackers = trackers is None, trackers or NO_TRACKERS
     try:
+        if own:
+            trackers = run_trackers(cfg, ranks.is_main)
         if not (cfg.optim.starts > 1 and cfg.optim.steps > cfg.optim.start_steps):
-            return train_to_end(setup(cfg, ranks), cfg, hooks)
+            return train_to_end(setup(cfg, ranks), cfg, hooks, trackers)
         chosen_before = "seed" in read_starts(Path(cfg.io.out))  # then no start announces the job
         made = compare_starts(cfg, ranks, lambda seed, until, announce:
-                              train_start(cfg, seed, until, ranks, hooks, announce))
+                              train_start(cfg, seed, until, ranks, hooks, announce, trackers))
         chosen = continued(cfg, made)
         fresh = ranks.broadcast(not (committed_checkpoint(Path(cfg.io.out)) / "state.json").is_file())
         state = setup(chosen, ranks, continue_from=start_dir(cfg, made["seed"]), announce=chosen_before)
         if fresh and state.progress.stop_reason(chosen.optim.steps, chosen.optim.lr_decay):  # the start stopped
             checkpoint(state, chosen, hooks)  # during the rounds and trains no more: its checkpoint is RUN's
-        return train_to_end(state, chosen, hooks) | {"start": made}
+        if fresh and ranks.is_main:  # the start's lines RUN/metrics.jsonl goes on from, as the run's own series
+            for record in read_metrics(cfg.io.out):
+                trackers.log_record(record)
+        return train_to_end(state, chosen, hooks, trackers) | {"start": made}
     finally:
+        if own:
+            trackers.close()
         # a sharded model's reference cycles hold the process group: collected before the group goes, not at the
         # interpreter's exit, where a rank can abort (docs/reference.md, "Scale-out")
         gc.collect()
         ranks.close()
 
 
-def train_start(cfg: TrainConfig, seed: int, until: int, ranks: Ranks, hooks: Hooks, announce: bool) -> dict:
+def run_trackers(cfg: TrainConfig, main: bool) -> Trackers:
+    """The trackers ``cfg.log.report_to`` names, on rank 0 (``main``), with the resolved configuration as their
+    hyperparameters; a resumed run's go on from its checkpoint's step. Every rank checks that their extras are
+    installed, so that all of them stop on a missing one."""
+    for name in cfg.log.report_to:
+        require(name)
+    if not (main and cfg.log.report_to):
+        return NO_TRACKERS
+    saved = committed_checkpoint(Path(cfg.io.out)) / "state.json"
+    trackers = open_trackers(cfg.log.report_to, cfg.io.out,
+                             json.loads(saved.read_text())["step"] if saved.is_file() else None)
+    trackers.log_hparams(cfg.to_json())
+    return trackers
+
+
+def train_start(cfg: TrainConfig, seed: int, until: int, ranks: Ranks, hooks: Hooks, announce: bool,
+                trackers: Trackers = NO_TRACKERS) -> dict:
     """One start: the whole run's config from ``seed``, trained (or resumed) to step ``until`` (its validations and
     stop rule go as in a run from that seed) and checkpointed there; its metrics on the whole val split (the
     reconstruction E_q[R], the KL, the exact MI), from which RUN/starts.json keeps the reconstruction, the
@@ -418,5 +449,6 @@ def train_start(cfg: TrainConfig, seed: int, until: int, ranks: Ranks, hooks: Ho
     Path(start.io.out).mkdir(parents=True, exist_ok=True)
     if ranks.is_main:
         write_config(start)
-    fit(state, start, hooks, until=until)
-    return validate_run(state, start)
+    prefix = f"start-{seed}/"
+    fit(state, start, hooks, until=until, trackers=trackers, prefix=prefix)
+    return validate_run(state, start, trackers=trackers, prefix=prefix)

@@ -27,6 +27,7 @@ from tokweight.pipeline.shards import dataset_json, iter_samples, resolve_shards
 from tokweight.pipeline.urls import is_url_data
 from tokweight.pipeline.templates import collate, template_ids
 from tokweight.pipeline.vocab import Vocab
+from tokweight.training.trackers import check_report_to, open_trackers
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,13 @@ class BaseTrainConfig:
     eval_every: int = 500
     seed: int = 0
     device: str = "auto"
+    report_to: tuple[str, ...] = ()
+    """Trackers that get each metrics line and the configuration (``training/trackers.py``); not part of what is
+    trained."""
 
     def __post_init__(self):
+        object.__setattr__(self, "report_to", tuple(self.report_to))
+        check_report_to(self.report_to)
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError("steps and batch_size must be >= 1")
         if not 0.0 <= self.zcond_rate <= 1.0:
@@ -211,6 +217,8 @@ def run(cfg: BaseTrainConfig) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(cfg.seed)
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
+    trackers = open_trackers(cfg.report_to, out)
+    trackers.log_hparams(asdict(cfg))
     log = (out / "metrics.jsonl").open("w")
     bar = tqdm(range(cfg.steps), desc="train-base", unit="step", mininterval=1.0)
     t_start = time.perf_counter()
@@ -235,7 +243,9 @@ def run(cfg: BaseTrainConfig) -> dict:
                 record["train_nll"] = evaluate(model, train_head, device, zcond_slots=cfg.min_slots)["val_nll"]
             bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{record['val_nll']:.3f}")
         log.write(json.dumps(record) + "\n")
+        trackers.log_record(record)
     log.close()
+    trackers.close()
     final = {k: v for k, v in record.items() if k not in ("step", "lr")}
     final["wall_s"] = time.perf_counter() - t_start
     fp = save_checkpoint(out, model.cpu(), vocab, meta={"train": asdict(cfg), "final": final})

@@ -21,6 +21,7 @@ from tokweight.training.convergence import StopRule
 from tokweight.training.estep import LikelihoodRead
 from tokweight.training.losses import WEIGHTINGS, WeightingParams
 from tokweight.training.schedules import warmed_up
+from tokweight.training.trackers import check_report_to, parse_report_to
 
 
 SHARDS = ("ddp", "fsdp")
@@ -226,8 +227,15 @@ class LogConfig:
     rule (``OptimConfig.stop``) reads them (0: off, and the run trains to its step cap)."""
     eval_examples: int = 256
     """Val examples of each periodic validation (rounded up to whole eval batches); the final one reads all."""
+    report_to: tuple[str, ...] = ()
+    """Trackers that rank 0 reports to besides metrics.jsonl, any of "tensorboard", "mlflow", "wandb" (a list, or one
+    comma-separated text); each an optional extra, offline in the run directory (``training/trackers.py``)."""
 
     def __post_init__(self):
+        if not isinstance(self.report_to, tuple):  # from a file or a flag: a list, or comma-separated text
+            object.__setattr__(self, "report_to", parse_report_to(self.report_to) if isinstance(self.report_to, str)
+                               else tuple(self.report_to))
+        check_report_to(self.report_to)
         for name in ("log_every", "ckpt_every", "eval_batch_size", "eval_examples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

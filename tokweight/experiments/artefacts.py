@@ -174,7 +174,7 @@ def prepare_data(task: TaskConfig, setting: Setting, root: Path) -> tuple[Path, 
 
 def base_key(task: TaskConfig, data_key: str) -> str:
     """The base config without its paths, and the data's key in place of its directory."""
-    config = {k: v for k, v in asdict(task.base).items() if k not in ("data", "out")}
+    config = {k: v for k, v in asdict(task.base).items() if k not in ("data", "out", "report_to")}
     return key_of({**config, "data": data_key})
 
 

@@ -63,6 +63,9 @@ class CellBudget:
     """> 0: beta rises linearly from 0 to the cell's beta over this many steps; 0: constant beta."""
     dtype: str = IOConfig.dtype
     """The forward's dtype in training and eval (train's ``--dtype``: "auto" is bfloat16 on CUDA, float32 elsewhere)."""
+    report_to: tuple[str, ...] = ()
+    """Trackers each cell reports its training, eval's verdict and its figures to (train's ``--report-to``); not
+    part of a cell's key."""
 
     def __post_init__(self):
         if min(self.steps, self.batch_size) < 1 or self.decode_examples < 1 or not self.lr > 0:
@@ -150,7 +153,7 @@ def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
                         beta_warmup_steps=b.beta_warmup_steps,
                         **(dict(plan.loss) | dict(cell.loss))),
         optim=OptimConfig(steps=b.steps, starts=b.starts, batch_size=b.batch_size, lr=b.lr, seed=cell.seed),
-        log=LogConfig(grad_diag_every=b.steps, ckpt_every=b.steps))
+        log=LogConfig(grad_diag_every=b.steps, ckpt_every=b.steps, report_to=b.report_to))
     return with_recipe(cfg, plan.recipe, dict(cell.overrides))
 
 
@@ -159,6 +162,7 @@ def cell_spec(tcfg, prep: Prepared, decode_examples: int) -> dict:
     and its evaluation."""
     train = tcfg.to_json()
     train["io"] = {k: v for k, v in train["io"].items() if k not in PATH_FIELDS}
+    train["log"] = {k: v for k, v in train["log"].items() if k != "report_to"}
     return {"train": train, "base_fingerprint": prep.fingerprint, "data": prep.data_key,
             "eval": {"split": "test", "decode_examples": decode_examples}}
 
@@ -216,13 +220,20 @@ def cell_status(outcome: str, stop_reason: str | None) -> str:
 
 def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
     """Train the run, evaluate it on the test split: the record's numbers."""
+    from tokweight.tracking import log_eval, log_run_figures, main_rank
     from tokweight.training.evaluate import EvalConfig, run_eval
-    from tokweight.training.train import run as train
+    from tokweight.training.train import run as train, run_trackers
 
     start = time.perf_counter()
-    trained = train(tcfg)  # refuses a run directory trained from another checkpoint
-    evaluated = run_eval(EvalConfig(run=tcfg.io.out, data=str(prep.data), split="test",
-                                    decode_examples=decode_examples, dtype=tcfg.io.dtype))
+    trackers = run_trackers(tcfg, main_rank())
+    try:
+        trained = train(tcfg, trackers=trackers)  # refuses a run directory trained from another checkpoint
+        evaluated = run_eval(EvalConfig(run=tcfg.io.out, data=str(prep.data), split="test",
+                                        decode_examples=decode_examples, dtype=tcfg.io.dtype))
+        log_run_figures(trackers, tcfg.io.out)
+        log_eval(trackers, evaluated)
+    finally:
+        trackers.close()
     metrics, free = evaluated["metrics"], evaluated["decode"].get("label_free", {})
     reference = evaluated["decode"].get("reference", {})
     stop = trained.get("stop", {}).get("reason")
