@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import dataset_json, iter_samples, resolve_shards
-from tokweight.pipeline.synth import SynthConfig, candidate_sequences, consistent_at_t0, symbol_name
+from tokweight.pipeline.synth import SynthConfig, consistent_at_t0, symbol_candidates
 
 
 @dataclass(frozen=True)
@@ -39,10 +39,7 @@ class DatasetLabels:
         """strategy -> the y it produces for x: a decode can be checked against each; None where unknown."""
         if self.synth is None:
             return None
-        index = {symbol_name(i): i for i in range(self.synth.alphabet_size)}
-        cands = candidate_sequences(tuple(index[s] for s in x), self.synth)
-        return {name: tuple(t if isinstance(t, str) else symbol_name(t) for t in seq[:-1])
-                for name, seq in cands.items()}
+        return {name: seq[:-1] for name, seq in symbol_candidates(x, self.synth).items()}
 
     def consistent_at_t0(self, sample: Sample) -> int | None:
         """Strategies consistent with the sample's prefix at its t0 (the Bayes surprisal is its log); None if unknown."""

@@ -8,6 +8,10 @@ uniform token average dilutes the latent's signal by about ``t0 / T`` (docs/cont
 Symbols are handled as integer ids while generating (so ``sort`` means "by symbol
 index") and named only when a Sample is built: ids 0..25 are "a".."z", then "s26",
 "s27", ...; the header and the trailer repeat the filler symbol "#".
+
+These strategies are read orders of x (``kind = "permutation"``, the default). The kinds whose strategies
+differ in what they write (``lexical``, ``format``, ``procedure``) live in pipeline.synth_kinds; x and y are
+symbols there throughout, and t0, splits and labels are computed here alike for every kind.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from tokweight.pipeline import synth_kinds
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import prepare_output_dir, shard_name, write_shards
 from tokweight.store.durable import write_json_atomic
@@ -125,6 +130,11 @@ class SynthConfig:
     """Examples per tar shard."""
     seed: int = 0
     """Root seed (>= 0); each split draws from np.random.default_rng([seed, split id])."""
+    kind: str = "permutation"
+    """What the strategies differ in (pipeline.synth_kinds): "permutation" (read orders of x, STRATEGIES),
+    "lexical" (x's concepts in invented languages; alphabet_size concepts, x of min_len..max_len of them),
+    "format" (a record in file formats; alphabet_size names, min_len..max_len amounts) or "procedure" (numbers
+    written by procedures; min_len..max_len numbers from 1..alphabet_size). Strategies are the kind's names."""
 
     def __post_init__(self):
         object.__setattr__(self, "strategies", tuple(self.strategies))  # a JSON list is fine too
@@ -133,8 +143,10 @@ class SynthConfig:
             raise ValueError(f"alphabet_size must be >= 2, got {self.alphabet_size}")
         if not 1 <= self.min_len <= self.max_len:
             raise ValueError(f"need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
-        if not self.strategies or unknown or len(set(self.strategies)) != len(self.strategies):
+        if self.kind != "permutation":
+            synth_kinds.check(self)
+        elif (not self.strategies or any(s not in STRATEGIES for s in self.strategies)
+              or len(set(self.strategies)) != len(self.strategies)):
             raise ValueError(f"strategies must be distinct names from {sorted(STRATEGIES)}, "
                              f"got {self.strategies}")
         if self.header_len < 0 or self.trailer_len < 0:
@@ -160,7 +172,23 @@ class SynthConfig:
     def symbols(self) -> list[str]:
         """Every data symbol that can occur in x or y: the alphabet in id order, then the filler."""
         filler = [FILLER_SYMBOL] if self.header_len or self.trailer_len else []
+        if self.kind != "permutation":
+            return synth_kinds.symbols(self) + filler
         return [symbol_name(i) for i in range(self.alphabet_size)] + filler
+
+
+def kind_strategies(kind: str) -> tuple[str, ...]:
+    """The strategies of ``kind`` in the order its K = 2..8 tasks take them (the first K)."""
+    return tuple(STRATEGIES) if kind == "permutation" else synth_kinds.KIND_STRATEGIES[kind]
+
+
+def config_dict(cfg: SynthConfig) -> dict:
+    """cfg as dataset.json records it: every field, ``kind`` only where it is not the default (so a permutation
+    dataset's json is what it was before kinds existed)."""
+    out = asdict(cfg)
+    if out["kind"] == "permutation":
+        del out["kind"]
+    return out
 
 
 # ---------------------------------------------------------------- t0
@@ -186,9 +214,22 @@ def compute_t0(candidates: dict[str, Sequence], strategy: str) -> int:
 
 
 def candidate_sequences(x: tuple, cfg: SynthConfig) -> dict[str, tuple]:
-    """Each configured strategy's S for input x (any comparable symbols): header + s(x) + trailer + </y>."""
+    """Each configured strategy's S for input x: header + s(x) + trailer + </y>. Permutation kind: x of any
+    comparable symbols (ids while generating); the other kinds: x as its symbols."""
     header, trailer = (FILLER_SYMBOL,) * cfg.header_len, (FILLER_SYMBOL,) * cfg.trailer_len
+    if cfg.kind != "permutation":
+        return {name: header + synth_kinds.strategy_output(cfg, name, x) + trailer + (END_OF_Y,)
+                for name in cfg.strategies}
     return {name: header + STRATEGIES[name](x) + trailer + (END_OF_Y,) for name in cfg.strategies}
+
+
+def symbol_candidates(x: tuple[str, ...], cfg: SynthConfig) -> dict[str, tuple]:
+    """candidate_sequences for x given as its symbols, every kind (a permutation x is mapped to ids and back)."""
+    if cfg.kind != "permutation":
+        return candidate_sequences(tuple(x), cfg)
+    index = {symbol_name(i): i for i in range(cfg.alphabet_size)}
+    cands = candidate_sequences(tuple(index[s] for s in x), cfg)
+    return {name: tuple(t if isinstance(t, str) else symbol_name(t) for t in seq) for name, seq in cands.items()}
 
 
 def load_synth_config(data: str | Path) -> SynthConfig | None:
@@ -207,9 +248,7 @@ def consistent_at_t0(sample: Sample, cfg: SynthConfig) -> int | None:
     """
     if sample.strategy is None or sample.t0 is None or sample.t0 >= len(sample.y) + 1:
         return None
-    index = {name: i for i, name in enumerate(symbol_name(i) for i in range(cfg.alphabet_size))}
-    candidates = candidate_sequences(tuple(index[s] for s in sample.x), cfg)
-    return consistent_at(candidates, sample.strategy, sample.t0)
+    return consistent_at(symbol_candidates(sample.x, cfg), sample.strategy, sample.t0)
 
 
 # ---------------------------------------------------------------- generation
@@ -233,6 +272,9 @@ def generate(cfg: SynthConfig, split: str) -> Iterator[Sample]:
     """The split's examples in key order; deterministic in (cfg, split)."""
     n = cfg.split_size(split)
     rng = np.random.default_rng([cfg.seed, _SPLIT_IDS[split]])
+    if cfg.kind != "permutation":
+        yield from _generate_kind(cfg, split, n, rng)
+        return
     lengths = rng.integers(cfg.min_len, cfg.max_len + 1, size=n)  # (N,)
     flat = rng.integers(0, cfg.alphabet_size, size=int(lengths.sum()))  # (sum len,) symbol ids
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
@@ -245,6 +287,19 @@ def generate(cfg: SynthConfig, split: str) -> Iterator[Sample]:
         y = tuple(tok if tok == FILLER_SYMBOL else names[tok] for tok in candidates[strategy][:-1])
         yield Sample(key=f"{split}-{i:07d}", x=tuple(names[j] for j in x_ids), y=y,
                      strategy=strategy, t0=compute_t0(candidates, strategy))
+
+
+def _generate_kind(cfg: SynthConfig, split: str, n: int, rng: np.random.Generator) -> Iterator[Sample]:
+    """generate() for the kinds of pipeline.synth_kinds: x drawn by the kind, then the strategy (the
+    x-dependent prior reads x[0]'s index among the kind's symbols)."""
+    xs = synth_kinds.draw_inputs(rng, n, cfg)
+    index = {s: i for i, s in enumerate(cfg.symbols())}
+    chosen = _strategy_ids(rng, np.array([index[x[0]] for x in xs], dtype=np.int64), cfg)
+    for i, x in enumerate(xs):
+        candidates = candidate_sequences(x, cfg)
+        strategy = cfg.strategies[chosen[i]]
+        yield Sample(key=f"{split}-{i:07d}", x=x, y=tuple(candidates[strategy][:-1]), strategy=strategy,
+                     t0=compute_t0(candidates, strategy))
 
 
 class _Stats:
@@ -281,7 +336,7 @@ def write_dataset(cfg: SynthConfig, out_dir: str | Path, *, overwrite: bool = Fa
                          "stats": stats.means()}
     info = {
         "generator": "tokweight.synth",
-        "config": asdict(cfg),
+        "config": config_dict(cfg),
         "symbols": cfg.symbols(),
         "strategies": list(cfg.strategies),
         "splits": splits,

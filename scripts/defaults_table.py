@@ -66,6 +66,13 @@ base trained 1500 steps (which has not learnt the copy) and one trained 4000 (`-
         --cap 300
     python scripts/defaults_table.py OUT --blocks k2-trailer48 --weightings uniform,sum,surprisal-share --cap 1500
 
+Tasks whose strategies write different things (pipeline.synth_kinds: one content in K invented languages, one
+record in K file formats, numbers written by K procedures), each kind's preset at K = 4 and K = 8 with
+`train-base --preset default`'s base:
+
+    python scripts/defaults_table.py OUT --blocks lexical-k4,format-k4,procedure-k4 --seeds 0,1,2
+    python scripts/defaults_table.py OUT --blocks lexical-k8,format-k8,procedure-k8 --seeds 0,1,2
+
 Writes OUT/<block>/ (data, base models, stores, runs; reused when their keys match), OUT/cells.csv and
 OUT/defaults_table.md, and prints the table. The walk-through on converted JSON lines is the user path
 of the same K = 4 task: `tokweight experiment --checkpoint ... --data ...` (README, "Your own data").
@@ -83,7 +90,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tokweight.pipeline.synth import DEFAULT_STRATEGIES, STRATEGIES, SynthConfig
+from tokweight.pipeline.synth import DEFAULT_STRATEGIES, STRATEGIES, SynthConfig, kind_strategies
 from tokweight.report.tables import markdown_table
 from tokweight.training.control import OUTCOMES
 from tokweight.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting, synthetic_task
@@ -120,6 +127,14 @@ def long_task(names: tuple[str, ...], base, n_train: int = DEFAULT_SYNTH.n_train
     ``n_train`` examples."""
     synth = replace(DEFAULT_SYNTH, strategies=names, n_train=n_train)
     return TaskConfig(settings=(LONG,), synth=synth, base=base), LONG
+
+
+def kind_task(kind: str, k: int) -> tuple[TaskConfig, Setting]:
+    """The preset of ``kind`` (presets/synth/<kind>.toml) with its first k strategies, on
+    `train-base --preset default`'s base."""
+    synth = preset_config(SynthConfig, "synth", kind, strategies=list(kind_strategies(kind)[:k]))
+    setting = Setting(f"{kind}-k{k}", 0, synth.min_len, synth.max_len)
+    return TaskConfig(settings=(setting,), synth=synth, base=base_model(**DEFAULT_BASE)), setting
 
 
 BLOCKS = {  # name -> (task, setting): the data and the base model of each row group
@@ -159,6 +174,8 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
     # Sinkhorn balance gives each latent value a 1/K share of every batch, which a strategy code does not have here
     **{f"k2-imbalanced{suffix}": (k2_task(H0, base_model(1500), prior="weighted", weights=weights), H0)
        for suffix, weights in (("", (0.8, 0.2)), ("-60", (0.6, 0.4)))},
+    # strategies that write different things (pipeline.synth_kinds), each kind's preset
+    **{f"{kind}-k{k}": kind_task(kind, k) for kind in ("lexical", "format", "procedure") for k in (4, 8)},
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
            Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len)),
@@ -217,11 +234,12 @@ def table(rows: list[dict]) -> str:
         out.append([label, str(first["k"]), f"{first['ratio_true']:.1f}", f"{first['b_after_t0']:.3f}", weighting,
                     " / ".join(str(count.get(o, 0)) for o in OUTCOMES),
                     ", ".join(f"{n} {reason}" for reason, n in sorted(stops.items())), ms("mi"), ms("strategy_mi"),
-                    ms("coverage"), ms("control_accuracy"),
+                    ms("coverage"), ms("decode_strategy_mi"), ms("values_one_strategy"), ms("control_accuracy"),
                     f"{ms('own_exact_match')} ({ms('base_exact_match')})",
                     f"{ms('nll_token_mean')} ({ms('base_nll_token_mean')})"])
     headers = ["block", "K", "T/(t0+1)", "base b after t0", "weighting", "seeds whole / damaged / z not used",
                "stopped", "exact MI", "I(z; strategy)", "strategies covered by an input's K decodes",
+               "I(value; strategy) over valid decodes", "values naming one strategy",
                "control accuracy", "exact match (base)", "NLL nats/token (base)"]
     return markdown_table(headers, out)
 

@@ -14,6 +14,7 @@ import pytest
 from tokweight.store.lock import StoreLock, StoreLockedError
 from tokweight.experiments import artefacts, cells, grid as exp
 from tokweight.experiments.artefacts import Setting, TaskConfig, synth_config, synthetic_task
+from tokweight.pipeline.synth import config_dict
 from tokweight.experiments.grid import plot_amplification
 from tokweight.config_files import preset_names
 from tokweight.experiments.recipes import recipe_overrides, with_recipe
@@ -211,7 +212,7 @@ def test_data_key_is_the_shards_content(tmp_path):
     (as SynthConfig does when it gains one) keeps its key, and one changed shard byte changes it."""
     setting = TINY_TASK.settings[0]
     path, key, info, reused = artefacts.prepare_data(TINY_TASK, setting, tmp_path)
-    assert not reused and info["config"] == json.loads(json.dumps(asdict(synth_config(TINY_TASK, setting))))
+    assert not reused and info["config"] == json.loads(json.dumps(config_dict(synth_config(TINY_TASK, setting))))
     assert artefacts.prepare_data(TINY_TASK, setting, tmp_path)[1:] == (key, info, True)
     dataset = path / "dataset.json"
     dataset.write_text(json.dumps({**info, "config": {**info["config"], "field_of_before": 0}}))

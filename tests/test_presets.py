@@ -15,7 +15,7 @@ from tokweight.experiments.artefacts import TaskConfig, synthetic_task
 from tokweight.experiments.grid import ExperimentConfig
 from tokweight.experiments.own_task import OwnTaskConfig
 from tokweight.experiments.sweep import SweepConfig
-from tokweight.pipeline.synth import SynthConfig
+from tokweight.pipeline.synth import SynthConfig, config_dict
 from tokweight.training.train_base import BaseTrainConfig
 
 PATHS = {"data": "D", "out": "O"}
@@ -78,4 +78,4 @@ def test_the_commands_offer_the_preset_files(tmp_path):
     result = CliRunner().invoke(main, ["synth", "--preset", "tiny", "--out", str(tmp_path / "d"), "--seed", "3"])
     assert result.exit_code == 0, result.output
     written = json.loads((tmp_path / "d" / "dataset.json").read_text())["config"]
-    assert written == plain(preset_config(SynthConfig, "synth", "tiny", seed=3))
+    assert written == plain(config_dict(preset_config(SynthConfig, "synth", "tiny", seed=3)))  # kind: the default

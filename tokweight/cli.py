@@ -83,12 +83,17 @@ def main(debug):
               help="Shared trailer tokens after it: a longer y decided as early (T/(t0+1) grows).")
 @click.option("--min-len", type=int, default=None)
 @click.option("--max-len", type=int, default=None)
-def synth(out, preset, seed, header_len, trailer_len, min_len, max_len):
+@click.option("--k", "k", type=click.IntRange(2, 8), default=None,
+              help="Strategies: the first K of the preset's kind (pipeline.synth.kind_strategies); default: the "
+                   "preset's own.")
+def synth(out, preset, seed, header_len, trailer_len, min_len, max_len, k):
     """Write strategy-ambiguous synthetic WebDataset shards and dataset.json."""
-    from tokweight.pipeline.synth import SynthConfig, write_dataset
+    from tokweight.pipeline.synth import SynthConfig, kind_strategies, write_dataset
 
     overrides = {k: v for k, v in dict(header_len=header_len, trailer_len=trailer_len, min_len=min_len,
                                        max_len=max_len).items() if v is not None}
+    if k is not None:
+        overrides["strategies"] = list(kind_strategies(preset_config(SynthConfig, "synth", preset).kind)[:k])
     info = write_dataset(preset_config(SynthConfig, "synth", preset, seed=seed, **overrides), out)
     click.echo(json.dumps({"out": out, "splits": {k: v["samples"] for k, v in info["splits"].items()},
                            **info["stats"]}, indent=1))

@@ -159,10 +159,10 @@ def data_key(data: Path, shards: dict[str, list[Path]]) -> str:
 def prepare_data(task: TaskConfig, setting: Setting, root: Path) -> tuple[Path, str, dict, bool]:
     """(directory, content key, dataset.json, reused). The directory is named by the generator's config, the
     key is ``data_key`` of the shards it wrote."""
-    from tokweight.pipeline.synth import write_dataset
+    from tokweight.pipeline.synth import config_dict, write_dataset
 
     cfg = synth_config(task, setting)
-    spec = json.loads(json.dumps(asdict(cfg)))
+    spec = json.loads(json.dumps(config_dict(cfg)))  # as dataset.json records it
     path = root / "data" / f"{setting.name}-{key_of(spec)}"
     info = read_json(path / "dataset.json")
     reused = info is not None and info.get("config") == spec

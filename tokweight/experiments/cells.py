@@ -244,6 +244,8 @@ def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
             "nll_token_mean": metrics.get("nll_token_mean"), "base_nll_token_mean": metrics.get("base_nll_token_mean"),
             "control_accuracy": evaluated["decode"].get("control_accuracy"),
             "coverage": evaluated["decode"].get("coverage"), "strategy_accuracy": metrics.get("strategy_accuracy"),
+            "decode_strategy_mi": evaluated["decode"].get("decode_strategy_mi"),
+            "values_one_strategy": len(evaluated["values"]["trusted"]),
             "usage_perplexity": metrics.get("usage_perplexity"), "val_mi": trained.get("mi"),
             **init_gradients(Path(tcfg.io.out)), "train_wall_s": trained["train_wall_s"],
             "wall_s": time.perf_counter() - start, **{m: reference.get(m) for m in CONTROL},
