@@ -1,0 +1,406 @@
+"""``tokweight plan``: will a configuration fit, before anything is downloaded or a GPU is at hand.
+
+The CVAE of the configuration is built as a run builds it (``plan_build.py``) under torch's FakeTensorMode: every
+tensor is a fake with a shape, a dtype and a device and no storage, so an 8B backbone plans on a laptop with nothing
+allocated. Then, under torch's memory tracker (``MemTracker``; ``FSDPMemTracker`` and a fake process group of N
+ranks under FSDP, as torchtitan's ``scripts/estimate/estimation.py`` estimates its jobs), it runs what the run
+runs: a training step (``step.train_step``) with AdamW's state made beforehand, as every step after a run's first
+holds it; one validation forward; one decode step (the prompt's pass and one token against its key/value cache).
+The tracker sees every tensor each op makes and frees, so its peak is the peak of live tensors on one rank, by
+kind; torch's FlopCounterMode counts each phase's FLOPs.
+
+The batch's index tensors (positions, masks, ids) are fakes that hold their real values ("constants"), so the
+forward reads lengths off them as a run reads them off its batch; everything computed from a parameter is a fake.
+
+What it does not see: the CUDA caching allocator's rounding and fragmentation beyond its 512-byte blocks, the
+CUDA context, and kernels' workspaces that live inside one op (cuBLAS, flash attention); the CPU's attention
+kernel stands in for the GPU's. ``headroom`` is left for them when the largest batch is searched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+
+import torch
+
+from tokweight.training.plan_build import build, model_spec, plan_batch
+
+GIB = 1 << 30
+
+KINDS = {"parameters": ("Parameter", "Buffer", "Sharded Param"),
+         "gradients": ("Gradient", "Sharded Grad"),
+         "optimizer": ("Optstate", "OptState"),
+         "activations": ("Activation", "Inputs", "Other")}
+"""The tracker's categories by the kind a plan reports; every other one (temporaries of the backward, FSDP's
+unsharded parameters and gradients, all-gather and reduce-scatter buffers) is a temporary."""
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """A configuration to plan: the model and the training flags that change its memory."""
+
+    model: str
+    """A built-in model config (tokweight/presets/models/<name>.toml), a config.json, or a checkpoint directory."""
+    k: int = 4
+    """Latent values (the decoder runs K copies of every example)."""
+    batch_size: int = 8
+    """Examples per rank."""
+    seq_len: int = 512
+    """Tokens of an example's z-free sequence (half of them y)."""
+    dtype: str = "float32"
+    """"float32", or "bfloat16": autocast, frozen matrices held in bfloat16."""
+    lora_rank: int = 0
+    """LoRA adapters' rank; 0: every parameter trains."""
+    grad_checkpointing: bool = False
+    """Recompute the backbone's activations in the backward."""
+    shard: str = "ddp"
+    """"ddp" (each rank holds the whole model) or "fsdp" (sharded over ``ranks``)."""
+    ranks: int = 1
+    """Ranks of the job; the plan is one rank's."""
+    memory_gib: float = 80.0
+    """A rank's device memory, GiB: what the largest batch must fit."""
+    headroom: float = 0.1
+    """Share of ``memory_gib`` left for what the tracker does not see (module docstring)."""
+    cvae: object = None
+    """A run's whole ``CVAEConfig`` (latent, z pathway, slots), when a run is planned; None: the defaults at ``k``."""
+
+    def __post_init__(self):
+        if min(self.k, self.batch_size, self.ranks) < 1 or self.seq_len < 8:
+            raise ValueError("k, batch_size and ranks must be >= 1, seq_len >= 8")
+        if not 0 <= self.headroom < 1 or self.memory_gib <= 0:
+            raise ValueError("memory_gib must be > 0 and headroom in [0, 1)")
+
+    @property
+    def sharded(self) -> bool:
+        return self.shard == "fsdp" and self.ranks > 1
+
+    def train_config(self, batch_size: int | None = None):
+        """The TrainConfig a run of this configuration has (paths are placeholders: nothing is read)."""
+        from tokweight.training.configs import CVAEConfig, LoRAConfig
+        from tokweight.training.train_config import IOConfig, OptimConfig, TrainConfig
+
+        io = IOConfig(checkpoint=self.model, data="plan", out="plan", store="plan", device="cpu", dtype=self.dtype,
+                      grad_checkpointing=self.grad_checkpointing, shard=self.shard)
+        cvae = self.cvae if isinstance(self.cvae, CVAEConfig) else CVAEConfig(k=self.k)
+        return TrainConfig(io=io, cvae=cvae, optim=OptimConfig(batch_size=batch_size or self.batch_size),
+                           lora=LoRAConfig(rank=self.lora_rank))
+
+
+@dataclass
+class Phase:
+    """One phase's peak on one rank, bytes by kind, and its FLOPs (per rank)."""
+
+    peak: int
+    kinds: dict[str, int]
+    flops: int = 0
+
+
+@dataclass
+class Plan:
+    config: PlanConfig
+    parameters: int  # the model's parameter count (whole, not a rank's shard)
+    trainable: int
+    train: Phase
+    validation: Phase
+    decode: Phase
+    fits: bool  # the training step and the validation fit memory_gib less the headroom
+    largest_batch: int | None = None  # per rank; 0: not even one example; None: not searched
+    wall_s: float = 0.0
+    searched: list = field(default_factory=list)  # (batch, peak bytes) the search measured
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def by_kind(snapshot: dict) -> tuple[int, dict[str, int]]:
+    """A tracker's peak snapshot ({device: {category: bytes}}) -> (peak, {kind: bytes})."""
+    (dev_snap,) = snapshot.values() if snapshot else ({"Total": 0},)
+    kinds = dict.fromkeys([*KINDS, "temporaries"], 0)
+    for category, size in dev_snap.items():
+        name = getattr(category, "value", category)
+        if name == "Total":
+            continue
+        kinds[next((k for k, names in KINDS.items() if name in names), "temporaries")] += size
+    return dev_snap.get("Total", 0), kinds
+
+
+def reset_peak(tracker) -> None:
+    """Start the tracker's peak again from what is live now (as its ``__enter__`` does), and its per-module records
+    (it refuses a root module called again without)."""
+    tracker.reset_mod_stats()
+    tracker._peak_mem_snap = tracker.get_tracker_snapshot("current")
+    tracker._peak_mem = {dev: snap["Total"] for dev, snap in tracker._peak_mem_snap.items()}
+
+
+class NoHook:
+    """A hook handle with nothing to remove."""
+
+    def remove(self) -> None:
+        pass
+
+
+def global_peak(tracker, peak_state) -> None:
+    """The tracker's peak over the whole process, updated after each op; torch's own also updates every module's
+    peak, a pass over every module after every op, which an 8B model's hundreds of modules make hours long."""
+    for dev, snap in tracker._curr_mem_snap.items():
+        if tracker._peak_mem.get(dev, 0) < snap["Total"]:
+            tracker._peak_mem[dev] = snap["Total"]
+            tracker._peak_mem_snap[dev] = dict(snap)
+
+
+def tracker_for(built, sharded: bool):
+    """torch's memory tracker of the model and its optimizer: FSDP's under FSDP, with its global peak only
+    (``global_peak``). MemTracker puts a gradient hook on every parameter it meets, which a frozen one refuses:
+    frozen parameters are given none (their memory is counted all the same)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = FSDPMemTracker(built.model, built.opt) if sharded else MemTracker()
+    tracker._update_peak_stats = partial(global_peak, tracker)
+    for p in built.model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (NoHook(), NoHook())
+    if not sharded:
+        tracker.track_external(built.model, built.opt)
+    return tracker
+
+
+def track_optimizer(tracker, opt) -> None:
+    """Count AdamW's state from the start (FSDP's tracker counts it only once a step has run under it)."""
+    tracker._track_optimizer_states(tracker._ref_class.OPT, opt)
+
+
+def state_for(built, train_cfg):
+    """The ``state.State`` a training step reads (no data stream, one rank's view)."""
+    from tokweight.pipeline.ranks import Ranks
+    from tokweight.training.baselines import make_baseline
+    from tokweight.training.global_batch import LOCAL
+    from tokweight.training.losses import WeightingParams
+    from tokweight.training.state import State
+
+    return State(built.model, built.model, built.opt, make_baseline("precomputed", None),
+                 WeightingParams(train_cfg.loss.eps, train_cfg.loss.eps_inv, 1.0), None, LOCAL,
+                 Ranks.__new__(Ranks), torch.device("cpu"), {})
+
+
+def autocast(dtype: str):
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+
+
+def validation_forward(model, batch, dtype: str) -> None:
+    """The forward ``validation.evaluate_pass`` runs on a batch, without gradients."""
+    model.eval()
+    with torch.no_grad(), autocast(dtype):
+        model(batch, generator=torch.Generator().manual_seed(0))
+    model.train()
+
+
+def decode_step(model, batch, dtype: str, between=lambda: None) -> None:
+    """One decode step of every (example, latent value): the prompt x with z's slots through the backbone, its
+    key/value cache kept, then one new token against it (``decode.continue_cached``'s first two calls)."""
+    from tokweight.training.decode import greedy
+
+    lat, K = model.latent, model.latent.k
+    prompt = batch.zcond.input_ids[:, : int(batch.zcond.logit_pos[0, 0]) + 1].repeat_interleave(K, 0)
+    z = torch.eye(K).repeat(len(batch), 1)
+    slot_ids = lat.latent_ids.repeat(len(batch))
+    slot_pos = batch.slot_pos.repeat_interleave(K, 0)
+    model.eval()
+    with torch.no_grad(), autocast(dtype):
+        inputs, kwargs = model.conditioning.decoder_inputs(model.backbone, prompt, slot_pos, z, slot_ids)
+        hidden, past = model.backbone.extend(inputs, **kwargs)
+        nxt = greedy(model.backbone.head(hidden[:, -1]))
+        between()  # the backbone is called again as a root module
+        kwargs.pop("tok_emb", None)
+        kwargs.pop("memory", None)
+        model.backbone.extend(nxt[:, None], prefix=past, **kwargs)
+    model.train()
+
+
+@contextlib.contextmanager
+def fake_world(cfg: PlanConfig):
+    """A fake process group of ``cfg.ranks`` (this process is rank 0) and its 1-D CPU mesh, under FSDP; else None."""
+    if not cfg.sharded:
+        yield None
+        return
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ValueError("tokweight plan --shard fsdp makes its own fake process group: run it outside torchrun")
+    dist.init_process_group("fake", rank=0, world_size=cfg.ranks, store=FakeStore())
+    try:
+        yield init_device_mesh("cpu", (cfg.ranks,))
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def quiet():
+    """FSDP warns of every module output that is a view (``engine.fully_shard_cvae`` says why that is safe), and the
+    module tracker of the backbone's calls outside the CVAE's forward (the decode's): both left out."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
+        warnings.filterwarnings("ignore", message=r"The module hierarchy tracking maybe be messed up")
+        yield
+
+
+@contextlib.contextmanager
+def fake_mode():
+    """FakeTensorMode in which a batch's index tensors keep their values through the ops that read only them."""
+    from torch._subclasses import fake_tensor
+
+    limit = fake_tensor.CONSTANT_NUMEL_LIMIT
+    fake_tensor.CONSTANT_NUMEL_LIMIT = 1 << 62  # only tensors made from constants alone stay constants
+    try:
+        with fake_tensor.FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            yield mode
+    finally:
+        fake_tensor.CONSTANT_NUMEL_LIMIT = limit
+
+
+def as_constants(mode, batch):
+    """The batch's tensors as fakes holding their values."""
+    convert = lambda t: None if t is None else mode.fake_tensor_converter.from_real_tensor(mode, t, make_constant=True)
+    zf, zc = (type(b)(*map(convert, (b.input_ids, b.logit_pos, b.targets, b.mask))) for b in (batch.zfree, batch.zcond))
+    return replace(batch, zfree=zf, zcond=zc, z_pos=convert(batch.z_pos), slot_pos=convert(batch.slot_pos),
+                   last_pos=convert(batch.last_pos), b=convert(batch.b), t0=convert(batch.t0))
+
+
+def optimizer_state(built) -> None:
+    """AdamW's state made as its first step makes it (zero gradients; the parameters do not move: lr 0), so that
+    the one step measured holds it from its start, as every step after a run's first does."""
+    params = [p for group in built.opt.param_groups for p in group["params"]]
+    lrs = [group["lr"] for group in built.opt.param_groups]
+    for group in built.opt.param_groups:
+        group["lr"] = 0.0
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    built.opt.step()
+    built.opt.zero_grad(set_to_none=True)
+    for group, lr in zip(built.opt.param_groups, lrs):
+        group["lr"] = lr
+
+
+def run_phases(cfg: PlanConfig, spec: dict, batch_size: int, mesh, fake: bool = True, every: bool = True
+               ) -> tuple[object, dict[str, Phase]]:
+    """(the built objects, {phase: Phase}): a training step at ``batch_size`` with AdamW's state made, and with
+    ``every`` its FLOPs, the validation forward and the decode step. ``fake`` False runs it for real (the CPU check)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tokweight.training.step import train_step
+
+    train_cfg = cfg.train_config(batch_size)
+    counting = lambda: FlopCounterMode(display=False) if every else contextlib.nullcontext()
+    with quiet(), fake_mode() if fake else contextlib.nullcontext() as mode:
+        built = build(spec, train_cfg, mesh, fake)
+        batch = plan_batch(batch_size, cfg.seq_len, train_cfg.cvae.slots, built.vocab_size)
+        batch = as_constants(mode, batch) if fake else batch
+        state = state_for(built, train_cfg)
+        optimizer_state(built)
+        phases = {}
+        with tracker_for(built, cfg.sharded) as tracker:
+            track_optimizer(tracker, built.opt)
+            with counting() as flops:
+                train_step(state, batch, train_cfg, logged=False)
+            phases["train"] = Phase(*by_kind(tracker.get_tracker_snapshot("peak")), flops.get_total_flops() if flops else 0)
+            for name, run in (("validation", validation_forward), ("decode", decode_step)) if every else ():
+                reset_peak(tracker)
+                with counting() as flops:
+                    run(built.model, batch, cfg.dtype, *([tracker.reset_mod_stats] if name == "decode" else []))
+                phases[name] = Phase(*by_kind(tracker.get_tracker_snapshot("peak")), flops.get_total_flops())
+    return built, phases
+
+
+def plan(cfg: PlanConfig, search: bool = True) -> Plan:
+    """The plan of ``cfg``; with ``search``, the largest batch per rank that fits ``memory_gib`` less the headroom."""
+    t0 = time.perf_counter()
+    spec = model_spec(cfg.model)
+    with fake_world(cfg) as mesh:
+        built, phases = run_phases(cfg, spec, cfg.batch_size, mesh)
+        params = sum(p.numel() for p in built.model.parameters())
+        trainable = sum(p.numel() for p in built.model.parameters() if p.requires_grad)
+        if cfg.sharded:  # a DTensor's numel is the whole tensor's
+            params, trainable = (sum(getattr(p, "_local_tensor", p).numel() * cfg.ranks for p in
+                                     built.model.parameters() if p.requires_grad or not only) for only in (False, True))
+        del built
+        budget = cfg.memory_gib * GIB * (1 - cfg.headroom)
+        need = max(phases["train"].peak, phases["validation"].peak)
+        result = Plan(cfg, params, trainable, phases["train"], phases["validation"], phases["decode"], need <= budget)
+        if search:
+            result.largest_batch = largest_batch(cfg, spec, mesh, budget, (cfg.batch_size, phases["train"]),
+                                                  result.searched)
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+def train_peak(cfg: PlanConfig, spec: dict, mesh, batch_size: int, fake: bool = True) -> int:
+    """The peak of a training step at ``batch_size`` per rank (``fake`` False: of the step run for real)."""
+    _, phases = run_phases(cfg, spec, batch_size, mesh, fake=fake, every=False)
+    return phases["train"].peak
+
+
+def largest_batch(cfg: PlanConfig, spec: dict, mesh, budget: float, first: tuple[int, Phase], searched: list,
+                  fake: bool = True) -> int:
+    """The largest batch per rank whose training step peaks within ``budget`` bytes, near enough: the peak at the
+    planned batch ``first`` is what the model holds (parameters, gradients, optimizer state) and what its examples
+    add (activations, temporaries, taken to grow in proportion to the batch), which gives a guess; the guess is
+    measured and lowered until it fits. Temporaries that do not grow with the batch (FSDP's gathered blocks) make
+    the guess cautious: the batch one or two above it may fit too."""
+    known = {first[0]: first[1].peak}
+    searched.append((first[0], first[1].peak))
+
+    def peak(b: int) -> int:
+        if b not in known:
+            known[b] = train_peak(cfg, spec, mesh, b, fake)
+            searched.append((b, known[b]))
+        return known[b]
+
+    b0, phase = first
+    held = sum(phase.kinds[k] for k in ("parameters", "gradients", "optimizer"))
+    per_example = max((phase.peak - held) / b0, 1.0)
+    guess = math.floor((budget - held) / per_example)
+    while guess > 0 and peak(guess) > budget:
+        guess = min(guess - 1, math.floor(guess * budget / peak(guess)))
+    return max(guess, 0)
+
+
+def fits_line(plan: Plan) -> str:
+    """One line: the largest batch that fits, per rank, and its memory."""
+    cfg = plan.config
+    if plan.largest_batch is None:
+        return ""
+    if plan.largest_batch == 0:
+        return (f"not even a batch of 1 fits {cfg.memory_gib:g} GiB per rank (less {cfg.headroom:.0%} headroom): "
+                "try --lora-rank, --dtype bfloat16, --grad-checkpointing, or --shard fsdp over more ranks")
+    return (f"the largest batch that fits {cfg.memory_gib:g} GiB per rank (less {cfg.headroom:.0%} headroom) is "
+            f"--batch-size {plan.largest_batch}")
+
+
+def device_memory(device: torch.device) -> float | None:
+    """A CUDA device's memory in GiB; None elsewhere."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory / GIB
+
+
+def out_of_memory(train_cfg, ranks: int, seq_len: int, device: torch.device) -> RuntimeError:
+    """The one-line error of a run (``train_config.TrainConfig``) that ran out of device memory at a batch of
+    ``seq_len``-token sequences: the batch per rank that the plan of its configuration says fits the device."""
+    io, batch = train_cfg.io, train_cfg.optim.batch_size
+    memory = device_memory(device)
+    cfg = PlanConfig(model=io.checkpoint, k=train_cfg.cvae.k, batch_size=batch, seq_len=max(seq_len, 8),
+                     dtype=io.dtype, lora_rank=train_cfg.lora.rank, grad_checkpointing=io.grad_checkpointing,
+                     shard=io.shard, ranks=ranks, cvae=train_cfg.cvae, **({"memory_gib": memory} if memory else {}))
+    where = f"out of device memory at --batch-size {batch} per rank ({seq_len}-token sequences)"
+    try:
+        line = fits_line(plan(cfg))
+    except Exception as error:  # the run's own error matters more than the plan's
+        return RuntimeError(f"{where}; tokweight plan could not say what fits: {' '.join(str(error).split())}")
+    return RuntimeError(f"{where}; {line}")
