@@ -36,8 +36,8 @@ def llama_config(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name,fields", [
-    ("gpt", dict(model="gpt-tiny")),
-    ("llama", dict(model="llama")),
+    ("gpt", dict(model="gpt-tiny", dtype="float32")),
+    ("llama", dict(model="llama", dtype="float32")),
     ("llama-lora-bf16", dict(model="llama", lora_rank=4, dtype="bfloat16")),
 ])
 def test_the_fake_step_peaks_within_15_percent_of_the_real_one(name, fields, llama_config):
@@ -64,7 +64,7 @@ def test_the_fake_step_peaks_within_15_percent_of_the_real_one(name, fields, lla
 
 def test_the_json_plan_has_every_phase_by_kind_and_the_flops():
     result = CliRunner().invoke(main, ["plan", "--model", "gpt-tiny", "--batch-size", "2", "--seq-len", "16",
-                                       "--no-search", "--json"])
+                                       "--no-search", "--json", "--eval-batch-size", "2"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
     for phase in ("train", "validation", "decode"):

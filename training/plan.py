@@ -29,6 +29,7 @@ from functools import partial
 import torch
 
 from tokweight.training.plan_build import build, model_spec, plan_batch
+from tokweight.training.precision import autocast
 
 GIB = 1 << 30
 
@@ -52,8 +53,9 @@ class PlanConfig:
     """Examples per rank."""
     seq_len: int = 512
     """Tokens of an example's z-free sequence (half of them y)."""
-    dtype: str = "float32"
-    """"float32", or "bfloat16": autocast, frozen matrices held in bfloat16."""
+    dtype: str = "bfloat16"
+    """The forward's dtype: "bfloat16" (what train's "auto" gives on a GPU: autocast, frozen weights held in
+    bfloat16) or "float32"."""
     lora_rank: int = 0
     """LoRA adapters' rank; 0: every parameter trains."""
     grad_checkpointing: bool = False
@@ -62,6 +64,8 @@ class PlanConfig:
     """"ddp" (each rank holds the whole model) or "fsdp" (sharded over ``ranks``)."""
     ranks: int = 1
     """Ranks of the job; the plan is one rank's."""
+    eval_batch_size: int | None = None
+    """Examples per rank of a validation forward; None: ``LogConfig.eval_batch_size``, a run's default."""
     memory_gib: float = 80.0
     """A rank's device memory, GiB: what the largest batch must fit."""
     headroom: float = 0.1
@@ -82,13 +86,14 @@ class PlanConfig:
     def train_config(self, batch_size: int | None = None):
         """The TrainConfig a run of this configuration has (paths are placeholders: nothing is read)."""
         from tokweight.training.configs import CVAEConfig, LoRAConfig
-        from tokweight.training.train_config import IOConfig, OptimConfig, TrainConfig
+        from tokweight.training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig
 
         io = IOConfig(checkpoint=self.model, data="plan", out="plan", store="plan", device="cpu", dtype=self.dtype,
                       grad_checkpointing=self.grad_checkpointing, shard=self.shard)
         cvae = self.cvae if isinstance(self.cvae, CVAEConfig) else CVAEConfig(k=self.k)
+        log = LogConfig() if self.eval_batch_size is None else LogConfig(eval_batch_size=self.eval_batch_size)
         return TrainConfig(io=io, cvae=cvae, optim=OptimConfig(batch_size=batch_size or self.batch_size),
-                           lora=LoRAConfig(rank=self.lora_rank))
+                           lora=LoRAConfig(rank=self.lora_rank), log=log)
 
 
 @dataclass
@@ -146,7 +151,7 @@ class NoHook:
 
 def global_peak(tracker, peak_state) -> None:
     """The tracker's peak over the whole process, updated after each op; torch's own also updates every module's
-    peak, a pass over every module after every op, which an 8B model's hundreds of modules make hours long."""
+    peak, a pass over every module after every op: a cost that grows with the modules times the ops."""
     for dev, snap in tracker._curr_mem_snap.items():
         if tracker._peak_mem.get(dev, 0) < snap["Total"]:
             tracker._peak_mem[dev] = snap["Total"]
@@ -188,14 +193,10 @@ def state_for(built, train_cfg):
                  Ranks.__new__(Ranks), torch.device("cpu"), {})
 
 
-def autocast(dtype: str):
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
-
-
 def validation_forward(model, batch, dtype: str) -> None:
     """The forward ``validation.evaluate_pass`` runs on a batch, without gradients."""
     model.eval()
-    with torch.no_grad(), autocast(dtype):
+    with torch.no_grad(), autocast(dtype, torch.device("cpu")):
         model(batch, generator=torch.Generator().manual_seed(0))
     model.train()
 
@@ -211,7 +212,7 @@ def decode_step(model, batch, dtype: str, between=lambda: None) -> None:
     slot_ids = lat.latent_ids.repeat(len(batch))
     slot_pos = batch.slot_pos.repeat_interleave(K, 0)
     model.eval()
-    with torch.no_grad(), autocast(dtype):
+    with torch.no_grad(), autocast(dtype, torch.device("cpu")):
         inputs, kwargs = model.conditioning.decoder_inputs(model.backbone, prompt, slot_pos, z, slot_ids)
         hidden, past = model.backbone.extend(inputs, **kwargs)
         nxt = greedy(model.backbone.head(hidden[:, -1]))
@@ -288,10 +289,16 @@ def optimizer_state(built) -> None:
         group["lr"] = lr
 
 
+def eval_batch(cfg: PlanConfig, train_cfg, built, mode):
+    """The batch a validation forward reads: ``log.eval_batch_size`` examples of the plan's length."""
+    batch = plan_batch(train_cfg.log.eval_batch_size, cfg.seq_len, train_cfg.cvae.slots, built.vocab_size, seed=1)
+    return batch if mode is None else as_constants(mode, batch)
+
+
 def run_phases(cfg: PlanConfig, spec: dict, batch_size: int, mesh, fake: bool = True, every: bool = True
                ) -> tuple[object, dict[str, Phase]]:
     """(the built objects, {phase: Phase}): a training step at ``batch_size`` with AdamW's state made, and with
-    ``every`` its FLOPs, the validation forward and the decode step. ``fake`` False runs it for real (the CPU check)."""
+    ``every`` its FLOPs, the validation forward (at ``log.eval_batch_size`` examples) and the decode step. ``fake`` False runs it for real (the CPU check)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from tokweight.training.step import train_step
@@ -310,11 +317,15 @@ def run_phases(cfg: PlanConfig, spec: dict, batch_size: int, mesh, fake: bool = 
             with counting() as flops:
                 train_step(state, batch, train_cfg, logged=False)
             phases["train"] = Phase(*by_kind(tracker.get_tracker_snapshot("peak")), flops.get_total_flops() if flops else 0)
-            for name, run in (("validation", validation_forward), ("decode", decode_step)) if every else ():
+            if every:
                 reset_peak(tracker)
                 with counting() as flops:
-                    run(built.model, batch, cfg.dtype, *([tracker.reset_mod_stats] if name == "decode" else []))
-                phases[name] = Phase(*by_kind(tracker.get_tracker_snapshot("peak")), flops.get_total_flops())
+                    validation_forward(built.model, eval_batch(cfg, train_cfg, built, mode), cfg.dtype)
+                phases["validation"] = Phase(*by_kind(tracker.get_tracker_snapshot("peak")), flops.get_total_flops())
+                reset_peak(tracker)
+                with counting() as flops:
+                    decode_step(built.model, batch, cfg.dtype, tracker.reset_mod_stats)
+                phases["decode"] = Phase(*by_kind(tracker.get_tracker_snapshot("peak")), flops.get_total_flops())
     return built, phases
 
 
@@ -393,10 +404,12 @@ def device_memory(device: torch.device) -> float | None:
 def out_of_memory(train_cfg, ranks: int, seq_len: int, device: torch.device) -> RuntimeError:
     """The one-line error of a run (``train_config.TrainConfig``) that ran out of device memory at a batch of
     ``seq_len``-token sequences: the batch per rank that the plan of its configuration says fits the device."""
+    from tokweight.pipeline.dtypes import resolve_dtype
+
     io, batch = train_cfg.io, train_cfg.optim.batch_size
     memory = device_memory(device)
     cfg = PlanConfig(model=io.checkpoint, k=train_cfg.cvae.k, batch_size=batch, seq_len=max(seq_len, 8),
-                     dtype=io.dtype, lora_rank=train_cfg.lora.rank, grad_checkpointing=io.grad_checkpointing,
+                     dtype=resolve_dtype(io.dtype, device), lora_rank=train_cfg.lora.rank, grad_checkpointing=io.grad_checkpointing,
                      shard=io.shard, ranks=ranks, cvae=train_cfg.cvae, **({"memory_gib": memory} if memory else {}))
     where = f"out of device memory at --batch-size {batch} per rank ({seq_len}-token sequences)"
     try:

@@ -5,7 +5,7 @@ The model: a backbone from a config (a Hugging Face ``config.json`` through tran
 built-in GPT's ``ModelConfig``), the latent tokens' rows appended (``cvae.add_latent_tokens``), the CVAE around it
 (``cvae.build_cvae``), LoRA adapters (``lora.attach``), gradient checkpointing, then under FSDP the blocks and the
 root sharded (``engine.fully_shard_cvae``'s layout) and AdamW over the trainable parameters. With ``--dtype
-bfloat16`` the frozen matrices are held in bfloat16 (``hold_frozen``) and FSDP all-gathers in bfloat16
+bfloat16`` the frozen weights are held in bfloat16 (``precision.hold_frozen``) and FSDP all-gathers in bfloat16
 (``mixed_precision``); trainable parameters, their gradients and AdamW's state stay float32.
 
 The batch: ``batch_size`` examples whose z-free sequence holds ``seq_len`` tokens, half of them y (S), in the
@@ -88,17 +88,9 @@ class PlanVocab:
         raise ValueError(f"latent index {k}: the plan's base vocabulary has none")
 
 
-def hold_frozen(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Frozen matrices (a LoRA run's backbone) held in ``dtype``, the autocast compute dtype, in place (tied weights
-    stay one tensor); norms and biases, and every trainable parameter, stay float32."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if not p.requires_grad and p.dim() >= 2 and p.dtype != dtype:
-                p.data = p.data.to(dtype)
-
-
 def mixed_precision(dtype: str):
-    """FSDP2's policy: parameters all-gathered in bfloat16 under ``--dtype bfloat16``, gradients reduced in float32."""
+    """FSDP2's policy, as ``engine.fully_shard_cvae`` sets it: blocks all-gathered in bfloat16 under a bfloat16
+    forward, gradients reduced in float32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if dtype != "bfloat16":
@@ -107,7 +99,8 @@ def mixed_precision(dtype: str):
 
 
 def shard(model, mesh, dtype: str) -> None:
-    """FSDP2 on each transformer block, then the root, as ``engine.fully_shard_cvae`` shards a run's CVAE."""
+    """FSDP2 on each transformer block, then the root, as ``engine.fully_shard_cvae`` shards a run's CVAE (which then
+    broadcasts rank 0's weights into the shards: fakes have none)."""
     from torch.distributed.fsdp import fully_shard
 
     from tokweight.pipeline.model import GPT
@@ -167,6 +160,7 @@ def cvae_of(spec: dict, train_cfg) -> tuple[torch.nn.Module, int]:
     """(the CVAE, its backbone's rows): backbone, latent rows, CVAE, adapters, checkpointing, frozen dtype."""
     from tokweight.training.cvae import add_latent_tokens, build_cvae, latent_tokens_needed
     from tokweight.training.lora import attach, latent_row_ids
+    from tokweight.training.precision import forward_dtype, hold_frozen
 
     backbone = build_backbone(spec)
     vocab = add_latent_tokens(backbone, PlanVocab(backbone.cfg.vocab_size), latent_tokens_needed(train_cfg.cvae))
@@ -175,8 +169,7 @@ def cvae_of(spec: dict, train_cfg) -> tuple[torch.nn.Module, int]:
         attach(model.backbone, train_cfg.lora.rank, latent_row_ids(vocab, train_cfg.cvae), train_cfg.optim.seed)
     if train_cfg.io.grad_checkpointing:
         model.backbone.enable_checkpointing()
-    if train_cfg.io.dtype == "bfloat16":
-        hold_frozen(model, torch.bfloat16)
+    hold_frozen(model, forward_dtype(train_cfg.io.dtype, torch.device("cpu")))  # a LoRA run's frozen weights
     return model, model.backbone.cfg.vocab_size
 
 
