@@ -2,6 +2,7 @@
 about, K = 4, at two sequence lengths, each with its largest batch for one 80 GiB GPU per rank.
 
     python scripts/plan_table.py --out plans.jsonl     # one JSON plan per line, then the markdown table
+    python scripts/plan_table.py --accuracy            # fake against real peaks of three small CPU configurations
 
 Every number is an estimate from fake tensors on the CPU; none is a GPU measurement.
 """
@@ -37,15 +38,50 @@ def markdown(plans: list[dict]) -> str:
     return "\n".join(rows)
 
 
+TINY_LLAMA = {"model_type": "llama", "vocab_size": 48, "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+
+
+def accuracy() -> None:
+    """Each phase's peak on fake tensors against the same phase run for real on the CPU (batch 2, 16 tokens)."""
+    import tempfile
+    import time
+
+    from tokweight.training.plan import PlanConfig, run_phases
+    from tokweight.training.plan_build import model_spec
+
+    llama = Path(tempfile.mkdtemp()) / "config.json"
+    llama.write_text(json.dumps(TINY_LLAMA))
+    for name, fields in (("gpt-tiny float32", dict(model="gpt-tiny", dtype="float32")),
+                         ("tiny Llama float32", dict(model=str(llama), dtype="float32")),
+                         ("tiny Llama LoRA r=4 bfloat16", dict(model=str(llama), lora_rank=4, dtype="bfloat16"))):
+        cfg = PlanConfig(batch_size=2, seq_len=16, eval_batch_size=2, **fields)
+        spec = model_spec(cfg.model)
+        t0 = time.perf_counter()
+        fake = run_phases(cfg, spec, 2, None, fake=True)[1]
+        t1 = time.perf_counter()
+        real = run_phases(cfg, spec, 2, None, fake=False)[1]
+        t2 = time.perf_counter()
+        cells = [f"{k} {fake[k].peak:,} / {real[k].peak:,} ({fake[k].peak / real[k].peak - 1:+.1%}), FLOPs "
+                 f"{'equal' if fake[k].flops == real[k].flops else 'differ'}" for k in fake]
+        print(f"{name}: " + "; ".join(cells) + f"; fake {t1 - t0:.0f} s, real {t2 - t1:.0f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="plans.jsonl", help="JSON lines of the plans (appended; rows there are kept)")
     parser.add_argument("--seq-lens", default="512,2048")
     parser.add_argument("--batch-size", type=int, default=8, help="The batch each plan's breakdown is of.")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--accuracy", action="store_true", help="Fake against real peaks on the CPU, then stop.")
     args = parser.parse_args()
 
     import torch
+
+    if args.accuracy:
+        torch.set_num_threads(1)
+        accuracy()
+        return
 
     from tokweight.training.plan import PlanConfig, plan
 
