@@ -21,7 +21,6 @@ from tokweight.training.plan import PlanConfig, largest_batch, run_phases, train
 from tokweight.training.plan_build import model_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-from tests.fixtures_train import one_thread  # noqa: E402,F401
 
 TINY_LLAMA = {"model_type": "llama", "vocab_size": 48, "hidden_size": 32, "intermediate_size": 64,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
