@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--seq-lens", default="512,2048")
     parser.add_argument("--batch-size", type=int, default=8, help="The batch each plan's breakdown is of.")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--only", default="", help="Plan only the rows whose label holds this text.")
     parser.add_argument("--accuracy", action="store_true", help="Fake against real peaks on the CPU, then stop.")
     args = parser.parse_args()
 
@@ -90,7 +91,7 @@ def main() -> None:
     done = [json.loads(line) for line in out.read_text().splitlines()] if out.is_file() else []
     for seq_len in map(int, args.seq_lens.split(",")):
         for label, fields in ROWS:
-            if any(p["label"] == label and p["config"]["seq_len"] == seq_len for p in done):
+            if args.only not in label or any(p["label"] == label and p["config"]["seq_len"] == seq_len for p in done):
                 continue
             cfg = PlanConfig(k=4, batch_size=args.batch_size, seq_len=seq_len, dtype=args.dtype, **fields)
             result = plan(cfg).to_json() | {"label": label}

@@ -151,3 +151,19 @@ class OneBatchStream:
         batch = SimpleNamespace(zfree=SimpleNamespace(input_ids=torch.zeros(2, 16, dtype=torch.long)))
         batch.to = lambda device: batch
         yield batch
+
+
+def test_fsdp_over_four_fake_ranks_holds_a_quarter_of_the_model_and_its_optimizer_state():
+    """FSDP2 over a fake process group of 4 ranks: each rank's parameters and AdamW's state are a quarter of one
+    process's (FSDP pads each tensor's dim 0 to a multiple of the ranks)."""
+    plans = {}
+    for ranks in (1, 4):
+        result = CliRunner().invoke(main, ["plan", "--model", "gpt-tiny", "--batch-size", "2", "--seq-len", "16",
+                                           "--shard", "fsdp", "--ranks", str(ranks), "--dtype", "float32",
+                                           "--eval-batch-size", "2", "--no-search", "--json"])
+        assert result.exit_code == 0, result.output
+        plans[ranks] = json.loads(result.output)
+    one, four = plans[1]["train"]["kinds"], plans[4]["train"]["kinds"]
+    assert plans[4]["parameters"] == plans[1]["parameters"]  # the whole model's count, not a shard's
+    for kind in ("parameters", "optimizer"):
+        assert one[kind] / 4 <= four[kind] <= one[kind] / 4 * 1.1, kind

@@ -218,11 +218,7 @@ def plan(cfg: PlanConfig, search: bool = True) -> Plan:
     spec = model_spec(cfg.model)
     with fake_world(cfg.ranks, cfg.sharded) as mesh:
         built, phases = run_phases(cfg, spec, cfg.batch_size, mesh)
-        params = sum(p.numel() for p in built.model.parameters())
-        trainable = sum(p.numel() for p in built.model.parameters() if p.requires_grad)
-        if cfg.sharded:  # a DTensor's numel is the whole tensor's
-            params, trainable = (sum(getattr(p, "_local_tensor", p).numel() * cfg.ranks for p in
-                                     built.model.parameters() if p.requires_grad or not only) for only in (False, True))
+        params, trainable = built.parameters, built.trainable
         del built
         budget = cfg.memory_gib * GIB * (1 - cfg.headroom)
         need = max(phases["train"].peak, phases["validation"].peak)

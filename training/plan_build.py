@@ -121,6 +121,8 @@ class Built:
     model: torch.nn.Module  # the CVAE (sharded in place under FSDP)
     opt: torch.optim.Optimizer
     vocab_size: int  # the backbone's rows, latent tokens included
+    parameters: int  # the whole model's, before any sharding
+    trainable: int
 
 
 def build(spec: dict, train_cfg, mesh=None, fake: bool = True) -> Built:
@@ -133,6 +135,7 @@ def build(spec: dict, train_cfg, mesh=None, fake: bool = True) -> Built:
     with unset_fake_temporarily() if fake else contextlib.nullcontext(), \
             torch.device("meta") if fake else contextlib.nullcontext():
         model, vocab_size = cvae_of(spec, train_cfg)  # meta tensors made under a FakeTensorMode could not be swapped
+        counts = [sum(p.numel() for p in model.parameters() if p.requires_grad or not trained) for trained in (0, 1)]
         if mesh is not None:
             shard(model, mesh, train_cfg.io.dtype)
     if fake:
@@ -143,7 +146,7 @@ def build(spec: dict, train_cfg, mesh=None, fake: bool = True) -> Built:
                 module._parameters[other] = owner._parameters[name]
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train_cfg.optim.lr,
                             weight_decay=0.0, betas=(0.9, 0.95))
-    return Built(model, opt, vocab_size)
+    return Built(model, opt, vocab_size, *counts)
 
 
 def tied(model: torch.nn.Module) -> list[list[tuple[torch.nn.Module, str]]]:
