@@ -33,6 +33,7 @@ from tokweight.training.precision import autocast
 
 GIB = 1 << 30
 
+
 @dataclass(frozen=True)
 class PlanConfig:
     """A configuration to plan: the model and the training flags that change its memory."""
@@ -135,15 +136,18 @@ def validation_forward(model, batch, dtype: str) -> None:
     model.train()
 
 
-def decode_step(model, batch, dtype: str, between=lambda: None) -> None:
+def decode_step(model, batch, dtype: str, k: int, between=lambda: None) -> None:
     """One decode step of every (example, latent value): the prompt x with z's slots through the backbone, its
-    key/value cache kept, then one new token against it (``decode.continue_cached``'s first two calls)."""
+    key/value cache kept, then one new token against it (``decode.continue_cached``'s first two calls). A discrete
+    latent's K values, or a continuous one's ``k`` cluster centres (``decode.latent_values``)."""
     from tokweight.training.decode import greedy
 
-    lat, K = model.latent, model.latent.k
+    lat = model.latent
+    discrete = lat.kind == "discrete"
+    K = lat.k if discrete else k
     prompt = batch.zcond.input_ids[:, : int(batch.zcond.logit_pos[0, 0]) + 1].repeat_interleave(K, 0)
-    z = torch.eye(K).repeat(len(batch), 1)
-    slot_ids = lat.latent_ids.repeat(len(batch))
+    z = (torch.eye(K) if discrete else torch.zeros(K, lat.features)).repeat(len(batch), 1)
+    slot_ids = lat.latent_ids.repeat(len(batch)) if discrete else None
     slot_pos = batch.slot_pos.repeat_interleave(K, 0)
     model.eval()
     with torch.no_grad(), autocast(dtype, torch.device("cpu")):
@@ -207,7 +211,7 @@ def run_phases(cfg: PlanConfig, spec: dict, batch_size: int, mesh, fake: bool = 
                 phases["validation"] = Phase(*by_kind(tracker.get_tracker_snapshot("peak")), flops.get_total_flops())
                 reset_peak(tracker)
                 with counting() as flops:
-                    decode_step(built.model, batch, cfg.dtype, tracker.reset_mod_stats)
+                    decode_step(built.model, batch, cfg.dtype, train_cfg.cvae.k, tracker.reset_mod_stats)
                 phases["decode"] = Phase(*by_kind(tracker.get_tracker_snapshot("peak")), flops.get_total_flops())
     return built, phases
 
