@@ -124,6 +124,14 @@ def test_train_says_in_one_line_which_batch_fits_when_cuda_runs_out_of_memory(tm
         (str(ckpt), 64, 16, 40.0, cfg.cvae)
     assert model_spec(asked.model)["d_model"] == 32  # the run's checkpoint directory is plannable
 
+    def refused(cfg):
+        raise ValueError("tokweight plan --shard fsdp makes its own fake process group: run it outside torchrun")
+
+    monkeypatch.setattr(plan_module, "plan", refused)
+    line = str(plan_module.out_of_memory(cfg, 1, 16, torch.device("cpu")))
+    assert "\n" not in line and line.endswith(f"run tokweight plan --model {ckpt} --k 4 --batch-size 64 --seq-len 16 "
+                                              "--dtype float32 --lora-rank 0 --shard ddp --ranks 1 --memory 40")
+
     def oom(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 

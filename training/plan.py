@@ -277,6 +277,14 @@ def fits_line(plan: Plan) -> str:
             f"--batch-size {plan.largest_batch}")
 
 
+def plan_command(cfg: PlanConfig) -> str:
+    """The `tokweight plan` command line of ``cfg`` (its z pathway and latent at their defaults)."""
+    flags = [f"--model {cfg.model}", f"--k {cfg.k}", f"--batch-size {cfg.batch_size}", f"--seq-len {cfg.seq_len}",
+             f"--dtype {cfg.dtype}", f"--lora-rank {cfg.lora_rank}", f"--shard {cfg.shard}", f"--ranks {cfg.ranks}",
+             f"--memory {cfg.memory_gib:g}", *(["--grad-checkpointing"] if cfg.grad_checkpointing else [])]
+    return "tokweight plan " + " ".join(flags)
+
+
 def device_memory(device: torch.device) -> float | None:
     """A CUDA device's memory in GiB; None elsewhere."""
     if device.type != "cuda":
@@ -297,6 +305,7 @@ def out_of_memory(train_cfg, ranks: int, seq_len: int, device: torch.device) -> 
     where = f"out of device memory at --batch-size {batch} per rank ({seq_len}-token sequences)"
     try:
         line = fits_line(plan(cfg))
-    except Exception as error:  # the run's own error matters more than the plan's
-        return RuntimeError(f"{where}; tokweight plan could not say what fits: {' '.join(str(error).split())}")
+    except Exception as error:  # the run's own error matters more than the plan's (FSDP's: inside torchrun)
+        return RuntimeError(f"{where}; tokweight plan could not say what fits here ({' '.join(str(error).split())}): "
+                            f"run {plan_command(cfg)}")
     return RuntimeError(f"{where}; {line}")
