@@ -176,6 +176,20 @@ def optimizer_state(built) -> None:
         group["lr"] = lr
 
 
+@contextlib.contextmanager
+def gpu_head_chunks(memory_gib: float):
+    """The output head's chunks as large as on a GPU of ``memory_gib`` (``head.chunk_rows``), though the fakes are on
+    the CPU, whose chunks are smaller."""
+    from tokweight.pipeline import head
+
+    cpu = head.LOGIT_CHUNK_BYTES["cpu"]
+    head.LOGIT_CHUNK_BYTES["cpu"] = min(head.LOGIT_CHUNK_BYTES["cuda"], int(memory_gib * GIB) // 64)
+    try:
+        yield
+    finally:
+        head.LOGIT_CHUNK_BYTES["cpu"] = cpu
+
+
 def eval_batch(cfg: PlanConfig, train_cfg, built, mode):
     """The batch a validation forward reads: ``log.eval_batch_size`` examples of the plan's length."""
     batch = plan_batch(train_cfg.log.eval_batch_size, cfg.seq_len, train_cfg.cvae.slots, built.vocab_size, seed=1)
@@ -192,7 +206,8 @@ def run_phases(cfg: PlanConfig, spec: dict, batch_size: int, mesh, fake: bool = 
 
     train_cfg = cfg.train_config(batch_size)
     counting = lambda: FlopCounterMode(display=False) if every else contextlib.nullcontext()
-    with quiet(), fake_mode() if fake else contextlib.nullcontext() as mode:
+    with quiet(), gpu_head_chunks(cfg.memory_gib) if fake else contextlib.nullcontext(), \
+            fake_mode() if fake else contextlib.nullcontext() as mode:
         built = build(spec, train_cfg, mesh, fake)
         batch = plan_batch(batch_size, cfg.seq_len, train_cfg.cvae.slots, built.vocab_size)
         batch = as_constants(mode, batch) if fake else batch

@@ -23,7 +23,7 @@ import torch
 
 from tokweight.config_files import PRESETS, preset, preset_names
 from tokweight.pipeline.templates import Layout, collate
-from tokweight.training.data import TrainBatch
+from tokweight.training.data import TrainBatch, Widths
 
 
 def model_names() -> list[str]:
@@ -206,4 +206,5 @@ def _plan_batch(batch_size: int, seq_len: int, slots: int, vocab_size: int, seed
                       last_pos=torch.full((batch_size,), free.length - 1),
                       b=torch.rand(zfree.mask.shape, generator=g) * zfree.mask,
                       t0=torch.full((batch_size,), -1), keys=tuple(f"plan{i}" for i in range(batch_size)),
-                      urls=("plan",) * batch_size, strategies=(None,) * batch_size)
+                      urls=("plan",) * batch_size, strategies=(None,) * batch_size,
+                      widths=Widths(cond.z_pos, free.length - cond.z_pos, cond.length - cond.z_pos))

@@ -125,6 +125,7 @@ def fake_mode():
 def as_constants(mode, batch):
     """The batch's tensors as fakes holding their values."""
     convert = lambda t: None if t is None else mode.fake_tensor_converter.from_real_tensor(mode, t, make_constant=True)
-    zf, zc = (type(b)(*map(convert, (b.input_ids, b.logit_pos, b.targets, b.mask))) for b in (batch.zfree, batch.zcond))
+    zf, zc = (replace(b, input_ids=convert(b.input_ids), logit_pos=convert(b.logit_pos), targets=convert(b.targets),
+                      mask=convert(b.mask)) for b in (batch.zfree, batch.zcond))
     return replace(batch, zfree=zf, zcond=zc, z_pos=convert(batch.z_pos), slot_pos=convert(batch.slot_pos),
                    last_pos=convert(batch.last_pos), b=convert(batch.b), t0=convert(batch.t0))
