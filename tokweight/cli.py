@@ -20,6 +20,7 @@ from tokweight.store_cli import store
 from tokweight.sql_cli import sql_cmd
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.train_cli import train as train_cmd
+from tokweight.plan_cli import plan as plan_cmd
 from tokweight.experiment_cli import experiment
 from tokweight.use_cli import encode as encode_cmd, export as export_cmd, generate as generate_cmd
 
@@ -216,7 +217,8 @@ def demo(out, preset, seed, threads):
     click.echo(f"report: {result['report']}")
 
 
-for command in (extract, store, sql_cmd, inspect_cmd, train_cmd, eval_cmd, generate_cmd, encode_cmd, export_cmd,
+for command in (extract, store, sql_cmd, inspect_cmd, train_cmd, plan_cmd, eval_cmd, generate_cmd, encode_cmd,
+                export_cmd,
                 experiment):
     main.add_command(command)
 

@@ -336,11 +336,17 @@ def fit(state: State, cfg: TrainConfig, hooks: Hooks = NO_HOOKS, until: int | No
     batches = stream.batches(cfg.io.num_workers, start=progress.step)
     log = MetricsLine(cfg, state, trackers, prefix)
     callbacks = (Faults(hooks), log, StopRule(cfg, trackers, prefix), Checkpoint(cfg, hooks, until))
+    batch = None
     try:
         while not progress.stop and (until is None or progress.step < until):
-            record = train_step(state, next(batches).to(state.device), cfg, logged_step(progress, cfg))
+            batch = next(batches).to(state.device)
+            record = train_step(state, batch, cfg, logged_step(progress, cfg))
             for callback in callbacks:
                 callback(state, record)
+    except torch.cuda.OutOfMemoryError as error:  # one line: the batch that fits, as `tokweight plan` finds it
+        from tokweight.training.plan import out_of_memory
+
+        raise out_of_memory(cfg, ranks.world, batch.zfree.input_ids.shape[1] if batch else 0, state.device) from error
     finally:
         log.close()
         progress.skips.merge(stream.skips)
