@@ -51,7 +51,7 @@ from tokweight.pipeline.extract_read import (PreparedShard, ShardBatches, encode
                                             read_input, read_samples)
 from tokweight.pipeline.extract_reader import (ReaderProcess, busy_cpus, cpus_per_process, gc_frozen, reader_pays,
                                               reader_threads)
-from tokweight.pipeline.ranks import RankFailed, Ranks, resolve_device
+from tokweight.pipeline.ranks import RankFailed, Ranks, rank_device, resolve_device
 from tokweight.pipeline.urls import Retry, is_url_data
 from tokweight.pipeline.templates import TEMPLATE_VERSION, Batch, BatchArrays, template_option
 from tokweight.pipeline.vocab import Vocab
@@ -458,7 +458,7 @@ def run(cfg: ExtractConfig) -> dict:
     """Extract (or finish extracting) the store for ``cfg.checkpoint`` over ``cfg.data``; returns a summary."""
     t_start = time.perf_counter()
     ranks = Ranks()
-    cfg = replace(cfg, dtype=resolve_dtype(cfg.dtype, ranks.device(cfg.device)))  # what the manifest records
+    cfg = replace(cfg, dtype=resolve_dtype(cfg.dtype, rank_device(cfg.device, ranks.local_rank)))  # as recorded
     reader = None
     try:
         reader = start_reader(cfg)  # before the checkpoint loads: its start overlaps that
