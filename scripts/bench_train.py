@@ -487,18 +487,14 @@ def main():
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_train_"))
     data, ckpt, store = prepare(work)
-    if args.only_lean:
-        load_before = load_average()
-        lean = bench_lean_step(data, ckpt, store, work, args.steps, args.batch_size)
-        print_lean_step(lean, args.steps, args.batch_size, load_before)
-        print(json.dumps({"lean_step": lean}, default=float))
-        return
-    if args.only_pathways:
-        load_before = load_average()
-        pathways = bench_pathways(data, ckpt, store, work, args.steps, args.batch_size)
-        print_pathways(pathways, args.steps, args.batch_size, load_before)
-        print(json.dumps({"pathways": pathways}, default=float))
-        return
+    for only, name, bench, show in ((args.only_lean, "lean_step", bench_lean_step, print_lean_step),
+                                    (args.only_pathways, "pathways", bench_pathways, print_pathways)):
+        if only:
+            load_before = load_average()
+            measured = bench(data, ckpt, store, work, args.steps, args.batch_size)
+            show(measured, args.steps, args.batch_size, load_before)
+            print(json.dumps({name: measured}, default=float))
+            return
     steps = bench_steps(data, ckpt, store, work, args.steps, args.batch_size)
     print(f"step time (median of {args.steps}, batch {args.batch_size}, K={K}): precomputed "
           f"{steps['step_s']['precomputed'] * 1e3:.1f} ms, frozen {steps['step_s']['frozen'] * 1e3:.1f} ms, "
