@@ -42,7 +42,7 @@ def table(plan) -> str:
 
 @click.command("plan")
 @click.option("--model", required=True,
-              help="A model config: a built-in name (tokweight/presets/models: qwen2.5-0.5b, qwen2.5-1.5b, "
+              help="A model config: a built-in name (training/plan_models.py: qwen2.5-0.5b, qwen2.5-1.5b, "
                    "llama-3.1-8b, gpt-tiny), a Hugging Face config.json, or a checkpoint directory holding one.")
 @click.option("--k", type=int, default=4, help="Latent values: the decoder runs K copies of every example.")
 @click.option("--batch-size", type=int, default=8, help="Examples per rank.")

@@ -3,7 +3,7 @@
 The CVAE of the configuration is built as a run builds it (``plan_build.py``) under torch's FakeTensorMode: every
 tensor is a fake with a shape, a dtype and a device and no storage, so an 8B backbone plans on a laptop with nothing
 allocated. Then, under torch's memory tracker (``MemTracker``; ``FSDPMemTracker`` and a fake process group of N
-ranks under FSDP, as torchtitan's ``scripts/estimate/estimation.py`` estimates its jobs), it runs what the run
+ranks under FSDP, as torchtitan's estimation script estimates its jobs), it runs what the run
 runs: a training step (``step.train_step``) with AdamW's state made beforehand, as every step after a run's first
 holds it; one validation forward; one decode step (the prompt's pass and one token against its key/value cache).
 The tracker sees every tensor each op makes and frees, so its peak is the peak of live tensors on one rank, by
@@ -39,7 +39,7 @@ class PlanConfig:
     """A configuration to plan: the model and the training flags that change its memory."""
 
     model: str
-    """A built-in model config (tokweight/presets/models/<name>.toml), a config.json, or a checkpoint directory."""
+    """A built-in model config (``plan_models.MODELS``), a config.json, or a checkpoint directory."""
     k: int = 4
     """Latent values (the decoder runs K copies of every example)."""
     batch_size: int = 8

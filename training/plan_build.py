@@ -16,46 +16,42 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from tokweight.config_files import PRESETS, preset, preset_names
 from tokweight.pipeline.templates import Layout, collate
 from tokweight.training.data import TrainBatch, Widths
+from tokweight.training.plan_models import MODELS
 
 
 def model_names() -> list[str]:
-    """The built-in model configs: tokweight/presets/models/<name>.toml."""
-    return preset_names("models")
+    """The built-in model configs (``plan_models.MODELS``)."""
+    return sorted(MODELS)
 
 
 def model_spec(source: str) -> dict:
     """The config ``source`` names: a built-in name, a config.json (or .toml) file, or a checkpoint directory
     holding config.json (a Hugging Face one, or a tokweight one whose "model" holds the built-in GPT's)."""
-    if source in model_names():
-        return preset("models", source)
+    if source in MODELS:
+        return json.loads(json.dumps(MODELS[source]))  # a copy
     path = Path(source)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
         raise ValueError(f"{source}: no such model config (a config.json, a checkpoint directory holding one, or "
-                         f"one of {', '.join(model_names())} from {PRESETS / 'models'})")
+                         f"one of {', '.join(model_names())})")
     try:
-        spec = json.loads(file.read_text()) if file.suffix != ".toml" else preset_file(file)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file}: not valid JSON ({e}); give a Hugging Face config.json") from None
+        spec = tomllib.loads(file.read_text()) if file.suffix == ".toml" else json.loads(file.read_text())
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"{file}: not valid {file.suffix.lstrip('.') or 'JSON'} ({e}); give a Hugging Face "
+                         "config.json") from None
     spec = spec.get("model", spec) if isinstance(spec, dict) else spec
     if not isinstance(spec, dict) or not ("model_type" in spec or "d_model" in spec):
         raise ValueError(f"{file}: neither a Hugging Face config (no model_type) nor a tokweight checkpoint's "
                          "config (no model.d_model)")
     return spec
-
-
-def preset_file(file: Path) -> dict:
-    from tokweight.config_files import read
-
-    return read(file)
 
 
 def build_backbone(spec: dict):
