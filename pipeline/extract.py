@@ -53,7 +53,7 @@ from tokweight.pipeline.extract_reader import (ReaderProcess, busy_cpus, cpus_pe
                                               reader_threads)
 from tokweight.pipeline.ranks import RankFailed, Ranks, rank_device, resolve_device
 from tokweight.pipeline.urls import Retry, is_url_data
-from tokweight.pipeline.templates import TEMPLATE_VERSION, Batch, BatchArrays, template_option
+from tokweight.pipeline.templates import TEMPLATE_VERSION, Batch, BatchArrays, template_option, to_device
 from tokweight.pipeline.vocab import Vocab
 from tokweight.store.derived import derived_columns, scalar_arrays
 from tokweight.store.formats import PARQUET, check_format
@@ -156,15 +156,6 @@ class ScoreInputs:
 
     def to(self, device: torch.device) -> ScoreInputs:
         return ScoreInputs(*(to_device(t, device) for t in (self.input_ids, self.positions, self.targets)))
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host -> device. To CUDA through pinned memory and without blocking the host: the copy is queued behind the
-    work already queued, and the host goes on to queue the forward (a copy from pageable memory would make the host
-    wait for the device to finish its queue first). Elsewhere the plain ``.to``: on the CPU, the tensor itself."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 @torch.inference_mode()

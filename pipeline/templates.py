@@ -328,13 +328,22 @@ class Batch:
 
         return cls(*map(torch.from_numpy, arrays), s_tokens=int(arrays.mask.sum()))
 
-    def to(self, device, non_blocking: bool = False) -> "Batch":
-        move = lambda t: t.to(device, non_blocking=non_blocking)
+    def to(self, device) -> "Batch":
+        """The batch on ``device`` (``to_device``: to a GPU through pinned memory, without blocking)."""
+        move = lambda t: to_device(t, device)
         return Batch(*map(move, (self.input_ids, self.logit_pos, self.targets, self.mask)), s_tokens=self.s_tokens)
 
-    def pin_memory(self) -> "Batch":
-        return Batch(*(t.pin_memory() for t in (self.input_ids, self.logit_pos, self.targets, self.mask)),
-                     s_tokens=self.s_tokens)
+
+def to_device(t, device):
+    """Host -> device. To CUDA through pinned memory and without blocking the host: the copy is queued behind the
+    work already queued, and the host goes on to queue the forward (a copy from pageable memory would make the host
+    wait for the device to finish its queue first). Elsewhere the plain ``.to``: on the CPU, the tensor itself."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def collate(seqs: Sequence[Sequence[int]], layouts: Sequence[Layout], *, pad_to: int | None = None) -> Batch:

@@ -37,7 +37,7 @@ import torch
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import dataset_json, iter_shard, resolve_shards, shard_name
-from tokweight.pipeline.templates import Batch, Layout, check_length, collate, s_targets, template_ids
+from tokweight.pipeline.templates import Batch, Layout, check_length, collate, s_targets, template_ids, to_device
 from tokweight.pipeline.urls import Retry, ShardChangedError, fetch, is_url, is_url_data
 from tokweight.pipeline.vocab import Vocab, checkpoint_vocab
 
@@ -272,11 +272,8 @@ class TrainBatch:
     def to(self, device) -> "TrainBatch":
         """The batch on ``device``. To a GPU through pinned host memory, without blocking: the host goes on
         queueing the step's kernels while the copies run, and nothing waits for them but those kernels."""
-        device = torch.device(device)
-        pinned = device.type == "cuda"
-        move = lambda t: None if t is None else (t.pin_memory() if pinned else t).to(device, non_blocking=pinned)
-        batch = lambda b: (b.pin_memory() if pinned else b).to(device, non_blocking=pinned)
-        return TrainBatch(batch(self.zfree), batch(self.zcond), move(self.z_pos), move(self.slot_pos),
+        move = lambda t: None if t is None else to_device(t, device)
+        return TrainBatch(self.zfree.to(device), self.zcond.to(device), move(self.z_pos), move(self.slot_pos),
                           move(self.last_pos), move(self.b), move(self.t0), self.keys, self.urls, self.strategies,
                           self.widths)
 

@@ -94,6 +94,19 @@ def fully_shard_cvae(model: nn.Module, device: torch.device, ranks: Ranks,
     the blocks are all-gathered in bfloat16 and the gradients reduce-scattered in float32 (``MixedPrecisionPolicy``)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
+
+    whole = model.state_dict() if ranks.is_main else {}  # rank 0's CPU tensors, the source of every shard
+    shard_blocks(model, init_device_mesh(device.type, (ranks.world,)), param_dtype)
+    if not ranks.is_main:
+        model.to_empty(device=device)
+    set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    broadcast_buffers(model)
+    return model
+
+
+def shard_blocks(model: nn.Module, mesh, param_dtype: torch.dtype = torch.float32) -> None:
+    """FSDP2 (``fully_shard``) on each of the CVAE's transformer blocks, then at the root, over ``mesh``; blocks
+    all-gathered in ``param_dtype`` (bfloat16: gradients reduce-scattered in float32)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if not isinstance(model.backbone, GPT):
@@ -102,18 +115,11 @@ def fully_shard_cvae(model: nn.Module, device: torch.device, ranks: Ranks,
     # op on one would skip its pre-backward gather. Nothing here changes a module's output in place (two FSDP ranks
     # train as one process does, tests/test_ddp.py).
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
-    whole = model.state_dict() if ranks.is_main else {}  # rank 0's CPU tensors, the source of every shard
-    mesh = init_device_mesh(device.type, (ranks.world,))
     policy = (MixedPrecisionPolicy() if param_dtype == torch.float32
               else MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32))
     for block in transformer_blocks(model.backbone):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    if not ranks.is_main:
-        model.to_empty(device=device)
-    set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    broadcast_buffers(model)
-    return model
 
 
 def broadcast_buffers(module: nn.Module) -> None:

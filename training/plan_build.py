@@ -4,9 +4,9 @@ its shape, under torch's FakeTensorMode (``plan.py``), so that nothing is alloca
 The model: a backbone from a config (a Hugging Face ``config.json`` through transformers' AutoConfig, or the
 built-in GPT's ``ModelConfig``), the latent tokens' rows appended (``cvae.add_latent_tokens``), the CVAE around it
 (``cvae.build_cvae``), LoRA adapters (``lora.attach``), gradient checkpointing, then under FSDP the blocks and the
-root sharded (``engine.fully_shard_cvae``'s layout) and AdamW over the trainable parameters. With ``--dtype
+root sharded (``engine.shard_blocks``) and AdamW over the trainable parameters. With ``--dtype
 bfloat16`` the frozen weights are held in bfloat16 (``precision.hold_frozen``) and FSDP all-gathers in bfloat16
-(``mixed_precision``); trainable parameters, their gradients and AdamW's state stay float32.
+(``engine.shard_blocks``); trainable parameters, their gradients and AdamW's state stay float32.
 
 The batch: ``batch_size`` examples whose z-free sequence holds ``seq_len`` tokens, half of them y (S), in the
 built-in template (``templates.Layout``), with a stored b (the default policy reads the store: no extra pass).
@@ -84,30 +84,12 @@ class PlanVocab:
         raise ValueError(f"latent index {k}: the plan's base vocabulary has none")
 
 
-def mixed_precision(dtype: str):
-    """FSDP2's policy, as ``engine.fully_shard_cvae`` sets it: blocks all-gathered in bfloat16 under a bfloat16
-    forward, gradients reduced in float32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if dtype != "bfloat16":
-        return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-
-
 def shard(model, mesh, dtype: str) -> None:
-    """FSDP2 on each transformer block, then the root, as ``engine.fully_shard_cvae`` shards a run's CVAE (which then
-    broadcasts rank 0's weights into the shards: fakes have none)."""
-    from torch.distributed.fsdp import fully_shard
+    """FSDP2 as ``engine.fully_shard_cvae`` shards a run's CVAE (``engine.shard_blocks``), without the broadcast of
+    rank 0's weights that follows there: fakes have none."""
+    from tokweight.training.engine import shard_blocks
 
-    from tokweight.pipeline.model import GPT
-    from tokweight.training.engine import transformer_blocks
-
-    if not isinstance(model.backbone, GPT):
-        model.share_prefix = False  # as engine.fully_shard_cvae: transformers' cache outlives a freed layer
-    policy = mixed_precision(dtype)
-    for block in transformer_blocks(model.backbone):
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    shard_blocks(model, mesh, torch.bfloat16 if dtype == "bfloat16" else torch.float32)
 
 
 @dataclass

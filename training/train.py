@@ -227,25 +227,24 @@ def init_memory(model: CVAE, spec: StreamSpec, ranks: GlobalBatch, device: torch
     holds the weights, measures every rank's rows and pools them; the others receive the projection with its shard."""
     if model.conditioning.memory_proj is None and model.conditioning.query_proj is None:
         return
-    if sharded:
-        if ranks.rank == 0:
-            parts = [measure_key_values(model, TrainStream(spec, rank, ranks.world)) for rank in range(ranks.world)]
-            mean, spread = pooled_key_values(*(torch.cat(t) for t in zip(*parts)))
-            model.conditioning.init_memory(mean, spread, torch.Generator().manual_seed(seed))
+    if sharded and ranks.rank > 0:
         return
-    count, mean, spread = measure_key_values(model, TrainStream(spec, ranks.rank, ranks.world))
-    if ranks.world > 1:
-        home = mean.device
-        mean, spread = (t.to(home) for t in pooled_key_values(*(ranks.gather(t.to(device)) for t in (count, mean,
-                                                                                                      spread))))
+    streams = range(ranks.world) if sharded else (ranks.rank,)  # the streams this rank measures
+    count, mean, spread = (torch.cat(t) for t in zip(*(measure_key_values(model, TrainStream(spec, rank, ranks.world))
+                                                      for rank in streams)))
+    if ranks.world > 1 and not sharded:
+        count, mean, spread = (ranks.gather(t.to(device)) for t in (count, mean, spread))
+    if len(count) > 1:
+        home = next(model.parameters()).device
+        mean, spread = (t.to(home) for t in pooled_key_values(count, mean, spread))
     else:
         mean, spread = mean[0], spread[0]
     model.conditioning.init_memory(mean, spread, torch.Generator().manual_seed(seed))
 
 
 def measure_key_values(model: CVAE, stream: TrainStream) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``token_key_values`` over the z-free positions of ``stream``'s first batch, on the model's device: (1,) positions,
-    (1, layers, 2, H, dh) mean, (1, layers, 2, H) spread (one part of ``pooled_key_values``)."""
+    """``token_key_values`` over the z-free positions of ``stream``'s first batch, on the model's device: (1,)
+    positions, (1, layers, 2, H, dh) mean, (1, layers, 2, H) spread (one part of ``pooled_key_values``)."""
     home = next(model.parameters()).device
     batch = next(stream.batches(0)).to(home)
     model.backbone.eval()  # no dropout draw: the run's random stream stays as without the measurement
@@ -397,7 +396,8 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS, trackers: Trackers | None = N
     metrics.jsonl (a start's series under ``start-<seed>/``); None: those ``cfg.log.report_to`` names, opened and
     closed here (``run_trackers``)."""
     cfg.estep.check_harden(cfg.cvae.k)
-    ranks = Ranks(timeout_s=cfg.io.collective_timeout_s, backend="nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo")
+    backend = "nccl" if resolve_device(cfg.io.device).startswith("cuda") else "gloo"
+    ranks = Ranks(timeout_s=cfg.io.collective_timeout_s, backend=backend)
     own, trackers = trackers is None, trackers or NO_TRACKERS
     try:
         if own:
