@@ -8,7 +8,7 @@ token is one the vocabulary lacks), so every decode is 64 tokens. The two decode
 
 Backbones: the built-in GPT (3 layers, d = 128, as the default base) and Hugging Face models built from a
 config, no download (Llama and GPT-2, 3 layers, hidden 128), each with a 128-token context. The CVAE is
-discrete, K = 4, the 4-slot prefix pathway (the query, the default, decodes through the same cache: tests/test_decode_cache.py). Target: cached >= 3x recompute on the CPU for each.
+discrete, K = 4, the 4-slot prefix pathway (the query, the default, decodes through the same cache: tests/training/decoding/test_decode_cache.py). Target: cached >= 3x recompute on the CPU for each.
 
     python scripts/bench_decode.py [--rounds 3] [--prompts 16] [--backbones gpt,llama,gpt2] [--threads 1]
 """
@@ -29,8 +29,8 @@ SYMBOLS = tuple(f"s{i}" for i in range(24))
 
 def backbone(kind: str, vocab_size: int):
     """A fresh backbone of 3 layers, width 128, a 128-token context."""
-    from tokweight.pipeline.hf import HFBackbone
-    from tokweight.pipeline.model import GPT, ModelConfig
+    from tokweight.pipeline.models.hf import HFBackbone
+    from tokweight.pipeline.models.gpt import GPT, ModelConfig
 
     torch.manual_seed(0)
     if kind == "gpt":
@@ -49,10 +49,10 @@ def backbone(kind: str, vocab_size: int):
 
 def setup(kind: str, prompts: int):
     """(CVAE in eval mode, prompts, z, slot ids): x of 6 to 9 symbols, so the prompts make 4 length groups."""
-    from tokweight.pipeline.vocab import Vocab
-    from tokweight.training.configs import CVAEConfig
-    from tokweight.training.cvae import build_cvae
-    from tokweight.training.decode import latent_values, prompt_maker
+    from tokweight.pipeline.tokens.vocab import Vocab
+    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.cvae.model import build_cvae
+    from tokweight.training.decoding.decode import latent_values, prompt_maker
 
     vocab = Vocab(SYMBOLS, k_max=4)
     model = build_cvae(backbone(kind, len(vocab)), vocab, CVAEConfig(k=4, cond="prefix")).eval()
@@ -63,7 +63,7 @@ def setup(kind: str, prompts: int):
 
 def timed_decode(model, prompts, z, slot_ids, cached: bool) -> tuple[float, list[list[int]]]:
     """(seconds, the decoded ids) of one decode of NEW_TOKENS per (prompt, latent value)."""
-    from tokweight.training.decode import decode_ids
+    from tokweight.training.decoding.decode import decode_ids
 
     start = time.perf_counter()
     ids = decode_ids(model, prompts, z, slot_ids, -1, NEW_TOKENS, cached=cached)  # -1: no row stops early

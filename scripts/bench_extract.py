@@ -11,10 +11,10 @@ headline figure, which a neighbour's burst in one round moves least:
 - bare forward tokens/s: `model(input_ids)` over exactly the batches extraction builds
   (read, encoded and bucketed beforehand, not timed): the limit;
 - forward + scoring tokens/s: the same plus float32 surprisal, entropy and top-1 over S;
-- full extraction tokens/s: `pipeline.extract.run` end to end (read tars, parse, encode,
+- full extraction tokens/s: `pipeline.extract.extract` end to end (read tars, parse, encode,
   bucket, score, write Parquet, fsync, manifest) into a fresh store, with the reader
   process and without it, and their ratios to the bare forward; the one that the default
-  (`reader_process=None`: `pipeline.extract.reader_pays`) chooses here is named with its ratio;
+  (`reader_process=None`: `pipeline.extract.extract.reader_pays`) chooses here is named with its ratio;
 - the read + parse + encode + batch stage alone (once);
 - the reader process's start: seconds until a new one answers (its interpreter and the reading stage's
   modules), and until it hands back shard 0 given the vocabulary, beside preparing shard 0 here;
@@ -66,26 +66,27 @@ import pyarrow.parquet as pq
 import torch
 
 from tokweight.config_files import preset_config
-from tokweight.pipeline import extract, hf
-from tokweight.pipeline.bucketing import padded_fraction, plan_batches
-from tokweight.pipeline.backbone import load_backbone
-from tokweight.pipeline.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
+from tokweight.pipeline.extract import extract
+from tokweight.pipeline.models import hf
+from tokweight.pipeline.data.bucketing import padded_fraction, plan_batches
+from tokweight.pipeline.models.backbone import load_backbone
+from tokweight.pipeline.extract.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
                               score_batch, uses_reader_process)
-from tokweight.pipeline.extract_reader import ReaderProcess, busy_cpus, gc_frozen
-from tokweight.pipeline.extract_plan import InputShard, Task, run_inputs
-from tokweight.pipeline.shards import resolve_shards, shard_name
-from tokweight.pipeline.synth import SynthConfig, write_dataset
-from tokweight.pipeline.templates import Batch, template_option
+from tokweight.pipeline.extract.reader import ReaderProcess, busy_cpus, gc_frozen
+from tokweight.pipeline.extract.plan import InputShard, Task, run_inputs
+from tokweight.pipeline.data.shards import resolve_shards, shard_name
+from tokweight.pipeline.data.synth import SynthConfig, write_dataset
+from tokweight.pipeline.tokens.templates import Batch, template_option
 from tokweight.store.baseline_store import BaselineStore
-from tokweight.training.train_base import BaseTrainConfig
-from tokweight.training.train_base import run as train_base
+from tokweight.training.loop.train_base import BaseTrainConfig
+from tokweight.training.loop.train_base import run as train_base
 
 
 def prepare_text(workdir: Path, data: str | None, checkpoint: str | None, rows: int) -> tuple[Path, Path]:
     """String data and a chat model for a chat or string template: the given ones, or the additions task's
     ``rows`` lines in 10 shards and a 2-layer, 32-wide Qwen2 ChatML model over them, made once in ``workdir``."""
-    from tokweight.pipeline.samples import Sample
-    from tokweight.pipeline.shards import write_shards
+    from tokweight.pipeline.data.samples import Sample
+    from tokweight.pipeline.data.shards import write_shards
     from tokweight.experiments.chat_model import save_chat_model
 
     made = workdir / f"chat-{rows}"
@@ -419,7 +420,7 @@ def main() -> None:
               "extract, reader process": lambda: extraction(True),
               "extract, in-process": lambda: extraction(False)}
     if args.hf_export:
-        from tokweight.training.export_hf import export_hf
+        from tokweight.training.export.checkpoint import export_hf
 
         hf_dir = export_hf(ckpt_dir, workdir / "hf-export")
         hf = load_backbone(hf_dir, device=args.device)
@@ -455,7 +456,7 @@ def main() -> None:
         print(line)
     default = default_mode(data, args.device)
     print(f"default mode here: {default} ({cpus_per_process()} CPUs, {busy_cpus():.2f} busy elsewhere, "
-          f"{torch.get_num_threads()} torch threads, device {args.device}: pipeline.extract.reader_pays), extract / bare "
+          f"{torch.get_num_threads()} torch threads, device {args.device}: pipeline.extract.extract.reader_pays), extract / bare "
           f"{paired[f'extract, {default}']:.3f} within rounds, {t_bare / median[f'extract, {default}']:.3f} of the medians"
           f"  (target >= {0.95 if builtin else 0.8})")
     if args.hf_export:

@@ -12,7 +12,7 @@
    (alternating steps, medians) and peak memory of one step of each. Target at K = 4:
    shared <= 0.75x full, the gain growing with K;
 6. the output head on the states that predict S vs full-vocabulary logits at every position
-   (the CVAE before pipeline/head.py), on a 2-layer d = 32 Llama with a 131,072-token
+   (the CVAE before pipeline/models/head.py), on a 2-layer d = 32 Llama with a 131,072-token
    vocabulary (K = 4, prefix-4, sequences of 18-30 tokens): peak resident memory and step time
    of training steps (batch 8) and of eval forwards (no gradients, batch 64, as validation
    reads them), each variant in a fresh process
@@ -22,7 +22,7 @@
 8. a step without waste: a non-logging step of the default recipe at K = 4 against the sum of its passes' bare
    forward-backward (the backbone and the head on S of the z-free pass, the K copies and the prior's prefix, each
    run and backpropagated alone; target <= 1.15), the padding share of the tokens those passes compute (target
-   <= 5%), and the host syncs of a non-logging step (``tests/sync_guard.py``; target 0).
+   <= 5%), and the host syncs of a non-logging step (``tests/support/sync_guard.py``; target 0).
 
     python scripts/bench_train.py [--work DIR] [--steps N] [--only-head | --only-pathways | --only-lean]
 """
@@ -50,12 +50,12 @@ K = 4
 
 
 def prepare(work: Path) -> tuple[Path, Path, Path]:
-    from tokweight.pipeline.extract import ExtractConfig
-    from tokweight.pipeline.extract import run as extract
+    from tokweight.pipeline.extract.extract import ExtractConfig
+    from tokweight.pipeline.extract.extract import run as extract
     from tokweight.config_files import preset_config
-    from tokweight.pipeline.synth import SynthConfig, write_dataset
-    from tokweight.training.train_base import BaseTrainConfig
-    from tokweight.training.train_base import run as train_base
+    from tokweight.pipeline.data.synth import SynthConfig, write_dataset
+    from tokweight.training.loop.train_base import BaseTrainConfig
+    from tokweight.training.loop.train_base import run as train_base
 
     data, ckpt, store = work / "data", work / "base", work / "store"
     if not (data / "dataset.json").exists():
@@ -71,9 +71,9 @@ def make_state(data, ckpt, store, work, policy, batch_size, k=K, cond="prefix"):
     """(the run's state, its config) after setup; through the prefix unless ``cond`` says otherwise (cases 1-5
     measure what sharing x's prefix and the store save, which the prefix pathway allows; None: the default)."""
     from tokweight.pipeline.ranks import Ranks
-    from tokweight.training.configs import CVAEConfig
-    from tokweight.training.train import setup
-    from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.loop.train import setup
+    from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     cfg = TrainConfig(io=IOConfig(checkpoint=str(ckpt), data=str(data), store=str(store),
                                   out=str(work / f"run-{policy}-{cond or 'default'}"), num_workers=0),
@@ -83,14 +83,14 @@ def make_state(data, ckpt, store, work, policy, batch_size, k=K, cond="prefix"):
 
 
 def batches(state, n):
-    from tokweight.training.stream import TrainStream
+    from tokweight.training.loop.stream import TrainStream
 
     return list(islice(TrainStream(state.spec, 0, 1).batches(0), n))
 
 
 def step_time(run, batch) -> float:
     """Seconds of one training step of ``run`` (state, config) on ``batch``."""
-    from tokweight.training.step import train_step
+    from tokweight.training.loop.step import train_step
 
     state, cfg = run
     t = time.perf_counter()
@@ -143,7 +143,7 @@ shuffle buffer's read-ahead (256 examples and a shard) is a small part of what i
 
 def read_s_per_batch(spec, n) -> float:
     """Seconds per batch of a fresh train stream (its store view opened, parts read and parsed anew)."""
-    from tokweight.training.stream import TrainStream
+    from tokweight.training.loop.stream import TrainStream
 
     t = time.perf_counter()
     for _ in islice(TrainStream(spec, 0, 1).batches(0), n):
@@ -265,7 +265,7 @@ def bare_passes(model, batch):
     states, the head on S without gradients, a backward from the states the posterior reads), the K copies (their
     states and the head on S, backpropagated) and, where z reaches the prefix, the prior's prefix (its states at
     <z>, the K latent tokens' logits, backpropagated): the work a step cannot do without."""
-    from tokweight.pipeline.head import nll_over_s
+    from tokweight.pipeline.models.head import nll_over_s
 
     bb, free, cond, widths = model.backbone, batch.zfree, batch.zcond, batch.widths
     B, C = len(batch), model.latent.copies
@@ -318,9 +318,9 @@ def bench_lean_step(data, ckpt, store, work, steps, batch_size) -> dict:
     forward-backward (alternating, medians), the padding share over the timed batches, and the host syncs of one
     guarded step."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.sync_guard import HostSyncs
-    from tokweight.training.step import train_step
-    from tokweight.training.stream import TrainStream
+    from tests.support.sync_guard import HostSyncs
+    from tokweight.training.loop.step import train_step
+    from tokweight.training.loop.stream import TrainStream
 
     run = make_state(data, ckpt, store, work, "precomputed", batch_size, K, cond=None)
     state, cfg = run
@@ -364,8 +364,8 @@ HEAD_VARIANTS = ("full_logits", "head_on_s")
 
 
 def full_logits_nll(model, hidden, logit_pos, targets, mask, count=None) -> torch.Tensor:
-    """The CVAE's S NLLs before pipeline/head.py: logits (N, L, V) at every position, then gathered."""
-    from tokweight.pipeline.templates import gather_s, token_surprisal
+    """The CVAE's S NLLs before pipeline/models/head.py: logits (N, L, V) at every position, then gathered."""
+    from tokweight.pipeline.tokens.templates import gather_s, token_surprisal
 
     return token_surprisal(gather_s(model.head(hidden), logit_pos), targets, mask)
 
@@ -374,11 +374,11 @@ def head_case(batch_size: int, seed: int = 0):
     """(CVAE, TrainBatch, b) of the 131k-vocabulary case: a Llama built from a config, random symbols."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tokweight.pipeline.hf import HFBackbone
-    from tokweight.pipeline.samples import Sample
-    from tokweight.pipeline.vocab import SPECIALS, Vocab
-    from tokweight.training.cvae import CVAEConfig, build_cvae
-    from tokweight.training.data import collate_examples, encode
+    from tokweight.pipeline.models.hf import HFBackbone
+    from tokweight.pipeline.data.samples import Sample
+    from tokweight.pipeline.tokens.vocab import SPECIALS, Vocab
+    from tokweight.training.cvae.model import CVAEConfig, build_cvae
+    from tokweight.training.loop.batches import collate_examples, encode
 
     symbols = tuple(f"s{i}" for i in range(HEAD_VOCAB - len(SPECIALS) - K))
     vocab = Vocab(symbols, k_max=K)
@@ -403,9 +403,9 @@ def resident_mib() -> float:
 def head_child(variant: str, mode: str, steps: int) -> dict:
     """One variant in this (fresh) process: ``steps`` + 1 training steps (or eval forwards), the first
     a warm-up; the first loss (to check that the variants compute the same), median seconds and memory."""
-    from tokweight.training import cvae
-    from tokweight.training.objective import plain_objective
-    from tokweight.training.losses import WeightingParams, reconstruction_weights
+    from tokweight.training.cvae import model as cvae
+    from tokweight.training.objective.loss import plain_objective
+    from tokweight.training.objective.terms import WeightingParams, reconstruction_weights
 
     if variant == "full_logits":
         cvae.nll_over_s = full_logits_nll  # this process only: the CVAE as it was

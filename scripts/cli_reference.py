@@ -3,7 +3,7 @@
     python scripts/cli_reference.py            # rewrite docs/cli.md
     python scripts/cli_reference.py --check    # exit 1 if docs/cli.md is not what the CLI prints now
 
-tests/test_docs.py runs the check, so the reference cannot drift from the code.
+tests/project/test_docs.py runs the check, so the reference cannot drift from the code.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ and with that base trained twice as long, on the preset's 20,000 examples or on 
 (blocks k8-default-base6000, k8-default-data384k).
 
 What the merge of two strategies into two shared latent values at K = 4 responds to, one field on
-top of the default per invocation (``estep.FIELD`` for the E-step's); the learned prior inside the E-step,
-the default before, against today's uniform one:
+top of the default per invocation (``estep.FIELD`` for the E-step's); the learned prior inside the E-step
+against the default uniform one:
 
     python scripts/defaults_table.py OUT --blocks k4-default --weightings surprisal-share --cap 600 \
         --seeds 2,0,1 --set estep.prior=learned
@@ -36,7 +36,7 @@ the default before, against today's uniform one:
 ``--blocks k4-default-baseseed1 --weightings surprisal-share --cap 600 --seeds 3,4,5,6,7,8 --starts 1
 --set loss.anchor_start_step=0``), and to the base model's own seed (blocks k4-default-baseseed1,
 k4-default-baseseed2: the same recipe, another draw), to the number of starts compared after 400 steps
-(``--starts 1``: one initialisation, the default before), and to more latent slots, on a base that read the
+(``--starts 1``: one initialisation), and to more latent slots, on a base that read the
 template at 1-8 slots (4 and 8 compared on it):
 
     python scripts/defaults_table.py OUT --blocks k4-default-slots8 --weightings surprisal-share --cap 600 \
@@ -66,7 +66,7 @@ base trained 1500 steps (which has not learnt the copy) and one trained 4000 (`-
         --cap 300
     python scripts/defaults_table.py OUT --blocks k2-trailer48 --weightings uniform,sum,surprisal-share --cap 1500
 
-Tasks whose strategies write different things (pipeline.synth_kinds: one content in K invented languages, one
+Tasks whose strategies write different things (pipeline.data.synth_kinds: one content in K invented languages, one
 record in K file formats, numbers written by K procedures), each kind's preset at K = 4 and K = 8 with
 `train-base --preset default`'s base:
 
@@ -90,16 +90,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tokweight.pipeline.synth import DEFAULT_STRATEGIES, STRATEGIES, SynthConfig, kind_strategies
+from tokweight.pipeline.data.synth import DEFAULT_STRATEGIES, STRATEGIES, SynthConfig, kind_strategies
 from tokweight.report.tables import markdown_table
-from tokweight.training.control import OUTCOMES
+from tokweight.training.evaluation.verdict import OUTCOMES
 from tokweight.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting, synthetic_task
 from tokweight.config_files import assignment, preset, preset_config
 from tokweight.experiments.cells import CELL_LOSS_FIELDS, Cell, CellBudget, CellPlan, Overrides, run_cells
 from tokweight.experiments.recipes import with_recipe
 from tokweight.experiments.results import write_table_run
-from tokweight.training.configs import CVAEConfig, default_cond
-from tokweight.training.train_config import IOConfig, OptimConfig, TrainConfig
+from tokweight.training.config.cvae import CVAEConfig, default_cond
+from tokweight.training.config.train import IOConfig, OptimConfig, TrainConfig
 
 WEIGHTINGS = ("uniform", "surprisal-share")
 BETA = 0.3  # the default's beta (LossConfig.beta)
@@ -174,7 +174,7 @@ BLOCKS = {  # name -> (task, setting): the data and the base model of each row g
     # Sinkhorn balance gives each latent value a 1/K share of every batch, which a strategy code does not have here
     **{f"k2-imbalanced{suffix}": (k2_task(H0, base_model(1500), prior="weighted", weights=weights), H0)
        for suffix, weights in (("", (0.8, 0.2)), ("-60", (0.6, 0.4)))},
-    # strategies that write different things (pipeline.synth_kinds), each kind's preset
+    # strategies that write different things (pipeline.data.synth_kinds), each kind's preset
     **{f"{kind}-k{k}": kind_task(kind, k) for kind in ("lexical", "format", "procedure") for k in (4, 8)},
     "k4": (TaskConfig(settings=(Setting("k4-n6-9", 0, SMALL.min_len, SMALL.max_len),),
                       synth=replace(SMALL, header_len=0), base=base_model(3000, lr=2e-3)),
@@ -259,7 +259,7 @@ def main() -> None:
     ap.add_argument("--blocks", default="k2,k2-imperfect,k4")
     ap.add_argument("--weightings", default=",".join(WEIGHTINGS))
     ap.add_argument("--cond", default=None, help="z pathway (default: train's for the latent, "
-                    "training.configs.default_cond; the prefix with --slots)")
+                    "training.config.cvae.default_cond; the prefix with --slots)")
     ap.add_argument("--latent", default="discrete", choices=("discrete", "continuous"))
     ap.add_argument("--set", dest="remedy", action="append", default=[], metavar="GROUP.FIELD=VALUE",
                     help="a TrainConfig field over the default's, as `tokweight train --set` (repeatable)")

@@ -17,7 +17,7 @@ FLOPs from ``FlopCounterMode``, MFU against the detected GPU's dense bfloat16 pe
   28 layers, 12 heads over 2, MLP 8960; gradient checkpointing), each a step time; resume (checkpoint write and
   set-up from it); `--starts 3` (whole run); with two or more GPUs the full fine-tune on 2 ranks (torchrun, NCCL);
 - eval's scoring pass (bfloat16 autocast where training runs in it) and generate's sampled decode;
-- the planner's peak against the full fine-tune's measured peak, where ``tokweight.training.plan`` exists.
+- the planner's peak against the full fine-tune's measured peak, where ``tokweight.training.plan.estimate`` exists.
 
 It prints the table as Markdown with the targets (what docs/benchmarks.md records, with the device and date) and
 writes it to OUT/gpu_check.md.
@@ -236,7 +236,7 @@ def arguments() -> argparse.Namespace:
 
 
 def main() -> None:
-    from tokweight.training.configs import CVAEConfig, LoRAConfig
+    from tokweight.training.config.cvae import CVAEConfig, LoRAConfig
 
     args = arguments()
     sizes = dict(SIZES["small" if args.small else "gpu"])

@@ -181,8 +181,8 @@ def run_stage(check: Check, rows: list[Row], name: str, fn: Callable[[], Row | l
 def shard_batches(data: Path, ckpt, batch_tokens: int) -> tuple[list, int]:
     """(every train shard's ``ShardBatches`` as extraction builds them, their forward tokens: the rows' scored
     lengths)."""
-    from tokweight.pipeline.extract_read import ShardBatches, encode, read_samples
-    from tokweight.pipeline.shards import resolve_shards, shard_name
+    from tokweight.pipeline.extract.prepare import ShardBatches, encode, read_samples
+    from tokweight.pipeline.data.shards import resolve_shards, shard_name
 
     root, paths = resolve_shards(data / "train")
     shards, tokens = [], 0
@@ -198,7 +198,7 @@ def shard_batches(data: Path, ckpt, batch_tokens: int) -> tuple[list, int]:
 def bare_forward(model, inputs) -> list[torch.Tensor]:
     """What extraction cannot do without: the inputs to the device, the backbone's hidden states, and the head on
     the states that predict S in extraction's chunks; no log-softmax, nothing read back."""
-    from tokweight.pipeline.extract import LOGIT_CHUNK_ELEMENTS
+    from tokweight.pipeline.extract.extract import LOGIT_CHUNK_ELEMENTS
 
     device = next(model.parameters()).device
     inputs = inputs.to(device)
@@ -212,9 +212,9 @@ def extraction(check: Check, rounds: int = 3) -> list[Row]:
     """Extraction's scoring loop (``score_shard``: inputs to the device, forward, head on S, float32 b, entropy and
     top-1, back to the host, scattered into the part's table) against the bare forward over the same batches, both
     over every train shard, in alternating rounds (median); the first round is the warm-up."""
-    from tokweight.pipeline.backbone import load_backbone
-    from tokweight.pipeline.extract import ExtractConfig, ScoreInputs, score_shard
-    from tokweight.pipeline.templates import Batch, Template
+    from tokweight.pipeline.models.backbone import load_backbone
+    from tokweight.pipeline.extract.extract import ExtractConfig, ScoreInputs, score_shard
+    from tokweight.pipeline.tokens.templates import Batch, Template
 
     ckpt = load_backbone(check.model, device=check.device, dtype=check.dtype, template=Template("chat"))
     model = ckpt.model.eval()
@@ -254,8 +254,8 @@ def train_config(check: Check, out: str, policy: str = "precomputed", checkpoint
     """A run's TrainConfig as `tokweight train` builds it, one start, no periodic validation, a step cap far off
     (the learning rate stays at its value), a shuffle buffer of a few batches (it fills before the first batch,
     outside every timed window, and changes no step's cost)."""
-    from tokweight.training.configs import CVAEConfig
-    from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     batch = batch or check.batch
     io = IOConfig(checkpoint=str(checkpoint or check.model), data=str(data or check.data),
@@ -268,7 +268,7 @@ def train_config(check: Check, out: str, policy: str = "precomputed", checkpoint
 
 def fed_batches(state, n: int) -> list[tuple[object, int]]:
     """The run's first ``n`` training batches on its device, each with its tokens (the z-free sequences')."""
-    from tokweight.training.stream import TrainStream
+    from tokweight.training.loop.stream import TrainStream
 
     stream, fed = TrainStream(state.spec, 0, 1).batches(0), []
     for _ in range(n):
@@ -281,7 +281,7 @@ def fed_batches(state, n: int) -> list[tuple[object, int]]:
 def timed_steps(check: Check, state, cfg, name: str, warmup: int, steps: int, note: str = "") -> Row:
     """Steady-state seconds per ``train_step`` (unlogged: no host sync) over ``steps`` batches after ``warmup``,
     its tokens/s, and the FLOPs counted over the same batches stepped once more."""
-    from tokweight.training.step import train_step
+    from tokweight.training.loop.step import train_step
 
     fed = fed_batches(state, warmup + steps)
     step = lambda item: train_step(state, item[0], cfg, logged=False)
@@ -300,7 +300,7 @@ def training(check: Check, name: str, keep: bool = False, warmup: int | None = N
     """A run set up as `tokweight train` sets it up, timed over ``steps`` steps after ``warmup`` (default: the
     check's); ``keep``: its state and config are kept for the resume stage."""
     from tokweight.pipeline.ranks import Ranks
-    from tokweight.training.train import setup
+    from tokweight.training.loop.train import setup
 
     cfg = train_config(check, **kwargs)
     state = setup(cfg, Ranks(), announce=False)
@@ -315,11 +315,11 @@ def resume(check: Check, name: str) -> Row:
     """The full run's checkpoint written at its step, its state dropped, and the run set up again from it (model,
     optimizer and RNG states), then one step: a resume's two costs, each timed (the write synchronized first)."""
     from tokweight.pipeline.ranks import Ranks
-    from tokweight.training.callbacks import checkpoint
-    from tokweight.training.faults import NO_HOOKS
-    from tokweight.training.run_dir import write_config
-    from tokweight.training.step import train_step
-    from tokweight.training.train import setup
+    from tokweight.training.loop.callbacks import checkpoint
+    from tokweight.training.loop.faults import NO_HOOKS
+    from tokweight.training.loop.run_dir import write_config
+    from tokweight.training.loop.step import train_step
+    from tokweight.training.loop.train import setup
 
     if "full" not in check.kept:
         raise RuntimeError("the full fine-tune stage left no run to resume")
@@ -349,8 +349,8 @@ def starts(check: Check, name: str, n: int, start_steps: int) -> Row:
     """`tokweight train --starts n` in this process (``train.run``): each start trained ``start_steps`` and
     validated, the best continued 2 steps more and validated on the whole val split. Whole-run wall time: starts
     differ from one run in their set-ups and validations, which a step time leaves out."""
-    from tokweight.training import train
-    from tokweight.training.train_config import OptimConfig
+    from tokweight.training.loop import train
+    from tokweight.training.config.train import OptimConfig
 
     optim = OptimConfig(steps=start_steps + 2, batch_size=check.batch, starts=n, start_steps=start_steps,
                         start_steps_max=start_steps)
@@ -371,7 +371,7 @@ def starts(check: Check, name: str, n: int, start_steps: int) -> Row:
 def trained_run(check: Check, run: str):
     """(config, model in eval mode, vocabulary, state.json) of RUN as eval and generate load it (weights in the
     check's dtype, as their ``--dtype``)."""
-    from tokweight.training.run_dir import load_run
+    from tokweight.training.loop.run_dir import load_run
 
     run_dir = check.out / run
     if not (run_dir / "checkpoint" / "state.json").is_file():
@@ -382,12 +382,12 @@ def trained_run(check: Check, run: str):
 def evaluation(check: Check, name: str, run: str = "run-full") -> Row:
     """Eval's scoring pass (``validation.evaluate_pass``: the K decoders, q, b from the store, the records read
     back) over the val split, batch by batch, under bfloat16 autocast where the check trains in it."""
-    from tokweight.training.baselines import make_baseline
-    from tokweight.training.data import StreamSpec, TrainBatch, split_urls
-    from tokweight.training.evaluate import eval_baseline
-    from tokweight.training.losses import WeightingParams
-    from tokweight.training.stream import EvalStream, loader
-    from tokweight.training.validation import Scoring, evaluate_pass
+    from tokweight.training.objective.baselines import make_baseline
+    from tokweight.training.loop.batches import StreamSpec, TrainBatch, split_urls
+    from tokweight.training.evaluation.evaluate import eval_baseline
+    from tokweight.training.objective.terms import WeightingParams
+    from tokweight.training.loop.stream import EvalStream, loader
+    from tokweight.training.evaluation.validation import Scoring, evaluate_pass
 
     tcfg, model, vocab, meta = trained_run(check, run)
     urls = split_urls(str(check.data), "val")
@@ -417,7 +417,7 @@ def evaluation(check: Check, name: str, run: str = "run-full") -> Row:
 def generation(check: Check, name: str, temperature: float, run: str = "run-full") -> Row:
     """Generate's decode (``decode.decode_ids`` with the key/value cache) of every prompt under every latent value,
     sampled at ``temperature``; tokens/s counts the token ids it generated (up to each row's end token)."""
-    from tokweight.training.decode import decode_ids, latent_values, picker, prompt_maker
+    from tokweight.training.decoding.decode import decode_ids, latent_values, picker, prompt_maker
 
     tcfg, model, vocab, meta = trained_run(check, run)
     if model.latent.kind != "discrete":
@@ -444,14 +444,14 @@ def generation(check: Check, name: str, temperature: float, run: str = "run-full
 def planner(check: Check, name: str) -> Row:
     """The planner's predicted training peak for the full fine-tune's configuration against that stage's measured
     ``torch.cuda.max_memory_allocated``. This is the one place the check calls the planner
-    (``tokweight.training.plan``: ``plan(PlanConfig(...), search=False).train.peak``, bytes)."""
+    (``tokweight.training.plan.estimate``: ``plan(PlanConfig(...), search=False).train.peak``, bytes)."""
     try:
-        from tokweight.training import plan
+        from tokweight.training.plan import estimate as plan
     except ImportError:
-        return Row(name, status="skipped: planner not available (tokweight.training.plan)")
+        return Row(name, status="skipped: planner not available (tokweight.training.plan.estimate)")
     if check.kept.get("full_peak") is None:
         return Row(name, status="skipped: no measured peak (the full fine-tune stage failed, or not on a GPU)")
-    from tokweight.training.configs import CVAEConfig
+    from tokweight.training.config.cvae import CVAEConfig
 
     measured, seq_len = check.kept["full_peak"], check.kept["full_tokens"]
     cfg = plan.PlanConfig(model=str(check.model), k=check.k, batch_size=check.batch, seq_len=seq_len,
@@ -470,7 +470,7 @@ def ddp_rank(args: argparse.Namespace) -> None:
     """Under torchrun: the full fine-tune's steps on this rank's GPU, DistributedDataParallel over NCCL (gloo on
     the CPU), as `tokweight train` runs them; rank 0 prints its row, per-rank batch ``--batch``."""
     from tokweight.pipeline.ranks import Ranks
-    from tokweight.training.train import setup
+    from tokweight.training.loop.train import setup
 
     backend = "nccl" if args.device.startswith("cuda") else "gloo"
     ranks = Ranks(timeout_s=300.0, backend=backend)

@@ -47,13 +47,13 @@ import torch
 from scipy.optimize import minimize
 
 from tokweight.config_files import preset_config, preset_names
-from tokweight.pipeline.backbone import load_backbone, s_nll
-from tokweight.pipeline.labels import load_labels
-from tokweight.pipeline.synth import SynthConfig
-from tokweight.pipeline.templates import collate, template_ids
-from tokweight.training.control import strategy_execution
-from tokweight.training.generate import GenerateConfig, run as generate
-from tokweight.training.train_base import load_split
+from tokweight.pipeline.models.backbone import load_backbone, s_nll
+from tokweight.pipeline.data.labels import load_labels
+from tokweight.pipeline.data.synth import SynthConfig
+from tokweight.pipeline.tokens.templates import collate, template_ids
+from tokweight.training.evaluation.verdict import strategy_execution
+from tokweight.training.decoding.generate import GenerateConfig, run as generate
+from tokweight.training.loop.train_base import load_split
 
 SHARED = 0.2  # the smaller strategy's least share of a value's a-or-b decodes for the value to count as shared
 PAIR_DECODES = 0.1  # and the least share of the inputs that its a-or-b decodes make up (K = 8: a few stray hits)

@@ -1,4 +1,4 @@
-"""The planner's table of docs/benchmarks.md: `tokweight plan` (``training.plan``) for the configurations a user asks
+"""The planner's table of docs/benchmarks.md: `tokweight plan` (``training.plan.estimate``) for the configurations a user asks
 about, K = 4, at two sequence lengths, each with its largest batch for one 80 GiB GPU per rank.
 
     python scripts/plan_table.py --out plans.jsonl     # one JSON plan per line, then the markdown table
@@ -47,8 +47,8 @@ def accuracy() -> None:
     import tempfile
     import time
 
-    from tokweight.training.plan import PlanConfig, run_phases
-    from tokweight.training.plan_build import model_spec
+    from tokweight.training.plan.estimate import PlanConfig, run_phases
+    from tokweight.training.plan.build import model_spec
 
     llama = Path(tempfile.mkdtemp()) / "config.json"
     llama.write_text(json.dumps(TINY_LLAMA))
@@ -84,7 +84,7 @@ def main() -> None:
         accuracy()
         return
 
-    from tokweight.training.plan import PlanConfig, plan
+    from tokweight.training.plan.estimate import PlanConfig, plan
 
     torch.set_num_threads(1)
     out = Path(args.out)

@@ -21,14 +21,14 @@ from collections import Counter
 import numpy as np
 import torch
 
-from tokweight.pipeline.backbone import load_backbone
-from tokweight.pipeline.errors import Skips
-from tokweight.training.baselines import make_baseline
-from tokweight.training.data import StreamSpec, split_urls
-from tokweight.training.losses import WeightingParams, reconstruction_weights, weighted_reconstruction
-from tokweight.training.metrics import strategy_mi
-from tokweight.training.run_dir import load_run
-from tokweight.training.stream import EvalStream, loader
+from tokweight.pipeline.models.backbone import load_backbone
+from tokweight.pipeline.data.errors import Skips
+from tokweight.training.objective.baselines import make_baseline
+from tokweight.training.loop.batches import StreamSpec, split_urls
+from tokweight.training.objective.terms import WeightingParams, reconstruction_weights, weighted_reconstruction
+from tokweight.training.evaluation.metrics import strategy_mi
+from tokweight.training.loop.run_dir import load_run
+from tokweight.training.loop.stream import EvalStream, loader
 
 
 @torch.no_grad()

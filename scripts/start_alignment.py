@@ -29,7 +29,7 @@ WEIGHTINGS = ("uniform", "surprisal-share")
 def alignment(R: np.ndarray, strategies: list[str], k: int) -> tuple[float, float]:
     """R (N, K) reconstructions, the N examples' strategies -> (mean range of R over the values, I(argmin R;
     strategy) in nats)."""
-    from tokweight.training.metrics import contingency, contingency_mi
+    from tokweight.training.evaluation.metrics import contingency, contingency_mi
 
     table, _ = contingency(strategies, R.argmin(1), k)
     return float((R.max(1) - R.min(1)).mean()), contingency_mi(table)
@@ -38,11 +38,11 @@ def alignment(R: np.ndarray, strategies: list[str], k: int) -> tuple[float, floa
 def step_zero(run: Path, seed: int, cond: str | None, batches: int) -> dict[str, np.ndarray]:
     """weighting -> (N, K) R(k) of the first ``batches`` training batches at step 0, and "strategies"."""
     from tokweight.pipeline.ranks import Ranks
-    from tokweight.training.losses import reconstruction_weights, weighted_reconstruction
-    from tokweight.training.run_dir import read_config
-    from tokweight.training.step import sample_generator
-    from tokweight.training.stream import TrainStream
-    from tokweight.training.train import setup
+    from tokweight.training.objective.terms import reconstruction_weights, weighted_reconstruction
+    from tokweight.training.loop.run_dir import read_config
+    from tokweight.training.loop.step import sample_generator
+    from tokweight.training.loop.stream import TrainStream
+    from tokweight.training.loop.train import setup
 
     cfg = read_config(run)
     if cfg.cvae.latent != "discrete":

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 from tokweight.config_files import preset_config, preset_names
-from tokweight.pipeline.samples import sample_to_json
-from tokweight.pipeline.synth import SynthConfig, generate
+from tokweight.pipeline.data.samples import sample_to_json
+from tokweight.pipeline.data.synth import SynthConfig, generate
 
 
 def main() -> None:

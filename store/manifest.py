@@ -54,7 +54,7 @@ _NUMBERED = re.compile(r"^part-(\d{5})(\.\w+)$")  # part-NNNNN<suffix>: a part, 
 
 
 URL_PREFIXES = ("http://", "https://", "pipe:")
-"""Inputs read through a URL (pipeline/urls.py): the store knows them by URL, not by where a file lies."""
+"""Inputs read through a URL (pipeline/data/urls.py): the store knows them by URL, not by where a file lies."""
 
 
 def is_url(location: object) -> bool:
@@ -217,7 +217,7 @@ class Provenance:
     data_root: str
     extract_config: dict | None = None  # the extraction's config; None for stores written by tests and benchmarks
     template: dict | None = None
-    """The checkpoint's format (``pipeline.templates.Template.to_json``), which train and eval read back;
+    """The checkpoint's format (``pipeline.tokens.templates.Template.to_json``), which train and eval read back;
     None for stores written by tests and benchmarks, and before it was recorded: the built-in template."""
 
     def to_json(self, fingerprint: str) -> dict:

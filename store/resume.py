@@ -39,7 +39,7 @@ class Resume:
 
 
 Verify = Callable[[list[Record]], set[str]]
-"""Journal records of URL inputs -> the URLs whose bytes still hash to their record (pipeline.extract_plan)."""
+"""Journal records of URL inputs -> the URLs whose bytes still hash to their record (pipeline.extract.plan)."""
 
 
 def _committed_manifest(directory: Path, fmt: str) -> Manifest | None:

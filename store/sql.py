@@ -11,7 +11,7 @@ Views (``describe(con)`` prints their columns):
 - ``manifests``: one row per fingerprint with the manifest's counts and the full JSON;
 - ``posteriors`` (with ``add_posteriors``, `tokweight sql --run RUN`): a train run's per-example
   posteriors, the ``posteriors-<split>.parquet`` files `tokweight encode` writes into the run
-  (training/encode.py says their columns); they join the other views on key (and fingerprint).
+  (training/decoding/encode.py says their columns); they join the other views on key (and fingerprint).
 
 Several fingerprints (checkpoints) of one store sit side by side, told apart by the
 ``fingerprint`` column. Parquet parts are read by DuckDB from an explicit file list, so a
@@ -91,7 +91,7 @@ def connect(store: str | Path, fingerprints: list[str] | tuple[str, ...] | None 
     """A new in-memory DuckDB connection with the views over ``fingerprints`` (all if None).
 
     ground_truth: optional (fingerprint, shard, key, strategy, t0) rows that fill in the
-    passed-through `strategy` and `t0` where a stored row has none (``pipeline.labels.ground_truth_from_data``).
+    passed-through `strategy` and `t0` where a stored row has none (``pipeline.data.labels.ground_truth_from_data``).
     quantile_tokens: profile_by_position's quantiles are exact up to this many tokens in
     the store, and above it taken over a hash sample of examples holding about this many
     tokens (views.sql: the sample and its error); None: always exact.

@@ -10,7 +10,7 @@ Readers open only what a manifest lists, so an exception before ``commit`` has w
 the manifest commits nothing, and a journal record exists only for a part in place.
 An OSError while writing (a full disk, an I/O error) becomes a ``StoreWriteError``: one
 line naming the file, saying that nothing of it was committed and what to do.
-Extraction (pipeline/extract.py), the test stores (tests/fixtures_sql.py) and the SQL
+Extraction (pipeline/extract/extract.py), the test stores (tests/support/fixtures_sql.py) and the SQL
 benchmark (scripts/bench_sql.py) all write through ``StoreWriter``.
 """
 
@@ -39,7 +39,7 @@ class InputShard:
     name: str  # relative to the data root, e.g. "train/shard-000000.tar"
     size: int | None  # None: a URL not streamed yet
     sha256: str | None  # of the bytes read; None: a URL not streamed yet
-    url: str | None = None  # http(s):// or pipe: (pipeline/urls.py)
+    url: str | None = None  # http(s):// or pipe: (pipeline/data/urls.py)
 
     @property
     def source(self) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from tokweight.pipeline.data_option import DataSource
+from tokweight.pipeline.data.data_option import DataSource
 from tokweight.config_files import preset_config, preset_names
 from tokweight.extract_cli import extract
 from tokweight.report_cli import evaluate as eval_cmd, inspect_cmd
@@ -85,11 +85,11 @@ def main(debug):
 @click.option("--min-len", type=int, default=None)
 @click.option("--max-len", type=int, default=None)
 @click.option("--k", "k", type=click.IntRange(2, 8), default=None,
-              help="Strategies: the first K of the preset's kind (pipeline.synth.kind_strategies); default: the "
+              help="Strategies: the first K of the preset's kind (pipeline.data.synth.kind_strategies); default: the "
                    "preset's own.")
 def synth(out, preset, seed, header_len, trailer_len, min_len, max_len, k):
     """Write strategy-ambiguous synthetic WebDataset shards and dataset.json."""
-    from tokweight.pipeline.synth import SynthConfig, kind_strategies, write_dataset
+    from tokweight.pipeline.data.synth import SynthConfig, kind_strategies, write_dataset
 
     overrides = {k: v for k, v in dict(header_len=header_len, trailer_len=trailer_len, min_len=min_len,
                                        max_len=max_len).items() if v is not None}
@@ -134,7 +134,7 @@ def parse_columns(ctx, param, value: str | None) -> dict[str, str]:
 def convert(jsonl, parquet, columns, out, shard_size, on_bad, val_fraction, test_fraction, seed, split_field,
             overwrite):
     """Convert JSON lines ({"x": [...], "y": [...], ...}) or Parquet rows into train/val/test WebDataset shards."""
-    from tokweight.pipeline.convert import ConvertConfig, run
+    from tokweight.pipeline.data.convert import ConvertConfig, run
 
     try:
         info = run(ConvertConfig(jsonl=jsonl, out=out, shard_size=shard_size, on_bad=on_bad,
@@ -169,10 +169,10 @@ def convert(jsonl, parquet, columns, out, shard_size, on_bad, val_fraction, test
 @threads_option
 def train_base(data, out, preset, steps, seed, k_max, min_slots, device, report_to, threads):
     """Train the entangled (z-free) base model on S and write a fingerprinted checkpoint."""
-    from tokweight.training.train_base import BaseTrainConfig, memorised_line, run
+    from tokweight.training.loop.train_base import BaseTrainConfig, memorised_line, run
 
     set_threads(threads)
-    from tokweight.training.trackers import parse_report_to
+    from tokweight.training.loop.trackers import parse_report_to
 
     overrides = ({"steps": steps} if steps else {}) | ({"min_slots": min_slots} if min_slots is not None else {})
     try:
@@ -195,7 +195,7 @@ def train_base(data, out, preset, steps, seed, k_max, min_slots, device, report_
 @click.argument("out", type=click.Path(file_okay=False))
 def export_hf_cmd(checkpoint, out):
     """Write CHECKPOINT as a directory that transformers.GPT2LMHeadModel loads."""
-    from tokweight.training.export_hf import export_hf
+    from tokweight.training.export.checkpoint import export_hf
 
     click.echo(str(export_hf(checkpoint, out)))
 

@@ -20,8 +20,8 @@ import click
 
 from tokweight.config_files import preset_config, preset_names
 from tokweight.experiments.artefacts import TaskConfig, synthetic_task
-from tokweight.training.train_config import OptimConfig
-from tokweight.training.metrics import KEPT_FRACTION, kept_threshold
+from tokweight.training.config.train import OptimConfig
+from tokweight.training.evaluation.metrics import KEPT_FRACTION, kept_threshold
 
 WEIGHTINGS = ("uniform", "surprisal-share")
 """The two reconstructions the demo compares; everything else is the default configuration."""
@@ -101,10 +101,10 @@ def train_and_eval(prep, weighting: str, run_dir: Path, preset: DemoPreset, seed
     """One CVAE under the default configuration but its weighting, then eval on the test split (eval.json and
     eval.md in the run directory)."""
     from tokweight.report.eval_md import write_eval_md
-    from tokweight.training.configs import CVAEConfig
-    from tokweight.training.evaluate import EvalConfig, run_eval
-    from tokweight.training.train import run as train
-    from tokweight.training.train_config import IOConfig, LossConfig, TrainConfig
+    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+    from tokweight.training.loop.train import run as train
+    from tokweight.training.config.train import IOConfig, LossConfig, TrainConfig
 
     shutil.rmtree(run_dir, ignore_errors=True)  # a run directory would otherwise be resumed
     train(TrainConfig(io=IOConfig(checkpoint=str(prep.base), data=str(prep.data), store=str(prep.store),

@@ -1,4 +1,4 @@
-"""`tokweight extract`: build an ExtractConfig from the options and call pipeline.extract.run.
+"""`tokweight extract`: build an ExtractConfig from the options and call pipeline.extract.extract.
 
 Also runs under a launcher: `torchrun --nproc-per-node N -m tokweight.cli extract ...`.
 """
@@ -9,7 +9,7 @@ import json
 
 import click
 
-from tokweight.pipeline.dtypes import DTYPE_CHOICES
+from tokweight.pipeline.models.dtypes import DTYPE_CHOICES
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.store.formats import PARQUET, PART_FORMATS
 
@@ -46,8 +46,8 @@ from tokweight.store.formats import PARQUET, PART_FORMATS
 def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, template, on_bad_sample, wait_lock, progress,
             reader_process, threads):
     """Compute per-token baselines b_t of CHECKPOINT once and store them under STORE/fingerprint=<fp>/."""
-    from tokweight.pipeline.errors import SampleError, Skips
-    from tokweight.pipeline.extract import ExtractConfig, run
+    from tokweight.pipeline.data.errors import SampleError, Skips
+    from tokweight.pipeline.extract.extract import ExtractConfig, run
     from tokweight.pipeline.ranks import RankFailed
     from tokweight.store.lock import StoreLockedError
 

@@ -1,5 +1,5 @@
 """`tokweight plan`: a configuration's peak memory per rank by kind, its FLOPs, and the largest batch that fits,
-from a model config alone (``training.plan``). torch stays unimported until the command runs."""
+from a model config alone (``training.plan.estimate``). torch stays unimported until the command runs."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def table(plan) -> str:
     head = (f"{cfg.model}: {plan.parameters / 1e9:.3f}B parameters, {plan.trainable / 1e9:.3f}B trained; K={cfg.k}, "
             f"batch {cfg.batch_size} per rank, {cfg.seq_len} tokens, {cfg.dtype}, lora rank {cfg.lora_rank}, "
             f"grad checkpointing {'on' if cfg.grad_checkpointing else 'off'}, {cfg.ranks} rank(s) ({cfg.shard})")
-    from tokweight.training.train_config import LogConfig
+    from tokweight.training.config.train import LogConfig
 
     evals = cfg.eval_batch_size or LogConfig().eval_batch_size
     rows = [f"{'phase':<11}" + "".join(f"{k:>13}" for k in (*KIND_ORDER, "peak GiB")) + f"{'TFLOP':>10}"]
@@ -30,7 +30,7 @@ def table(plan) -> str:
         phase = getattr(plan, name)
         rows.append(f"{label:<11}" + "".join(f"{gib(phase.kinds[k]):>13}" for k in KIND_ORDER)
                     + f"{gib(phase.peak):>13}{phase.flops / 1e12:>10.2f}")
-    from tokweight.training.plan import fits_line
+    from tokweight.training.plan.estimate import fits_line
 
     verdict = "fits" if plan.fits else "does not fit"
     lines = [head, *rows, f"training {verdict} {cfg.memory_gib:g} GiB per rank (less {cfg.headroom:.0%} headroom)"]
@@ -42,7 +42,7 @@ def table(plan) -> str:
 
 @click.command("plan")
 @click.option("--model", required=True,
-              help="A model config: a built-in name (training/plan_models.py: qwen2.5-0.5b, qwen2.5-1.5b, "
+              help="A model config: a built-in name (training/plan/models.py: qwen2.5-0.5b, qwen2.5-1.5b, "
                    "llama-3.1-8b, gpt-tiny), a Hugging Face config.json, or a checkpoint directory holding one.")
 @click.option("--k", type=int, default=4, help="Latent values: the decoder runs K copies of every example.")
 @click.option("--batch-size", type=int, default=8, help="Examples per rank.")
@@ -64,7 +64,7 @@ def plan(model, k, batch_size, seq_len, dtype, lora_rank, grad_checkpointing, sh
     """Peak memory per rank by kind (parameters, gradients, optimizer state, activations, temporaries) of one
     training step, one validation forward and one decode step, their FLOPs, and the largest batch per rank that fits
     --memory: the configuration run on fake tensors, nothing downloaded or allocated, no GPU needed."""
-    from tokweight.training.plan import PlanConfig, plan as make_plan
+    from tokweight.training.plan.estimate import PlanConfig, plan as make_plan
 
     set_threads(threads)
     result = make_plan(PlanConfig(model=model, k=k, batch_size=batch_size, seq_len=seq_len, dtype=dtype,

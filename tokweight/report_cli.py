@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from tokweight.sql_cli import estimator_options, exact_quantiles_option, fingerprint_option, store_argument
-from tokweight.pipeline.data_option import DataSource
+from tokweight.pipeline.data.data_option import DataSource
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.use_cli import dtype_option
 from tokweight.train_cli import echo_skips, given
@@ -54,7 +54,7 @@ def evaluate(run_dir, data, split, decode_examples, device, dtype, threads):
     from tokweight.report.eval_md import write_eval_md
     from tokweight.report.plots import save_figures
     from tokweight.report.run_plots import plot_strategies
-    from tokweight.training.evaluate import EvalConfig, run_eval
+    from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
 
     set_threads(threads)
     try:

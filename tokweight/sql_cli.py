@@ -51,7 +51,7 @@ def sql_cmd(store, query, fingerprints, q, tau, eps, fmt, out, max_rows, exact_q
     import duckdb
 
     from tokweight.store.sql import QUANTILE_TOKENS, EstimatorParams, add_posteriors, connect, describe
-    from tokweight.training.control import ONE_STRATEGY
+    from tokweight.training.evaluation.verdict import ONE_STRATEGY
 
     try:
         con = connect(store, fingerprints, EstimatorParams(q=q, tau=tau, eps=eps),

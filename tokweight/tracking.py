@@ -1,4 +1,4 @@
-"""What the commands report to the trackers a run names (``--report-to``, ``training/trackers.py``) beyond the metrics
+"""What the commands report to the trackers a run names (``--report-to``, ``training/loop/trackers.py``) beyond the metrics
 the training loop feeds them: the run's figures at its end (``report.run_plots``) and, where a command evaluates
 (an experiment's cells), eval's verdict, its table and its figure. Rank 0 alone reports (torchrun's ``RANK``)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tokweight.training.trackers import Trackers
+from tokweight.training.loop.trackers import Trackers
 
 
 def main_rank() -> bool:
@@ -16,8 +16,8 @@ def main_rank() -> bool:
 
 
 def train_reported(cfg) -> dict:
-    """``training.train.run(cfg)`` with its trackers opened here, so that the run's figures go to them at the end."""
-    from tokweight.training.train import run, run_trackers
+    """``training.loop.train.run(cfg)`` with its trackers opened here, so that the run's figures go to them at the end."""
+    from tokweight.training.loop.train import run, run_trackers
 
     trackers = run_trackers(cfg, main_rank())
     try:
@@ -45,7 +45,7 @@ def log_eval(trackers: Trackers, evaluated: dict) -> None:
         return
     from tokweight.report.eval_md import eval_markdown
     from tokweight.report.run_plots import plot_strategies
-    from tokweight.training.trackers import series
+    from tokweight.training.loop.trackers import series
 
     verdict, step = evaluated["z_used"], evaluated["step"]
     values = series({"split": "eval", **evaluated["metrics"]})

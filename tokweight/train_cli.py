@@ -1,5 +1,5 @@
 """`tokweight train`: a TrainConfig from the defaults, a configuration file, the flags and ``--set``, in that
-order; then ``training.train.run``. Heavy imports stay inside. The skipped-samples line serves `tokweight eval`
+order; then ``training.loop.train.run``. Heavy imports stay inside. The skipped-samples line serves `tokweight eval`
 (``tokweight.report_cli``) too."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import os
 import click
 
 from tokweight.flags import Flag, fields_set, options
-from tokweight.pipeline.data_option import DataSource
+from tokweight.pipeline.data.data_option import DataSource
 from tokweight.pipeline.threads import set_threads, threads_option
-from tokweight.pipeline.dtypes import TRAIN_DTYPES
-from tokweight.training.baselines import POLICIES
-from tokweight.training.configs import COND_MODES, LATENTS
-from tokweight.training.losses import WEIGHTINGS
-from tokweight.training.train_config import SHARDS, TrainConfig, with_resolved_anew
+from tokweight.pipeline.models.dtypes import TRAIN_DTYPES
+from tokweight.training.objective.baselines import POLICIES
+from tokweight.training.config.cvae import COND_MODES, LATENTS
+from tokweight.training.objective.terms import WEIGHTINGS
+from tokweight.training.config.train import SHARDS, TrainConfig, with_resolved_anew
 
 FLAGS = (
     Flag("--checkpoint", "io.checkpoint", "Entangled checkpoint to initialise the CVAE from (required).",
@@ -98,7 +98,7 @@ LOCAL_PATHS = ("io.checkpoint", "io.store", "io.out", "io.baseline_checkpoint")
 
 def echo_skips(result: dict) -> None:
     """The one stderr line saying which samples the run left out, if it left any out."""
-    from tokweight.pipeline.errors import Skips
+    from tokweight.pipeline.data.errors import Skips
 
     if line := Skips(result.get("skipped_shards")).summary_line():
         click.echo(line, err=True)
@@ -153,7 +153,7 @@ def train(config, sets, threads, **flags):
     latent: one). Once its periodic validations stop improving the run ends after that fall, else at --steps,
     and says which."""
     from tokweight.tracking import train_reported
-    from tokweight.training.run_dir import CheckpointWriteError
+    from tokweight.training.loop.run_dir import CheckpointWriteError
 
     set_threads(threads)
     try:

@@ -7,8 +7,8 @@ import json
 
 import click
 
-from tokweight.pipeline.data_option import DataSource
-from tokweight.pipeline.dtypes import DTYPE_CHOICES
+from tokweight.pipeline.data.data_option import DataSource
+from tokweight.pipeline.models.dtypes import DTYPE_CHOICES
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.train_cli import echo_skips, given
 
@@ -41,7 +41,7 @@ dtype_option = click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default
 def generate(run_dir, input_path, out, temperature, seed, max_new_tokens, data, split, batch_size, device, dtype,
              threads):
     """One output per latent value for every input line (greedy, or sampled at --temperature)."""
-    from tokweight.training.generate import GenerateConfig, run
+    from tokweight.training.decoding.generate import GenerateConfig, run
 
     set_threads(threads)
     try:
@@ -66,7 +66,7 @@ def generate(run_dir, input_path, out, temperature, seed, max_new_tokens, data, 
 @threads_option
 def encode(run_dir, data, split, out, batch_size, device, dtype, threads):
     """Every example's posterior over a split (q, or mu and sigma; its latent value) -> a Parquet file."""
-    from tokweight.training.encode import EncodeConfig, run
+    from tokweight.training.decoding.encode import EncodeConfig, run
 
     set_threads(threads)
     try:
@@ -88,7 +88,7 @@ def encode(run_dir, data, split, out, batch_size, device, dtype, threads):
 @threads_option
 def export(run_dir, out, data, split, threads):
     """A trained CVAE as stock transformers models, one per latent value (token, prefix, query, layernorm)."""
-    from tokweight.training.export import ExportConfig, run
+    from tokweight.training.export.cvae import ExportConfig, run
 
     set_threads(threads)
     try:

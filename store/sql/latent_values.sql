@@ -1,7 +1,7 @@
 -- latent_values: which latent values to trust, from the posteriors' labels (`tokweight sql STORE --run RUN`).
 -- One row per split and latent value: its examples, how many carry a strategy label, the labels' shares (most
 -- common first), the most common label and its share, and the status by the rule of eval.md's "Which latent
--- values to trust" ($one_strategy: training.control.ONE_STRATEGY).
+-- values to trust" ($one_strategy: training.evaluation.verdict.ONE_STRATEGY).
 CREATE VIEW latent_values AS
 WITH counts AS (
     SELECT split, latent, strategy, count(*) AS n FROM posteriors GROUP BY ALL

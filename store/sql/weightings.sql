@@ -1,4 +1,4 @@
--- The reconstruction weightings of training/losses.py as DuckDB macros over one stored example,
+-- The reconstruction weightings of training/objective/terms.py as DuckDB macros over one stored example,
 -- for what the store can say about them before any training.
 --
 -- z_gain_<weighting>: the weighted reconstruction R = sum_t pi_t l_t that a z removing all of the

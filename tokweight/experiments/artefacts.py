@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Callable
 
 from tokweight.config_files import preset_config
-from tokweight.pipeline.synth import SynthConfig
+from tokweight.pipeline.data.synth import SynthConfig
 from tokweight.store.fingerprint import canonical_json
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.lock import StoreLock
 from tokweight.store.parts import sha256_path
 from tokweight.report.tables import fixed
-from tokweight.training.train_base import BaseTrainConfig
+from tokweight.training.loop.train_base import BaseTrainConfig
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class Prepared:
     """A setting's artefacts and what they measured."""
 
     setting: Setting
-    data: Path | str  # a folder, or URLs (pipeline.urls)
+    data: Path | str  # a folder, or URLs (pipeline.data.urls)
     data_key: str
     base: Path
     fingerprint: str
@@ -159,7 +159,7 @@ def data_key(data: Path, shards: dict[str, list[Path]]) -> str:
 def prepare_data(task: TaskConfig, setting: Setting, root: Path) -> tuple[Path, str, dict, bool]:
     """(directory, content key, dataset.json, reused). The directory is named by the generator's config, the
     key is ``data_key`` of the shards it wrote."""
-    from tokweight.pipeline.synth import config_dict, write_dataset
+    from tokweight.pipeline.data.synth import config_dict, write_dataset
 
     cfg = synth_config(task, setting)
     spec = json.loads(json.dumps(config_dict(cfg)))  # as dataset.json records it
@@ -180,7 +180,7 @@ def base_key(task: TaskConfig, data_key: str) -> str:
 
 def prepare_base(task: TaskConfig, setting: Setting, data: Path, data_key: str, root: Path) -> tuple[Path, dict, bool]:
     """(checkpoint directory, train-base result with fingerprint, reused)."""
-    from tokweight.training.train_base import run as train_base
+    from tokweight.training.loop.train_base import run as train_base
 
     key = base_key(task, data_key)
     path = root / "base" / f"{setting.name}-{key}"
@@ -195,7 +195,7 @@ def prepare_base(task: TaskConfig, setting: Setting, data: Path, data_key: str, 
 
 def loads_as(checkpoint: Path, fingerprint: str) -> bool:
     """Whether the checkpoint loads (its files match its own fingerprint) and is the one recorded."""
-    from tokweight.pipeline.checkpoint import load_checkpoint
+    from tokweight.pipeline.models.checkpoint import load_checkpoint
 
     try:
         return load_checkpoint(checkpoint).fingerprint == fingerprint
@@ -247,8 +247,8 @@ process). Finite, because extraction records its config as JSON."""
 def prepare_setting(task: TaskConfig, setting: Setting, root: Path, echo: Echo) -> Prepared:
     """The setting's data, base model and store under ``root``, each reused when its key matches; one job at a
     time prepares a root (the others wait, then reuse what it made)."""
-    from tokweight.pipeline.extract import ExtractConfig
-    from tokweight.pipeline.extract import run as extract
+    from tokweight.pipeline.extract.extract import ExtractConfig
+    from tokweight.pipeline.extract.extract import run as extract
 
     start = time.perf_counter()
     with StoreLock(root, wait_s=LOCK_WAIT_S, waiting=echo):

@@ -3,7 +3,7 @@ runner that takes a list of cells through a process pool. The one cell cache of 
 
 A cell is reused when runs/<setting>-<key>/cell.json names its key, which hashes the resolved train
 config without its paths, the base fingerprint it was trained from, the data's key and the
-evaluation; an interrupted cell's run resumes (training.train). The record holds every number any
+evaluation; an interrupted cell's run resumes (training.loop.train). The record holds every number any
 job reads of the cell, so no job reads the run directory's files besides it. A cell's run directory is
 locked while it trains, so two jobs on one root that share a cell train it once: the second waits, then
 reuses its record.
@@ -19,10 +19,10 @@ from pathlib import Path
 from tokweight.report.tables import fixed
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.lock import StoreLock
-from tokweight.training.control import OUTCOMES
+from tokweight.training.evaluation.verdict import OUTCOMES
 from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, key_of, read_json
 from tokweight.experiments.recipes import with_recipe
-from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig
+from tokweight.training.config.train import IOConfig, LossConfig, OptimConfig
 
 METRICS = ("mi", "strategy_mi", "kl", "strategy_nmi", "control_accuracy", "recon_uniform", "recon", "active_units")
 """Per-cell numbers: mi (exact, discrete only), strategy_mi (exact I(z; strategy), discrete only), kl,
@@ -31,10 +31,10 @@ across weightings), recon (the cell's own weighted reconstruction), active_units
 All on the test split; nats."""
 DIAGNOSTICS = ("l_t0_spread_init", "l_t0_spread_end")
 """Per-cell training diagnostics (training batches, nats): the spread over k of l_t at the example's most
-surprising token at step 0 and at the last logged step (training.metrics.informative_token_spread)."""
+surprising token at step 0 and at the last logged step (training.evaluation.metrics.informative_token_spread)."""
 CONTROL = ("exact_match", "chance_exact_match", "first_token_match", "chance_first_token_match")
 """Decode-per-latent against each example's own reference y: the rate under its matched latent value, and chance
-(the same examples under the other values); training.control.reference_control. The user task's control."""
+(the same examples under the other values); training.evaluation.verdict.reference_control. The user task's control."""
 PATH_FIELDS = ("checkpoint", "data", "store", "baseline_checkpoint", "out")  # io's paths: not part of a cell's key
 
 Loss = tuple[tuple[str, object], ...]
@@ -77,7 +77,7 @@ class CellBudget:
 def starts_run(budget: CellBudget, latent: str = "discrete") -> int:
     """The starts a cell on ``budget`` trains, as train resolves them: one where the cap is no more than
     ``OptimConfig.start_steps``."""
-    from tokweight.training.train_config import default_starts
+    from tokweight.training.config.train import default_starts
 
     starts = budget.starts if budget.starts is not None else default_starts(latent)
     return starts if budget.steps > OptimConfig.start_steps else 1
@@ -140,8 +140,8 @@ class Cell:
 def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
     """The cell's axes (latent, K, pathway, weighting, beta, seed) on the budget, then the recipe's overrides
     and the cell's own by ``with_recipe``: a recipe says how to train, the cell what is compared."""
-    from tokweight.training.configs import CVAEConfig
-    from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
+    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     b = plan.budget
     cfg = TrainConfig(
@@ -172,10 +172,10 @@ def cell_key(tcfg, prep: Prepared, decode_examples: int) -> str:
 
 
 def init_gradients(run_dir: Path) -> dict:
-    """grad_recon / grad_kl of the posterior head at step 0 (training.metrics.posterior_gradient_norms), the
+    """grad_recon / grad_kl of the posterior head at step 0 (training.evaluation.metrics.posterior_gradient_norms), the
     decoder's token-mean NLL at step 0 (how much the z pathway's init costs it), and the decoder's response to z
     at the most surprising token (l_t0_spread) at step 0 and the last logged step."""
-    from tokweight.training.run_dir import read_metrics
+    from tokweight.training.loop.run_dir import read_metrics
 
     train = [r for r in read_metrics(run_dir) if "loss" in r]
     first = next((r for r in train if r.get("step") == 0 and "grad_recon" in r), {})
@@ -221,8 +221,8 @@ def cell_status(outcome: str, stop_reason: str | None) -> str:
 def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
     """Train the run, evaluate it on the test split: the record's numbers."""
     from tokweight.tracking import log_eval, log_run_figures, main_rank
-    from tokweight.training.evaluate import EvalConfig, run_eval
-    from tokweight.training.train import run as train, run_trackers
+    from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+    from tokweight.training.loop.train import run as train, run_trackers
 
     start = time.perf_counter()
     trackers = run_trackers(tcfg, main_rank())

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokweight.config_files import flat, preset, with_values
-from tokweight.training.train_config import TrainConfig, with_resolved_anew
+from tokweight.training.config.train import TrainConfig, with_resolved_anew
 
 RECIPE_FIELDS = ("estep.", "cvae.latent_init_norm", "cvae.latent_init_center", "cvae.posterior_pool")
 """The dotted fields a recipe may set (a prefix ending in "." names a whole group)."""

@@ -55,7 +55,7 @@ def pm(row: dict, metric: str) -> str:
     return MISSING if mean is None else f"{mean:.3f} ± {std:.3f}"
 
 
-# ---------------------------------------------------------------- beta_c (when z counts as kept: training.metrics)
+# ---------------------------------------------------------------- beta_c (when z counts as kept: training.evaluation.metrics)
 
 PREDICTION_TOLERANCE = 1.5
 """The factor within which a measured beta_c counts as predicted by the store (issue #18's target)."""

@@ -42,7 +42,7 @@ from tokweight.experiments.recipes import recipe_overrides
 from tokweight.experiments.results import (CRITERIA, NO_BETA, PREDICTION_TOLERANCE, aggregate, beta_c, bracket,
                                                     header_lines, log_grid, mean_std, midpoint, narrow, pm, show, suffix,
                                                     write_config, write_csv)
-from tokweight.training.metrics import KEPT_FRACTION, entropy, kept_threshold
+from tokweight.training.evaluation.metrics import KEPT_FRACTION, entropy, kept_threshold
 
 
 @dataclass(frozen=True)
@@ -402,7 +402,7 @@ def plot_mi_vs_beta(means: dict[tuple, dict], cfg: dict, settings: dict[str, dic
 
 def batch_mi(run_dir: Path) -> tuple[list[int], list[float]]:
     """(steps, exact MI of each logged training batch = H(mean_i q_i) - mean_i H(q_i), nats)."""
-    from tokweight.training.run_dir import read_metrics
+    from tokweight.training.loop.run_dir import read_metrics
 
     logged = [r for r in read_metrics(run_dir) if "usage" in r and "q_entropy" in r]
     return [r["step"] for r in logged], [float(entropy(np.asarray(r["usage"])) - r["q_entropy"]) for r in logged]

@@ -3,5 +3,5 @@
 Above training (it reads what ``store``, ``pipeline`` and ``training`` compute) and below the CLI
 root and the experiments, which render through it. The store's inspection numbers
 (``store.inspection``) become `tokweight inspect`'s report here (``inspect``); eval.json
-(``training.evaluate.run_eval``) becomes eval.md (``eval_md``).
+(``training.evaluation.evaluate.run_eval``) becomes eval.md (``eval_md``).
 """

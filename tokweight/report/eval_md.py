@@ -1,4 +1,4 @@
-"""eval.md: eval.json (``training.evaluate.run_eval``) in words and tables. The verdict with its rules
+"""eval.md: eval.json (``training.evaluation.evaluate.run_eval``) in words and tables. The verdict with its rules
 first, the CVAE beside the base model, every metric, then the decode-per-latent sections."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokweight.report.tables import fixed, general, markdown_table
-from tokweight.training.control import CHANCE, CONTROL_RULE, MATCHING, RATES
+from tokweight.training.evaluation.verdict import CHANCE, CONTROL_RULE, MATCHING, RATES
 
 
 def write_eval_md(run: str | Path, evaluated: dict) -> Path:

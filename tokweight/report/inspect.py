@@ -12,7 +12,7 @@ from pathlib import Path
 
 import duckdb
 
-from tokweight.pipeline.labels import ground_truth_from_data
+from tokweight.pipeline.data.labels import ground_truth_from_data
 from tokweight.report.inspect_md import render_report
 from tokweight.report.inspect_plots import inspection_plots
 from tokweight.report.plots import save_figures

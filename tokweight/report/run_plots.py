@@ -18,7 +18,7 @@ from tokweight.report.plots import figure
 def run_figures(run: str | Path) -> dict:
     """{file name: Figure or None} of a train run's directory (its metrics.jsonl, starts/, config.json and the store
     its checkpoint names)."""
-    from tokweight.training.run_dir import read_config, read_metrics
+    from tokweight.training.loop.run_dir import read_config, read_metrics
 
     run = Path(run)
     records, cfg = read_metrics(run), read_config(run)
@@ -31,7 +31,7 @@ def run_figures(run: str | Path) -> dict:
 
 def start_records(run: Path) -> dict[str, list[dict]]:
     """{start: its metrics.jsonl records} of RUN/starts/seed-S/ (empty for a run of one start)."""
-    from tokweight.training.run_dir import read_metrics
+    from tokweight.training.loop.run_dir import read_metrics
 
     return {path.name: read_metrics(path) for path in sorted((run / "starts").glob("seed-*"))
             if (path / "metrics.jsonl").is_file()}
@@ -41,7 +41,7 @@ def profile_of(run: Path, store: str | None) -> list[dict]:
     """The run's baseline's per-position profile (store/sql/profile_by_position.sql: mean b and mean pi by position
     in S), [] where the run reads no store or its checkpoint names no baseline."""
     from tokweight.store.sql import connect, read_sql
-    from tokweight.training.run_dir import committed_checkpoint
+    from tokweight.training.loop.run_dir import committed_checkpoint
 
     state = committed_checkpoint(run) / "state.json"
     if not store or not state.is_file():
@@ -98,7 +98,7 @@ def plot_kl_mi(records: list[dict], k: int | None):
 
 def plot_starts(starts: dict[str, list[dict]], beta: float):
     """Each start's validation objective (recon + beta KL, nats per example) over its steps."""
-    from tokweight.training.convergence import val_objective
+    from tokweight.training.loop.convergence import val_objective
 
     curves = {name: [r for r in records if r.get("split") == "val" and "recon" in r] for name, records in starts.items()}
     curves = {name: rows for name, rows in curves.items() if rows}

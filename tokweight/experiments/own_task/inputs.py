@@ -5,7 +5,7 @@ Each check fails with one line naming the file or key and what to do (the CLI pr
 ``Error: ...``). The dataset's key hashes every shard's split, name, size and sha256, so an
 edited shard gives new cells; the store is extract's own (a complete store for the checkpoint's
 fingerprint over the same shards does nothing, a stale or missing one is written). A dataset
-given by URLs (pipeline.urls) splits by URL prefix, and its key takes each shard's size and
+given by URLs (pipeline.data.urls) splits by URL prefix, and its key takes each shard's size and
 sha256 from the store, which took them as the shard streamed.
 """
 
@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokweight.pipeline.urls import is_url_data
+from tokweight.pipeline.data.urls import is_url_data
 from tokweight.report.tables import fixed
 from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, data_key, key_of
 
@@ -38,7 +38,7 @@ def split_shards(data: Path | str) -> dict[str, list[Path] | list[str]]:
     out = {}
     for split in SPLITS:
         if isinstance(data, str):
-            from tokweight.pipeline.shards import resolve_shards, shard_name
+            from tokweight.pipeline.data.shards import resolve_shards, shard_name
 
             root, urls = resolve_shards(data)
             shards, where = [u for u in urls if shard_name(root, u).startswith(f"{split}/")], f"{root}{split}/"
@@ -55,7 +55,7 @@ def split_shards(data: Path | str) -> dict[str, list[Path] | list[str]]:
 def latent_k(data: Path | str, k: int | None) -> int:
     """K: ``k`` if given, else the number of the data's strategy labels (train appends the latent tokens a
     checkpoint lacks)."""
-    from tokweight.pipeline.labels import load_labels
+    from tokweight.pipeline.data.labels import load_labels
 
     labels = load_labels(data).strategies
     if k is None and len(labels) < 2:
@@ -78,8 +78,8 @@ def check_store(store: Path, fingerprint: str, checkpoint: str) -> None:
 def extract_store(checkpoint: Checkpoint, data: Path, store: Path) -> bool:
     """Write (or finish) the checkpoint's store over every split; True if it was complete already. Another job
     extracting the same store is waited for (``LOCK_WAIT_S``)."""
-    from tokweight.pipeline.extract import ExtractConfig
-    from tokweight.pipeline.extract import run as extract
+    from tokweight.pipeline.extract.extract import ExtractConfig
+    from tokweight.pipeline.extract.extract import run as extract
 
     done = extract(ExtractConfig(checkpoint=checkpoint.path, data=str(data), store=str(store),
                                  template=checkpoint.template, progress=False, lock_wait_s=LOCK_WAIT_S))
@@ -100,8 +100,8 @@ class Checkpoint:
 
 
 def read_checkpoint(path: str, template: str) -> Checkpoint:
-    from tokweight.pipeline.backbone import load_backbone
-    from tokweight.pipeline.templates import template_option
+    from tokweight.pipeline.models.backbone import load_backbone
+    from tokweight.pipeline.tokens.templates import template_option
 
     ckpt = load_backbone(path, template=template_option(template))
     return Checkpoint(path, ckpt.fingerprint, ckpt.meta.get("kind", "tokweight"),  # hf: "huggingface"

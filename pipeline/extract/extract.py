@@ -1,0 +1,509 @@
+"""Stage one: per-token baselines b_t of a frozen checkpoint, once, into a fingerprinted store.
+
+Per input shard, a stream of stages:
+
+    read_samples   tar (a local file, or a URL's bytes fetched once) -> Sample, in shard order
+                   (bad samples raise or are counted)
+    drop_later_occurrences   Sample -> Sample: keys an earlier shard of the run has are duplicates
+    encode         Sample -> Encoded: z-free ids, layout, position in the shard (rows tokenized in batches)
+    ShardBatches   Encoded -> batches of similar length (pipeline.data.bucketing), collated (numpy)
+    score_shard    batches -> b, entropy, top-1 over S, float32, scattered back to shard
+                   order, + the derived columns (store.derived) -> one PART_SCHEMA table
+    extract_part   table -> one part (temp name, fsync, rename) + its journal record (store.writer)
+
+The first four (``prepare_shard``, ``pipeline.extract.prepare``: no torch) run in a reader process
+(``pipeline.extract.reader``), started before the checkpoint loads, one or two shards ahead where a
+spare CPU makes that pay (``reader_pays``), so that the Python of reading does not compete with the
+forward pass for the GIL, else in this process; rows it rendered once are checked against the per-row
+rendering here (``TokenizerVocab.verify``) before the shard is scored; parts are written by a
+background thread while the next shard is scored.
+
+and around it the store protocol (docs/contract.md §4), written through ``store.writer.StoreWriter``:
+rank 0 takes the store lock and plans (``pipeline.extract.plan``: which parts are already
+on disk with a matching sha256, which are to be written, under which names); each rank
+writes its shards' parts (temp name, fsync, rename) and a journal record per part; rank 0
+commits the manifest last. An exception commits nothing; re-running resumes from the journal.
+Keys must be unique across shards: local tars are checked before anything is read, URLs as
+they are read and again before the commit (``pipeline.extract.plan``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+from tqdm import tqdm
+
+from tokweight.pipeline.models.backbone import load_backbone
+from tokweight.pipeline.models.checkpoint import Checkpoint
+from tokweight.pipeline.models.dtypes import DTYPE_CHOICES, resolve_dtype
+from tokweight.pipeline.extract.plan import (Plan, Task, cross_shard_duplicates, later_occurrences, make_plan,
+                                            run_inputs, skip_duplicates, url_duplicates, where)
+from tokweight.pipeline.extract.prepare import (PreparedShard, ShardBatches, encode, prepare_shard,  # noqa: F401
+                                            read_input, read_samples)
+from tokweight.pipeline.extract.reader import (ReaderProcess, busy_cpus, cpus_per_process, gc_frozen, reader_pays,
+                                              reader_threads)
+from tokweight.pipeline.ranks import RankFailed, Ranks, rank_device, resolve_device
+from tokweight.pipeline.data.urls import Retry, is_url_data
+from tokweight.pipeline.tokens.templates import TEMPLATE_VERSION, Batch, BatchArrays, template_option, to_device
+from tokweight.pipeline.tokens.vocab import Vocab
+from tokweight.store.derived import derived_columns, scalar_arrays
+from tokweight.store.formats import PARQUET, check_format
+from tokweight.store.lock import StoreLock
+from tokweight.store.manifest import Manifest, Provenance, Record
+from tokweight.store.resume import remove_temporaries
+from tokweight.store.schema import PART_SCHEMA
+from tokweight.store.writer import InputShard, StoreWriter, refuse_identical
+
+POLICIES = ("error", "skip")
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    checkpoint: str
+    """Checkpoint directory of the frozen z-free (entangled) base model."""
+    data: str
+    """Dataset directory (every *.tar below it), a glob of shards, or URLs (pipeline.data.urls): a brace pattern of
+    http(s):// or pipe: URLs, or a file listing one per line."""
+    store: str
+    """Store root; parts go to STORE/fingerprint=<checkpoint fingerprint>/."""
+    format: str = PARQUET
+    """Part format: "parquet" (one row per example, list columns) or "zarr" (flat values + offsets)."""
+    batch_tokens: int = 16384
+    """Computed tokens per forward batch (batch size x padded length), a memory/speed knob only."""
+    device: str = "auto"
+    """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"; under torchrun "cuda" (or "auto" on a
+    machine with GPUs) means each rank's cuda:LOCAL_RANK."""
+    dtype: str = "auto"
+    """Dtype of the forward ("float32", "bfloat16", "float16", or "auto": bfloat16 on CUDA, float32 elsewhere); the
+    log-softmax is float32 whatever it is. The manifest records the resolved one."""
+    on_bad_sample: str = "error"
+    """"error": stop at the first bad sample or truncated shard, naming shard and key;
+    "skip": leave it out and count it per reason in the part entry and the manifest."""
+    lock_wait_s: float = 0.0
+    """Seconds to wait for another extract holding this store's lock; 0 fails at once."""
+    progress: bool = True
+    """Show a tqdm bar with tokens/s (S tokens)."""
+    template: str = "tokweight"
+    """The checkpoint's format: "tokweight" (the built-in template), "chat" (the tokenizer's chat template:
+    x the user turn, y the assistant turn) or the path of a string template file
+    ({"text": "... {x} ... {y}", "end": "<end token>"}). Recorded in the store: later stages read it there."""
+    reader_process: bool | None = None
+    """True: read, parse, encode and batch shards in a separate (spawned) process, ahead of the model, on
+    another core (where the vocabulary reads without transformers: not a chat template rendered per row);
+    False: all in this process (no process to start: tiny inputs, tests); None (default): a reader process
+    where it pays, by ``reader_pays`` (idle CPUs beside the forward). Same parts either way."""
+    retry: Retry = Retry()
+    """How a URL that fails transiently is retried (attempts, backoff); local shards are not retried."""
+
+    def __post_init__(self):
+        check_format(self.format)
+        if self.batch_tokens < 1:
+            raise ValueError(f"batch_tokens must be >= 1, got {self.batch_tokens}")
+        if self.on_bad_sample not in POLICIES:
+            raise ValueError(f"on_bad_sample must be one of {POLICIES}, got {self.on_bad_sample!r}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {self.dtype!r}")
+        if self.lock_wait_s < 0:
+            raise ValueError(f"lock_wait_s must be >= 0, got {self.lock_wait_s}")
+
+
+# ---------------------------------------------------------------- stages
+
+
+LOGIT_CHUNK_ELEMENTS = 1 << 26
+"""Float32 logits held at once (256 MiB): with a 150k-token vocabulary, ~450 positions per chunk."""
+
+
+def score_positions(logits_s: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(b, entropy, top1) of (N, V) logits in float32 (whatever the model's dtype) against (N,) targets.
+
+    One log-softmax serves all three: b is its negated target entry, so the normaliser is
+    computed once (on a small vocabulary each pass over (N, V) costs as much as the head).
+    """
+    log_p = logits_s.float().log_softmax(dim=-1)
+    b = -log_p.gather(-1, targets[:, None]).squeeze(-1)  # nats
+    return b, -(log_p.exp() * log_p).sum(dim=-1), log_p.argmax(dim=-1) == targets
+
+
+@dataclass(frozen=True)
+class ScoreInputs:
+    """What the model reads of a batch, made on the host (so that the device is never waited on to learn an index):
+
+    input_ids: (B, L) long, cut after the last position whose logits predict S (the tail </y> <eos> changes nothing)
+    positions: (N,) long, flat index row * L + position of each hidden state that predicts S, row-major over the mask
+    targets:   (N,) long, the S tokens they predict
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    targets: torch.Tensor
+
+    @classmethod
+    def of(cls, batch: Batch) -> ScoreInputs:
+        length = int(batch.logit_pos.max()) + 1
+        rows = torch.arange(len(batch.input_ids), device=batch.logit_pos.device)[:, None]  # (B, 1)
+        positions = (rows * length + batch.logit_pos)[batch.mask]  # (N,)
+        return cls(batch.input_ids[:, :length], positions, batch.targets[batch.mask])
+
+    def to(self, device: torch.device) -> ScoreInputs:
+        return ScoreInputs(*(to_device(t, device) for t in (self.input_ids, self.positions, self.targets)))
+
+
+@torch.inference_mode()
+def score_batch(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(b, entropy, top1), each (N,): the batch's S positions in row-major order of ``batch.mask``."""
+    return score_inputs(model, ScoreInputs.of(batch))
+
+
+@torch.inference_mode()
+def score_inputs(model, inputs: ScoreInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(b, entropy, top1), each (N,), of ``ScoreInputs`` on the model's device. The output head runs only on the
+    hidden states that predict S, in chunks of positions, so memory stays bounded whatever the vocabulary."""
+    hidden = model.hidden(inputs.input_ids)  # (B, L, d)
+    hidden_s = hidden.reshape(-1, hidden.shape[-1]).index_select(0, inputs.positions)  # (N, d)
+    chunk = max(1, LOGIT_CHUNK_ELEMENTS // model.cfg.vocab_size)
+    scored = [score_positions(model.head(h), t) for h, t in zip(hidden_s.split(chunk), inputs.targets.split(chunk))]
+    return tuple(torch.cat(values) for values in zip(*scored))
+
+
+@dataclass
+class Scored:
+    """A batch's outputs on their way to the host: ``values`` (b, entropy, top1), readable once ``ready``."""
+
+    rows: np.ndarray  # (B,) the batch's rows among the shard's
+    batch: BatchArrays  # on the host
+    values: tuple[torch.Tensor, ...]
+    copied: object = None  # a torch.cuda.Event after the device-to-host copies; None: on the host already
+
+    @classmethod
+    def start(cls, model, rows: np.ndarray, batch: BatchArrays, device: torch.device) -> Scored:
+        """Queue the batch's copy, forward and scoring on the device, and the outputs' copy back."""
+        values = score_inputs(model, ScoreInputs.of(Batch.of(batch)).to(device))
+        if device.type != "cuda":
+            return cls(rows, batch, tuple(t.cpu() for t in values))
+        values = tuple(t.to("cpu", non_blocking=True) for t in values)  # into pinned memory
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        return cls(rows, batch, values, event)
+
+    def ready(self) -> tuple[np.ndarray, ...]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return tuple(t.numpy() for t in self.values)
+
+
+def score_shard(rows: ShardBatches, model, device: torch.device,
+                on_tokens: Callable[[int], None]) -> pa.Table:
+    """Stage: every batch through the model, outputs scattered back to file order -> one PART_SCHEMA table.
+
+    A batch is queued before the one before it is read back, so that on a GPU the device is always busy while
+    the host scatters. Never returns NaN or inf: a non-finite output raises, naming the key and shard.
+    """
+    starts = np.concatenate([[0], np.cumsum(rows.T, dtype=np.int64)])  # (N+1,) flat offsets of the rows
+    n = int(starts[-1])
+    b, entropy = np.zeros(n, np.float32), np.zeros(n, np.float32)  # flat, row after row, nats
+    top1, target_id = np.zeros(n, np.bool_), np.zeros(n, np.int32)
+    flat = (b, entropy, top1, target_id)
+    queued: deque[Scored] = deque()
+    for index, batch in rows.batches:
+        queued.append(Scored.start(model, index, batch, device))
+        if len(queued) > 1:
+            on_tokens(_place(queued.popleft(), starts, flat, rows))
+    while queued:
+        on_tokens(_place(queued.popleft(), starts, flat, rows))
+    return part_table(rows, starts, *flat)
+
+
+def part_table(rows: ShardBatches, starts: np.ndarray, b: np.ndarray, entropy: np.ndarray, top1: np.ndarray,
+               target_id: np.ndarray) -> pa.Table:
+    """One PART_SCHEMA table of a shard's flat per-token outputs (row after row, ``starts`` (N+1,) their offsets)."""
+    offsets = pa.array(starts.astype(np.int32))
+    derived = derived_columns(b, rows.T)  # cumsum_b, the per-example sums (float64) and t0 estimates
+
+    def lists(values: np.ndarray, value_type: pa.DataType) -> pa.Array:
+        return pa.ListArray.from_arrays(offsets, pa.array(values, type=value_type))
+
+    columns = {
+        "key": pa.array(rows.keys, type=pa.string()),
+        "shard": pa.array([rows.shard] * len(rows.keys), type=pa.string()),
+        "T": pa.array(rows.T),
+        "b": lists(b, pa.float32()),
+        "target_id": lists(target_id, pa.int32()),
+        "entropy": lists(entropy, pa.float32()),
+        "top1": lists(top1, pa.bool_()),
+        "cumsum_b": lists(derived["cumsum_b"], pa.float32()),
+        **scalar_arrays(derived),
+        "strategy": pa.array(rows.strategies, type=pa.string()),
+        "t0": pa.array(rows.t0s, type=pa.int32()),
+    }
+    return pa.Table.from_pydict(columns, schema=PART_SCHEMA)
+
+
+def _place(scored: Scored, starts: np.ndarray, flat: tuple[np.ndarray, ...], rows: ShardBatches) -> int:
+    """A batch's outputs into the shard's flat (b, entropy, top1, target_id) columns; returns its S tokens."""
+    b_n, entropy_n, top1_n = scored.ready()  # (N,)
+    mask = scored.batch.mask  # (B, T_max), True on each row's first T positions
+    finite = np.isfinite(b_n) & np.isfinite(entropy_n)
+    if not finite.all():
+        bad = rows.keys[int(scored.rows[np.nonzero(mask)[0][np.argmin(finite)]])]
+        raise FloatingPointError(f"non-finite surprisal or entropy for key {bad!r} in shard {rows.shard!r}: "
+                                 "the checkpoint is broken; nothing was written")
+    dest = (starts[scored.rows][:, None] + np.arange(mask.shape[1]))[mask]  # flat positions, row-major like [mask]
+    for column, values in zip(flat, (b_n, entropy_n, top1_n, scored.batch.targets[mask])):
+        column[dest] = values
+    return len(dest)
+
+
+# ---------------------------------------------------------------- one shard -> one part
+
+
+def wants_reader(cfg: ExtractConfig) -> bool:
+    """Whether this run starts a reader process (before it knows its tasks): ``cfg.reader_process``, or where it
+    is None (the default) whether a reader pays here now (``reader_pays``: CPUs, torch threads, device, load)."""
+    if cfg.reader_process is not None:
+        return cfg.reader_process
+    return reader_pays(_device_type(cfg), cpus_per_process(), torch.get_num_threads(), busy_cpus())
+
+
+def uses_reader_process(cfg: ExtractConfig, tasks: int) -> bool:
+    """Whether ``tasks`` shards are read by a reader process: never for one (it is read here at once); else
+    ``wants_reader``."""
+    return tasks >= 2 and wants_reader(cfg)
+
+
+def _device_type(cfg: ExtractConfig) -> str:
+    return torch.device(resolve_device(cfg.device)).type
+
+
+def start_reader(cfg: ExtractConfig) -> ReaderProcess | None:
+    """A reader process started now, before the checkpoint loads (its start overlaps that), where the run may use
+    one; its tokenizer takes the CPUs the forward leaves."""
+    if not wants_reader(cfg):
+        return None
+    return ReaderProcess(reader_threads(_device_type(cfg), cpus_per_process(), torch.get_num_threads()))
+
+
+def offer_vocab(reader: ReaderProcess | None, ckpt: Checkpoint, cfg: ExtractConfig) -> ReaderProcess | None:
+    """The reader process, given what it prepares shards with (the vocabulary without transformers), or None
+    (closed) where the vocabulary needs transformers to read (a chat template rendered per row)."""
+    if reader is None:
+        return None
+    vocab = ckpt.vocab.for_reader() if hasattr(ckpt.vocab, "for_reader") else ckpt.vocab
+    if vocab is None:
+        reader.close()
+        return None
+    reader.prepare(_preparing(vocab, ckpt.model.cfg.block_size, cfg))
+    return reader
+
+
+def _preparing(vocab, block_size: int, cfg: ExtractConfig) -> Callable[[Task], PreparedShard]:
+    return partial(prepare_shard, vocab=vocab, block_size=block_size, policy=cfg.on_bad_sample,
+                   batch_tokens=cfg.batch_tokens, retry=cfg.retry)
+
+
+def prepared_shards(tasks: list[Task], vocab: Vocab, block_size: int, cfg: ExtractConfig,
+                    reader: ReaderProcess | None = None) -> Iterator[PreparedShard]:
+    """Stage: the rank's tasks, prepared, in order: here, or the first here and the others by the reader process
+    (``offer_vocab``) as it sends them; URLs' keys checked across the rank's shards."""
+    prepare = _preparing(vocab, block_size, cfg)
+    prepared = read_ahead(tasks, prepare, reader) if reader is not None and len(tasks) >= 2 else map(prepare, tasks)
+    if tasks and tasks[0].shard.url is not None:
+        prepared = unique_across_shards(prepared, prepare, cfg.on_bad_sample)
+    yield from prepared
+
+
+def read_ahead(tasks: list[Task], prepare: Callable[[Task], PreparedShard], reader: ReaderProcess
+               ) -> Iterator[PreparedShard]:
+    """The first task prepared here while the reader process starts on the others, then those as it sends them."""
+    rest = reader.read(tasks[1:])
+    yield prepare(tasks[0])
+    yield from rest
+
+
+def unique_across_shards(prepared: Iterator[PreparedShard], prepare: Callable[[Task], PreparedShard],
+                         policy: str) -> Iterator[PreparedShard]:
+    """Stage (URLs, whose keys are known only once read): a key that an earlier shard of this rank holds
+    raises (``later_occurrences``), or under 'skip' the shard is read again (``prepare``) leaving it out:
+    rare, and its bytes must not have changed. Keys of other ranks' shards are checked before the commit."""
+    first: dict[str, str] = {}  # key -> the first shard (as ``where`` names it) that holds it
+    try:
+        for shard in prepared:
+            keys = [] if shard.rows is None else shard.rows.keys
+            later = later_occurrences(first, where(shard.task.shard), keys, policy)
+            if later:
+                shard = prepare(replace(shard.task, duplicates={**shard.task.duplicates, **later}))
+            yield shard
+    finally:
+        getattr(prepared, "close", lambda: None)()
+
+
+def extract_part(prepared: PreparedShard, table: pa.Table | None, writer: StoreWriter) -> Record:
+    """Write a scored shard's part and its journal record; returns the record.
+
+    A truncated tar under the 'skip' policy gives no part: the input is recorded as
+    skipped (whole) so that it is never mistaken for a short shard.
+    """
+    task = prepared.task
+    if table is None:
+        return Record(task.shard.entry(None, None, skipped="truncated-shard"), None)
+    return writer.write_part(table, task.shard.entry(prepared.in_tar, task.part), prepared.skipped,
+                             prepared.skipped_keys)
+
+
+def provenance(ckpt: Checkpoint, cfg: ExtractConfig, data_root: Path | str) -> Provenance:
+    root = data_root if isinstance(data_root, str) else str(data_root.resolve())  # a root URL, or a folder
+    return Provenance(template_version=TEMPLATE_VERSION, checkpoint_path=str(Path(cfg.checkpoint).resolve()),
+                      model_config=ckpt.model.cfg.to_json(), vocab=tuple(ckpt.vocab.tokens),
+                      data_root=root, extract_config=asdict(cfg),
+                      template=ckpt.vocab.template.to_json())
+
+
+# ---------------------------------------------------------------- run
+
+
+def parts_in(records: list[Record]) -> int:
+    """Parts among the records, counted as `store ls` counts them: an input skipped whole has none."""
+    return sum(r.part is not None for r in records)
+
+
+def _plan_on_rank0(cfg: ExtractConfig, directory: Path, ranks: Ranks, lock: StoreLock):
+    """(data_root, shards, plan) from rank 0, or the exception it raised, on every rank."""
+    result = None
+    if ranks.is_main:
+        try:
+            lock.acquire()
+            remove_temporaries(directory)
+            root, shards = run_inputs(cfg.data)
+            urls = is_url_data(cfg.data)
+            plan = make_plan(directory, shards, cfg.format, ranks.world, cfg.retry if urls else None)
+            if not plan.committed and not urls:  # keys unique across every rank's shards: one check, here
+                plan.tasks = skip_duplicates(plan.tasks, cross_shard_duplicates(shards, cfg.on_bad_sample))
+            result = (root, shards, plan)
+        except Exception as e:  # every rank must learn that there is no plan
+            result = e
+    return ranks.broadcast(result)
+
+
+def _unique_urls(records: list[Record], ckpt: Checkpoint, cfg: ExtractConfig, writer: StoreWriter,
+                 device: torch.device) -> list[Record]:
+    """This run's records, checked before the commit (rank 0, URLs): two inputs of identical content are
+    refused, and a key that an earlier shard's part holds too raises (``url_duplicates``), or under 'skip'
+    the later shard is extracted again here without it (read again: its bytes must not have changed)."""
+    refuse_identical(r.input for r in records)
+    later = url_duplicates(writer.directory, cfg.format, records, cfg.on_bad_sample)
+    redone = {}
+    for record in (r for r in records if r.input.name in later):
+        source = record.input
+        shard = InputShard(None, source.name, source.size, source.sha256, source.url)
+        task = Task(shard, source.part, 0, later[source.name])
+        prepared = prepare_shard(task, ckpt.vocab, ckpt.model.cfg.block_size, cfg.on_bad_sample, cfg.batch_tokens,
+                                 cfg.retry)
+        table = score_shard(prepared.rows, ckpt.model, device, lambda tokens: None)
+        redone[source.name] = extract_part(prepared, table, writer)
+    return [redone.get(r.input.name, r) for r in records]
+
+
+def rank_tasks(plan: Plan, ranks: Ranks) -> list[Task]:
+    return [t for t in plan.tasks if t.rank == ranks.rank]
+
+
+def _write_parts(plan: Plan, ckpt: Checkpoint, cfg: ExtractConfig, writer: StoreWriter, ranks: Ranks,
+                 reader: ReaderProcess | None) -> list[Record]:
+    """Score this rank's shards; each part is written by a background thread while the next shard is scored."""
+    device = ranks.device(cfg.device)
+    ckpt.model.to(device).eval()
+    mine = rank_tasks(plan, ranks)
+    bar = tqdm(desc=f"extract[{ranks.rank}]" if ranks.world > 1 else "extract", unit="tok", unit_scale=True,
+               disable=not cfg.progress, position=ranks.rank, mininterval=0.5)
+    records: list[Record] = []
+    writing: Future | None = None  # at most one part in flight: its errors surface one shard later
+    shards = prepared_shards(mine, ckpt.vocab, ckpt.model.cfg.block_size, cfg, reader)
+    with gc_frozen(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-write") as background:
+        try:
+            for prepared in shards:
+                if prepared.checks:  # rows the reader process rendered once, rendered alone here: a difference raises
+                    ckpt.vocab.verify(prepared.checks)
+                table = None if prepared.rows is None else score_shard(prepared.rows, ckpt.model, device, bar.update)
+                if writing is not None:
+                    records.append(writing.result())
+                writing = background.submit(extract_part, prepared, table, writer)
+                bar.set_postfix(parts=f"{len(records) + 1}/{len(mine)}")
+            if writing is not None:
+                records.append(writing.result())
+        finally:
+            shards.close()
+            bar.close()
+    return records
+
+
+def run(cfg: ExtractConfig) -> dict:
+    """Extract (or finish extracting) the store for ``cfg.checkpoint`` over ``cfg.data``; returns a summary."""
+    t_start = time.perf_counter()
+    ranks = Ranks()
+    cfg = replace(cfg, dtype=resolve_dtype(cfg.dtype, rank_device(cfg.device, ranks.local_rank)))  # as recorded
+    reader = None
+    try:
+        reader = start_reader(cfg)  # before the checkpoint loads: its start overlaps that
+        ckpt = load_backbone(cfg.checkpoint, dtype=cfg.dtype, template=template_option(cfg.template))
+        reader = offer_vocab(reader, ckpt, cfg)
+        writer = StoreWriter(cfg.store, ckpt.fingerprint, cfg.format)
+        directory = writer.directory
+        if ranks.is_main:
+            directory.mkdir(parents=True, exist_ok=True)
+        lock = StoreLock(directory, wait_s=cfg.lock_wait_s)
+        try:
+            planned = _plan_on_rank0(cfg, directory, ranks, lock)
+            if isinstance(planned, Exception):
+                if ranks.is_main:
+                    raise planned
+                raise RankFailed(f"rank 0 could not plan the extraction: {planned}")
+            data_root, shards, plan = planned
+            if plan.committed:
+                return {"fingerprint": ckpt.fingerprint, "store": str(directory), "rank": ranks.rank,
+                        "nothing_to_do": True, "parts_written": 0, "parts_reused": parts_in(plan.done)}
+            try:
+                outcome = ("ok", _write_parts(plan, ckpt, cfg, writer, ranks, reader))
+            except Exception as e:
+                outcome = ("error", f"{type(e).__name__}: {e}")
+                ranks.gather(outcome)  # the other ranks learn of it and stop at the same point
+                raise
+            outcomes = ranks.gather(outcome)
+            failed = [(r, msg) for r, (status, msg) in enumerate(outcomes) if status == "error"]
+            if failed:
+                raise RankFailed("; ".join(f"rank {r} failed: {msg}" for r, msg in failed))
+            written = [rec for _, recs in outcomes for rec in recs]
+            manifest: Manifest | None = None
+            if ranks.is_main:
+                records = plan.done + written
+                if shards and shards[0].url is not None:
+                    records = _unique_urls(records, ckpt, cfg, writer, ranks.device(cfg.device))
+                manifest = writer.commit(plan.carried + records, provenance(ckpt, cfg, data_root))
+        finally:
+            lock.release()
+        wall = time.perf_counter() - t_start
+        tokens = sum(r.part.tokens for r in written if r.part)
+        summary = {"fingerprint": ckpt.fingerprint, "store": str(directory), "rank": ranks.rank, "nothing_to_do": False,
+                   "parts_written": parts_in(written), "parts_reused": parts_in(plan.done), "wall_s": round(wall, 3),
+                   "tokens_written": tokens, "tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
+                   "reader_process": reader is not None and len(rank_tasks(plan, ranks)) >= 2}
+        if not ckpt.vocab.template.builtin:  # how its rows became ids: rendered once, or per row and why
+            summary["rendering"] = ckpt.vocab.rendering
+        if manifest is not None:
+            summary |= {"parts": len(manifest.parts), "stats": manifest.stats(), "skipped": manifest.skipped(),
+                        "skipped_shards": manifest.skipped_by_input()}
+        if plan.changed:  # journaled URL parts whose URL streams other bytes now: extracted again
+            summary["changed_shards"] = [where(r) for r in plan.changed]
+        return summary
+    finally:
+        if reader is not None:
+            reader.close()
+        ranks.close()

@@ -1,0 +1,249 @@
+"""The training components' configs and the names they validate against: frozen dataclasses, each
+field documented, checked in ``__post_init__``.
+
+Implementation modules import their config from here (``cvae.py`` builds a CVAE from a ``CVAEConfig``,
+``estep.py`` runs an ``EStepConfig``), and so does ``train_config.py``, which groups them into a run's
+``TrainConfig``. A field whose default depends on the latent is None here and resolved by
+``TrainConfig`` (``resolved``), so a run's config.json holds the values it ran with.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from tokweight.training.objective.terms import WEIGHTINGS
+
+COND_MODES = ("token", "prefix", "layernorm", "memory", "query")
+"""z pathways (``conditioning.py``)."""
+ESTEP_MODES = ("off", "soft", "hard", "label")
+ESTEP_PRIORS = ("uniform", "learned")
+LATENTS = ("discrete", "continuous")
+
+
+def default_cond(latent: str) -> str:
+    """The z pathway a run gets unless it names its own (``CVAEConfig.cond``): "query" for a discrete latent, whose
+    values then name the strategies where the prefix merges two; "prefix" for a continuous one, the pathway it
+    is measured through."""
+    return "query" if latent == "discrete" else "prefix"
+
+
+@dataclass(frozen=True)
+class CVAEConfig:
+    latent: str = "discrete"
+    """"discrete" (K values, exact expectation) or "continuous" (Gaussian, reparameterised)."""
+    k: int = 4
+    """Latent values of a discrete latent (<= the vocabulary's k_max); clusters for a continuous one's eval."""
+    z_dim: int = 2
+    """Dimensions of a continuous latent. Each dimension's share of a slot's offset is 1/sqrt(z_dim), so a
+    larger z moves the decoder's input less per dimension."""
+    samples: int | None = None
+    """Draws of a continuous latent per example, each a decoder copy, among which its E-step chooses (a discrete
+    latent's copies are its K values). None: 4 for a continuous latent (as many passes as the K = 4 discrete
+    default), 1 for a discrete one."""
+    prior: str = "learned"
+    """Continuous prior: "learned" (conditional, from the decoder at <z>) or "standard" N(0, I)."""
+    cond: str | None = None
+    """z pathway: "token" (one slot), "prefix" (``slots`` slots), "layernorm" (one slot + LayerNorm modulation)
+    or "memory" (z as one extra key/value position per layer; the slot keeps a fixed placeholder) or "query" (z
+    as an offset of every query, per layer and head: where the decoder reads; on a Hugging Face backbone by a hook
+    on each layer's query projection, before RoPE). One slot is a bottleneck the decoder's response to z does not
+    grow through. None: ``default_cond(latent)``."""
+    slots: int | None = None
+    """Latent slots of the z-conditioned template (prefix only; 1 otherwise); None: 4 for the prefix."""
+    posterior_pool: str = "mean"
+    """Which z-free states the posterior head reads: "last" (the state at <eos>) or "mean" (the mean of the
+    states that predict S, each of which holds the strategy once it is revealed; <eos> predicts nothing)."""
+    posterior_likelihood: bool | None = None
+    """Whether a discrete posterior also reads y's log-likelihood under each value on the examples the E-step is sure
+    of (``estep.LikelihoodRead``): log q(k | x, y) = head(states)_k + log p(y | x, k) + const, Bayes' rule with the
+    head as the log prior, from the K decoder passes each step runs, detached; where the hardening acts
+    (``estep.harden`` from ``estep.harden_from``; K >= 3), so the starts, compared by the head's own reading, are
+    the runs they were. The head's features fit the training lines; the decoders' likelihoods generalise to others
+    None: true for a discrete latent; a continuous one's
+    copies are draws from q, so it has none."""
+    latent_init_norm: float | None = None
+    """The latent rows' offset from the checkpoint's mean latent row at the start, in units of the checkpoint's
+    token-row spread (``cvae.token_row_spread``): the K rows (discrete) or the slot projection's columns
+    (continuous) start as that mean plus orthogonal directions of this norm, so each value differs from step 0
+    while the base still reads "a z goes here" (``cvae.spread_latent_embeddings``,
+    ``Conditioning.init_slots``). 0: the checkpoint's own, nearly parallel rows. None: 0.5 discrete, 1.0
+    continuous."""
+    latent_init_center: bool = True
+    """Offset the rows from the checkpoint's mean latent row (True), or replace them by orthogonal rows of that
+    norm around 0 (False: inputs the base never read)."""
+
+    def __post_init__(self):
+        if self.latent not in LATENTS:
+            raise ValueError(f"latent must be one of {LATENTS}, got {self.latent!r}")
+        if self.cond is None:
+            object.__setattr__(self, "cond", default_cond(self.latent))
+        if self.cond not in COND_MODES:
+            raise ValueError(f"cond must be one of {COND_MODES}, got {self.cond!r}")
+        if self.slots is None:
+            object.__setattr__(self, "slots", 4 if self.cond == "prefix" else 1)
+        if self.samples is None:
+            object.__setattr__(self, "samples", 4 if self.latent == "continuous" else 1)
+        if self.posterior_likelihood is None:
+            object.__setattr__(self, "posterior_likelihood", self.latent == "discrete")
+        if self.latent_init_norm is None:
+            object.__setattr__(self, "latent_init_norm", 0.5 if self.latent == "discrete" else 1.0)
+        if self.k < 2 or self.z_dim < 1 or self.slots < 1 or self.samples < 1:
+            raise ValueError("need k >= 2, z_dim >= 1, slots >= 1, samples >= 1")
+        if self.latent == "discrete" and self.samples != 1:
+            raise ValueError(f"samples={self.samples} needs a continuous latent (a discrete one runs its K values)")
+        if self.cond != "prefix" and self.slots != 1:
+            raise ValueError(f"slots={self.slots} needs cond='prefix'")
+        if self.prior not in ("learned", "standard"):
+            raise ValueError(f"prior must be 'learned' or 'standard', got {self.prior!r}")
+        if self.posterior_likelihood and self.latent != "discrete":
+            raise ValueError("posterior_likelihood needs a discrete latent (a continuous one's copies are draws "
+                             "from q): set it false")
+        if self.posterior_pool not in ("last", "mean"):
+            raise ValueError(f"posterior_pool must be 'last' or 'mean', got {self.posterior_pool!r}")
+        if self.latent_init_norm < 0:
+            raise ValueError(f"latent_init_norm must be >= 0, got {self.latent_init_norm}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+HARDEN = 0.5
+"""A soft E-step's default ``EStepConfig.harden`` (k >= 3): an example is sure of a copy that q* gives at least
+half."""
+
+
+@dataclass(frozen=True)
+class EStepConfig:
+    """The E-step (``estep.py``): which examples each decoder copy learns from. The default is the exact E-step of
+    the objective J at the step's beta, q*(k) = softmax(-R(k) / beta) (discrete); for a continuous latent, the
+    hard choice of each example's best draw."""
+
+    mode: str | None = None
+    """"soft": copies weighted by q* = softmax(log p - R / temperature); "hard": by the one-hot argmax of q*;
+    "label": by the one-hot of the example's ground-truth strategy; "off": by the amortised q (the plain
+    objective, no E-step). None: "soft" for a discrete latent, "hard" for a continuous one."""
+    temperature: float = 1.0
+    """Of q* (nats of R per nat of log q), when not ``follow_beta``. Under "hard" it only shapes the balancing
+    before the argmax."""
+    follow_beta: bool = True
+    """Use the step's beta as the temperature, which makes q* the exact E-step of J (at beta = 0 the hard
+    argmin)."""
+    prior: str | None = None
+    """p(k|x) inside q*: "uniform" (against rich-get-richer: a value's falling usage is not fed back into its
+    share) or "learned". None: "uniform" for a discrete latent, "learned" for a continuous one (its importance
+    weights need the prior the model has)."""
+    harden: float | None = None
+    """Mode "soft": from step ``harden_from``, an example whose q* gives one copy at least this share trains that
+    copy only (its one-hot), the others train by q*; 0: never. Two copies that explain an example about as well
+    both learn from it under q* and stay alike there; a sure example's one-hot lets each copy specialise. Where
+    no example is that sure (a z not in use) it is the soft E-step, so the share must exceed 1/k. None:
+    ``HARDEN`` (0.5) for a discrete latent in mode soft with k >= 3 (at k = 2 half is chance: every example would
+    be sure, a z not in use included, so 0 there); 0 in every other mode, whatever it is set to (they have no q*
+    to harden)."""
+    harden_from: int | None = None
+    """The first step at which ``harden`` acts; None: the step the starts were compared at (RUN/starts.json's
+    "compared_at"), or ``optim.start_steps_max`` in a run of one start. So the soft E-step chooses the code (the
+    starts themselves do not harden) and the hardening sharpens the one kept."""
+    balance_iters: int = 0
+    """Sinkhorn-Knopp iterations making the batch's assignment equipartitioned over k (0: off). A balance gives
+    each value 1/K of every batch, which a strategy code has only when the strategies are equally frequent."""
+    until_step: int = 0
+    """E-step objective for steps < until_step, then the plain objective (a warm start); 0: every step."""
+    labelled: float = 0.0
+    """Soft and hard modes: the share of the examples with a strategy label (picked by a hash of the key, the
+    same ones every step) whose assignment is their label's value (the one-hot of its index in the dataset's
+    strategies) instead of q*'s; 0: none. A few labels tie each value to one strategy, which the objective
+    alone cannot."""
+    labelled_weight: float = 0.5
+    """The share of a batch's fit (reconstruction and distillation) that its labelled examples carry, whatever their
+    number, the unlabelled the rest (each example of a part alike); a batch without both is unweighted. Set to
+    ``labelled`` itself, each example weighs about the same, and a few labels are as few in the gradient."""
+
+    def __post_init__(self):
+        if self.mode is not None and self.mode not in ESTEP_MODES:
+            raise ValueError(f"estep mode must be one of {ESTEP_MODES}, got {self.mode!r}")
+        if self.prior is not None and self.prior not in ESTEP_PRIORS:
+            raise ValueError(f"estep prior must be one of {ESTEP_PRIORS}, got {self.prior!r}")
+        if not self.temperature > 0 or self.balance_iters < 0 or self.until_step < 0:
+            raise ValueError("need temperature > 0, balance_iters >= 0, until_step >= 0")
+        if not (self.harden is None or 0 <= self.harden <= 1) or (self.harden_from or 0) < 0:
+            raise ValueError(f"estep harden must be a share in [0, 1] and harden_from >= 0, got {self.harden}, "
+                             f"{self.harden_from}")
+        if not 0 < self.labelled_weight < 1:
+            raise ValueError(f"estep labelled_weight must be a share in (0, 1), got {self.labelled_weight}")
+        if not 0 <= self.labelled <= 1 or (self.labelled and self.mode not in (None, "soft", "hard")):
+            raise ValueError(f"estep labelled must be a share in [0, 1], and only in mode soft or hard (mode "
+                             f"{self.mode!r}, labelled {self.labelled})")
+
+    def resolved(self, latent: str, k: int, samples: int, harden_from: int | None) -> EStepConfig:
+        """This config with the latent's defaults filled in (``harden_from``: the run's, where it sets none), checked
+        against what the latent can do: a continuous latent's E-step weighs its draws of z, not values that mean
+        strategies (no label mode, no labels), nor values a batch can be balanced over, and its importance weights
+        need the learned prior and more than one draw to choose among."""
+        continuous = latent == "continuous"
+        mode = self.mode or ("hard" if continuous else "soft")
+        if mode != "soft":
+            harden = 0.0  # nothing to harden
+        elif self.harden is None:
+            harden = HARDEN if not continuous and HARDEN > 1 / k else 0.0
+        else:
+            harden = self.harden
+        cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden,
+                      harden_from=harden_from if self.harden_from is None else self.harden_from)
+        if not continuous or cfg.mode == "off":
+            return cfg
+        if cfg.mode == "label" or cfg.labelled or cfg.balance_iters or cfg.prior != "learned":
+            raise ValueError("a continuous latent's E-step weighs its draws of z: it takes mode soft or hard with "
+                             f"prior 'learned', balance_iters 0 and labelled 0, not mode {cfg.mode!r}, prior "
+                             f"{cfg.prior!r}, balance_iters {cfg.balance_iters}, labelled {cfg.labelled}")
+        if samples < 2:
+            raise ValueError(f"a continuous latent's E-step chooses among its draws: set samples >= 2, not {samples}")
+        return cfg
+
+    def check_harden(self, k: int) -> None:
+        """Refuses to train with a share q* always reaches (at most 1/k): every example would be sure of a value, a z
+        not in use included. Checked where a run trains, so a config.json that holds one (written before the
+        refusal) still loads for eval."""
+        if self.harden and self.harden <= 1 / k:
+            raise ValueError(f"estep harden {self.harden} is at most 1/k = {1 / k:.3g}: every example would be sure "
+                             "of a value, a z not in use included; set it above 1/k, or 0 for none")
+
+    def at(self, step: int) -> EStepConfig:
+        """This config as it acts at ``step``: no hardening before ``harden_from``, nor while it is None (the starts,
+        not yet compared)."""
+        if not self.harden or (self.harden_from is not None and step >= self.harden_from):
+            return self
+        return replace(self, harden=0.0)
+
+    def active(self, step: int) -> bool:
+        return self.mode not in (None, "off") and (self.until_step == 0 or step < self.until_step)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def check_free_bits(free_bits: float, latent: str, k: int) -> None:
+    """Refuse a floor that switches the categorical KL off: KL(q || uniform) <= log K."""
+    if free_bits < 0:
+        raise ValueError(f"free bits must be >= 0, got {free_bits}")
+    if latent == "discrete" and free_bits >= math.log(k):
+        raise ValueError(f"free bits {free_bits} >= log K = {math.log(k):.4f}: for a categorical latent "
+                         "with a uniform prior the KL can never exceed log K, so the KL term would be constant")
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """Low-rank adapters on a frozen backbone (``lora.py``), for backbones too large to train whole."""
+
+    rank: int = 0
+    """Rank r of the LoRA adapters on every linear layer of the backbone (attention and MLP; not the output
+    head). Their scale alpha / r is 1 (alpha = r: a larger rank adds capacity, not step size), dropout 0, and
+    B starts at 0, so that step 0 is the full model's. 0: no adapters, every parameter trains."""
+
+    def __post_init__(self):
+        if self.rank < 0:
+            raise ValueError(f"lora rank must be >= 0 (0: no adapters), got {self.rank}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
