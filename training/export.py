@@ -358,6 +358,25 @@ def value_weights(model, base, z: torch.Tensor):
     return w
 
 
+def staging(out: Path) -> Path:
+    """The temporary directory an export is written to (renamed to ``out`` by ``commit``); ``out`` must be new or
+    empty."""
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not empty: export into a new directory")
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def commit(tmp: Path, out: Path, summary: dict) -> None:
+    """export.json last, then the whole directory renamed into place."""
+    (tmp / EXPORT_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+    if out.exists():
+        out.rmdir()
+    os.replace(tmp, out)
+
+
 @torch.no_grad()
 def run(cfg: ExportConfig) -> dict:
     tcfg = read_config(cfg.run) if (Path(cfg.run) / "config.json").is_file() else None
@@ -367,6 +386,10 @@ def run(cfg: ExportConfig) -> dict:
     z, slot_ids, source = decode_points(model, tcfg, meta, vocab, GenerateConfig(
         run=cfg.run, input="", out="", data=cfg.data, split=cfg.split, batch_size=cfg.batch_size, device="cpu",
         dtype="float32"))
+    if tcfg.lora.rank and isinstance(model.backbone, HFBackbone):
+        from tokweight.training.export_lora import export_adapters
+
+        return export_adapters(cfg, tcfg, meta, model, vocab, (z, slot_ids, source))
     backbone = merged(model.backbone)
     base = weights_of(backbone)
     rows = base.vocab_size
@@ -379,16 +402,14 @@ def run(cfg: ExportConfig) -> dict:
     prefixes = [answer_prefix(vocab, tok, s) for s in slots]
     for prefix, s in zip(prefixes, slots):
         check_prompt(vocab, tok, fmt, prefix, s)
-    out, tmp = Path(cfg.out), Path(cfg.out).with_name(f".{Path(cfg.out).name}.tmp")
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"{out} exists and is not empty: export into a new directory")
-    shutil.rmtree(tmp, ignore_errors=True)
+    out = Path(cfg.out)
+    tmp = staging(out)
     values, shared = [], model.conditioning.mode in SHARED
     suppress = list(range(rows, rows + len(appended)))
     for v in range(len(z)):
         name = "model" if shared else f"value_{v}"
         if not (tmp / name).exists():
-            (tmp / name).mkdir(parents=True)
+            (tmp / name).mkdir()
             value_weights(model, base, z[v]).save(tmp / name)
             tok.save(tmp / name)
             generation_config(tmp / name, vocab.end_id, vocab.pad_id, suppress)
@@ -396,9 +417,6 @@ def run(cfg: ExportConfig) -> dict:
     summary = {"run": str(cfg.run), "pathway": model.conditioning.mode, "latent": model.latent.kind,
                "values_from": source, "prompt": fmt, "tokenize": "prompt + answer_prefix, add_special_tokens=False",
                "end_token": tok.token(vocab.end_id), "values": values}
-    (tmp / EXPORT_FILE).write_text(json.dumps(summary, indent=1) + "\n")
-    if out.exists():
-        out.rmdir()
-    os.replace(tmp, out)
+    commit(tmp, out, summary)
     return {"out": str(out), "pathway": summary["pathway"], "values": len(values),
             "directories": sorted({v["model"] for v in values}), "values_from": source}
