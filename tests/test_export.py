@@ -32,7 +32,6 @@ CASES = {  # name: (backbone, CVAEConfig fields, LoRA rank)
     "builtin-layernorm": ("builtin", dict(cond="layernorm", k=2), 0),
     "builtin-prefix-continuous": ("builtin", dict(cond="prefix", slots=2, **CONTINUOUS), 0),
     "builtin-layernorm-continuous": ("builtin", dict(cond="layernorm", **CONTINUOUS), 0),
-    "builtin-token-lora": ("builtin", dict(cond="token", k=2), 4),
     "gpt2-query": ("gpt2", dict(cond="query", k=2), 0),
     "gpt2-token-continuous": ("gpt2", dict(cond="token", **CONTINUOUS), 0),
     "llama-token": ("llama", dict(cond="token", k=2), 0),

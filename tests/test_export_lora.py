@@ -3,7 +3,8 @@ adapter directory per value (or one for all); the base from its directory (AutoM
 adapter directory's tokenizer, with ``peft.PeftModel.from_pretrained`` (no custom code), greedy-generates, with the
 exported prompt and the adapter directory's generation_config.json, what `tokweight generate` does for every
 latent value, token for token, and its logits are the decoder's. GPT-2-like and Llama-like tiny backbones (and a
-Qwen2 chat model whose tokenizer lacks the latent tokens), on the token, prefix and query pathways."""
+Qwen2 chat model whose tokenizer lacks the latent tokens) on the token, prefix and query pathways; the built-in
+backbone (its base written once as GPT-2, ``base/``) on those and the layernorm pathway."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 CONTINUOUS = dict(latent="continuous", z_dim=2)
 CASES = {  # name: (backbone, CVAEConfig fields, LoRA rank)
+    "builtin-token": ("builtin", dict(cond="token", k=2), 4),
+    "builtin-prefix-continuous": ("builtin", dict(cond="prefix", slots=2, **CONTINUOUS), 4),
+    "builtin-query": ("builtin", dict(cond="query", k=2), 4),
+    "builtin-layernorm": ("builtin", dict(cond="layernorm", k=2), 4),
     "gpt2-token": ("gpt2", dict(cond="token", k=2), 4),
     "gpt2-prefix-continuous": ("gpt2", dict(cond="prefix", slots=2, **CONTINUOUS), 4),
     "gpt2-query": ("gpt2", dict(cond="query", k=2), 4),
@@ -60,11 +65,12 @@ def test_base_plus_adapter_generates_what_tokweight_generates_for_every_value(na
     config = json.loads((run_dir / "config.json").read_text())
     K = len(spec["values"])
     assert K == (4 if continuous else CASES[name][1]["k"]) and spec["pathway"] == CASES[name][1]["cond"]
-    assert {v["model"] for v in spec["values"]} == {config["io"]["checkpoint"]}  # the user's own base
-    query = spec["pathway"] == "query"
-    assert {v["adapter"] for v in spec["values"]} == ({f"adapter_{v}" for v in range(K)} if query else {"adapter"})
+    builtin = CASES[name][0] == "builtin"  # its base written as GPT-2, else the user's own
+    assert {v["model"] for v in spec["values"]} == {"base" if builtin else config["io"]["checkpoint"]}
+    per_value = spec["pathway"] in ("query", "layernorm")
+    assert {v["adapter"] for v in spec["values"]} == ({f"adapter_{v}" for v in range(K)} if per_value else {"adapter"})
     for adapter in {v["adapter"] for v in spec["values"]}:
-        assert_trained_adapter(export / adapter, query)
+        assert_trained_adapter(export / adapter, spec["pathway"])
     xs = [s.x for s in load_split(data, "val")[:LINES]]
     ours = generated_by_tokweight(run_dir, data, xs, tmp_path, continuous)
     assert generated_by_transformers(export, xs, load_adapter) == ours
@@ -73,9 +79,11 @@ def test_base_plus_adapter_generates_what_tokweight_generates_for_every_value(na
         assert_logits_are_the_decoders(run_dir, export, load_split(data, "val")[0], load_adapter)
 
 
-def assert_trained_adapter(adapter, query: bool):
-    """peft's files, holding the run's trained LoRA weights (B nonzero after two steps), the token rows, and on the
-    query pathway a nonzero LoRA B bias on each layer's query projection only."""
+def assert_trained_adapter(adapter, pathway: str):
+    """peft's files, holding the run's trained LoRA weights (B nonzero after two steps), the token rows, on the
+    query pathway a nonzero LoRA B bias on each layer's query projection only, on the layernorm pathway every
+    LayerNorm."""
+    query = pathway == "query"
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_bias"] == query
     tensors = load_file(adapter / "adapter_model.safetensors")
@@ -85,4 +93,6 @@ def assert_trained_adapter(adapter, query: bool):
     assert bool(biases) == query
     for key, bias in biases.items():
         assert (bias.abs().sum() > 0) == any(f".{site}.lora_B" in key for site in ("c_attn", "q_proj")), key
+    layernorms = [k for k in tensors if ".ln_" in k]
+    assert len(layernorms) == (2 * (2 * 2 + 1) if pathway == "layernorm" else 0)  # (weight, bias) of 2 layers' 2 + 1
 

@@ -1,7 +1,7 @@
 """`tokweight export`: a trained CVAE as directories that stock transformers loads, one model per latent value.
 
 DIR/export.json says, per latent value v (generate's values: each k of a discrete latent, the K k-means centres of a
-continuous one), which directory to load (``"model"``, relative to DIR; ``"adapter"``: null, see LoRA below) and
+continuous one), which directory to load (``"model"``, relative to DIR; ``"adapter"``: null, or a LoRA run's, below) and
 what goes where the answer begins (``"answer_prefix"``); its ``"prompt"`` says how x becomes the text before it.
 A reader tokenizes ``prompt(x) + answer_prefix`` with no special tokens added and decodes greedily: the
 directory's generation_config.json stops at the template's end token (``</y>``, or the chat's end of turn) and
@@ -23,7 +23,7 @@ Per z pathway (``conditioning.py``):
 - ``memory``: one extra key/value position per layer has no stock counterpart: refused in one line.
 
 The built-in backbone is written as GPT-2 (``export_hf``); a Hugging Face backbone in its own architecture. A LoRA
-run's adapters are merged into the weights (with its trained latent rows): ``"adapter"`` is null.
+run is written as peft adapters on its base instead (``export_lora``): ``"adapter"`` names them.
 transformers is needed for a Hugging Face backbone only; this module is imported by `tokweight export` alone.
 """
 
@@ -39,9 +39,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 from safetensors.torch import save_file
-from torch.nn.utils import parametrize
 
-from tokweight.pipeline.hf import QUERY_SITES, HFBackbone
+from tokweight.pipeline.hf import QUERY_SITES
 from tokweight.pipeline.model import GPT
 from tokweight.pipeline.templates import template_ids, text_parts
 from tokweight.training.decode import stand_in_y
@@ -189,24 +188,6 @@ def require_transformers():
 def query_sites(model: nn.Module) -> list[nn.Module]:
     """Per layer the module whose output begins with the queries (``HFBackbone.query_sites``'s names)."""
     return [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in QUERY_SITES]
-
-
-def merged(backbone: nn.Module) -> nn.Module:
-    """A LoRA run's backbone with its adapters merged into the weights and its trainable latent rows written into
-    the embeddings, in place: plain modules again. A full run's backbone as it is."""
-    target = backbone.model if isinstance(backbone, HFBackbone) else backbone
-    for module in list(target.modules()):
-        for name in [n for n in getattr(module, "parametrizations", {})]:
-            parametrize.remove_parametrizations(module, name, leave_parametrized=True)
-    for name, module in list(target.named_modules()):
-        if hasattr(module, "merge") and hasattr(module, "get_base_layer"):  # a peft LoRA layer
-            module.merge()
-            parent = target.get_submodule(name.rsplit(".", 1)[0]) if "." in name else target
-            setattr(parent, name.rsplit(".", 1)[-1], module.get_base_layer())
-    if isinstance(backbone, HFBackbone) and backbone.model.config.tie_word_embeddings:
-        out = backbone.model.get_output_embeddings()
-        out.weight = backbone.model.get_input_embeddings().weight  # equal rows; tied again, as saved
-    return backbone
 
 
 def weights_of(backbone: nn.Module):
@@ -386,11 +367,11 @@ def run(cfg: ExportConfig) -> dict:
     z, slot_ids, source = decode_points(model, tcfg, meta, vocab, GenerateConfig(
         run=cfg.run, input="", out="", data=cfg.data, split=cfg.split, batch_size=cfg.batch_size, device="cpu",
         dtype="float32"))
-    if tcfg.lora.rank and isinstance(model.backbone, HFBackbone):
+    if tcfg.lora.rank:
         from tokweight.training.export_lora import export_adapters
 
         return export_adapters(cfg, tcfg, meta, model, vocab, (z, slot_ids, source))
-    backbone = merged(model.backbone)
+    backbone = model.backbone
     base = weights_of(backbone)
     rows = base.vocab_size
     tok = Tokenizer(vocab, backbone.cfg.block_size, rows)
