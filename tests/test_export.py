@@ -118,8 +118,10 @@ def generated_by_transformers(export_dir, xs, load=load_full) -> list[list]:
         end = tok.convert_tokens_to_ids(spec["end_token"])
         rows = []
         for x in xs:
-            ids = tok(exported_prompt(spec, tok, x) + value["answer_prefix"], add_special_tokens=False, return_tensors="pt")["input_ids"]
-            new = model.generate(input_ids=ids, generation_config=gen, max_new_tokens=MAX_NEW)[0, ids.shape[1]:].tolist()
+            text = exported_prompt(spec, tok, x) + value["answer_prefix"]
+            ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            new = model.generate(input_ids=ids, generation_config=gen, max_new_tokens=MAX_NEW)
+            new = new[0, ids.shape[1]:].tolist()
             new = new[: new.index(end)] if end in new else new
             rows.append(tok.decode(new) if isinstance(x, str) else tok.convert_ids_to_tokens(new))
         outputs.append(rows)

@@ -9,6 +9,7 @@ backbone (its base written once as GPT-2, ``base/``) on those and the layernorm 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -36,6 +37,7 @@ CASES = {  # name: (backbone, CVAEConfig fields, LoRA rank)
     "llama-token-continuous": ("llama", dict(cond="token", **CONTINUOUS), 4),
     "llama-query": ("llama", dict(cond="query", k=2), 4),
     "chat-token": ("chat", dict(cond="token", k=2), 4),
+    "chat-query": ("chat", dict(cond="query", k=2), 4),
 }
 
 
@@ -96,3 +98,14 @@ def assert_trained_adapter(adapter, pathway: str):
     layernorms = [k for k in tensors if ".ln_" in k]
     assert len(layernorms) == (2 * (2 * 2 + 1) if pathway == "layernorm" else 0)  # (weight, bias) of 2 layers' 2 + 1
 
+
+
+def test_a_relative_base_is_named_relative_to_the_export(tmp_path, monkeypatch):
+    """A base given as a relative path (from where train and export run) is written so that DIR / model is it."""
+    from tokweight.training.export_lora import base_reference
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "llama").mkdir(parents=True)
+    out = Path("exports") / "run1"
+    assert (tmp_path / out / base_reference("models/llama", out)).resolve() == (tmp_path / "models/llama").resolve()
+    assert base_reference(str(tmp_path / "models" / "llama"), out) == str(tmp_path / "models" / "llama")

@@ -31,18 +31,21 @@ The adapters are built on a meta-device shell of the base's architecture: no sec
 from __future__ import annotations
 
 import copy
+import json
 import os
 import warnings
 from pathlib import Path
 
 import torch
 import torch.nn as nn
+from safetensors.torch import save_file
 from torch.nn.utils import parametrize
 
 from tokweight.pipeline.hf import QUERY_SITES, HFBackbone
-from tokweight.training.export import (SHARED, GPT2Weights, Tokenizer, answer_prefix, check_prompt, commit,
-                                       generation_config, prompt_format, require_transformers, staging, value_slots)
-from tokweight.training.export_hf import hf_config
+from tokweight.training.export_hf import hf_config, hf_state_dict
+from tokweight.training.export_parts import (SHARED, Tokenizer, answer_prefix, check_prompt, commit,
+                                             generation_config, prompt_format, require_transformers, staging,
+                                             value_slots)
 from tokweight.training.lora import latent_row_ids, require_peft
 
 ADAPTER = "default"  # the adapter's name inside peft's modules
@@ -80,10 +83,7 @@ class HFBase:
         return shell
 
     def reference(self, out: Path) -> str:
-        """``DIR / reference`` is the run's checkpoint: the path as given when absolute, else relative to DIR."""
-        if os.path.isabs(self.checkpoint):
-            return self.checkpoint
-        return os.path.relpath(os.path.abspath(self.checkpoint), os.path.abspath(out))
+        return base_reference(self.checkpoint, out)
 
     def write(self, out: Path, tok: Tokenizer, vocab) -> None:
         """Nothing: the base is the user's."""
@@ -126,9 +126,19 @@ class BuiltinBase:
 
     def write(self, out: Path, tok: Tokenizer, vocab) -> None:
         (out / "base").mkdir()
-        GPT2Weights(self.frozen()).save(out / "base")
+        gpt = self.frozen()
+        save_file(hf_state_dict(gpt), out / "base" / "model.safetensors", metadata={"format": "pt"})
+        (out / "base" / "config.json").write_text(json.dumps(hf_config(gpt), indent=1) + "\n")
         tok.save(out / "base")
         generation_config(out / "base", vocab.end_id, vocab.pad_id, [])
+
+
+def base_reference(checkpoint: str, out: Path) -> str:
+    """How export.json names the run's checkpoint, so that ``DIR / reference`` is it: the path as given when
+    absolute, else (given relative to where train and export run) relative to DIR."""
+    if os.path.isabs(checkpoint):
+        return checkpoint
+    return os.path.relpath(os.path.abspath(checkpoint), os.path.abspath(out))
 
 
 def lora_layers(model: nn.Module) -> dict:
