@@ -64,8 +64,9 @@ def text_store(text_checkpoint, text_data, text_template, tmp_path_factory):
 
 def where(backbone, request):
     """(checkpoint, data, store) of a backbone: the built-in base model sure of y after its first two tokens (so
-    that decodes are whole sequences), the tiny HF models over the tiny data, the chat model and a GPT-2 with a string template over string data; b
-    from the store for the chat model and the GPT-2 with a string template, from the run's own backbone (the dynamic policy) for the others."""
+    that decodes are whole sequences), the tiny HF models over the tiny data, the chat model and a GPT-2 with a
+    string template over string data; b from the store for the chat model and the GPT-2 with a string template, from
+    the run's own backbone (the dynamic policy) for the others."""
     tiny = request.getfixturevalue("tiny")
     if backbone == "builtin":
         data, ckpt = request.getfixturevalue("two_regime")
@@ -181,8 +182,8 @@ def assert_logits_are_the_decoders(run_dir, export_dir, sample, load=load_full):
         with torch.no_grad():
             ours = model.backbone(inputs, **kwargs)[0][0]  # (L, V)
         hf, tok, _ = load(export_dir, spec, value)
-        hf_ids = tok(exported_prompt(spec, tok, sample.x) + value["answer_prefix"], add_special_tokens=False)["input_ids"] + \
-            ids[0, len(prompt.ids):].tolist()
+        text = exported_prompt(spec, tok, sample.x) + value["answer_prefix"]
+        hf_ids = tok(text, add_special_tokens=False)["input_ids"] + ids[0, len(prompt.ids):].tolist()
         assert hf_ids == inputs[0].tolist()
         with torch.no_grad():
             theirs = hf(torch.tensor([hf_ids])).logits[0, :, : ours.shape[1]]

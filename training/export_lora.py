@@ -85,7 +85,7 @@ class HFBase:
     def reference(self, out: Path) -> str:
         return base_reference(self.checkpoint, out)
 
-    def write(self, out: Path, tok: Tokenizer, vocab) -> None:
+    def write(self, out: Path, vocab, rows: int) -> None:
         """Nothing: the base is the user's."""
 
 
@@ -124,12 +124,13 @@ class BuiltinBase:
     def reference(self, out: Path) -> str:
         return "base"
 
-    def write(self, out: Path, tok: Tokenizer, vocab) -> None:
+    def write(self, out: Path, vocab, rows: int) -> None:
+        """``base/``: the frozen GPT as GPT-2, with the run's tokenizer (``rows`` tokens) and generation config."""
         (out / "base").mkdir()
         gpt = self.frozen()
         save_file(hf_state_dict(gpt), out / "base" / "model.safetensors", metadata={"format": "pt"})
         (out / "base" / "config.json").write_text(json.dumps(hf_config(gpt), indent=1) + "\n")
-        tok.save(out / "base")
+        Tokenizer(vocab, self.model.cfg.block_size, rows).save(out / "base")
         generation_config(out / "base", vocab.end_id, vocab.pad_id, [])
 
 
@@ -177,14 +178,20 @@ def adapter_shell(base, layers: dict, rank: int, rows: int, ids: list[int], cond
     return peft.get_peft_model(shell, config), tied
 
 
+def query_sites(layers: dict, cond) -> list[str]:
+    """The names of the LoRA layers whose outputs begin with the queries, one per layer on the query pathway."""
+    sites = [n for n in layers if n.rsplit(".", 1)[-1] in QUERY_SITES]
+    if cond.query_proj is not None and len(sites) != cond.query_shape[0]:
+        raise ValueError(f"the query z pathway needs a LoRA adapter on each layer's query projection; the run adapts "
+                         f"{len(sites)} of {cond.query_shape[0]}: export runs trained with --cond token or prefix")
+    return sites
+
+
 def adapter_state(shell, base, layers: dict, rows: tuple, z: torch.Tensor, cond) -> dict:
     """The adapter's tensors for value z, by the shell's parameter names: the run's LoRA A and B, the token rows
     (input, output), each query site's LoRA B bias holding z's query offsets / scale, z's LayerNorms."""
-    state, sites = {}, [n for n in layers if n.rsplit(".", 1)[-1] in QUERY_SITES]
+    state, sites = {}, query_sites(layers, cond)
     offsets = None if cond.query_proj is None else cond.query_proj(z).view(cond.query_shape)  # (layers, heads, hd)
-    if offsets is not None and len(sites) != len(offsets):
-        raise ValueError(f"the query z pathway needs a LoRA adapter on each layer's query projection; the run "
-                         f"adapts {len(sites)} of {len(offsets)}: export runs trained with --cond token or prefix")
     for name, layer in layers.items():
         prefix = f"base_model.model.{base.prefix}{name}"
         for part in ("lora_A", "lora_B"):
@@ -246,7 +253,6 @@ def export_adapters(cfg, tcfg, meta: dict, model, vocab, points: tuple) -> dict:
     layers = lora_layers(base.model)
     run_rows = len(base.embeddings()[0])
     tok = Tokenizer(vocab, model.backbone.cfg.block_size, run_rows)
-    base_tok = Tokenizer(vocab, model.backbone.cfg.block_size, run_rows)
     appended_rows = AppendedRows(run_rows, cond.d_model)
     slots, appended = value_slots(model, z, slot_ids, appended_rows, vocab)
     tok.add(appended)
@@ -256,6 +262,7 @@ def export_adapters(cfg, tcfg, meta: dict, model, vocab, points: tuple) -> dict:
     ids = sorted(set(latent_row_ids(vocab, tcfg.cvae)) | set(range(run_rows, rows)))
     shell, tied = adapter_shell(base, layers, tcfg.lora.rank, rows, ids, cond)
     check_scale(shell, base, layers)
+    query_sites(layers, cond)  # refused before anything is written
     token = token_rows(base, [i for i in ids if i < run_rows], appended_rows.rows, tied)
     fmt = prompt_format(vocab, tok)
     prefixes = [answer_prefix(vocab, tok, s) for s in slots]
@@ -265,7 +272,7 @@ def export_adapters(cfg, tcfg, meta: dict, model, vocab, points: tuple) -> dict:
     reference = base.reference(out)
     shell.peft_config[ADAPTER].base_model_name_or_path = reference
     tmp, values = staging(out), []
-    base.write(tmp, base_tok, vocab)
+    base.write(tmp, vocab, run_rows)
     suppress = list(range(run_rows, rows))
     for v in range(len(z)):
         name = "adapter" if cond.mode in SHARED else f"adapter_{v}"
