@@ -1,7 +1,7 @@
 """`tokweight export`: a trained CVAE as directories that stock transformers loads, one model per latent value.
 
 DIR/export.json says, per latent value v (generate's values: each k of a discrete latent, the K k-means centres of a
-continuous one), which directory to load (``"model"``, relative to DIR; ``"adapter"``: null, see LoRA below) and
+continuous one), which directory to load (``"model"``, relative to DIR; ``"adapter"``: null, or a LoRA run's, below) and
 what goes where the answer begins (``"answer_prefix"``); its ``"prompt"`` says how x becomes the text before it.
 A reader tokenizes ``prompt(x) + answer_prefix`` with no special tokens added and decodes greedily: the
 directory's generation_config.json stops at the template's end token (``</y>``, or the chat's end of turn) and
@@ -23,7 +23,7 @@ Per z pathway (``conditioning.py``):
 - ``memory``: one extra key/value position per layer has no stock counterpart: refused in one line.
 
 The built-in backbone is written as GPT-2 (``export_hf``); a Hugging Face backbone in its own architecture. A LoRA
-run's adapters are merged into the weights (with its trained latent rows): ``"adapter"`` is null.
+run is written as peft adapters on its base instead (``export_lora``): ``"adapter"`` names them.
 transformers is needed for a Hugging Face backbone only; this module is imported by `tokweight export` alone.
 """
 
@@ -31,28 +31,25 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 from safetensors.torch import save_file
-from torch.nn.utils import parametrize
 
-from tokweight.pipeline.models.hf import QUERY_SITES, HFBackbone
+from tokweight.pipeline.models.hf import QUERY_SITES
 from tokweight.pipeline.models.gpt import GPT
-from tokweight.pipeline.tokens.templates import template_ids, text_parts
-from tokweight.training.decoding.decode import stand_in_y
 from tokweight.training.decoding.encode import load_trained
-from tokweight.training.export.checkpoint import build_tokenizer, hf_config, hf_state_dict, tokenizer_config
+from tokweight.training.export.checkpoint import hf_config, hf_state_dict
+from tokweight.training.export.lora import export_adapters
+from tokweight.training.export.parts import (SHARED, Tokenizer, answer_prefix, check_prompt, commit,
+                                             generation_config, prompt_format, require_transformers, staging,
+                                             value_slots)
 from tokweight.training.decoding.generate import GenerateConfig, decode_points
 from tokweight.training.loop.run_dir import read_config
 
 EXPORTABLE = ("token", "prefix", "query", "layernorm")
-SHARED = ("token", "prefix")  # one directory for every value
-EXPORT_FILE = "export.json"
 
 
 @dataclass(frozen=True)
@@ -180,168 +177,16 @@ class HFWeights:
         self.model.save_pretrained(out, safe_serialization=True)
 
 
-def require_transformers():
-    from tokweight.pipeline.extras import require
-
-    return require("transformers", "hf", "exporting a Hugging Face backbone")
-
-
 def query_sites(model: nn.Module) -> list[nn.Module]:
     """Per layer the module whose output begins with the queries (``HFBackbone.query_sites``'s names)."""
     return [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in QUERY_SITES]
-
-
-def merged(backbone: nn.Module) -> nn.Module:
-    """A LoRA run's backbone with its adapters merged into the weights and its trainable latent rows written into
-    the embeddings, in place: plain modules again. A full run's backbone as it is."""
-    target = backbone.model if isinstance(backbone, HFBackbone) else backbone
-    for module in list(target.modules()):
-        for name in [n for n in getattr(module, "parametrizations", {})]:
-            parametrize.remove_parametrizations(module, name, leave_parametrized=True)
-    for name, module in list(target.named_modules()):
-        if hasattr(module, "merge") and hasattr(module, "get_base_layer"):  # a peft LoRA layer
-            module.merge()
-            parent = target.get_submodule(name.rsplit(".", 1)[0]) if "." in name else target
-            setattr(parent, name.rsplit(".", 1)[-1], module.get_base_layer())
-    if isinstance(backbone, HFBackbone) and backbone.model.config.tie_word_embeddings:
-        out = backbone.model.get_output_embeddings()
-        out.weight = backbone.model.get_input_embeddings().weight  # equal rows; tied again, as saved
-    return backbone
 
 
 def weights_of(backbone: nn.Module):
     return GPT2Weights(backbone) if isinstance(backbone, GPT) else HFWeights(backbone.model)
 
 
-# ---------------------------------------------------------------- tokenizer and prompt
-
-
-class Tokenizer:
-    """The run's tokenizer with the tokens its export appends (a run's latent tokens the tokenizer lacks, a
-    continuous latent's value tokens), ids checked against the embedding rows; ``save(dir)`` writes its files."""
-
-    def __init__(self, vocab, block_size: int, rows: int):
-        self.vocab, self.block_size = vocab, block_size
-        base = getattr(vocab, "base", vocab)  # a WithLatents' checkpoint vocabulary
-        self.hf = getattr(base, "tokenizer", None)
-        if self.hf is None:
-            self.fast = build_tokenizer(vocab)
-            self.specials = list(tokenizer_config(vocab, block_size)["additional_special_tokens"])
-        else:
-            self.hf = copy.deepcopy(self.hf)
-            added = list(vocab.tokens[len(self.hf):])
-            if any(not t for t in added):
-                raise ValueError(f"{base.source}: the model has {rows} token rows and its tokenizer "
-                                 f"{len(self.hf)} tokens: export needs a tokenizer with one token per row")
-            self.add(added)
-
-    def add(self, tokens: list[str]) -> None:
-        """Special tokens after the last id, each one token."""
-        if not tokens:
-            return
-        first = self.size
-        if self.hf is None:
-            from tokenizers import AddedToken
-
-            self.fast.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
-            self.specials += tokens
-        else:
-            self.hf.add_tokens(tokens, special_tokens=True)
-        if [self.id(t) for t in tokens] != list(range(first, first + len(tokens))):
-            raise AssertionError(f"the tokenizer did not give {tokens[:3]} the ids after its last")
-
-    @property
-    def size(self) -> int:
-        return self.fast.get_vocab_size() if self.hf is None else len(self.hf)
-
-    def id(self, token: str) -> int:
-        return self.fast.token_to_id(token) if self.hf is None else self.hf.convert_tokens_to_ids(token)
-
-    def token(self, i: int) -> str:
-        return self.fast.id_to_token(i) if self.hf is None else self.hf.convert_ids_to_tokens(i)
-
-    def encode(self, text: str) -> list[int]:
-        if self.hf is None:
-            return self.fast.encode(text, add_special_tokens=False).ids
-        return self.hf(text, add_special_tokens=False)["input_ids"]
-
-    def save(self, out: Path) -> None:
-        if self.hf is not None:
-            self.hf.save_pretrained(out)
-            return
-        self.fast.save(str(out / "tokenizer.json"))
-        config = tokenizer_config(self.vocab, self.block_size) | {"additional_special_tokens": self.specials}
-        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1) + "\n")
-
-
-def prompt_format(vocab, tok: Tokenizer) -> dict:
-    """How x becomes the text before the answer prefix: the built-in template's tokens around x (x's symbols
-    joined by single spaces), the chat template's user turn with its generation prompt, or a string template's
-    text around x."""
-    template = vocab.template
-    if template.builtin:
-        name = lambda t: tok.token(vocab.id(t))
-        return {"text": f"{name('<bos>')} {name('<x>')} {{x}} {name('</x>')} ", "x": "symbols joined by spaces"}
-    if template.kind == "chat":
-        return {"chat": "apply_chat_template([{'role': 'user', 'content': x}], add_generation_prompt=True, "
-                        "tokenize=False)"}
-    return {"text": text_parts(template.text)[0] + "{x}" + text_parts(template.text)[1], "x": "the string"}
-
-
-def prompt_text(fmt: dict, tok: Tokenizer, x) -> str:
-    if "chat" in fmt:
-        return tok.hf.apply_chat_template([{"role": "user", "content": x}], add_generation_prompt=True,
-                                          tokenize=False)
-    return fmt["text"].replace("{x}", " ".join(x) if not isinstance(x, str) else x)
-
-
-def answer_prefix(vocab, tok: Tokenizer, slots: list[int]) -> str:
-    """What follows the prompt up to y: ``<z> slots </z> <y>`` (built-in template, space-separated), or the
-    slots' tokens (a chat or string template puts them right before y)."""
-    if vocab.template.builtin:
-        name = lambda t: tok.token(vocab.id(t))
-        return " ".join([name("<z>"), *(tok.token(i) for i in slots), name("</z>"), name("<y>")])
-    return "".join(tok.token(i) for i in slots)
-
-
-def check_prompt(vocab, tok: Tokenizer, fmt: dict, prefix: str, slots: list[int]) -> None:
-    """Refuse an export whose text does not give generate's prompt ids, on a stand-in x."""
-    x = stand_in_y(vocab)
-    ids, layout = template_ids(vocab, x, x, slots)
-    if tok.encode(prompt_text(fmt, tok, x) + prefix) != ids[: layout.s_start]:
-        raise ValueError(f"the exported prompt text does not tokenize to the prompt the run decodes from "
-                         f"(template {vocab.template.kind!r}): this tokenizer cannot carry it as text")
-
-
-def generation_config(out: Path, end: int, pad: int, suppress: list[int]) -> None:
-    """generation_config.json: greedy, stopping at the template's end token, never emitting ``suppress``."""
-    path = out / "generation_config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
-    for key in ("temperature", "top_p", "top_k"):
-        config.pop(key, None)
-    config |= {"eos_token_id": end, "pad_token_id": pad, "do_sample": False}
-    if suppress:
-        config["suppress_tokens"] = suppress
-    path.write_text(json.dumps(config, indent=1) + "\n")
-
-
 # ---------------------------------------------------------------- the export
-
-
-def value_slots(model, z: torch.Tensor, slot_ids: torch.Tensor | None, weights, vocab) -> tuple[list, list[str]]:
-    """Per value the ids in its M slots, and the tokens appended for them: a continuous latent's projections
-    become rows of new tokens (appended to ``weights``); a discrete one's slots hold <z_k>; the query
-    pathway's keep the placeholder the run decodes with."""
-    cond, K = model.conditioning, len(z)
-    M = cond.slots
-    if not cond.writes_slots:
-        return [[vocab.latent_id(0)] * M] * K, []
-    if slot_ids is not None:
-        return [[int(i)] * M for i in slot_ids], []
-    first = weights.vocab_size
-    weights.append_rows(cond.slot_proj(z.to(cond.slot_proj.weight.dtype)).reshape(K * M, -1))
-    names = [f"<zv{v}s{m}>" for v in range(K) for m in range(M)]
-    return [[first + v * M + m for m in range(M)] for v in range(K)], names
 
 
 def value_weights(model, base, z: torch.Tensor):
@@ -367,7 +212,9 @@ def run(cfg: ExportConfig) -> dict:
     z, slot_ids, source = decode_points(model, tcfg, meta, vocab, GenerateConfig(
         run=cfg.run, input="", out="", data=cfg.data, split=cfg.split, batch_size=cfg.batch_size, device="cpu",
         dtype="float32"))
-    backbone = merged(model.backbone)
+    if tcfg.lora.rank:
+        return export_adapters(cfg, tcfg, meta, model, vocab, (z, slot_ids, source))
+    backbone = model.backbone
     base = weights_of(backbone)
     rows = base.vocab_size
     tok = Tokenizer(vocab, backbone.cfg.block_size, rows)
@@ -379,16 +226,14 @@ def run(cfg: ExportConfig) -> dict:
     prefixes = [answer_prefix(vocab, tok, s) for s in slots]
     for prefix, s in zip(prefixes, slots):
         check_prompt(vocab, tok, fmt, prefix, s)
-    out, tmp = Path(cfg.out), Path(cfg.out).with_name(f".{Path(cfg.out).name}.tmp")
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"{out} exists and is not empty: export into a new directory")
-    shutil.rmtree(tmp, ignore_errors=True)
+    out = Path(cfg.out)
+    tmp = staging(out)
     values, shared = [], model.conditioning.mode in SHARED
     suppress = list(range(rows, rows + len(appended)))
     for v in range(len(z)):
         name = "model" if shared else f"value_{v}"
         if not (tmp / name).exists():
-            (tmp / name).mkdir(parents=True)
+            (tmp / name).mkdir()
             value_weights(model, base, z[v]).save(tmp / name)
             tok.save(tmp / name)
             generation_config(tmp / name, vocab.end_id, vocab.pad_id, suppress)
@@ -396,9 +241,6 @@ def run(cfg: ExportConfig) -> dict:
     summary = {"run": str(cfg.run), "pathway": model.conditioning.mode, "latent": model.latent.kind,
                "values_from": source, "prompt": fmt, "tokenize": "prompt + answer_prefix, add_special_tokens=False",
                "end_token": tok.token(vocab.end_id), "values": values}
-    (tmp / EXPORT_FILE).write_text(json.dumps(summary, indent=1) + "\n")
-    if out.exists():
-        out.rmdir()
-    os.replace(tmp, out)
+    commit(tmp, out, summary)
     return {"out": str(out), "pathway": summary["pathway"], "values": len(values),
             "directories": sorted({v["model"] for v in values}), "values_from": source}

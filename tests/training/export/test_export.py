@@ -32,12 +32,10 @@ CASES = {  # name: (backbone, CVAEConfig fields, LoRA rank)
     "builtin-layernorm": ("builtin", dict(cond="layernorm", k=2), 0),
     "builtin-prefix-continuous": ("builtin", dict(cond="prefix", slots=2, **CONTINUOUS), 0),
     "builtin-layernorm-continuous": ("builtin", dict(cond="layernorm", **CONTINUOUS), 0),
-    "builtin-token-lora": ("builtin", dict(cond="token", k=2), 4),
     "gpt2-query": ("gpt2", dict(cond="query", k=2), 0),
     "gpt2-token-continuous": ("gpt2", dict(cond="token", **CONTINUOUS), 0),
     "llama-token": ("llama", dict(cond="token", k=2), 0),
     "llama-query": ("llama", dict(cond="query", k=2), 0),
-    "llama-query-lora": ("llama", dict(cond="query", k=2), 4),
     "chat-token": ("chat", dict(cond="token", k=2), 0),
     "chat-query": ("chat", dict(cond="query", k=2), 0),
     "text-prefix": ("text", dict(cond="prefix", slots=2, k=2), 0),
@@ -66,8 +64,9 @@ def text_store(text_checkpoint, text_data, text_template, tmp_path_factory):
 
 def where(backbone, request):
     """(checkpoint, data, store) of a backbone: the built-in base model sure of y after its first two tokens (so
-    that decodes are whole sequences), the tiny HF models over the tiny data, the chat model and a GPT-2 with a string template over string data; b
-    from the store for the chat model and the GPT-2 with a string template, from the run's own backbone (the dynamic policy) for the others."""
+    that decodes are whole sequences), the tiny HF models over the tiny data, the chat model and a GPT-2 with a
+    string template over string data; b from the store for the chat model and the GPT-2 with a string template, from
+    the run's own backbone (the dynamic policy) for the others."""
     tiny = request.getfixturevalue("tiny")
     if backbone == "builtin":
         data, ckpt = request.getfixturevalue("two_regime")
@@ -78,8 +77,10 @@ def where(backbone, request):
     return request.getfixturevalue("hf_checkpoints")[backbone], tiny[0], None
 
 
-def trained(name, request, root) -> tuple:
-    backbone, cvae, rank = CASES[name]
+def trained(name, request, root, case=None) -> tuple:
+    """(run dir, data) of a 2-step run of ``case`` (backbone, CVAEConfig fields, LoRA rank): CASES[name] by
+    default."""
+    backbone, cvae, rank = case or CASES[name]
     ckpt, data, store = where(backbone, request)
     out = root / name
     train(TrainConfig(IOConfig(checkpoint=str(ckpt), data=str(data), out=str(out), store=store and str(store),
@@ -99,33 +100,44 @@ def exported_prompt(spec: dict, tok, x) -> str:
     return spec["prompt"]["text"].replace("{x}", x if isinstance(x, str) else " ".join(x))
 
 
-def generated_by_transformers(export_dir, xs) -> list[list]:
+def load_full(export_dir, spec: dict, value: dict) -> tuple:
+    """(model, tokenizer, generation config) of a full-weight entry: AutoModelForCausalLM and AutoTokenizer from
+    its directory, its own generation_config.json."""
+    assert value["adapter"] is None
+    path = export_dir / value["model"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True), None
+
+
+def generated_by_transformers(export_dir, xs, load=load_full) -> list[list]:
     """Per value, per x: the greedy continuation's tokens (up to the end token, excluded), or its text for a
-    string x, through AutoModelForCausalLM and AutoTokenizer alone."""
+    string x, through the stock libraries alone (``load``)."""
     spec = json.loads((export_dir / "export.json").read_text())
     outputs = []
     for value in spec["values"]:
-        assert value["adapter"] is None
-        path = export_dir / value["model"]
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
-        tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model, tok, gen = load(export_dir, spec, value)
         end = tok.convert_tokens_to_ids(spec["end_token"])
         rows = []
         for x in xs:
-            ids = tok(exported_prompt(spec, tok, x) + value["answer_prefix"], add_special_tokens=False, return_tensors="pt")["input_ids"]
-            new = model.generate(ids, max_new_tokens=MAX_NEW)[0, ids.shape[1]:].tolist()
+            text = exported_prompt(spec, tok, x) + value["answer_prefix"]
+            ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            new = model.generate(input_ids=ids, generation_config=gen, max_new_tokens=MAX_NEW)
+            new = new[0, ids.shape[1]:].tolist()
             new = new[: new.index(end)] if end in new else new
             rows.append(tok.decode(new) if isinstance(x, str) else tok.convert_ids_to_tokens(new))
         outputs.append(rows)
     return outputs
 
 
-def generated_by_tokweight(run_dir, data, xs, tmp_path) -> list[list]:
-    """Per value, per x: `tokweight generate`'s greedy output."""
+def generated_by_tokweight(run_dir, data, xs, tmp_path, continuous=None) -> list[list]:
+    """Per value, per x: `tokweight generate`'s greedy output (a continuous latent's centres from data's val
+    split; ``continuous`` None: as CASES says)."""
+    if continuous is None:
+        continuous = CASES[run_dir.name][1].get("latent") == "continuous"
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"x": x}) + "\n" for x in xs))
     generate(GenerateConfig(run=str(run_dir), input=str(tmp_path / "in.jsonl"), out=str(tmp_path / "out.jsonl"),
                             max_new_tokens=MAX_NEW, device="cpu", data=str(data), split="val")
-             if CASES[run_dir.name][1].get("latent") == "continuous" else
+             if continuous else
              GenerateConfig(run=str(run_dir), input=str(tmp_path / "in.jsonl"), out=str(tmp_path / "out.jsonl"),
                             max_new_tokens=MAX_NEW, device="cpu"))
     lines = [json.loads(line)["outputs"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
@@ -154,7 +166,7 @@ def test_transformers_greedy_generation_is_tokweight_generate_for_every_value(na
         assert_logits_are_the_decoders(run_dir, export, load_split(data, "val")[0])
 
 
-def assert_logits_are_the_decoders(run_dir, export_dir, sample):
+def assert_logits_are_the_decoders(run_dir, export_dir, sample, load=load_full):
     """Teacher-forced over x's prompt and y: the exported model's input ids are those the CVAE's decoder reads under
     each value, and its logits over the run's vocabulary are the decoder's at every position (1e-4)."""
     _, model, vocab, _ = load_trained(str(run_dir), "cpu", "float32")
@@ -169,11 +181,9 @@ def assert_logits_are_the_decoders(run_dir, export_dir, sample):
         inputs, kwargs = model.conditioning.decoder_inputs(model.backbone, ids, slot_pos, z[v:v + 1], slot_ids[v:v + 1])
         with torch.no_grad():
             ours = model.backbone(inputs, **kwargs)[0][0]  # (L, V)
-        path = export_dir / value["model"]
-        tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
-        hf_ids = tok(exported_prompt(spec, tok, sample.x) + value["answer_prefix"], add_special_tokens=False)["input_ids"] + \
-            ids[0, len(prompt.ids):].tolist()
+        hf, tok, _ = load(export_dir, spec, value)
+        text = exported_prompt(spec, tok, sample.x) + value["answer_prefix"]
+        hf_ids = tok(text, add_special_tokens=False)["input_ids"] + ids[0, len(prompt.ids):].tolist()
         assert hf_ids == inputs[0].tolist()
         with torch.no_grad():
             theirs = hf(torch.tensor([hf_ids])).logits[0, :, : ours.shape[1]]
