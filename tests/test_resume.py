@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tokweight.training.config_migrations import train_config_from
 from tokweight.training.convergence import StopRule
 from tokweight.training.faults import Hooks
 from tokweight.training.run_dir import CheckpointWriteError
@@ -117,8 +118,8 @@ CHILD = """
 import json, os, signal, sys
 import torch
 from tokweight.training.faults import Hooks
+from tokweight.training.config_migrations import train_config_from
 from tokweight.training.train import run
-from tokweight.training.train_config import TrainConfig
 
 def kill_self(step):
     if step == int(sys.argv[2]):
@@ -126,7 +127,7 @@ def kill_self(step):
 
 if __name__ == "__main__":  # loader workers (forkserver) import this module too
     torch.set_num_threads(1)
-    run(TrainConfig.from_json(json.loads(open(sys.argv[1]).read())), Hooks(after_checkpoint=kill_self))
+    run(train_config_from(json.loads(open(sys.argv[1]).read())), Hooks(after_checkpoint=kill_self))
 """
 
 

@@ -27,7 +27,8 @@ from tokweight.pipeline.shards import dataset_json, iter_samples, resolve_shards
 from tokweight.pipeline.urls import is_url_data
 from tokweight.pipeline.templates import collate, template_ids
 from tokweight.pipeline.vocab import Vocab
-from tokweight.training.trackers import check_report_to, open_trackers
+from tokweight.training.configs import check_report_to
+from tokweight.training.trackers import open_trackers
 
 
 @dataclass(frozen=True)
