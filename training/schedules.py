@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tokweight.training.configs import EStepConfig
+from tokweight.training.train_config import TrainConfig
 
 
 def warmed_up(value: float, step: int, warmup_steps: int) -> float:
@@ -67,8 +68,8 @@ class Schedule:
     posterior_likelihood: bool
 
     @classmethod
-    def of(cls, cfg) -> Schedule:
-        """The schedule of ``cfg`` (a TrainConfig, whose E-step and ``harden_from`` it resolved)."""
+    def of(cls, cfg: TrainConfig) -> Schedule:
+        """The schedule of ``cfg``, whose E-step (``harden_from`` included) the TrainConfig resolved."""
         loss = cfg.loss
         anchor_start = loss.beta_warmup_steps if loss.anchor_start_step is None else loss.anchor_start_step
         return cls(loss.beta, loss.beta_warmup_steps, loss.anchor_weight, anchor_start, cfg.estep,
