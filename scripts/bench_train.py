@@ -404,8 +404,9 @@ def head_child(variant: str, mode: str, steps: int) -> dict:
     """One variant in this (fresh) process: ``steps`` + 1 training steps (or eval forwards), the first
     a warm-up; the first loss (to check that the variants compute the same), median seconds and memory."""
     from tokweight.training.cvae import model as cvae
-    from tokweight.training.objective.loss import plain_objective
-    from tokweight.training.objective.terms import WeightingParams, reconstruction_weights
+    from tokweight.training.config.cvae import WeightingParams
+    from tokweight.training.objective.terms import reconstruction_weights
+    from tokweight.training.objective.loss import plain_objective, reconstruction
 
     if variant == "full_logits":
         cvae.nll_over_s = full_logits_nll  # this process only: the CVAE as it was
@@ -413,8 +414,11 @@ def head_child(variant: str, mode: str, steps: int) -> dict:
     pi, _ = reconstruction_weights("surprisal-share", b, batch.zfree.mask, WeightingParams())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
+    def loss_of(out) -> torch.Tensor:
+        return plain_objective(model.latent, out, reconstruction(out, pi), 0.3).loss
+
     def train_step() -> float:
-        loss = plain_objective(model.latent, model(batch, generator=torch.Generator().manual_seed(0)), pi, 0.3).loss
+        loss = loss_of(model(batch, generator=torch.Generator().manual_seed(0)))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -422,7 +426,7 @@ def head_child(variant: str, mode: str, steps: int) -> dict:
 
     @torch.no_grad()
     def eval_forward() -> float:
-        return plain_objective(model.latent, model(batch, generator=torch.Generator().manual_seed(0)), pi, 0.3).loss.item()
+        return loss_of(model(batch, generator=torch.Generator().manual_seed(0))).item()
 
     fn = train_step if mode == "train" else eval_forward
     start_mib, times, losses = resident_mib(), [], []

@@ -384,8 +384,9 @@ def evaluation(check: Check, name: str, run: str = "run-full") -> Row:
     back) over the val split, batch by batch, under bfloat16 autocast where the check trains in it."""
     from tokweight.training.objective.baselines import make_baseline
     from tokweight.training.loop.batches import StreamSpec, TrainBatch, split_urls
+    from tokweight.training.config.cvae import WeightingParams
     from tokweight.training.evaluation.evaluate import eval_baseline
-    from tokweight.training.objective.terms import WeightingParams
+    from tokweight.training.objective.schedules import Schedule
     from tokweight.training.loop.stream import EvalStream, loader
     from tokweight.training.evaluation.validation import Scoring, evaluate_pass
 
@@ -394,7 +395,7 @@ def evaluation(check: Check, name: str, run: str = "run-full") -> Row:
     policy, store, _ = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, str(check.data), "val")
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
     scoring = Scoring(make_baseline(policy, None), tcfg.loss, params, tcfg.cvae, tcfg.optim.seed,
-                      tcfg.likelihood_read(meta["step"] - 1))
+                      Schedule.of(tcfg).at(meta["step"] - 1))
     spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
                       batch_size=check.eval_batch, store=store, root=str(check.data),
                       on_bad_sample=tcfg.io.on_bad_sample)

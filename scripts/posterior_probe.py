@@ -24,10 +24,14 @@ import torch
 from tokweight.pipeline.models.backbone import load_backbone
 from tokweight.pipeline.data.errors import Skips
 from tokweight.training.objective.baselines import make_baseline
+from tokweight.training.config.cvae import WeightingParams
 from tokweight.training.loop.batches import StreamSpec, split_urls
-from tokweight.training.objective.terms import WeightingParams, reconstruction_weights, weighted_reconstruction
+from tokweight.training.objective.estep import read_likelihood
+from tokweight.training.objective.terms import reconstruction_weights
 from tokweight.training.evaluation.metrics import strategy_mi
+from tokweight.training.objective.loss import reconstruction
 from tokweight.training.loop.run_dir import load_run
+from tokweight.training.objective.schedules import Schedule
 from tokweight.training.loop.stream import EvalStream, loader
 
 
@@ -40,6 +44,7 @@ def records(run: str, data: str, split: str) -> dict:
     base = load_backbone(tcfg.io.baseline_source, device="cpu", template=vocab.template).model.eval()
     baseline = make_baseline("frozen", base)  # b as the store holds it (to 1e-5), for any split
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
+    at = Schedule.of(tcfg).at(meta["step"] - 1)
     spec = StreamSpec(urls=split_urls(data, split), vocab=vocab, slots=tcfg.cvae.slots,
                       block_size=model.backbone.cfg.block_size, batch_size=128, store=None, root=data,
                       on_bad_sample=tcfg.io.on_bad_sample)
@@ -51,9 +56,11 @@ def records(run: str, data: str, split: str) -> dict:
         out = model(batch, generator=torch.Generator().manual_seed(tcfg.optim.seed))
         pi, _ = reconstruction_weights(tcfg.loss.weighting, baseline(batch, out), batch.zfree.mask, params,
                                        tcfg.loss.token_weighted_reconstruction_weight)
-        R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype)).double()
-        read = tcfg.likelihood_read(meta["step"] - 1)  # q as the run's last step read it
-        rows["q"].append((out if read is None else read(out, pi)).post.exp())
+        R = reconstruction(out, pi)  # (B, K) nats
+        if at.reads_likelihood:  # q as the run's last step read it
+            out = read_likelihood(out, R, at.estep, at.beta)
+        R = R.double()
+        rows["q"].append(out.post.exp())
         rows["q*"].append(torch.softmax(-R / tcfg.loss.beta, -1))
         rows["p(k | x, y)"].append(torch.softmax(-out.nll.double().sum(-1), -1))
         rows["R"].append(R)

@@ -172,7 +172,7 @@ def train_base(data, out, preset, steps, seed, k_max, min_slots, device, report_
     from tokweight.training.loop.train_base import BaseTrainConfig, memorised_line, run
 
     set_threads(threads)
-    from tokweight.training.loop.trackers import parse_report_to
+    from tokweight.training.config.cvae import parse_report_to
 
     overrides = ({"steps": steps} if steps else {}) | ({"min_slots": min_slots} if min_slots is not None else {})
     try:

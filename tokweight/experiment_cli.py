@@ -221,7 +221,7 @@ def job(out, quick, sweep, settings, refine, task, chosen: dict):
 def with_flags(cfg, seeds: str | None, betas: str | None, jobs: int | None, cvae_steps: int | None,
                dtype: str | None = None, report_to: str | None = None):
     """``cfg`` with the seeds, betas, jobs, steps per cell, dtype and trackers that were given."""
-    from tokweight.training.loop.trackers import parse_report_to
+    from tokweight.training.config.cvae import parse_report_to
 
     given = {"seeds": _ints(seeds), "betas": _floats(betas), "jobs": jobs}
     cfg = replace(cfg, **{k: v for k, v in given.items() if v is not None})

@@ -13,9 +13,8 @@ from tokweight.flags import Flag, fields_set, options
 from tokweight.pipeline.data.data_option import DataSource
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.pipeline.models.dtypes import TRAIN_DTYPES
-from tokweight.training.objective.baselines import POLICIES
-from tokweight.training.config.cvae import COND_MODES, LATENTS
-from tokweight.training.objective.terms import WEIGHTINGS
+from tokweight.training.config.migrations import train_config_from
+from tokweight.training.config.cvae import COND_MODES, LATENTS, POLICIES, WEIGHTINGS
 from tokweight.training.config.train import SHARDS, TrainConfig, with_resolved_anew
 
 FLAGS = (
@@ -131,7 +130,7 @@ def train_config(config: str | None, flags: dict, sets: tuple[str, ...]) -> Trai
         names = [next(f.name for f in FLAGS if f.field == field) for field in missing]
         raise ValueError(f"missing {', '.join(names)}: give {'them' if len(names) > 1 else 'it'} on the command line "
                          "or in --config")
-    return TrainConfig.from_json(obj)
+    return train_config_from(obj)
 
 
 @click.command("train")

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tokweight.training.config.migrations import train_config_from
 from tokweight.training.loop.train import run
-from tokweight.training.config.train import TrainConfig
 
 
 def recording_weight_reads(reads: list[str]) -> None:
@@ -52,7 +52,7 @@ def main(path: str) -> None:
     recording_weight_reads(reads)
     try:
         for obj in json.loads(open(path).read()):
-            run(TrainConfig.from_json(obj))
+            run(train_config_from(obj))
     finally:
         Path(f"{path}.reads-{dist.get_rank()}.json").write_text(json.dumps(reads))
         dist.barrier()

@@ -13,8 +13,9 @@ from tokweight.cli import main
 from tokweight.config_files import build, flat, parse_value, preset, preset_names, with_sets, with_values
 from tokweight.flags import default_of, resolve
 from tokweight.train_cli import FLAGS, train_config
+from tokweight.training.config.migrations import train_config_from
 from tokweight.training.config.cvae import CVAEConfig
-from tokweight.training.objective.estep import LikelihoodRead
+from tokweight.training.objective.schedules import Schedule, warmed_up
 from tokweight.training.config.train import IOConfig, TrainConfig
 
 IO = {"io": {"checkpoint": "/c", "data": "/d", "out": "/o", "store": "/s"}}
@@ -23,11 +24,11 @@ IO = {"io": {"checkpoint": "/c", "data": "/d", "out": "/o", "store": "/s"}}
 def test_every_field_is_reached_by_set():
     """Each leaf of the resolved config, set to its own value through --set, gives the same config back; a field
     that does not exist is refused by its dotted name."""
-    default = TrainConfig.from_json(IO)
+    default = train_config_from(IO)
     leaves = flat(default.to_json())
     assert len(leaves) > 50
     for key, value in leaves.items():
-        assert TrainConfig.from_json(with_values(default.to_json(), {key: value})) == default, key
+        assert train_config_from(with_values(default.to_json(), {key: value})) == default, key
     changed = train_config(None, {}, ("io.checkpoint=/c", "io.data=/d", "io.out=/o", "io.store=/s", "loss.beta=0.5",
                                       "estep.balance_iters=3", "optim.stop.patience=4", "cvae.cond=\"token\""))
     assert (changed.loss.beta, changed.estep.balance_iters, changed.optim.stop.patience, changed.cvae.cond) == \
@@ -110,13 +111,14 @@ def test_a_run_config_given_another_pathway_or_latent_resolves_what_follows_from
             continuous.estep.mode, continuous.estep.harden) == ("prefix", 4, 4, 1, "hard", 0.0)
     from_0 = replace(run, cvae=replace(run.cvae, posterior_likelihood=True),
                      estep=replace(run.estep, harden_from=0))  # the read acts where the hardening does
-    assert from_0.likelihood_read(0) == LikelihoodRead(from_0.estep, from_0.loss.beta_at(0))
-    assert replace(run, cvae=from_0.cvae).likelihood_read(10 ** 6) is None  # harden_from None: a start
+    at = Schedule.of(from_0).at(0)
+    assert at.reads_likelihood and at.estep == from_0.estep and at.beta == warmed_up(0.3, 0, 100)
+    assert not Schedule.of(replace(run, cvae=from_0.cvae)).at(10 ** 6).reads_likelihood  # harden_from None: a start
     assert run.cvae.posterior_likelihood is True  # a discrete latent's default
     off = replace(from_0, cvae=replace(run.cvae, posterior_likelihood=False))
-    assert off.likelihood_read(0) is None
+    assert not Schedule.of(off).at(0).reads_likelihood
     k2 = replace(from_0, cvae=replace(from_0.cvae, k=2), estep=replace(from_0.estep, harden=None))
-    assert k2.estep.harden == 0.0 and k2.likelihood_read(10 ** 6) is None  # nothing hardens at K = 2
+    assert k2.estep.harden == 0.0 and not Schedule.of(k2).at(10 ** 6).reads_likelihood  # nothing hardens at K = 2
     assert (run.estep.harden, run.estep.harden_from) == (0.5, None)  # a soft E-step's, from the starts' comparison
     hard = train_config(str(path), {"estep.mode": "hard"}, ())
     assert (hard.estep.mode, hard.estep.harden) == ("hard", 0.0)

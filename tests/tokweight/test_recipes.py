@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from tokweight.pipeline.models.checkpoint import load_checkpoint
+from tokweight.training.config.migrations import train_config_from
 from tokweight.training.config.cvae import CVAEConfig, EStepConfig
 from tokweight.training.cvae.model import build_cvae, spread_latent_embeddings, token_row_spread
 from tokweight.experiments.recipes import recipe_overrides, with_recipe
 from tokweight.training.loop.run_dir import load_run
+from tokweight.training.objective.schedules import Schedule
 from tokweight.training.loop.train import run
 from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
@@ -42,9 +44,9 @@ def test_a_short_run_per_variant_gives_finite_metrics(tiny, tmp_path, name):
     recs = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in recs if "loss" in r]
     assert len(train) == 4 and all(math.isfinite(r["loss"]) and math.isfinite(r["R_spread_weighted"]) for r in train)
-    assert [r["estep"] for r in train] == [cfg.estep.active(s) for s in range(4)]
+    assert [r["estep"] for r in train] == [Schedule.of(cfg).at(s).em for s in range(4)]
     assert [r["step"] for r in recs if r.get("split") == "val"] == [2, 4]  # periodic, then the final one
-    assert TrainConfig.from_json(json.loads((tmp_path / name / "config.json").read_text())) == cfg
+    assert train_config_from(json.loads((tmp_path / name / "config.json").read_text())) == cfg
     load_run(tmp_path / name)  # the run's model rebuilds from its config
 
 
@@ -95,13 +97,13 @@ def test_train_with_only_the_required_flags_builds_the_default_config(tiny, tmp_
     args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(out), "--policy", "frozen"]
     result = CliRunner().invoke(train, args + ["--steps", "2", "--batch-size", "4", "--num-workers", "0"])
     assert result.exit_code == 0, result.output
-    saved = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
+    saved = train_config_from(json.loads((out / "config.json").read_text()))
     assert saved == TrainConfig(io=saved.io, loss=LossConfig(policy="frozen"), optim=OptimConfig(steps=2, batch_size=4))
     assert (saved.cvae.cond, saved.cvae.slots, saved.cvae.posterior_pool) == ("query", 1, "mean")
     assert saved.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform", harden=0.5, harden_from=None)
     assert (saved.cvae.latent_init_norm, saved.cvae.latent_init_center) == (0.5, True)
     assert (saved.loss.beta, saved.loss.beta_warmup_steps, saved.optim.lr) == (0.3, 100, 3e-4)
-    assert saved.loss.anchor_weight_at(99) == 0.0 and saved.loss.anchor_weight_at(100) == 1.0
+    assert Schedule.of(saved).at(99).anchor_weight == 0.0 and Schedule.of(saved).at(100).anchor_weight == 1.0
     assert saved.io.device == "auto"
     removed = CliRunner().invoke(train, args + ["--recipe", "baseline"])
     assert removed.exit_code != 0 and "No such option '--recipe'" in removed.output
@@ -145,7 +147,7 @@ def test_the_continuous_latent_gets_spread_slots_the_hard_e_step_over_its_draws_
     assert config(tiny, tmp_path).estep.mode == "soft"
     assert (cfg.optim.starts, config(tiny, tmp_path).optim.starts) == (1, 3)  # resolved, so config.json says it
     named = config(tiny, tmp_path, cvae=CVAEConfig(latent="continuous"), optim=OptimConfig(steps=4, starts=3))
-    assert named.optim.starts == 3 and TrainConfig.from_json(named.to_json()) == named
+    assert named.optim.starts == 3 and train_config_from(named.to_json()) == named
 
 
 def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):
@@ -161,15 +163,15 @@ def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):
             "--anchor-weight", "2", "--log-every", "1"]
     result = CliRunner().invoke(train, args)
     assert result.exit_code == 0, result.output
-    saved = TrainConfig.from_json(json.loads((out / "config.json").read_text()))
+    saved = train_config_from(json.loads((out / "config.json").read_text()))
     assert saved.cvae.slots == 2 and saved.estep.follow_beta
-    assert [saved.loss.anchor_weight_at(s) for s in (0, 1)] == [0.0, 2.0]
+    assert [Schedule.of(saved).at(s).anchor_weight for s in (0, 1)] == [0.0, 2.0]
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     assert all(r["anchor"] >= 0 and math.isfinite(r["anchor"]) and r["l_t0_spread"] >= 0 for r in recs)
     with pytest.raises(ValueError, match="anchor"):
         LossConfig(anchor_weight=-1.0)
-    late = LossConfig(anchor_weight=2.0, anchor_start_step=3)
-    assert [late.anchor_weight_at(s) for s in (0, 2, 3, 9)] == [0.0, 0.0, 2.0, 2.0]
+    late = Schedule.of(replace(saved, loss=LossConfig(policy="frozen", anchor_weight=2.0, anchor_start_step=3)))
+    assert [late.at(s).anchor_weight for s in (0, 2, 3, 9)] == [0.0, 0.0, 2.0, 2.0]
 
 
 def test_train_labelled_sets_the_default_e_steps_share_and_refuses_a_bad_one(tiny, tmp_path):
@@ -182,7 +184,7 @@ def test_train_labelled_sets_the_default_e_steps_share_and_refuses_a_bad_one(tin
             "--num-workers", "0"]
     result = CliRunner().invoke(train, args + ["--out", str(tmp_path / "a"), "--labelled", "0.2"])
     assert result.exit_code == 0, result.output
-    saved = TrainConfig.from_json(json.loads((tmp_path / "a" / "config.json").read_text()))
+    saved = train_config_from(json.loads((tmp_path / "a" / "config.json").read_text()))
     assert saved.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform", labelled=0.2, harden=0.5,
                                        harden_from=None)
     for bad, message in ((["--labelled", "1.5"], "labelled must be a share in [0, 1]"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokweight.config_files import flat, preset, with_values
+from tokweight.training.config.migrations import train_config_from
 from tokweight.training.config.train import TrainConfig, with_resolved_anew
 
 RECIPE_FIELDS = ("estep.", "cvae.latent_init_norm", "cvae.latent_init_center", "cvae.posterior_pool")
@@ -31,4 +32,4 @@ def with_recipe(cfg: TrainConfig, name: str, extra: dict[str, Any] | None = None
     """``cfg`` with recipe ``name``'s overrides, then ``extra`` (dotted fields a cell compares)."""
     values = recipe_overrides(name) | (extra or {})
     start = cfg.to_json()
-    return TrainConfig.from_json(with_values(start, with_resolved_anew(values, start))) if values else cfg
+    return train_config_from(with_values(start, with_resolved_anew(values, start))) if values else cfg

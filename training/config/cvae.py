@@ -1,10 +1,12 @@
 """The training components' configs and the names they validate against: frozen dataclasses, each
-field documented, checked in ``__post_init__``.
+field documented, checked in ``__post_init__``. Plain data and the standard library only: a command's --help
+imports this, and no tensor library (``tests/training/config/test_config_modules.py``).
 
 Implementation modules import their config from here (``cvae.py`` builds a CVAE from a ``CVAEConfig``,
-``estep.py`` runs an ``EStepConfig``), and so does ``train_config.py``, which groups them into a run's
-``TrainConfig``. A field whose default depends on the latent is None here and resolved by
-``TrainConfig`` (``resolved``), so a run's config.json holds the values it ran with.
+``estep.py`` runs an ``EStepConfig``, ``losses.py`` computes the ``WEIGHTINGS`` named here, ``baselines.py`` the
+``POLICIES``), and so does ``train_config.py``, which groups them into a run's ``TrainConfig``. A field whose
+default depends on the latent is None here and resolved by ``TrainConfig`` (``resolved``), so a run's config.json
+holds the values it ran with.
 """
 
 from __future__ import annotations
@@ -12,13 +14,91 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from tokweight.training.objective.terms import WEIGHTINGS
-
 COND_MODES = ("token", "prefix", "layernorm", "memory", "query")
 """z pathways (``conditioning.py``)."""
 ESTEP_MODES = ("off", "soft", "hard", "label")
 ESTEP_PRIORS = ("uniform", "learned")
 LATENTS = ("discrete", "continuous")
+
+
+@dataclass(frozen=True)
+class Weighting:
+    """A reconstruction weighting's name and what it needs (its weights: ``losses.WEIGHT_FUNCTIONS[name]``).
+    ``per_example``: it reads an example's own b, so an example whose b sums to < eps is degenerate and falls back
+    to uniform. ``needs_dataset_mean``: it reads the dataset's mean of mean_t b_t, which only a store has
+    (``WeightingParams.dataset_mean_b``)."""
+
+    name: str
+    per_example: bool = True
+    needs_dataset_mean: bool = False
+
+
+WEIGHTINGS: dict[str, Weighting] = {w.name: w for w in (
+    Weighting("uniform", per_example=False),
+    Weighting("sum", per_example=False),
+    Weighting("surprisal-share"),
+    Weighting("inverse-surprisal"),
+    Weighting("example-inverse"),
+    Weighting("distribution-rescale", per_example=False, needs_dataset_mean=True),
+    Weighting("excess-share"),
+)}
+"""Every weighting by name: the names ``LossConfig.weighting`` accepts (the table in ``losses.py``)."""
+
+
+@dataclass(frozen=True)
+class WeightingParams:
+    """Constants the weightings need besides b and the mask."""
+
+    eps: float = 1e-6
+    """Added to a weight sum; also the degenerate threshold on sum_t b_t (nats)."""
+    eps_inv: float = 1e-2
+    """Floor under b in inverse-surprisal, 1 / (b + eps_inv): bounds a token's weight (nats)."""
+    dataset_mean_b: float | None = None
+    """Dataset mean of mean_t b_t (nats), read from the store; distribution-rescale only."""
+
+    def __post_init__(self):
+        if not self.eps > 0 or not self.eps_inv > 0:
+            raise ValueError("eps and eps_inv must be > 0")
+        if self.dataset_mean_b is not None and not self.dataset_mean_b > 0:
+            raise ValueError(f"dataset_mean_b must be > 0, got {self.dataset_mean_b}")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Where b comes from, and what that needs (the step's ``Baseline`` it makes: ``baselines.make_baseline``)."""
+
+    name: str
+    needs_store: bool = False
+    """b is the store's row, joined into the batch by the data stream."""
+    frozen_model: bool = False
+    """A frozen copy of the baseline model runs one extra z-free pass a step."""
+
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (
+    Policy("precomputed", needs_store=True),
+    Policy("frozen", frozen_model=True),
+    Policy("dynamic"),
+)}
+"""Every policy by name: the names ``LossConfig.policy`` accepts (``baselines.py`` says what each computes)."""
+
+TRACKERS = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
+"""Tracker name -> the module its extra installs (the extra has the tracker's name; ``trackers.py``)."""
+
+
+def check_report_to(names: tuple[str, ...]) -> None:
+    """Refuse a tracker name this version does not know, by name."""
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise ValueError(f"report_to: unknown tracker {unknown[0]!r}; choose among {', '.join(TRACKERS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"report_to names a tracker twice: {list(names)}")
+
+
+def parse_report_to(text: str | None) -> tuple[str, ...]:
+    """``--report-to tensorboard,mlflow`` as a tuple of names ("" or "none": none)."""
+    names = tuple(n.strip() for n in (text or "").split(",") if n.strip() and n.strip() != "none")
+    check_report_to(names)
+    return names
 
 
 def default_cond(latent: str) -> str:
@@ -56,7 +136,7 @@ class CVAEConfig:
     states that predict S, each of which holds the strategy once it is revealed; <eos> predicts nothing)."""
     posterior_likelihood: bool | None = None
     """Whether a discrete posterior also reads y's log-likelihood under each value on the examples the E-step is sure
-    of (``estep.LikelihoodRead``): log q(k | x, y) = head(states)_k + log p(y | x, k) + const, Bayes' rule with the
+    of (``estep.read_likelihood``): log q(k | x, y) = head(states)_k + log p(y | x, k) + const, Bayes' rule with the
     head as the log prior, from the K decoder passes each step runs, detached; where the hardening acts
     (``estep.harden`` from ``estep.harden_from``; K >= 3), so the starts, compared by the head's own reading, are
     the runs they were. The head's features fit the training lines; the decoders' likelihoods generalise to others
@@ -176,8 +256,8 @@ class EStepConfig:
             raise ValueError(f"estep labelled must be a share in [0, 1], and only in mode soft or hard (mode "
                              f"{self.mode!r}, labelled {self.labelled})")
 
-    def resolved(self, latent: str, k: int, samples: int, harden_from: int | None) -> EStepConfig:
-        """This config with the latent's defaults filled in (``harden_from``: the run's, where it sets none), checked
+    def resolved(self, latent: str, k: int, samples: int) -> EStepConfig:
+        """This config with the latent's defaults filled in (``harden_from`` is the run's: ``TrainConfig``), checked
         against what the latent can do: a continuous latent's E-step weighs its draws of z, not values that mean
         strategies (no label mode, no labels), nor values a batch can be balanced over, and its importance weights
         need the learned prior and more than one draw to choose among."""
@@ -189,8 +269,7 @@ class EStepConfig:
             harden = HARDEN if not continuous and HARDEN > 1 / k else 0.0
         else:
             harden = self.harden
-        cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden,
-                      harden_from=harden_from if self.harden_from is None else self.harden_from)
+        cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden)
         if not continuous or cfg.mode == "off":
             return cfg
         if cfg.mode == "label" or cfg.labelled or cfg.balance_iters or cfg.prior != "learned":
@@ -209,18 +288,36 @@ class EStepConfig:
             raise ValueError(f"estep harden {self.harden} is at most 1/k = {1 / k:.3g}: every example would be sure "
                              "of a value, a z not in use included; set it above 1/k, or 0 for none")
 
-    def at(self, step: int) -> EStepConfig:
-        """This config as it acts at ``step``: no hardening before ``harden_from``, nor while it is None (the starts,
-        not yet compared)."""
-        if not self.harden or (self.harden_from is not None and step >= self.harden_from):
-            return self
-        return replace(self, harden=0.0)
-
-    def active(self, step: int) -> bool:
-        return self.mode not in (None, "off") and (self.until_step == 0 or step < self.until_step)
-
     def to_json(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When validation says a run converged (``convergence.py`` reads it at each periodic validation)."""
+
+    patience: int = 7
+    """Counted validations without an improvement before the run converges (0: off, the run trains to its cap).
+    At 50 steps a validation: 350 steps, because a run can sit on a plateau for several validations before z is
+    found."""
+    min_delta_objective: float = 0.02
+    """Nats the val objective must fall below its best to count as an improvement: above the validation's own
+    noise, so that a run that has settled is not kept going by it."""
+    min_delta_mi: float = 0.02
+    """Nats the MI must rise above its best to count as an improvement (the same reason)."""
+
+    def __post_init__(self):
+        if self.patience < 0 or min(self.min_delta_objective, self.min_delta_mi) < 0:
+            raise ValueError("need patience >= 0, min_delta_objective >= 0 and min_delta_mi >= 0")
+
+    def describe(self, eval_every: int, examples: int, beta: float, settle: int) -> str:
+        """The rule in words with its numbers."""
+        if not (self.patience and eval_every):
+            return "off: the run trains to its step cap (patience 0 or no periodic validation)"
+        return (f"converged once {self.patience} consecutive validations (every {eval_every} steps, {examples} val "
+                f"examples, counted from step {settle}) neither lower the val objective recon + {beta:g} * KL by "
+                f"more than {self.min_delta_objective:g} nats below its best nor raise the MI by more than "
+                f"{self.min_delta_mi:g} nats above its best")
 
 
 def check_free_bits(free_bits: float, latent: str, k: int) -> None:

@@ -8,20 +8,18 @@ and resolves the defaults that depend on the latent, so a run's config.json hold
 
 The dataclass defaults are the method as `tokweight train` runs it (``training/objective/loss.py``);
 docs/results.md says what each was chosen from. Every command builds these dataclasses; none repeats a default.
+What the objective does at each step is resolved from a TrainConfig by ``schedules.Schedule``; a run's
+config.json, of this version or an older one, is read by ``config_migrations.train_config_from``. Plain data and
+the standard library only (``tests/training/config/test_config_modules.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from tokweight.pipeline.models.dtypes import TRAIN_DTYPES
-from tokweight.training.objective.baselines import POLICIES
-from tokweight.training.config.cvae import CVAEConfig, EStepConfig, LoRAConfig, check_free_bits
-from tokweight.training.loop.convergence import StopRule
-from tokweight.training.objective.estep import LikelihoodRead
-from tokweight.training.objective.terms import WEIGHTINGS, WeightingParams
-from tokweight.training.objective.schedules import warmed_up
-from tokweight.training.loop.trackers import check_report_to, parse_report_to
+from tokweight.training.config.cvae import (POLICIES, WEIGHTINGS, CVAEConfig, EStepConfig, LoRAConfig, StopRule,
+                                        WeightingParams, check_free_bits, check_report_to, parse_report_to)
 
 
 SHARDS = ("ddp", "fsdp")
@@ -104,7 +102,7 @@ class LossConfig:
     """The objective: how tokens are weighted, where b comes from, the KL's weight and floor."""
 
     weighting: str = "surprisal-share"
-    """Reconstruction weighting, one of losses.WEIGHTINGS."""
+    """Reconstruction weighting, one of configs.WEIGHTINGS."""
     token_weighted_reconstruction_weight: float = 1.0
     """lambda: (1 - lambda) * uniform + lambda * weighting."""
     eps: float = 1e-6
@@ -149,19 +147,6 @@ class LossConfig:
         """Whether b or the weighting's constant comes from a store."""
         return POLICIES[self.policy].needs_store or WEIGHTINGS[self.weighting].needs_dataset_mean
 
-    @property
-    def anchor_start(self) -> int:
-        """The first step (0-based) at which the anchor term acts."""
-        return self.beta_warmup_steps if self.anchor_start_step is None else self.anchor_start_step
-
-    def beta_at(self, step: int) -> float:
-        """beta at ``step`` (0-based), on its warm-up."""
-        return warmed_up(self.beta, step, self.beta_warmup_steps)
-
-    def anchor_weight_at(self, step: int) -> float:
-        """The anchor term's weight at ``step`` (0-based): 0 before its start step."""
-        return self.anchor_weight if step >= self.anchor_start else 0.0
-
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -200,8 +185,6 @@ class OptimConfig:
     (docs/results.md, "The default at a practical cost"). At ``start_steps``: one comparison, whatever the codes."""
 
     def __post_init__(self):
-        if isinstance(self.stop, dict):
-            object.__setattr__(self, "stop", StopRule(**self.stop))
         if min(self.steps, self.batch_size, self.start_steps) < 1 or (self.starts is not None and self.starts < 1):
             raise ValueError("steps, batch_size, starts and start_steps must be >= 1")
         if self.start_steps_max < self.start_steps:
@@ -247,6 +230,18 @@ GROUPS = {"io": IOConfig, "cvae": CVAEConfig, "loss": LossConfig, "estep": EStep
           "log": LogConfig, "lora": LoRAConfig}
 
 
+def harden_from(estep: EStepConfig, optim: OptimConfig, compared_at: int | None = None) -> int | None:
+    """The first step at which the E-step's hardening acts (``EStepConfig.harden_from``), resolved here alone: the
+    config's own; else where the run's code is chosen: the step its starts were compared at (``compared_at``: the
+    run that goes on from the kept start, ``starts.continued``), or, in a run of one start, ``optim.start_steps_max``;
+    None in a start of several, not yet compared (it never hardens)."""
+    if estep.harden_from is not None:
+        return estep.harden_from
+    if compared_at is not None:
+        return compared_at
+    return optim.start_steps_max if optim.starts == 1 else None
+
+
 def default_starts(latent: str) -> int:
     """Starts a run gets unless it names its own (``OptimConfig.starts``)."""
     return 3 if latent == "discrete" else 1
@@ -270,56 +265,16 @@ class TrainConfig:
     """LoRA adapters on a frozen backbone; rank 0 (the default): every parameter trains."""
 
     def __post_init__(self):
-        for name, group in GROUPS.items():  # from_json hands the groups over as dicts
-            if isinstance(getattr(self, name), dict):
-                object.__setattr__(self, name, group(**getattr(self, name)))
         if self.optim.starts is None:
             object.__setattr__(self, "optim", replace(self.optim, starts=default_starts(self.cvae.latent)))
-        # several starts: the hardening waits for their comparison (None here, its step in the run that goes on)
-        harden_from = self.optim.start_steps_max if self.optim.starts == 1 else None
-        object.__setattr__(self, "estep", self.estep.resolved(self.cvae.latent, self.cvae.k, self.cvae.samples,
-                                                                 harden_from))
+        estep = self.estep.resolved(self.cvae.latent, self.cvae.k, self.cvae.samples)
+        object.__setattr__(self, "estep", replace(estep, harden_from=harden_from(estep, self.optim)))
         if self.io.store is None and self.loss.needs_store:
             raise ValueError(f"policy {self.loss.policy!r} with weighting {self.loss.weighting!r} needs --store")
         check_free_bits(self.loss.free_bits, self.cvae.latent, self.cvae.k)
 
-    def likelihood_read(self, step: int) -> LikelihoodRead | None:
-        """Where the posterior reads y's likelihood in training step ``step`` (0-based; a model trained N steps is
-        validated and loaded with step N - 1's), None: nowhere (``CVAEConfig.posterior_likelihood``). It reads where
-        the hardening acts (``estep.harden`` from ``harden_from``), on the examples the E-step is sure of: never in a
-        start, whose comparison reads the head alone, nor at K = 2 (docs/results.md, "A posterior that reads the
-        decoders")."""
-        estep = self.estep.at(step)
-        if not (self.cvae.posterior_likelihood and estep.harden > 0):
-            return None
-        return LikelihoodRead(estep, self.loss.beta_at(step))
-
-    @property
-    def objective_settles(self) -> int:
-        """The step count from which the objective stops changing: beta's warm-up over, the anchor term on
-        (when it ever is), an E-step warm start (``until_step``) over. The stop rule counts validations
-        from there."""
-        anchor = self.loss.anchor_start if self.loss.anchor_weight > 0 else 0
-        estep = self.estep.until_step if self.estep.mode != "off" else 0
-        return max(self.loss.beta_warmup_steps, anchor, estep)
-
     def to_json(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_json(cls, obj: dict) -> TrainConfig:
-        """A config.json (``to_json``; one written before the E-step and the latent rows' start had their own
-        groups is read too); a group or field this version does not have is refused by name."""
-        obj = from_beta_group(from_remedies(obj))
-        unknown = set(obj) - {f.name for f in fields(cls)}
-        for name, group in GROUPS.items():
-            unknown |= {f"{name}.{k}" for k in set(obj.get(name) or {}) - {f.name for f in fields(group)}}
-        if unknown:
-            raise ValueError(f"config fields {sorted(unknown)} belong to no TrainConfig group")
-        try:
-            return cls(**obj)
-        except TypeError as e:  # a value of the wrong type, or a field of a nested group that is not there
-            raise ValueError(f"configuration: {e}") from None
 
 
 RESOLVED_FROM = {"cvae.cond": ("cvae.latent",), "cvae.slots": ("cvae.cond",), "cvae.samples": ("cvae.latent",),
@@ -350,37 +305,3 @@ def with_resolved_anew(values: dict, config: dict) -> dict:
             return out
         out |= {f: None for f in anew}
         changed |= anew
-
-
-def from_remedies(obj: dict) -> dict:
-    """A config.json of before the ``estep`` group: its ``remedies`` group ({"estep": {...},
-    "latent_embedding_norm", "latent_embedding_center"}, whose own defaults were "no remedy") as ``estep`` and
-    the ``cvae`` fields of the latent rows' start. Unchanged if it has no ``remedies``."""
-    if "remedies" not in obj:
-        return obj
-    obj, remedies = dict(obj), dict(obj["remedies"] or {})
-    del obj["remedies"]
-    estep = {"mode": "off", "follow_beta": False, "prior": "uniform", **(remedies.pop("estep", None) or {})}
-    obj["estep"] = drop_defaults(estep, {"posterior_weight": 1.0})
-    cvae = drop_defaults(dict(obj.get("cvae") or {}),
-                         {"posterior_encoder": "shared", "encoder_layers": 1, "encoder_d_model": 64})
-    obj["cvae"] = {**cvae, "latent_init_norm": remedies.pop("latent_embedding_norm", 0.0),
-                   "latent_init_center": remedies.pop("latent_embedding_center", False)}
-    obj["optim"] = drop_defaults(dict(obj.get("optim") or {}), {"weight_decay": 0.0})
-    return obj
-
-
-def from_beta_group(obj: dict) -> dict:
-    """A config.json of before beta's fields joined ``loss``: its ``loss.beta`` group {"beta", "warmup_steps"}."""
-    loss = obj.get("loss") or {}
-    if not isinstance(loss.get("beta"), dict):
-        return obj
-    beta = dict(loss["beta"])
-    flat = {**loss, "beta": beta.pop("beta", 0.3), **({"beta_warmup_steps": beta.pop("warmup_steps")}
-                                                       if "warmup_steps" in beta else {}), **beta}
-    return {**obj, "loss": flat}
-
-
-def drop_defaults(group: dict, removed: dict) -> dict:
-    """``group`` without the removed fields that hold their one value (any other is left to be refused)."""
-    return {k: v for k, v in group.items() if not (k in removed and v == removed[k])}

@@ -36,7 +36,7 @@ class CategoricalLatent(nn.Module):
     Prior p(k|x): softmax over the decoder's logits of ``<z_0..z_{K-1}>`` at ``<z>`` (the
     next-token distribution renormalised over the K latent tokens, so their logits suffice).
     Posterior q(k|x,y): a linear head on the pooled z-free hidden state (with ``CVAEConfig.posterior_likelihood``,
-    read with y's likelihood under each value where the E-step is sure: ``estep.LikelihoodRead``).
+    read with y's likelihood under each value where the E-step is sure: ``estep.read_likelihood``).
     """
 
     kind = "discrete"

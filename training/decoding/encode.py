@@ -32,10 +32,11 @@ from tokweight.pipeline.models.dtypes import resolve_dtype
 from tokweight.pipeline.ranks import resolve_device
 from tokweight.store.sql import POSTERIORS_FILE
 from tokweight.training.objective.baselines import Frozen, make_baseline
+from tokweight.training.config.cvae import WeightingParams
 from tokweight.training.loop.batches import StreamSpec, split_urls
 from tokweight.training.evaluation.evaluate import eval_baseline, split_clusters
-from tokweight.training.objective.terms import WeightingParams
 from tokweight.training.loop.run_dir import load_run
+from tokweight.training.objective.schedules import Schedule
 from tokweight.training.loop.stream import EvalStream, loader
 from tokweight.training.evaluation.validation import PassRecords, Scoring, evaluate_pass
 
@@ -83,16 +84,16 @@ def posterior_pass(model, tcfg, meta: dict, vocab, data: str, split: str, batch_
     """Eval's pass over the split (its records: post, logvar, kl, key, strategy), b as eval takes it where q reads
     it, else from the run's own backbone."""
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
-    urls, read = split_urls(data, split), tcfg.likelihood_read(meta["step"] - 1)
+    urls, at = split_urls(data, split), Schedule.of(tcfg).at(meta["step"] - 1)  # q as the run's last step read it
     device = next(model.parameters()).device
     policy, store = "dynamic", None
-    if read is not None:
+    if at.reads_likelihood:
         policy, store, _ = eval_baseline(tcfg.loss.policy, tcfg.io, meta, vocab, urls, data, split)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")  # the base in the run model's dtype
     baseline = (Frozen.loaded(load_backbone(tcfg.io.baseline_source, device=device, dtype=dtype,
                                             template=vocab.template).model)
                 if policy == "frozen" else make_baseline(policy, None))
-    scoring = Scoring(baseline, tcfg.loss, params, tcfg.cvae, tcfg.optim.seed, read)
+    scoring = Scoring(baseline, tcfg.loss, params, tcfg.cvae, tcfg.optim.seed, at)
     spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
                       batch_size=batch_size, store=store, root=data, on_bad_sample=tcfg.io.on_bad_sample)
     records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, device)

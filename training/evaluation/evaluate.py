@@ -40,7 +40,7 @@ from tokweight.pipeline.ranks import resolve_device
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.tokens.templates import template_ids, y_ids
 from tokweight.training.objective.baselines import Frozen, make_baseline
-from tokweight.training.objective.terms import WeightingParams
+from tokweight.training.config.cvae import WeightingParams
 from tokweight.training.evaluation.verdict import (label_free_control, likelihood_control, reference_control,
                                         reproduction_by_label, strategy_execution, value_report, z_use)
 from tokweight.training.cvae.model import CVAE
@@ -48,6 +48,7 @@ from tokweight.training.loop.batches import StoreRef, StreamSpec, extract_comman
 from tokweight.training.decoding.decode import continue_cached, continue_until, greedy_decode, latent_values, until_end
 from tokweight.training.evaluation.metrics import contingency, kmeans, matched_labels
 from tokweight.training.loop.run_dir import load_run
+from tokweight.training.objective.schedules import Schedule
 from tokweight.training.loop.stream import EvalStream, loader
 from tokweight.training.config.train import IOConfig
 from tokweight.training.evaluation.validation import Scoring, evaluate_pass
@@ -168,7 +169,7 @@ def run_eval(cfg: EvalConfig) -> dict:
                          template=vocab.template).model.eval()
     params = WeightingParams(tcfg.loss.eps, tcfg.loss.eps_inv, meta.get("dataset_mean_b"))
     scoring = Scoring(Frozen.loaded(base) if policy == "frozen" else make_baseline(policy, None), tcfg.loss, params,
-                      tcfg.cvae, tcfg.optim.seed, tcfg.likelihood_read(meta["step"] - 1))
+                      tcfg.cvae, tcfg.optim.seed, Schedule.of(tcfg).at(meta["step"] - 1))  # q as the last step read it
     spec = StreamSpec(urls=urls, vocab=vocab, slots=tcfg.cvae.slots, block_size=model.backbone.cfg.block_size,
                       batch_size=cfg.batch_size, store=store, root=cfg.data, on_bad_sample=tcfg.io.on_bad_sample)
     records = evaluate_pass(model, loader(EvalStream(spec), 0), scoring, torch.device(device))

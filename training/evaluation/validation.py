@@ -17,10 +17,13 @@ from tokweight.pipeline.data.errors import Skips
 from tokweight.training.objective.baselines import Baseline
 from tokweight.training.cvae.model import CVAE, CVAEConfig
 from tokweight.training.loop.batches import StreamSpec, TrainBatch
-from tokweight.training.objective.estep import LikelihoodRead
-from tokweight.training.objective.terms import WeightingParams, example_kl, reconstruction_weights, weighted_reconstruction
+from tokweight.training.config.cvae import WeightingParams
+from tokweight.training.objective.estep import read_likelihood
+from tokweight.training.objective.terms import example_kl, reconstruction_weights, weighted_reconstruction
 from tokweight.training.evaluation.metrics import EvalRecords
+from tokweight.training.objective.loss import reconstruction
 from tokweight.training.loop.run_dir import append_metrics
+from tokweight.training.objective.schedules import StepSchedule
 from tokweight.training.loop.stream import EvalStream, loader
 from tokweight.training.config.train import LossConfig
 
@@ -39,8 +42,9 @@ class Scoring:
     """The latent's kind and K (continuous: the k-means clusters of the strategy metrics)."""
     seed: int
     """Seeds the continuous latent's noise and the k-means."""
-    read: LikelihoodRead | None = None
-    """Where the posterior reads y's likelihood, as the run's last step read it (``TrainConfig.likelihood_read``)."""
+    at: StepSchedule | None = None
+    """The schedule of the run's last step (``Schedule.at(steps - 1)``): where it reads y's likelihood
+    (``reads_likelihood``), the posterior is read so; None: the head's posterior alone."""
 
     def metrics(self, records: EvalRecords) -> dict:
         skipped = records.skips.to_json() if isinstance(records, PassRecords) else {}
@@ -88,9 +92,10 @@ def evaluate_pass(model: CVAE, batches: Iterable[TrainBatch | Skips | Filler], s
         pi, degenerate = reconstruction_weights(loss.weighting, b, batch.zfree.mask, scoring.params,
                                                 loss.token_weighted_reconstruction_weight)
         pi_u, _ = reconstruction_weights("uniform", b, batch.zfree.mask, scoring.params)
-        if scoring.read is not None:
-            out = scoring.read(out, pi)
-        recon = model.latent.expectation(weighted_reconstruction(out.nll, pi), out.post)
+        R = reconstruction(out, pi)  # (B, copies) nats
+        if scoring.at is not None and scoring.at.reads_likelihood:
+            out = read_likelihood(out, R, scoring.at.estep, scoring.at.beta)
+        recon = model.latent.expectation(R, out.post)
         recon_u = model.latent.expectation(weighted_reconstruction(out.nll, pi_u), out.post)
         kl = model.latent.kl(out.post, out.prior)
         discrete = model.latent.kind == "discrete"

@@ -1,5 +1,6 @@
 """What attaches around ``step.train_step``: each a small callable ``(state, record) -> None`` run after every
-step, in order (``train.fit``): the fault hooks, the metrics line, validation with the stop rule, the checkpoint.
+step, in order (``train.fit``): the fault hooks, the metrics line, the periodic validation with the stop rule, the
+checkpoint.
 
 Rank 0 writes; validation and the checkpoint's RNG gather are collectives every rank takes part in.
 """
@@ -53,10 +54,10 @@ class MetricsLine:
         self.bar.close()
 
 
-class StopRule:
+class PeriodicValidation:
     """Every ``eval_every`` steps a validation on the first ``eval_examples`` val examples, which the stop rule
-    reads from the step the objective settles until the learning rate starts to fall; then whether the run
-    stops (``Progress.stop``)."""
+    (``configs.StopRule``, ``convergence.py``) reads from the step the objective settles until the learning rate
+    starts to fall; then whether the run stops (``Progress.stop``)."""
 
     def __init__(self, cfg, trackers: Trackers = NO_TRACKERS, prefix: str = ""):
         self.cfg, self.trackers, self.prefix = cfg, trackers, prefix
@@ -67,7 +68,7 @@ class StopRule:
         if every and step % every == 0 and step < cfg.optim.steps:
             metrics = validate_run(state, cfg, examples=cfg.log.eval_examples, trackers=self.trackers,
                                    prefix=self.prefix)
-            if cfg.objective_settles <= step < progress.decay_window(cfg.optim.steps, cfg.optim.lr_decay)[0]:
+            if state.schedule.settled_from <= step < progress.decay_window(cfg.optim.steps, cfg.optim.lr_decay)[0]:
                 # rank 0's reading on every rank: the ranks stop together even if their float sums differed
                 progress.convergence = state.ranks.broadcast(observe(progress.convergence, cfg.optim.stop, step,
                                                                      val_objective(metrics, cfg.loss.beta),
@@ -112,7 +113,7 @@ def validate_run(state: State, cfg, examples: int | None = None, trackers: Track
     """``validation.validate`` on the val split, scored as the run trains; rank 0 logs it (to metrics.jsonl and
     ``trackers``)."""
     scoring = Scoring(state.baseline, cfg.loss, state.params, cfg.cvae, cfg.optim.seed,
-                      cfg.likelihood_read(state.progress.step - 1))  # q as the last step read it
+                      state.schedule.at(state.progress.step - 1))  # q as the last step read it
     spec = replace(state.spec, urls=split_urls(cfg.io.data, "val"), batch_size=cfg.log.eval_batch_size)
     ranks = state.global_batch
     with autocast(cfg.io.dtype, state.device):  # in the forward's dtype, as the run trains

@@ -1,12 +1,12 @@
 """When a train run converges: once validation stops improving (it then ends after the learning rate's fall,
 ``schedules.lr_decay_window``), else it trains to its step cap.
 
-The rule reads the periodic validations (``LogConfig.eval_every``, on the first ``eval_examples``
+The rule (``configs.StopRule``) reads the periodic validations (``LogConfig.eval_every``, on the first ``eval_examples``
 val examples), in order:
 
-- counted: the validations at or after the step where the objective stops changing (``settle``:
-  the end of beta's warm-up, the anchor term's start, the end of an E-step warm start); before it
-  the objective itself moves, so a plateau there says nothing;
+- counted: the validations at or after the step where the objective stops changing
+  (``schedules.Schedule.settled_from``: the end of beta's warm-up, the anchor term's start, the end of an
+  E-step warm start); before it the objective itself moves, so a plateau there says nothing;
 - improved: the val objective recon + beta * KL (nats, at beta after its warm-up) fell more than
   ``min_delta_objective`` below its best so far, or the MI (discrete: the exact I(z; x, y); continuous:
   the Monte Carlo estimate) rose more than ``min_delta_mi`` above its best so far; the first counted
@@ -22,31 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-
-@dataclass(frozen=True)
-class StopRule:
-    patience: int = 7
-    """Counted validations without an improvement before the run converges (0: off, the run trains to its cap).
-    At 50 steps a validation: 350 steps, because a run can sit on a plateau for several validations before z is
-    found."""
-    min_delta_objective: float = 0.02
-    """Nats the val objective must fall below its best to count as an improvement: above the validation's own
-    noise, so that a run that has settled is not kept going by it."""
-    min_delta_mi: float = 0.02
-    """Nats the MI must rise above its best to count as an improvement (the same reason)."""
-
-    def __post_init__(self):
-        if self.patience < 0 or min(self.min_delta_objective, self.min_delta_mi) < 0:
-            raise ValueError("need patience >= 0, min_delta_objective >= 0 and min_delta_mi >= 0")
-
-    def describe(self, eval_every: int, examples: int, beta: float, settle: int) -> str:
-        """The rule in words with its numbers."""
-        if not (self.patience and eval_every):
-            return "off: the run trains to its step cap (patience 0 or no periodic validation)"
-        return (f"converged once {self.patience} consecutive validations (every {eval_every} steps, {examples} val "
-                f"examples, counted from step {settle}) neither lower the val objective recon + {beta:g} * KL by "
-                f"more than {self.min_delta_objective:g} nats below its best nor raise the MI by more than "
-                f"{self.min_delta_mi:g} nats above its best")
+from tokweight.training.config.cvae import StopRule
 
 
 @dataclass(frozen=True)

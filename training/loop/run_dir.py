@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +28,7 @@ from tokweight.pipeline.models.dtypes import torch_dtype
 from tokweight.pipeline.models.gpt import GPT, ModelConfig
 from tokweight.pipeline.tokens.templates import Template
 from tokweight.pipeline.tokens.vocab import Vocab, load_vocab
+from tokweight.training.config.migrations import train_config_from
 from tokweight.training.config.cvae import CVAEConfig
 from tokweight.training.cvae.model import CVAE, add_latent_tokens, build_cvae, latent_tokens_needed
 from tokweight.training.loop.faults import nothing
@@ -41,10 +41,8 @@ def write_config(cfg: TrainConfig) -> None:
 
 
 def read_config(run: str | Path) -> TrainConfig:
-    """A run's config.json; one written before ``cvae.posterior_likelihood`` was a field reads false, as it trained."""
-    written = json.loads((Path(run) / "config.json").read_text())
-    written.get("cvae", {}).setdefault("posterior_likelihood", False)
-    return TrainConfig.from_json(written)
+    """RUN/config.json as the config the run trained with, whatever version wrote it (``config_migrations``)."""
+    return train_config_from(json.loads((Path(run) / "config.json").read_text()))
 
 
 def read_metrics(run: str | Path) -> list[dict]:
@@ -139,12 +137,15 @@ def committed_checkpoint(run: str | Path) -> Path:
     return out / "checkpoint"
 
 
-def config_differences(saved: TrainConfig, mine: TrainConfig) -> list[str]:
+def config_differences(saved: TrainConfig, mine: TrainConfig, from_start: bool = False) -> list[str]:
     """The fields ("optim.lr") in which two runs differ, the step count, the run directory and the engine aside: a
     longer run extends one, a run goes on from a start trained in another directory, and sharded and unsharded runs
-    write the same checkpoint files."""
+    write the same checkpoint files. ``from_start``: ``mine`` goes on from the start ``saved``, which hardens
+    nowhere (``harden_from`` None) where the run hardens from the starts' comparison on."""
     a, b = saved.to_json(), mine.to_json()
     same = {("optim", "steps"), ("io", "out"), ("io", "shard")}
+    if from_start and saved.estep.harden_from is None:
+        same.add(("estep", "harden_from"))
     return sorted(f"{g}.{k}" for g in b for k in b[g] if (g, k) not in same and a[g][k] != b[g][k])
 
 
@@ -167,11 +168,8 @@ def resume(cfg: TrainConfig, model: CVAE, init_fingerprint: str, rank: int = 0, 
         if rank == 0:  # a run killed before its first checkpoint starts over
             truncate(out / "metrics.jsonl", 0)
         return None
-    # read back through TrainConfig, so an old run's flat config and fields added since compare at their defaults
-    saved = read_config(source)
-    if source != out and saved.estep.harden_from is None:  # a start, unhardened: the run hardens from where it goes on
-        saved = replace(saved, estep=replace(saved.estep, harden_from=cfg.estep.harden_from))
-    differ = config_differences(saved, cfg)
+    # read back through the migrations, so an old run's config and fields added since compare as it trained
+    differ = config_differences(read_config(source), cfg, from_start=source != out)
     if differ:
         raise ValueError(f"{source} holds a run with another config ({', '.join(differ)} differ); use a new --out")
     meta = json.loads((ckpt / "state.json").read_text())

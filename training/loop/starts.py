@@ -29,7 +29,7 @@ from tokweight.store.durable import write_json_atomic
 from tokweight.training.loop.convergence import val_objective
 from tokweight.training.evaluation.metrics import kept_threshold
 from tokweight.training.loop.run_dir import committed_checkpoint
-from tokweight.training.config.train import TrainConfig
+from tokweight.training.config.train import TrainConfig, harden_from
 
 TrainStart = Callable[[int, int, bool], dict]
 """(seed, until, announce) -> the start's metrics on the whole val split ("recon", "kl", "mi"), trained to step
@@ -42,11 +42,10 @@ def seeded(cfg: TrainConfig, seed: int) -> TrainConfig:
 
 def continued(cfg: TrainConfig, made: dict) -> TrainConfig:
     """The run that goes on from the kept start: its seed and, unless the config sets another, the E-step's
-    hardening from the step the starts were compared at, where the code is chosen (``EStepConfig.harden_from``)."""
+    hardening from the step the starts were compared at, where the code is chosen (``train_config.harden_from``)."""
     chosen = seeded(cfg, made["seed"])
-    if chosen.estep.harden_from is not None:
-        return chosen
-    return replace(chosen, estep=replace(chosen.estep, harden_from=made["compared_at"]))
+    return replace(chosen, estep=replace(chosen.estep, harden_from=harden_from(chosen.estep, chosen.optim,
+                                                                               made["compared_at"])))
 
 
 def start_dir(cfg: TrainConfig, seed: int) -> Path:

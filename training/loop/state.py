@@ -17,8 +17,8 @@ from tokweight.training.loop.convergence import Convergence
 from tokweight.training.cvae.model import CVAE
 from tokweight.training.loop.batches import StreamSpec
 from tokweight.training.objective.global_batch import GlobalBatch
-from tokweight.training.objective.terms import WeightingParams
-from tokweight.training.objective.schedules import lr_decay_window
+from tokweight.training.config.cvae import WeightingParams
+from tokweight.training.objective.schedules import Schedule, lr_decay_window
 
 
 @dataclass
@@ -56,6 +56,7 @@ class State:
     ranks: Ranks
     device: torch.device
     meta: dict  # the run's part of the checkpoint's state.json (run_dir.save_checkpoint)
+    schedule: Schedule  # what the objective does at each step, resolved from the run's config once
     strategy_names: tuple[str, ...] = ()  # an E-step that reads labels: latent value k is strategy_names[k]
     progress: Progress = field(default_factory=Progress)
     sharded: bool = False  # FSDP: parameters, gradients and AdamW's state are sharded over the ranks (``engine.py``)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tokweight.training.config.cvae import WeightingParams
 from tokweight.training.cvae.model import CVAE
 from tokweight.training.loop.batches import TrainBatch
 from tokweight.training.objective.estep import step_labels
 from tokweight.training.objective.global_batch import GlobalBatch
-from tokweight.training.objective.terms import WeightingParams, example_kl, reconstruction_weights, weighted_reconstruction
+from tokweight.training.objective.terms import example_kl, reconstruction_weights, weighted_reconstruction
 from tokweight.training.evaluation.metrics import entropy, informative_token_spread, posterior_gradient_norms
 from tokweight.training.objective.loss import Terms, step_loss
 from tokweight.training.loop.precision import autocast
@@ -50,15 +51,15 @@ def train_step(state: State, batch: TrainBatch, cfg, logged: bool) -> dict | Non
 
 
 def step_terms(state: State, batch: TrainBatch, cfg) -> tuple[object, torch.Tensor, Terms]:
-    """The forward pass, b (the policy's) and the step's objective: (the CVAE's outputs, b (B, T_max) nats over
-    S, the terms)."""
-    step = state.progress.step
-    out = state.engine(batch, generator=sample_generator(cfg.optim.seed, step), global_batch=state.global_batch)
+    """The forward pass, b (the policy's) and the step's objective at the step's schedule (``state.schedule``):
+    (the CVAE's outputs, b (B, T_max) nats over S, the terms)."""
+    at = state.schedule.at(state.progress.step)
+    out = state.engine(batch, generator=sample_generator(cfg.optim.seed, at.step), global_batch=state.global_batch)
     b = state.baseline(batch, out)  # (B, T_max) nats over S, detached
-    labels = (step_labels(cfg.estep, batch.strategies, state.strategy_names, batch.keys)
-              if cfg.estep.active(step) and state.strategy_names else None)
-    terms = step_loss(state.model.latent, out, b, batch.zfree.mask, cfg.loss, cfg.estep, step, state.params, labels,
-                      state.global_batch, cfg.likelihood_read(step))
+    labels = (step_labels(at.estep, batch.strategies, state.strategy_names, batch.keys)
+              if at.em and state.strategy_names else None)
+    terms = step_loss(state.model.latent, out, b, batch.zfree.mask, cfg.loss, at, state.params, labels,
+                      state.global_batch)
     return terms.out, b, terms
 
 
@@ -92,7 +93,7 @@ def diagnostics(state: State, batch: TrainBatch, out, b: torch.Tensor, terms: Te
     record = {"step": state.progress.step, "loss": obj.loss.item(), "recon": obj.recon.item(),
               "kl": example_kl(obj.kl).mean().item(), "kl_term": obj.kl_term.item(), "beta": terms.beta,
               "lr": lr, "anchor": terms.anchor.item(), "degenerate": int(terms.degenerate.sum()),
-              "estep": terms.estep, **latent_summary(model, out, batch, state.params, terms.pi, b)}
+              "estep": terms.estep, **latent_summary(model, out, batch, state.params, terms.R, b)}
     if gradient_norms:
         record |= posterior_gradient_norms(obj.recon, terms.beta * obj.kl_term, model.posterior_parameters,
                                            ranks.average)
@@ -115,10 +116,10 @@ def global_record(record: dict, ranks: GlobalBatch, device: torch.device) -> dic
 
 
 @torch.no_grad()
-def latent_summary(model: CVAE, out, batch: TrainBatch, params: WeightingParams, pi: torch.Tensor,
+def latent_summary(model: CVAE, out, batch: TrainBatch, params: WeightingParams, Rw: torch.Tensor,
                    b: torch.Tensor) -> dict:
     """Uniform reconstruction E_q[sum_t l_t / T]; discrete: mean H(q), the spreads
-    mean_i (max_k R_ik - min_k R_ik) of the uniform R and of the trained (weighted, ``pi``) R
+    mean_i (max_k R_ik - min_k R_ik) of the uniform R and of the trained (weighted) R ``Rw`` (B, K), the step's,
     across latent values, the same spread of l_t at the example's most surprising token
     (``l_t0_spread``: the decoder's response to z where z can help), usage mean_i q_i, and
     argmin_usage: the share of examples whose weighted R is lowest at k (where a hard E-step
@@ -128,7 +129,6 @@ def latent_summary(model: CVAE, out, batch: TrainBatch, params: WeightingParams,
     summary = {"recon_uniform": model.latent.expectation(R, out.post).mean().item()}
     if model.latent.kind == "discrete":
         q = out.post.exp()
-        Rw = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, K)
         winners = torch.bincount(Rw.argmin(1), minlength=model.latent.k) / len(Rw)
         summary |= {"q_entropy": float(entropy(q.cpu().numpy()).mean()),
                     "R_spread": (R.max(1).values - R.min(1).values).mean().item(),

@@ -22,27 +22,11 @@ import math
 import os
 from pathlib import Path
 
-TRACKERS = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
-"""Tracker name -> the module its extra installs (the extra has the tracker's name)."""
+from tokweight.training.config.cvae import TRACKERS, check_report_to
+
 IDS_FILE = "trackers.json"
 """RUN/trackers.json: each tracker's run id, which a resumed run reopens."""
 SKIPPED = ("step", "split")  # a record's keys that say where it belongs, not what was measured
-
-
-def check_report_to(names: tuple[str, ...]) -> None:
-    """Refuse a tracker name this version does not know, by name."""
-    unknown = [n for n in names if n not in TRACKERS]
-    if unknown:
-        raise ValueError(f"report_to: unknown tracker {unknown[0]!r}; choose among {', '.join(TRACKERS)}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"report_to names a tracker twice: {list(names)}")
-
-
-def parse_report_to(text: str | None) -> tuple[str, ...]:
-    """``--report-to tensorboard,mlflow`` as a tuple of names ("" or "none": none)."""
-    names = tuple(n.strip() for n in (text or "").split(",") if n.strip() and n.strip() != "none")
-    check_report_to(names)
-    return names
 
 
 def require(name: str) -> None:

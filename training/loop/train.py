@@ -43,10 +43,10 @@ from tokweight.pipeline.data.errors import Skips
 from tokweight.pipeline.data.labels import load_labels
 from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.tokens.vocab import Vocab
-from tokweight.training.objective.baselines import POLICIES, AdaptersOff, Frozen, make_baseline
-from tokweight.training.loop.callbacks import Checkpoint, Faults, MetricsLine, StopRule, checkpoint, validate_run
+from tokweight.training.objective.baselines import AdaptersOff, Frozen, make_baseline
+from tokweight.training.loop.callbacks import Checkpoint, Faults, MetricsLine, PeriodicValidation, checkpoint, validate_run
 from tokweight.training.cvae.conditioning import token_key_values
-from tokweight.training.config.cvae import CVAEConfig
+from tokweight.training.config.cvae import POLICIES, WEIGHTINGS, CVAEConfig, WeightingParams
 from tokweight.training.loop.convergence import Convergence
 from tokweight.training.cvae.model import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed,
                                      spread_latent_embeddings, token_row_spread)
@@ -56,8 +56,8 @@ from tokweight.training.loop.faults import NO_HOOKS, Hooks
 from tokweight.training.objective.global_batch import GlobalBatch
 from tokweight.training.cvae.lora import attach as attach_lora, latent_row_ids, require_peft
 from tokweight.training.loop.precision import autocast, forward_dtype, hold_frozen
-from tokweight.training.objective.terms import WEIGHTINGS, WeightingParams
 from tokweight.training.loop.run_dir import append_metrics, committed_checkpoint, read_metrics, resume, write_config
+from tokweight.training.objective.schedules import Schedule
 from tokweight.training.loop.starts import compare_starts, continued, read_starts, seeded, start_dir
 from tokweight.training.loop.state import Progress, State, set_rng_states
 from tokweight.training.loop.step import build_optimizer, train_step
@@ -124,7 +124,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
     set_rng_states(saved.get("rng", {}), device)  # a resumed run's, which replace those
     progress = Progress(saved.get("step", 0), Convergence(**saved.get("convergence", {})), saved.get("converged_at"))
     return State(model, engine, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
-                 global_batch, ranks, device, meta, label_names(cfg), progress, sharded)
+                 global_batch, ranks, device, meta, Schedule.of(cfg), label_names(cfg), progress, sharded)
 
 
 def build_model(cfg: TrainConfig, init, base, devices: tuple[torch.device, torch.device], lower: torch.dtype,
@@ -334,7 +334,7 @@ def fit(state: State, cfg: TrainConfig, hooks: Hooks = NO_HOOKS, until: int | No
     stream = TrainStream(state.spec, ranks.rank, ranks.world)
     batches = stream.batches(cfg.io.num_workers, start=progress.step)
     log = MetricsLine(cfg, state, trackers, prefix)
-    callbacks = (Faults(hooks), log, StopRule(cfg, trackers, prefix), Checkpoint(cfg, hooks, until))
+    callbacks = (Faults(hooks), log, PeriodicValidation(cfg, trackers, prefix), Checkpoint(cfg, hooks, until))
     batch = None
     try:
         while not progress.stop and (until is None or progress.step < until):
@@ -356,7 +356,8 @@ def stop_record(state: State, cfg: TrainConfig) -> dict:
     """Why the run stopped, where, its best validation's step (None if none was counted), the rule and the
     steps [start, end) over which the learning rate fell to 0."""
     progress = state.progress
-    rule = cfg.optim.stop.describe(cfg.log.eval_every, cfg.log.eval_examples, cfg.loss.beta, cfg.objective_settles)
+    rule = cfg.optim.stop.describe(cfg.log.eval_every, cfg.log.eval_examples, cfg.loss.beta,
+                                   state.schedule.settled_from)
     return {"reason": progress.stop, "step": progress.step, "best_step": progress.convergence.best_step,
             "rule": rule, "lr_decay": list(progress.decay_window(cfg.optim.steps, cfg.optim.lr_decay))}
 

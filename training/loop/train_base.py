@@ -27,7 +27,8 @@ from tokweight.pipeline.data.shards import dataset_json, iter_samples, resolve_s
 from tokweight.pipeline.data.urls import is_url_data
 from tokweight.pipeline.tokens.templates import collate, template_ids
 from tokweight.pipeline.tokens.vocab import Vocab
-from tokweight.training.loop.trackers import check_report_to, open_trackers
+from tokweight.training.config.cvae import check_report_to
+from tokweight.training.loop.trackers import open_trackers
 
 
 @dataclass(frozen=True)

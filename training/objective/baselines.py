@@ -10,13 +10,14 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn as nn
 
 from tokweight.pipeline.models.backbone import s_nll
+from tokweight.training.config.cvae import POLICIES
 
 if TYPE_CHECKING:
     from tokweight.training.cvae.model import CVAEOutput
@@ -92,22 +93,12 @@ def frozen(model, device: torch.device | str = "cpu", dtype: torch.dtype = torch
     return Frozen(model, device, dtype)
 
 
-@dataclass(frozen=True)
-class Policy:
-    """Where b comes from, and what that needs: ``make(baseline model or None)`` -> the step's ``Baseline``."""
-
-    name: str
-    make: Callable[..., Baseline]  # (baseline model or None, device, dtype) -> the step's Baseline
-    needs_store: bool = False  # b is the store's row, joined into the batch by the data stream
-    frozen_model: bool = False  # a frozen copy of the baseline model runs one extra z-free pass a step
-
-
-POLICIES: dict[str, Policy] = {p.name: p for p in (
-    Policy("precomputed", lambda *_: precomputed, needs_store=True),
-    Policy("frozen", frozen, frozen_model=True),
-    Policy("dynamic", lambda *_: dynamic),
-)}
-"""Every policy by name: the names ``LossConfig.policy`` accepts."""
+MAKERS: dict[str, Callable[..., Baseline]] = {
+    "precomputed": lambda *_: precomputed,
+    "frozen": frozen,
+    "dynamic": lambda *_: dynamic,
+}
+"""(baseline model or None, device, dtype) -> the step's ``Baseline``, for each policy ``configs.POLICIES`` names."""
 
 
 def make_baseline(policy: str, baseline_model, device: torch.device | str = "cpu",
@@ -115,4 +106,4 @@ def make_baseline(policy: str, baseline_model, device: torch.device | str = "cpu
     """The step's ``Baseline`` for ``policy``; a frozen model's copy on ``device`` in ``dtype``."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {policy!r}")
-    return POLICIES[policy].make(baseline_model, device, dtype)
+    return MAKERS[policy](baseline_model, device, dtype)

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from tokweight.training.config.cvae import EStepConfig
 from tokweight.training.objective.global_batch import LOCAL, GlobalBatch
-from tokweight.training.objective.terms import weighted_reconstruction
 
 
 def exact_posterior(R: torch.Tensor, log_prior: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -108,25 +107,16 @@ def sure_rows(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: 
     return log_q.exp().max(-1).values >= cfg.harden
 
 
-@dataclass(frozen=True)
-class LikelihoodRead:
-    """Where the posterior reads y's likelihood under each value (``CVAEConfig.posterior_likelihood``): on the
-    examples the step's E-step is sure of (``sure_rows``), log q(k | x, y) = head_k + log p(y | x, k) + const,
-    Bayes' rule with the head as the log prior (log p(y | x, k) = -sum_t l_t(k), from the K decoder passes,
-    detached); elsewhere the head's q. A z not in use makes no example sure, so its q stays the head's."""
-
-    estep: EStepConfig
-    """The step's E-step (``EStepConfig.at``)."""
-    beta: float
-    """The step's KL weight: q*'s temperature under ``follow_beta``."""
-
-    def __call__(self, out, pi: torch.Tensor):
-        """``out`` (a discrete latent's ``CVAEOutput``) with its posterior read so; pi (B, T) the reconstruction's
-        token weights, which give R and so q*."""
-        R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, K)
-        sure = sure_rows(R, out.prior, self.estep, self.beta)
-        log_likelihood = torch.where(sure[:, None], -out.nll.sum(-1), 0).detach()
-        return replace(out, post=F.log_softmax(out.post + log_likelihood.to(out.post.dtype), -1))
+def read_likelihood(out, R: torch.Tensor, cfg: EStepConfig, beta: float):
+    """``out`` (a discrete latent's ``CVAEOutput``) with its posterior read with y's likelihood under each value
+    (``CVAEConfig.posterior_likelihood``): on the examples the step's E-step is sure of (``sure_rows``),
+    log q(k | x, y) = log_softmax(log q_head(k) + log p(y | x, k)), Bayes' rule with the head as the log prior,
+    log p(y | x, k) = -sum_t l_t(k) from the K decoder passes, detached; elsewhere the head's q. A z not in use makes
+    no example sure, so its q stays the head's. R (B, K) nats: the step's reconstruction, which gives q*; ``cfg``
+    the E-step as it acts at the step and ``beta`` its KL weight (``schedules.StepSchedule``)."""
+    sure = sure_rows(R, out.prior, cfg, beta)
+    log_likelihood = torch.where(sure[:, None], -out.nll.sum(-1), 0).detach()
+    return replace(out, post=F.log_softmax(out.post + log_likelihood.to(out.post.dtype), -1))
 
 
 def strategy_indices(strategies, names: tuple[str, ...], keys) -> torch.Tensor:

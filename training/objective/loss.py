@@ -1,23 +1,43 @@
 """The objective a step trains: *the* loss of the method, in one place.
 
-The CVAE's forward (``cvae.py``) gives, for every example, the per-token NLL of S under each decoder copy
-l_t(k) (discrete: one copy per latent value k; continuous: one per draw z_s), the posterior q(k|x, y) and the
-prior p(k|x). The baseline (``baselines.py``) gives b_t, the z-free base model's surprisal. Then:
+The CVAE's forward (``cvae.py``) gives, for every example i, the per-token NLL l_t(c) of S under each decoder
+copy c (discrete: one copy per latent value k; continuous: one per draw z_c from q), the posterior q(c|x, y) and
+the prior p(c|x). The baseline (``baselines.py``) gives b_t, the z-free base model's surprisal. The step's
+schedule (``schedules.StepSchedule``) gives beta, the anchor's weight w_anchor, whether the E-step is on and how
+it acts, and whether the posterior reads the likelihood. ``step_loss`` computes, in this order:
 
-    pi_t  = share of b_t in the example's S       (the weighting; surprisal-share: b_t / sum_s b_s)
-    R(k)  = sum_t pi_t l_t(k)                      reconstruction under copy k, nats
-    a(k)  = q*(k) ∝ p(k|x) exp(-R(k) / beta)       the E-step: which copy explains the example, detached
-    J     = mean_i w_i [sum_k a_ik R_ik + CE(a_i, q_i)] + beta KL(a || p) + w_anchor anchor
+    pi_it = (1 - lam) u_it + lam v_it          token weights (B, T) over S (``losses.reconstruction_weights``):
+                                               u uniform 1/T, v the weighting's (surprisal-share:
+                                               b_t / (sum_s b_s + eps)); u alone on a degenerate example
+    R_ic  = sum_t pi_it l_t(c)                 reconstruction under copy c, (B, copies) nats, once a step
+    log q_ic <- log_softmax_c(log q_ic - m_i sum_t l_t(c))
+                                               the likelihood read, where the schedule says: Bayes' rule with
+                                               the head as the prior; m_i = 1 on the examples the E-step is
+                                               sure of, else 0 (``estep.read_likelihood``); the likelihood is
+                                               detached, and everything below reads this q
+    A     = mean_i sum_c sg(q_ic) mean_t relu(l_t(c) - b_t - margin)        the anchor term, q detached
 
-The E-step is the exact minimiser of J over q for the current decoder (``estep.py``); the decoder copies learn
-from the examples assigned to them, the amortised posterior q is distilled to a, and the prior fits a through
-beta * KL. Once the hardening acts, q adds log p(y|x,k) = -sum_t l_t(k) to its head on the examples q* is sure of
-(``estep.LikelihoodRead``), before any of this reads it. w_i = 1, except with a few labelled examples
-(``estep.labelled``): they carry a fixed share of the batch's fit (``estep.labelled_weight``) however few they
-are. The anchor term keeps every token within a margin of the base model's loss (``losses.anchor_penalty``). With
-the E-step off, J is the plain ELBO-style objective E_q[R] + beta KL(q || p).
+    E-step on:  a_i = q*_i, detached: q*(c) ∝ p(c|x) exp(-R_ic / beta) (``estep.assignment``, with its
+                hardening, balance and labels as configured; at beta = 0 under follow_beta the argmin of R)
+        J = mean_i w_i [sum_c a_ic R_ic - sum_c a_ic log q_ic] + beta FB(KL(a_i || p_i)) + w_anchor A
+    E-step off:
+        J = mean_i sum_c q_ic R_ic + beta FB(KL(q_i || p_i)) + w_anchor A
 
-Everything here is a pure function of tensors; the weightings are named objects in ``losses.WEIGHTINGS``.
+    FB(KL) = sum_d max(lambda, mean_i KL_id)   the free-bits floor lambda (0: the batch mean KL)
+
+A mean over i is over this rank's rows, whose gradients the ranks average, so N ranks train on the global batch's
+mean; the terms that couple a batch's examples (FB's mean, the E-step's balance and labelled weights, the
+example-inverse weighting) are computed over the global batch (``global_batch.py``). The E-step is the exact
+minimiser of J over q for the current decoder (``estep.py``): the decoder copies learn from the examples
+assigned to them, the amortised posterior q is distilled to a, and the prior fits a through beta KL. w_i = 1,
+except with a few labelled examples (``estep.labelled``): they carry a fixed share of the batch's fit
+(``estep.labelled_weights``) however few they are. The anchor keeps every token within a margin of the base
+model's loss (``losses.anchor_penalty``); at w_anchor = 0 it is measured, not added. A continuous latent's copies
+are S draws from q, so sum_c q_ic R_ic is their mean (1/S) sum_c R_ic, q*'s prior term is log p - log q
+(importance weights with q as the proposal), and KL(a || p) = sum_c a_c (log q_c + log(S a_c) - log p_c), q*'s
+density at its draws.
+
+Everything here is a pure function of tensors; the weightings are ``losses.WEIGHT_FUNCTIONS``.
 """
 
 from __future__ import annotations
@@ -26,12 +46,13 @@ from dataclasses import dataclass
 
 import torch
 
-from tokweight.training.config.cvae import EStepConfig
-from tokweight.training.objective.estep import (LikelihoodRead, assigned_reconstruction, assignment, assignment_kl,
-                                      distillation, labelled_weights)
+from tokweight.training.config.cvae import EStepConfig, WeightingParams
+from tokweight.training.objective.estep import (assigned_reconstruction, assignment, assignment_kl, distillation,
+                                      labelled_weights, read_likelihood)
 from tokweight.training.objective.global_batch import LOCAL, GlobalBatch
-from tokweight.training.objective.terms import (WeightingParams, anchor_penalty, free_bits_kl, reconstruction_weights,
-                                       weighted_reconstruction)
+from tokweight.training.objective.terms import anchor_penalty, free_bits_kl, reconstruction_weights, weighted_reconstruction
+from tokweight.training.objective.schedules import StepSchedule
+from tokweight.training.config.train import LossConfig
 
 
 @dataclass
@@ -51,41 +72,45 @@ class Terms:
     loss: torch.Tensor  # () what the step backpropagates: the objective, plus the anchor term when it acts
     anchor: torch.Tensor  # () the anchor term, measured whatever its weight
     pi: torch.Tensor  # (B, T) the reconstruction's token weights
+    R: torch.Tensor  # (B, copies) nats, the reconstruction under each copy
     degenerate: torch.Tensor  # (B,) bool: weights fell back to uniform
     beta: float
     estep: bool  # whether the E-step objective was the one optimised
 
 
-def step_loss(latent, out, b: torch.Tensor, mask: torch.Tensor, loss, estep: EStepConfig, step: int,
-              params: WeightingParams, labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL,
-              read: LikelihoodRead | None = None) -> Terms:
-    """J for one batch: ``out`` the CVAE's outputs, b (B, T) nats over S (detached), mask (B, T); ``loss`` a
-    ``LossConfig``; labels (B,) strategy indices for an E-step that reads them; ``batch`` the global batch;
-    ``read``: where the posterior reads y's likelihood this step (``TrainConfig.likelihood_read``)."""
+def step_loss(latent, out, b: torch.Tensor, mask: torch.Tensor, loss: LossConfig, at: StepSchedule,
+              params: WeightingParams, labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL) -> Terms:
+    """J for one batch (the module's docstring): ``out`` the CVAE's outputs, b (B, T) nats over S (detached), mask
+    (B, T); ``loss`` the run's ``LossConfig`` (weighting, free bits, anchor margin); ``at`` the step's schedule;
+    labels (B,) strategy indices for an E-step that reads them; ``batch`` the global batch."""
     pi, degenerate = reconstruction_weights(loss.weighting, b, mask, params,
                                             loss.token_weighted_reconstruction_weight, batch)  # (B, T)
-    if read is not None:
-        out = read(out, pi)
-    beta, em = loss.beta_at(step), estep.active(step)
-    obj = (em_objective(latent, out, pi, beta, loss.free_bits, estep.at(step), labels, batch) if em
-           else plain_objective(latent, out, pi, beta, loss.free_bits, batch))
+    R = reconstruction(out, pi)  # (B, copies) nats: the step's one R
+    if at.reads_likelihood:
+        out = read_likelihood(out, R, at.estep, at.beta)
+    obj = (em_objective(latent, out, R, at.beta, loss.free_bits, at.estep, labels, batch) if at.em
+           else plain_objective(latent, out, R, at.beta, loss.free_bits, batch))
     anchor = anchored(latent, out, b, mask, loss.anchor_margin)
-    anchor_weight = loss.anchor_weight_at(step)
-    total = obj.loss + anchor_weight * anchor if anchor_weight else obj.loss
-    return Terms(obj, out, total, anchor, pi, degenerate, beta, em)
+    total = obj.loss + at.anchor_weight * anchor if at.anchor_weight else obj.loss
+    return Terms(obj, out, total, anchor, pi, R, degenerate, at.beta, at.em)
 
 
-def plain_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float = 0.0,
+def reconstruction(out, pi: torch.Tensor) -> torch.Tensor:
+    """R = sum_t pi_t l_t(c): (B, copies) nats from the outputs' NLL (B, copies, T) and pi (B, T)."""
+    return weighted_reconstruction(out.nll, pi.to(out.nll.dtype))
+
+
+def plain_objective(latent, out, R: torch.Tensor, beta: float, free_bits: float = 0.0,
                     batch: GlobalBatch = LOCAL) -> Objective:
-    """J = mean_i E_q[R_i(z)] + beta * KL(q || p): the copies weighted by the amortised posterior."""
-    R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, copies) nats
+    """J = mean_i E_q[R_i(z)] + beta * KL(q || p): the copies weighted by the amortised posterior; R (B, copies)
+    nats (``reconstruction``)."""
     recon = latent.expectation(R, out.post).mean()
     kl = latent.kl(out.post, out.prior)
     kl_term = free_bits_kl(kl, free_bits, batch)
     return Objective(recon + beta * kl_term, recon, kl_term, kl)
 
 
-def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig,
+def em_objective(latent, out, R: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig,
                  labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL) -> Objective:
     """J_EM = mean_i [sum_c a_ic R_ic + CE(a_i, q_i)] + beta * KL(a || p), a = the E-step's assignment
     (detached): the decoder copies learn from a, the amortised posterior is distilled to a, and the prior fits a
@@ -95,9 +120,8 @@ def em_objective(latent, out, pi: torch.Tensor, beta: float, free_bits: float, c
     A continuous latent's copies are S draws z_s from q rather than every value, so a is the self-normalised
     importance weight of q*(z) = p(z|x) exp(-R(z) / beta) / Z with q as the proposal (reweighted wake-sleep,
     Bornschein & Bengio 2015): log p - log q enters where the discrete prior does, and the KL's gradient
-    reaches the prior only.
+    reaches the prior only. R (B, copies) nats (``reconstruction``); ``cfg`` the E-step as it acts at the step.
     """
-    R = weighted_reconstruction(out.nll, pi.to(out.nll.dtype))  # (B, copies) nats
     z = None if out.z is None else out.z.detach()  # each copy's value: q and p fit it, not move it
     log_p, log_q = latent.log_density(out.prior, z), latent.log_density(out.post, z)  # (B, copies) each
     log_target = log_p - log_q.detach() if latent.sampled else log_p  # the E-step's p, by the proposal

@@ -26,30 +26,12 @@ example-inverse reads it, to normalise v over the global batch rather than this 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from tokweight.training.config.cvae import WEIGHTINGS, WeightingParams
 from tokweight.training.objective.global_batch import LOCAL, GlobalBatch
-
-
-@dataclass(frozen=True)
-class WeightingParams:
-    """Constants the weightings need besides b and the mask."""
-
-    eps: float = 1e-6
-    """Added to a weight sum; also the degenerate threshold on sum_t b_t (nats)."""
-    eps_inv: float = 1e-2
-    """Floor under b in inverse-surprisal, 1 / (b + eps_inv): bounds a token's weight (nats)."""
-    dataset_mean_b: float | None = None
-    """Dataset mean of mean_t b_t (nats), read from the store; distribution-rescale only."""
-
-    def __post_init__(self):
-        if not self.eps > 0 or not self.eps_inv > 0:
-            raise ValueError("eps and eps_inv must be > 0")
-        if self.dataset_mean_b is not None and not self.dataset_mean_b > 0:
-            raise ValueError(f"dataset_mean_b must be > 0, got {self.dataset_mean_b}")
 
 
 def _normalised(w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -121,30 +103,16 @@ def distribution_rescale_weights(b: torch.Tensor, mask: torch.Tensor, params: We
     return uniform_weights(b, mask, params) / params.dataset_mean_b
 
 
-@dataclass(frozen=True)
-class Weighting:
-    """A reconstruction weighting and what it needs.
-
-    ``weights(b, mask, params, batch)`` -> pi (B, T). ``per_example``: it reads an example's own b, so an example
-    whose b sums to < eps is degenerate and falls back to uniform. ``needs_dataset_mean``: it reads the dataset's
-    mean of mean_t b_t, which only a store has (``WeightingParams.dataset_mean_b``)."""
-
-    name: str
-    weights: Callable[..., torch.Tensor]
-    per_example: bool = True
-    needs_dataset_mean: bool = False
-
-
-WEIGHTINGS: dict[str, Weighting] = {w.name: w for w in (
-    Weighting("uniform", uniform_weights, per_example=False),
-    Weighting("sum", sum_weights, per_example=False),
-    Weighting("surprisal-share", lambda b, mask, params, batch=LOCAL: surprisal_share_weights(b, mask, params.eps)),
-    Weighting("inverse-surprisal", inverse_surprisal_weights),
-    Weighting("example-inverse", example_inverse_weights),
-    Weighting("distribution-rescale", distribution_rescale_weights, per_example=False, needs_dataset_mean=True),
-    Weighting("excess-share", excess_share_weights),
-)}
-"""Every weighting by name: the names ``LossConfig.weighting`` accepts."""
+WEIGHT_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "uniform": uniform_weights,
+    "sum": sum_weights,
+    "surprisal-share": lambda b, mask, params, batch=LOCAL: surprisal_share_weights(b, mask, params.eps),
+    "inverse-surprisal": inverse_surprisal_weights,
+    "example-inverse": example_inverse_weights,
+    "distribution-rescale": distribution_rescale_weights,
+    "excess-share": excess_share_weights,
+}
+"""The weights of each weighting ``configs.WEIGHTINGS`` names: (b, mask, params, batch) -> pi (B, T)."""
 
 
 def degenerate_examples(b: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:
@@ -165,7 +133,7 @@ def reconstruction_weights(name: str, b: torch.Tensor, mask: torch.Tensor, param
     weighting = WEIGHTINGS[name]
     b = b.detach() if b.is_floating_point() else b.detach().float()
     uniform = uniform_weights(b, mask, params)
-    pi = (1.0 - lam) * uniform + lam * weighting.weights(b, mask, params, batch)
+    pi = (1.0 - lam) * uniform + lam * WEIGHT_FUNCTIONS[name](b, mask, params, batch)
     if not weighting.per_example:
         return pi, torch.zeros(b.shape[0], dtype=torch.bool, device=b.device)
     degenerate = degenerate_examples(b, mask, params.eps)

@@ -120,12 +120,13 @@ def state_for(built, train_cfg):
     from tokweight.pipeline.ranks import Ranks
     from tokweight.training.objective.baselines import make_baseline
     from tokweight.training.objective.global_batch import LOCAL
-    from tokweight.training.objective.terms import WeightingParams
+    from tokweight.training.config.cvae import WeightingParams
+    from tokweight.training.objective.schedules import Schedule
     from tokweight.training.loop.state import State
 
     return State(built.model, built.model, built.opt, make_baseline("precomputed", None),
                  WeightingParams(train_cfg.loss.eps, train_cfg.loss.eps_inv, 1.0), None, LOCAL,
-                 Ranks.__new__(Ranks), torch.device("cpu"), {})
+                 Ranks.__new__(Ranks), torch.device("cpu"), {}, Schedule.of(train_cfg))
 
 
 def validation_forward(model, batch, dtype: str) -> None:

@@ -7,7 +7,7 @@ from tokweight.pipeline.models.gpt import GPT, ModelConfig
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.tokens.vocab import Vocab
 from tokweight.training.cvae.model import CVAEConfig, build_cvae
-from tokweight.training.objective.loss import plain_objective
+from tokweight.training.objective.loss import plain_objective, reconstruction
 from tokweight.training.loop.batches import collate_examples, encode
 from tokweight.training.objective.terms import WeightingParams, reconstruction_weights
 
@@ -108,7 +108,7 @@ def test_exact_objective_against_brute_force(cfg):
     b_rows = [b[i, : len(s.y) + 1].double() for i, s in enumerate(SAMPLES)]
     pi, _ = reconstruction_weights("surprisal-share", b.double(), batch.zfree.mask, WeightingParams(eps=EPS))
     out = model(batch, generator=torch.Generator().manual_seed(7))
-    got = plain_objective(model.latent, out, pi, beta=0.7).loss
+    got = plain_objective(model.latent, out, reconstruction(out, pi), beta=0.7).loss
     noise = torch.randn((3, cfg.samples, cfg.z_dim), generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     want = brute_force(model, cfg, b_rows, 0.7, noise)
     # token_surprisal computes in float32 (templates.py), hence 1e-6 and not 1e-12

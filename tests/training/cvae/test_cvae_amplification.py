@@ -7,7 +7,7 @@ import torch
 from tokweight.pipeline.models.checkpoint import load_checkpoint
 from tests.support.fixtures_train import AMP_T, AMP_T0, two_regime_samples
 from tokweight.training.cvae.model import CVAEConfig, build_cvae
-from tokweight.training.objective.loss import plain_objective
+from tokweight.training.objective.loss import plain_objective, reconstruction
 from tokweight.training.loop.batches import collate_examples, encode
 from tokweight.training.objective.terms import WeightingParams, reconstruction_weights
 from tokweight.training.evaluation.metrics import posterior_gradient_norms
@@ -30,7 +30,7 @@ def test_posterior_gradient_amplification(two_regime):
     norms = {}
     for name in ("surprisal-share", "uniform"):
         pi, degenerate = reconstruction_weights(name, b, batch.zfree.mask, WeightingParams())
-        obj = plain_objective(model.latent, out, pi, beta=1.0)
+        obj = plain_objective(model.latent, out, reconstruction(out, pi), beta=1.0)
         norms[name] = posterior_gradient_norms(obj.recon, obj.kl_term, model.posterior_parameters)["grad_recon"]
     ratio = norms["surprisal-share"] / norms["uniform"]
     expected = AMP_T / (AMP_T0 + 1)

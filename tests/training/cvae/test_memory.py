@@ -21,7 +21,7 @@ from tokweight.pipeline.tokens.vocab import Vocab
 from tests.support.fixtures_hf import tiny_hf_model
 from tokweight.training.cvae.conditioning import token_key_values
 from tokweight.training.cvae.model import CVAEConfig, build_cvae
-from tokweight.training.objective.loss import plain_objective
+from tokweight.training.objective.loss import plain_objective, reconstruction
 from tokweight.training.loop.batches import collate_examples, encode
 from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
 from tokweight.training.export.checkpoint import hf_config, hf_state_dict
@@ -160,7 +160,7 @@ def test_a_gradient_reaches_the_memory_projection(kind, cfg):
     b = torch.rand(batch.zfree.mask.shape, generator=torch.Generator().manual_seed(1)) * batch.zfree.mask
     pi, _ = reconstruction_weights("surprisal-share", b.double(), batch.zfree.mask, WeightingParams())
     out = model(batch, generator=torch.Generator().manual_seed(7))
-    plain_objective(model.latent, out, pi, beta=0.7).loss.backward()
+    plain_objective(model.latent, out, reconstruction(out, pi), beta=0.7).loss.backward()
     grad = model.conditioning.memory_proj.weight.grad
     assert grad is not None and grad.abs().max() > 1e-6
 

@@ -16,7 +16,7 @@ from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.tokens.vocab import Vocab
 from tests.support.fixtures_hf import tiny_hf_model
 from tokweight.training.cvae.model import CVAEConfig, build_cvae
-from tokweight.training.objective.loss import plain_objective
+from tokweight.training.objective.loss import plain_objective, reconstruction
 from tokweight.training.loop.batches import collate_examples, encode
 from tokweight.training.objective.terms import WeightingParams, reconstruction_weights
 
@@ -49,7 +49,7 @@ def step(model, batch, b, share: bool) -> tuple:
     model.zero_grad()
     out = model(batch, generator=torch.Generator().manual_seed(7))
     pi, _ = reconstruction_weights("surprisal-share", b, batch.zfree.mask, WeightingParams())
-    loss = plain_objective(model.latent, out, pi, beta=0.7).loss
+    loss = plain_objective(model.latent, out, reconstruction(out, pi), beta=0.7).loss
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return out.nll, out.zfree_nll, loss.detach(), grads

@@ -25,6 +25,7 @@ from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
 from tokweight.training.export.checkpoint import export_hf
 from tokweight.training.decoding.generate import GenerateConfig, run as generate
 from tokweight.training.loop.run_dir import read_config
+from tokweight.training.objective.schedules import Schedule
 from tokweight.training.loop.train import run as train
 from tokweight.training.config.train import IOConfig, LossConfig, OptimConfig, TrainConfig
 
@@ -138,8 +139,8 @@ def test_sampling_is_seeded_and_a_high_temperature_differs_across_seeds(runs, ti
 def test_encode_rows_are_evals_posteriors_by_key(runs, tiny):
     """Key by key; a run whose posterior reads the likelihood where q* is sure is passed b as eval took it (the
     store's), since q* reads b; the others b from the run's own backbone, which q never reads."""
-    assert read_config(runs[READING][0]).likelihood_read(2) is not None
-    assert read_config(runs["discrete"][0]).likelihood_read(2) is None  # the starts not yet compared
+    assert Schedule.of(read_config(runs[READING][0])).at(2).reads_likelihood
+    assert not Schedule.of(read_config(runs["discrete"][0])).at(2).reads_likelihood  # the starts not yet compared
     for kind, (run_dir, records) in runs.items():
         policies = []
         with pytest.MonkeyPatch.context() as mp:  # which b the pass reads: the store's where q* decides the read

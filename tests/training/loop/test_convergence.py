@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from tokweight.training.loop.convergence import Convergence, StopRule, converged, observe, val_mi, val_objective
 from tokweight.training.objective.estep import EStepConfig
 from tokweight.train_cli import train
+from tokweight.training.objective.schedules import Schedule
 from tokweight.training.config.train import IOConfig, LossConfig, TrainConfig
 
 RULE = StopRule(patience=2, min_delta_objective=0.1, min_delta_mi=0.1)
@@ -59,15 +60,18 @@ def test_the_rule_reads_the_objective_and_the_mi_a_validation_reports():
                                           "from step 100", "recon + 0.3 * KL", "0.1 nats"))
 
 
+def settled(cfg: TrainConfig) -> int:
+    return Schedule.of(cfg).settled_from
+
+
 def test_validations_count_once_the_objective_stops_changing(tmp_path):
     io = IOConfig(checkpoint="c", data="d", out=str(tmp_path), store="s")
     warm = LossConfig(beta=0.3, beta_warmup_steps=100)
-    assert TrainConfig(io, loss=warm).objective_settles == 100  # the anchor starts with the warm-up's end
-    assert TrainConfig(io, loss=LossConfig(beta=warm.beta, anchor_start_step=150)).objective_settles == 150
-    assert TrainConfig(io, loss=LossConfig(beta=warm.beta, anchor_weight=0.0,
-                                           anchor_start_step=150)).objective_settles == 100
+    assert settled(TrainConfig(io, loss=warm)) == 100  # the anchor starts with the warm-up's end
+    assert settled(TrainConfig(io, loss=LossConfig(beta=warm.beta, anchor_start_step=150))) == 150
+    assert settled(TrainConfig(io, loss=LossConfig(beta=warm.beta, anchor_weight=0.0, anchor_start_step=150))) == 100
     warm_start = EStepConfig(mode="label", until_step=300)
-    assert TrainConfig(io, loss=warm, estep=warm_start).objective_settles == 300
+    assert settled(TrainConfig(io, loss=warm, estep=warm_start)) == 300
 
 
 def test_train_says_why_it_stopped(tiny, tmp_path):

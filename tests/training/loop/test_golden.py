@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from tokweight.training.config.migrations import train_config_from
 from tokweight.training.loop.run_dir import read_metrics
 from tokweight.training.loop.train import run
 from tokweight.training.config.train import TrainConfig
@@ -55,7 +56,7 @@ def merged(*groups: dict) -> dict:
 PLAIN = {"cvae": {"cond": "token", "posterior_pool": "last", "latent_init_norm": 0.0, "latent_init_center": False},
          "loss": {"beta": 1.0, "beta_warmup_steps": 0, "anchor_weight": 0.0, "anchor_margin": 0.0},
          "estep": {"mode": "off"}, "optim": {"lr": 1e-3}}
-# Each run's own fields, JSON-native (TrainConfig.from_json turns the dicts into their configs).
+# Each run's own fields, JSON-native (train_config_from turns the dicts into their configs).
 RUNS: dict[str, dict] = {
     "discrete": merged(PLAIN, {"cvae": {"latent": "discrete", "k": 4}}),
     "continuous": merged(PLAIN, {"cvae": {"latent": "continuous"}}),
@@ -72,7 +73,7 @@ PATH_FIELDS = ("checkpoint", "data", "store", "out")
 def config(name: str, tiny, store, out: Path) -> TrainConfig:
     data, ckpt = tiny
     paths = {"io": dict(checkpoint=str(ckpt), data=str(data), store=str(store), out=str(out))}
-    return TrainConfig.from_json(merged(paths, COMMON, RUNS[name]))
+    return train_config_from(merged(paths, COMMON, RUNS[name]))
 
 
 def resolved(cfg: TrainConfig) -> dict:

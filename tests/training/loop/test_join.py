@@ -15,7 +15,7 @@ from tokweight.pipeline.data.shards import iter_samples, write_shards
 from tokweight.store.baseline_store import BaselineStore
 from tokweight.training.objective.baselines import Frozen
 from tokweight.training.cvae.model import CVAEConfig, build_cvae
-from tokweight.training.objective.loss import plain_objective
+from tokweight.training.objective.loss import plain_objective, reconstruction
 from tokweight.training.loop.batches import (REMEDY, BadSamples, StoreMismatchError, StoreRef, collate_examples, encode, join_store,
                            split_urls, stored_shard)
 from tokweight.training.objective.terms import WeightingParams, reconstruction_weights
@@ -83,7 +83,7 @@ def test_poisoned_b_changes_the_loss(tiny, tiny_store):
     loss = {}
     for name, batch in (("clean", clean), ("poisoned", poisoned)):
         pi, _ = reconstruction_weights("surprisal-share", batch.b, batch.zfree.mask, WeightingParams())
-        loss[name] = plain_objective(model.latent, out, pi, beta=1.0).loss.item()
+        loss[name] = plain_objective(model.latent, out, reconstruction(out, pi), beta=1.0).loss.item()
     assert abs(loss["clean"] - loss["poisoned"]) > 1e-3
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tokweight.training.config.migrations import train_config_from
 from tokweight.training.loop.convergence import StopRule
 from tokweight.training.loop.faults import Hooks
 from tokweight.training.loop.run_dir import CheckpointWriteError
@@ -117,8 +118,8 @@ CHILD = """
 import json, os, signal, sys
 import torch
 from tokweight.training.loop.faults import Hooks
+from tokweight.training.config.migrations import train_config_from
 from tokweight.training.loop.train import run
-from tokweight.training.config.train import TrainConfig
 
 def kill_self(step):
     if step == int(sys.argv[2]):
@@ -126,7 +127,7 @@ def kill_self(step):
 
 if __name__ == "__main__":  # loader workers (forkserver) import this module too
     torch.set_num_threads(1)
-    run(TrainConfig.from_json(json.loads(open(sys.argv[1]).read())), Hooks(after_checkpoint=kill_self))
+    run(train_config_from(json.loads(open(sys.argv[1]).read())), Hooks(after_checkpoint=kill_self))
 """
 
 

@@ -9,10 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from tests.training.loop.test_resume import CKPT_EVERY, CONVERGED_END, FILES, STEPS, Killed, config, kill_after_step, train
+from tokweight.training.config.migrations import train_config_from
 from tokweight.training.config.cvae import CVAEConfig
 from tokweight.training.loop.faults import Hooks
 from tokweight.training.loop.run_dir import read_config, read_metrics
-from tokweight.training.config.train import TrainConfig
+from tokweight.training.objective.schedules import Schedule
 import tokweight.training.loop.starts as starts_module
 from tokweight.training.loop.starts import another_round, code_formed
 
@@ -166,9 +167,10 @@ def test_the_job_ends_where_a_single_run_from_the_chosen_seed_ends(tiny_dropout,
         single / "checkpoint" / "model.safetensors").read_bytes()
 
 
-def last_read(run):
-    """Where a run's posterior read the likelihood at its last step (eval and encode read it so)."""
-    return read_config(run).likelihood_read(json.loads((run / "checkpoint" / "state.json").read_text())["step"] - 1)
+def last_read(run) -> bool:
+    """Whether a run's posterior read the likelihood at its last step (eval and encode read it so)."""
+    step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
+    return Schedule.of(read_config(run)).at(step - 1).reads_likelihood
 
 
 def test_the_posterior_reads_the_likelihood_in_the_run_that_goes_on_and_not_in_the_starts(tiny_dropout, started,
@@ -176,9 +178,9 @@ def test_the_posterior_reads_the_likelihood_in_the_run_that_goes_on_and_not_in_t
     """The starts are compared by the head alone, and a run that never reaches ``estep.harden_from`` is the run the
     head alone trains, bitwise; the run that goes on reads the likelihood, and eval loads it so."""
     out, result = started
-    assert last_read(out) is not None and read_config(out).cvae.posterior_likelihood is True
+    assert last_read(out) and read_config(out).cvae.posterior_likelihood is True
     for seed in result["start"]["seeds"]:
-        assert last_read(out / "starts" / f"seed-{seed}") is None
+        assert not last_read(out / "starts" / f"seed-{seed}")
     runs = {}
     for reads in (True, False):  # one start: from step 800, past the cap
         cfg = config(tiny_dropout, tmp_path / str(reads), "to the cap")
@@ -191,7 +193,7 @@ def test_the_posterior_reads_the_likelihood_in_the_run_that_goes_on_and_not_in_t
     del written["cvae"]["posterior_likelihood"]
     (old / "config.json").write_text(json.dumps(written))
     assert read_config(old).cvae.posterior_likelihood is False  # as it trained, where the default is now true
-    assert TrainConfig.from_json(written).cvae.posterior_likelihood is True  # a config given to a new run
+    assert train_config_from(written).cvae.posterior_likelihood is False  # wherever a run's config.json is read
 
 
 def test_a_start_that_stopped_during_the_rounds_ends_the_job_where_its_single_run_ends(tiny_dropout, tmp_path,

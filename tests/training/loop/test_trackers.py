@@ -19,7 +19,8 @@ from click.testing import CliRunner
 
 from tests.support.fixtures_train import tiny, tiny_store  # noqa: F401 (fixtures)
 from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
-from tokweight.training.loop.trackers import check_report_to, open_trackers, parse_report_to
+from tokweight.training.config.cvae import check_report_to, parse_report_to
+from tokweight.training.loop.trackers import open_trackers
 
 ALL = ("tensorboard", "mlflow", "wandb")
 OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true",

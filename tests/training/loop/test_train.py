@@ -8,10 +8,11 @@ from safetensors.torch import load_file
 
 from tokweight.pipeline.models.checkpoint import load_checkpoint
 from tokweight.training.objective.baselines import Frozen, dynamic
+from tokweight.training.config.migrations import train_config_from
 from tokweight.training.cvae.model import CVAEConfig, build_cvae
 from tokweight.training.loop.batches import StreamSpec, split_urls
 from tokweight.training.loop.run_dir import load_run
-from tokweight.training.objective.schedules import lr_at, lr_decay_window
+from tokweight.training.objective.schedules import Schedule, lr_at, lr_decay_window
 from tokweight.training.loop.stream import EvalStream, loader
 from tokweight.training.loop.train import run
 from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
@@ -40,7 +41,7 @@ def test_run_writes_config_metrics_checkpoint_and_resumes(tiny, tmp_path):
     cfg = config(tiny, tmp_path / "run", steps=4)
     result = run(cfg)
     assert result["split"] == "val" and result["examples"] == 128 and 0 <= result["mi"] <= math.log(4)
-    assert TrainConfig.from_json(json.loads((tmp_path / "run" / "config.json").read_text())) == cfg
+    assert train_config_from(json.loads((tmp_path / "run" / "config.json").read_text())) == cfg
     recs = lines(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in recs if "loss" in r] == [0, 1, 3]  # log_every 2, diagnostics at step 0 and 3
     assert {"grad_recon", "grad_kl", "grad_ratio"} <= set(recs[0])
@@ -89,16 +90,19 @@ def test_config_refusals(tiny, tmp_path):
         config(tiny, tmp_path, loss=LossConfig(policy="precomputed"))
     with pytest.raises(ValueError, match="weighting"):
         config(tiny, tmp_path, loss=LossConfig(policy="frozen", weighting="median"))
-    with pytest.raises(ValueError, match=r"\['bogus'\] belong to no TrainConfig group"):
-        TrainConfig.from_json({**config(tiny, tmp_path).to_json(), "bogus": 1})
-    with pytest.raises(ValueError, match=r"\['loss.lr'\] belong to no TrainConfig group"):
-        TrainConfig.from_json({**config(tiny, tmp_path).to_json(), "loss": {"lr": 1e-3}})
+    with pytest.raises(ValueError, match=r"^bogus: no such field; TrainConfig has"):
+        train_config_from({**config(tiny, tmp_path).to_json(), "bogus": 1})
+    with pytest.raises(ValueError, match=r"^loss.lr: no such field; loss has"):
+        train_config_from({**config(tiny, tmp_path).to_json(), "loss": {"lr": 1e-3}})
 
 
-def test_beta_schedules():
-    assert LossConfig(beta=0.5, beta_warmup_steps=0).beta_at(7) == 0.5
-    lin = LossConfig(beta=1.0, beta_warmup_steps=4)
-    assert [lin.beta_at(s) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+def test_beta_schedules(tiny, tmp_path):
+    def schedule(**loss) -> Schedule:
+        return Schedule.of(config(tiny, tmp_path, loss=LossConfig(policy="frozen", **loss)))
+
+    assert schedule(beta=0.5, beta_warmup_steps=0).at(7).beta == 0.5
+    lin = schedule(beta=1.0, beta_warmup_steps=4)
+    assert [lin.at(s).beta for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
     with pytest.raises(ValueError):
         LossConfig(beta=1.0, beta_warmup_steps=-1)
 

@@ -6,15 +6,21 @@ import pytest
 import torch
 
 from tokweight.training.cvae.model import CVAEOutput
-from tokweight.training.objective.estep import (EStepConfig, LikelihoodRead, assigned_reconstruction, assignment,
-                                      assignment_kl, distillation, exact_posterior, sinkhorn, sure_rows)
-from tokweight.training.objective.loss import em_objective
+from tokweight.training.objective.estep import (EStepConfig, assigned_reconstruction, assignment, assignment_kl, distillation,
+                                      exact_posterior, read_likelihood, sinkhorn, sure_rows)
+from tokweight.training.objective.loss import em_objective, reconstruction
 from tokweight.training.cvae.latent import CategoricalLatent
+from tokweight.training.objective.schedules import Schedule
 
 
 def E(**fields) -> EStepConfig:
     """An E-step config with the pure functions' reference settings spelt out (a run resolves them per latent)."""
     return EStepConfig(**{"follow_beta": False, "prior": "uniform", "harden": 0.0, **fields})
+
+
+def acting(cfg: EStepConfig, step: int) -> Schedule:
+    """The E-step ``cfg`` as a run's schedule has it act at ``step`` (beta 0, no anchor, no likelihood read)."""
+    return Schedule(0.0, 0, 0.0, 0, cfg, False).at(step)
 
 
 def brute_force_minimiser(R, log_p, beta, grid=60):
@@ -79,11 +85,11 @@ def test_harden_is_the_soft_e_step_where_z_is_not_in_use_and_before_harden_from(
     zero = torch.zeros_like(R)
     cfg = E(mode="soft", temperature=0.3, harden=0.5, harden_from=800)
     assert torch.equal(assignment(R, zero, cfg), assignment(R, zero, E(mode="soft", temperature=0.3)))
-    assert cfg.at(799).harden == 0.0 and cfg.at(800).harden == 0.5
+    assert acting(cfg, 799).estep.harden == 0.0 and acting(cfg, 800).estep.harden == 0.5
     sure = torch.tensor([[0.0, 3.0, 3.0]])
-    assert assignment(sure, torch.zeros_like(sure), cfg.at(799))[0, 0] < 1.0
-    assert assignment(sure, torch.zeros_like(sure), cfg.at(800)).tolist() == [[1.0, 0.0, 0.0]]
-    assert replace(cfg, harden_from=None).at(10 ** 6).harden == 0.0  # a start: its starts not yet compared
+    assert assignment(sure, torch.zeros_like(sure), acting(cfg, 799).estep)[0, 0] < 1.0
+    assert assignment(sure, torch.zeros_like(sure), acting(cfg, 800).estep).tolist() == [[1.0, 0.0, 0.0]]
+    assert acting(replace(cfg, harden_from=None), 10 ** 6).estep.harden == 0.0  # a start: not yet compared
 
 
 def test_sure_rows_are_those_the_e_step_gives_a_one_hot():
@@ -109,16 +115,16 @@ def test_the_likelihood_read_adds_log_p_y_on_the_sure_rows_only_and_detached():
     head = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
     post = torch.log_softmax(head, -1)
     out = CVAEOutput(post, torch.zeros(3, 3, dtype=torch.float64).log_softmax(-1), nll, nll.detach()[:, 0])
-    pi = torch.full((3, 4), 0.25, dtype=torch.float64)
-    read = LikelihoodRead(E(mode="soft", temperature=0.1, harden=0.9), beta=1.0)
-    got = read(out, pi).post
-    assert sure_rows((nll * pi[:, None]).sum(-1), out.prior, read.estep, 1.0).tolist() == [True, False, False]
+    R = reconstruction(out, torch.full((3, 4), 0.25, dtype=torch.float64))  # (3, 3)
+    sure_of = E(mode="soft", temperature=0.1, harden=0.9)
+    got = read_likelihood(out, R, sure_of, 1.0).post
+    assert sure_rows(R, out.prior, sure_of, 1.0).tolist() == [True, False, False]
     torch.testing.assert_close(got[0], torch.log_softmax(head[0] - nll[0].sum(-1), -1))
     torch.testing.assert_close(got[1:], post[1:])
     grad_nll, grad_head = torch.autograd.grad(got[:, 0].sum(), [nll, head], allow_unused=True)
     assert grad_nll is None and grad_head[0].abs().sum() > 0
-    nobody = LikelihoodRead(E(mode="soft", temperature=0.1, harden=0.0), beta=1.0)
-    assert torch.equal(nobody(out, pi).post, post)  # no hardening: q is the head's
+    nobody = E(mode="soft", temperature=0.1, harden=0.0)
+    assert torch.equal(read_likelihood(out, R, nobody, 1.0).post, post)  # no hardening: q is the head's
 
 
 def test_distillation_and_assigned_reconstruction_by_hand():
@@ -137,7 +143,7 @@ def test_em_objective_trains_copies_by_assignment_and_the_posterior_by_distillat
     prior = torch.tensor([[0.5, 0.5]]).log()
     out = CVAEOutput(post, prior, nll, torch.zeros(1, 2))
     pi = torch.tensor([[0.5, 0.5]])  # R = (2.0, 1.0): k = 1 wins
-    obj = em_objective(latent, out, pi, beta=0.0, free_bits=0.0, cfg=E(mode="hard"))
+    obj = em_objective(latent, out, reconstruction(out, pi), beta=0.0, free_bits=0.0, cfg=E(mode="hard"))
     assert obj.loss.item() == pytest.approx(1.0 - math.log(0.2))
     assert obj.recon.item() == pytest.approx(0.8 * 2.0 + 0.2 * 1.0)
     obj.loss.backward()
@@ -150,21 +156,21 @@ def test_config_validation():
         E(mode="viterbi")
     with pytest.raises(ValueError, match="harden must be a share"):
         E(harden=1.5)
-    assert EStepConfig(mode="hard", harden=0.5).resolved("discrete", 4, 1, 800).harden == 0.0  # nothing to harden
-    assert EStepConfig().resolved("discrete", 4, 1, 800).harden == 0.5
-    assert EStepConfig(mode="soft").resolved("continuous", 4, 4, 800).harden == 0.0
+    assert EStepConfig(mode="hard", harden=0.5).resolved("discrete", 4, 1).harden == 0.0  # nothing to harden
+    assert EStepConfig().resolved("discrete", 4, 1).harden == 0.5
+    assert EStepConfig(mode="soft").resolved("continuous", 4, 4).harden == 0.0
     # at k = 2 every q* gives one value at least half, a z not in use included: no hardening unless set above it
-    assert EStepConfig().resolved("discrete", 2, 1, 800).harden == 0.0
-    assert EStepConfig().resolved("discrete", 3, 1, 800).harden == 0.5
-    assert EStepConfig(harden=0.8).resolved("discrete", 2, 1, 800).harden == 0.8
-    at_half = EStepConfig(harden=0.5).resolved("discrete", 2, 1, 800)  # a config.json of before the refusal loads
+    assert EStepConfig().resolved("discrete", 2, 1).harden == 0.0
+    assert EStepConfig().resolved("discrete", 3, 1).harden == 0.5
+    assert EStepConfig(harden=0.8).resolved("discrete", 2, 1).harden == 0.8
+    at_half = EStepConfig(harden=0.5).resolved("discrete", 2, 1)  # a config.json of before the refusal loads
     with pytest.raises(ValueError, match=r"harden 0.5 is at most 1/k = 0.5: .* set it above 1/k, or 0"):
         at_half.check_harden(2)  # where a run trains
     at_half.check_harden(3)
-    EStepConfig(harden=0.0).resolved("discrete", 2, 1, 800).check_harden(2)
+    EStepConfig(harden=0.0).resolved("discrete", 2, 1).check_harden(2)
     with pytest.raises(ValueError, match="temperature"):
         E(temperature=0.0)
-    assert not E(mode="hard", until_step=5).active(5) and E(mode="hard").active(10 ** 6)
+    assert not acting(E(mode="hard", until_step=5), 5).em and acting(E(mode="hard"), 10 ** 6).em
 
 
 def test_follow_beta_is_the_exact_e_step_and_hard_at_beta_zero():
@@ -181,7 +187,8 @@ def test_em_objective_fits_the_prior_to_the_assignment_and_leaves_q_out_of_the_k
     post = torch.tensor([[0.8, 0.2]]).log().requires_grad_()
     prior = torch.tensor([[0.6, 0.4]]).log().requires_grad_()
     out = CVAEOutput(post, prior, nll, torch.zeros(1, 2))
-    obj = em_objective(latent, out, torch.tensor([[0.5, 0.5]]), beta=0.5, free_bits=0.0, cfg=E(mode="hard"))
+    obj = em_objective(latent, out, reconstruction(out, torch.tensor([[0.5, 0.5]])), beta=0.5, free_bits=0.0,
+                       cfg=E(mode="hard"))
     assert obj.kl_term.item() == pytest.approx(-math.log(0.4))  # KL(one-hot at k=1 || p)
     assert obj.kl.item() == pytest.approx(0.8 * math.log(0.8 / 0.6) + 0.2 * math.log(0.2 / 0.4))
     obj.loss.backward()
@@ -248,15 +255,15 @@ def test_the_labelled_weight_moves_only_a_run_with_labels():
     g = torch.Generator().manual_seed(0)
     out = CVAEOutput(post=torch.randn(6, 2, generator=g).log_softmax(-1), prior=torch.zeros(6, 2).log_softmax(-1),
                      nll=torch.rand(6, 2, 5, generator=g), zfree_nll=torch.zeros(6, 5))
-    pi = torch.full((6, 5), 0.2)
+    R = reconstruction(out, torch.full((6, 5), 0.2))  # (6, 2)
     LATENT = CategoricalLatent(2, 8, [0, 1])
     cfg = E(mode="soft", labelled=0.5)
     none = torch.full((6,), -1)
-    plain = em_objective(LATENT, out, pi, 0.3, 0.0, cfg, none).loss
-    assert plain == em_objective(LATENT, out, pi, 0.3, 0.0, replace(cfg, labelled_weight=0.2), none).loss
+    plain = em_objective(LATENT, out, R, 0.3, 0.0, cfg, none).loss
+    assert plain == em_objective(LATENT, out, R, 0.3, 0.0, replace(cfg, labelled_weight=0.2), none).loss
     one = torch.tensor([1, -1, -1, -1, -1, -1])
-    weighted = em_objective(LATENT, out, pi, 0.3, 0.0, cfg, one).loss
-    even = em_objective(LATENT, out, pi, 0.3, 0.0, replace(cfg, labelled_weight=1 / 6), one).loss
+    weighted = em_objective(LATENT, out, R, 0.3, 0.0, cfg, one).loss
+    even = em_objective(LATENT, out, R, 0.3, 0.0, replace(cfg, labelled_weight=1 / 6), one).loss
     assert not torch.isclose(weighted, even)
 
 
@@ -299,8 +306,9 @@ def test_continuous_e_step_weighs_draws_by_prior_over_proposal_and_distils_q_to_
     z = torch.tensor([[1.0], [-1.0]])  # draw 0 at +1, draw 1 at -1
     R = torch.tensor([[0.3, 0.5]], requires_grad=True)
     beta = 0.4
-    obj = em_objective(latent, gaussian_out(R, mu, logvar, prior_mu, prior_logvar, z), torch.ones(1, 1), beta=beta,
-                       free_bits=0.0, cfg=E(mode="soft", follow_beta=True, prior="learned"))
+    out = gaussian_out(R, mu, logvar, prior_mu, prior_logvar, z)
+    obj = em_objective(latent, out, reconstruction(out, torch.ones(1, 1)), beta=beta, free_bits=0.0,
+                       cfg=E(mode="soft", follow_beta=True, prior="learned"))
     # q* = p exp(-R / beta) / Z with q as the proposal: w_s = p(z_s) / q(z_s) * exp(-R_s / beta)
     log_w = torch.tensor([-0.5 * 0.25 + 0.5 - 0.3 / beta, -0.5 * 2.25 + 0.5 - 0.5 / beta])
     a = torch.softmax(log_w, 0)
