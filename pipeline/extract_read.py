@@ -27,7 +27,8 @@ from tokweight.pipeline.rendering import Check
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_shard, scan_shard, tar_keys
 from tokweight.pipeline.templates import BatchArrays, Layout, check_length, collate_arrays, template_ids_many
-from tokweight.pipeline.urls import Retry, fetch
+from tokweight.pipeline.extract_config import Retry
+from tokweight.pipeline.urls import fetch
 
 if TYPE_CHECKING:
     from tokweight.pipeline.extract_plan import Task

@@ -69,15 +69,17 @@ from tokweight.config_files import preset_config
 from tokweight.pipeline import extract, hf
 from tokweight.pipeline.bucketing import padded_fraction, plan_batches
 from tokweight.pipeline.backbone import load_backbone
-from tokweight.pipeline.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
-                              score_batch, uses_reader_process)
+from tokweight.pipeline.extract_config import ExtractConfig
+from tokweight.pipeline.extract import (ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
+                                       score_batch, uses_reader_process)
 from tokweight.pipeline.extract_reader import ReaderProcess, busy_cpus, gc_frozen
 from tokweight.pipeline.extract_plan import InputShard, Task, run_inputs
 from tokweight.pipeline.shards import resolve_shards, shard_name
-from tokweight.pipeline.synth import SynthConfig, write_dataset
+from tokweight.pipeline.data_config import SynthConfig
+from tokweight.pipeline.synth import write_dataset
 from tokweight.pipeline.templates import Batch, template_option
 from tokweight.store.baseline_store import BaselineStore
-from tokweight.training.train_base import BaseTrainConfig
+from tokweight.training.base_config import BaseTrainConfig
 from tokweight.training.train_base import run as train_base
 
 

@@ -50,11 +50,12 @@ K = 4
 
 
 def prepare(work: Path) -> tuple[Path, Path, Path]:
-    from tokweight.pipeline.extract import ExtractConfig
+    from tokweight.pipeline.extract_config import ExtractConfig
     from tokweight.pipeline.extract import run as extract
     from tokweight.config_files import preset_config
-    from tokweight.pipeline.synth import SynthConfig, write_dataset
-    from tokweight.training.train_base import BaseTrainConfig
+    from tokweight.pipeline.data_config import SynthConfig
+    from tokweight.pipeline.synth import write_dataset
+    from tokweight.training.base_config import BaseTrainConfig
     from tokweight.training.train_base import run as train_base
 
     data, ckpt, store = work / "data", work / "base", work / "store"

@@ -90,7 +90,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tokweight.pipeline.synth import DEFAULT_STRATEGIES, STRATEGIES, SynthConfig, kind_strategies
+from tokweight.pipeline.data_config import DEFAULT_STRATEGIES, SynthConfig
+from tokweight.pipeline.synth import STRATEGIES, kind_strategies
 from tokweight.report.tables import markdown_table
 from tokweight.training.control import OUTCOMES
 from tokweight.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting, synthetic_task

@@ -213,7 +213,8 @@ def extraction(check: Check, rounds: int = 3) -> list[Row]:
     top-1, back to the host, scattered into the part's table) against the bare forward over the same batches, both
     over every train shard, in alternating rounds (median); the first round is the warm-up."""
     from tokweight.pipeline.backbone import load_backbone
-    from tokweight.pipeline.extract import ExtractConfig, ScoreInputs, score_shard
+    from tokweight.pipeline.extract_config import ExtractConfig
+    from tokweight.pipeline.extract import ScoreInputs, score_shard
     from tokweight.pipeline.templates import Batch, Template
 
     ckpt = load_backbone(check.model, device=check.device, dtype=check.dtype, template=Template("chat"))
@@ -446,7 +447,7 @@ def planner(check: Check, name: str) -> Row:
     ``torch.cuda.max_memory_allocated``. This is the one place the check calls the planner
     (``tokweight.training.plan``: ``plan(PlanConfig(...), search=False).train.peak``, bytes)."""
     try:
-        from tokweight.training import plan
+        from tokweight.training import plan, plan_config
     except ImportError:
         return Row(name, status="skipped: planner not available (tokweight.training.plan)")
     if check.kept.get("full_peak") is None:
@@ -454,8 +455,8 @@ def planner(check: Check, name: str) -> Row:
     from tokweight.training.configs import CVAEConfig
 
     measured, seq_len = check.kept["full_peak"], check.kept["full_tokens"]
-    cfg = plan.PlanConfig(model=str(check.model), k=check.k, batch_size=check.batch, seq_len=seq_len,
-                          dtype=check.dtype, cvae=CVAEConfig(k=check.k))
+    cfg = plan_config.PlanConfig(model=str(check.model), k=check.k, batch_size=check.batch, seq_len=seq_len,
+                                 dtype=check.dtype, cvae=CVAEConfig(k=check.k))
     predicted = plan.plan(cfg, search=False).train.peak / 2 ** 30
     ratio = predicted / measured
     return Row(name, peak_gib=measured, status="ok" if abs(ratio - 1) <= 0.1 else "off target",

@@ -49,10 +49,11 @@ from scipy.optimize import minimize
 from tokweight.config_files import preset_config, preset_names
 from tokweight.pipeline.backbone import load_backbone, s_nll
 from tokweight.pipeline.labels import load_labels
-from tokweight.pipeline.synth import SynthConfig
+from tokweight.pipeline.data_config import SynthConfig
 from tokweight.pipeline.templates import collate, template_ids
 from tokweight.training.control import strategy_execution
-from tokweight.training.generate import GenerateConfig, run as generate
+from tokweight.training.use_config import GenerateConfig
+from tokweight.training.generate import run as generate
 from tokweight.training.train_base import load_split
 
 SHARED = 0.2  # the smaller strategy's least share of a value's a-or-b decodes for the value to count as shared

@@ -47,7 +47,8 @@ def accuracy() -> None:
     import tempfile
     import time
 
-    from tokweight.training.plan import PlanConfig, run_phases
+    from tokweight.training.plan_config import PlanConfig
+    from tokweight.training.plan import run_phases
     from tokweight.training.plan_build import model_spec
 
     llama = Path(tempfile.mkdtemp()) / "config.json"
@@ -84,7 +85,8 @@ def main() -> None:
         accuracy()
         return
 
-    from tokweight.training.plan import PlanConfig, plan
+    from tokweight.training.plan_config import PlanConfig
+    from tokweight.training.plan import plan
 
     torch.set_num_threads(1)
     out = Path(args.out)

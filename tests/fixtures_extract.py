@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from tokweight.pipeline.checkpoint import load_checkpoint, save_checkpoint
-from tokweight.pipeline.extract import ExtractConfig, run
+from tokweight.pipeline.extract_config import ExtractConfig
+from tokweight.pipeline.extract import run
 from tokweight.config_files import preset_config
-from tokweight.pipeline.synth import SynthConfig, write_dataset
-from tokweight.training.train_base import BaseTrainConfig
+from tokweight.pipeline.data_config import SynthConfig
+from tokweight.pipeline.synth import write_dataset
+from tokweight.training.base_config import BaseTrainConfig
 from tokweight.training.train_base import run as train_base
 
 

@@ -77,11 +77,12 @@ def write_store(store: Path, fp: str, rows: list[dict], *, fmt: str = PARQUET, c
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory):
     """synth -> train-base (30 steps) -> extract on the `tiny` preset, built once per session."""
-    from tokweight.pipeline.extract import ExtractConfig
+    from tokweight.pipeline.extract_config import ExtractConfig
     from tokweight.pipeline.extract import run as extract_run
     from tokweight.config_files import preset_config
-    from tokweight.pipeline.synth import SynthConfig, write_dataset
-    from tokweight.training.train_base import BaseTrainConfig
+    from tokweight.pipeline.data_config import SynthConfig
+    from tokweight.pipeline.synth import write_dataset
+    from tokweight.training.base_config import BaseTrainConfig
     from tokweight.training.train_base import run as train_run
 
     root = tmp_path_factory.mktemp("tiny_pipeline")

@@ -11,8 +11,10 @@ import torch
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards
 from tokweight.config_files import preset_config
-from tokweight.pipeline.synth import SynthConfig, write_dataset
-from tokweight.training.train_base import BaseTrainConfig, run as train_base
+from tokweight.pipeline.data_config import SynthConfig
+from tokweight.pipeline.synth import write_dataset
+from tokweight.training.base_config import BaseTrainConfig
+from tokweight.training.train_base import run as train_base
 
 AMP_T, AMP_T0 = 13, 1  # two strategy tokens, then ten filler tokens and </y>
 
@@ -84,7 +86,8 @@ def two_regime(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_store(tiny, tmp_path_factory):
     """The tiny base model's baseline store over every split of the tiny data."""
-    from tokweight.pipeline.extract import ExtractConfig, run as extract
+    from tokweight.pipeline.extract_config import ExtractConfig
+    from tokweight.pipeline.extract import run as extract
 
     def build():
         data, ckpt = tiny

@@ -7,7 +7,8 @@ import warnings
 
 import pytest
 
-from tokweight.pipeline.convert import ConvertConfig, run as convert
+from tokweight.pipeline.data_config import ConvertConfig
+from tokweight.pipeline.convert import run as convert
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_samples, resolve_shards
 

@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 import tokweight.pipeline.convert
 from tokweight.cli import main
-from tokweight.pipeline.convert import ConvertConfig, key_unit, run as convert
+from tokweight.pipeline.data_config import ConvertConfig, key_unit
+from tokweight.pipeline.convert import run as convert
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_samples, resolve_shards, write_shards
 from tokweight.training.data import split_urls

@@ -6,8 +6,10 @@ import shutil
 
 import pytest
 
-from tokweight.pipeline.extract import ExtractConfig, run as extract
-from tokweight.training.evaluate import EvalConfig, run_eval
+from tokweight.pipeline.extract_config import ExtractConfig
+from tokweight.pipeline.extract import run as extract
+from tokweight.training.use_config import EvalConfig
+from tokweight.training.evaluate import run_eval
 from tokweight.training.train import run as train
 from tokweight.training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig
 

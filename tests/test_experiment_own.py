@@ -14,10 +14,12 @@ import pytest
 from click.testing import CliRunner
 
 from tokweight.cli import main
-from tokweight.pipeline.convert import ConvertConfig, run as convert
+from tokweight.pipeline.data_config import ConvertConfig
+from tokweight.pipeline.convert import run as convert
 from tokweight.pipeline.samples import sample_to_json
 from tokweight.config_files import flat, plain, preset, preset_config
-from tokweight.pipeline.synth import SynthConfig, generate
+from tokweight.pipeline.data_config import SynthConfig
+from tokweight.pipeline.synth import generate
 from tests.fixtures_experiment import TINY_BUDGET
 from tests.test_cli_errors import fails_in_one_line
 from tokweight.experiments import own_task

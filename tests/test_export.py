@@ -16,7 +16,8 @@ from tokweight.pipeline.templates import template_ids
 from tokweight.training.configs import CVAEConfig, LoRAConfig
 from tokweight.training.decode import latent_values, prompt_maker
 from tokweight.training.encode import load_trained
-from tokweight.training.generate import GenerateConfig, in_form, run as generate
+from tokweight.training.use_config import GenerateConfig
+from tokweight.training.generate import in_form, run as generate
 from tokweight.training.train import run as train
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 from tokweight.training.train_base import load_split
@@ -47,7 +48,8 @@ MAX_NEW = 12
 
 
 def extracted(ckpt, data, template, root):
-    from tokweight.pipeline.extract import ExtractConfig, run as extract
+    from tokweight.pipeline.extract_config import ExtractConfig
+    from tokweight.pipeline.extract import run as extract
 
     extract(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(root / "store"), template=str(template),
                           progress=False, reader_process=False))

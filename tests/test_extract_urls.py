@@ -13,7 +13,8 @@ from tokweight.cli import main
 from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline import extract as extract_module
 from tokweight.pipeline.extract import run
-from tokweight.pipeline.urls import FetchError, Retry, ShardChangedError
+from tokweight.pipeline.urls import FetchError, ShardChangedError
+from tokweight.pipeline.extract_config import Retry
 from tokweight.store.baseline_store import BaselineStore
 from tokweight.store.manifest import read_records
 from tokweight.store.verify import verify_dir

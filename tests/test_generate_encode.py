@@ -20,10 +20,13 @@ from tokweight.training.configs import CVAEConfig, EStepConfig
 from tokweight.training.data import split_urls
 import tokweight.training.encode as encode_module
 from tokweight.training.baselines import make_baseline
-from tokweight.training.encode import EncodeConfig, run as encode
-from tokweight.training.evaluate import EvalConfig, run_eval
+from tokweight.training.use_config import EncodeConfig
+from tokweight.training.encode import run as encode
+from tokweight.training.use_config import EvalConfig
+from tokweight.training.evaluate import run_eval
 from tokweight.training.export_hf import export_hf
-from tokweight.training.generate import GenerateConfig, run as generate
+from tokweight.training.use_config import GenerateConfig
+from tokweight.training.generate import run as generate
 from tokweight.training.run_dir import read_config
 from tokweight.training.train import run as train
 from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig

@@ -11,13 +11,15 @@ import torch
 
 from tokweight.pipeline.backbone import load_backbone
 from tokweight.pipeline.errors import SampleError
-from tokweight.pipeline.extract import ExtractConfig, run as extract
+from tokweight.pipeline.extract_config import ExtractConfig
+from tokweight.pipeline.extract import run as extract
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import iter_samples, write_shards
 from tokweight.pipeline.templates import Template
 from tokweight.store.baseline_store import BaselineStore
 from tokweight.training.configs import CVAEConfig
-from tokweight.training.evaluate import EvalConfig, run_eval
+from tokweight.training.use_config import EvalConfig
+from tokweight.training.evaluate import run_eval
 from tokweight.training.run_dir import load_run, read_metrics
 from tokweight.training.train import run as train
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig

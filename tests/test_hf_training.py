@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from tokweight.pipeline.extract import ExtractConfig, run as extract
+from tokweight.pipeline.extract_config import ExtractConfig
+from tokweight.pipeline.extract import run as extract
 from tokweight.pipeline.hf import HFBackbone
 from tokweight.training.configs import CVAEConfig
-from tokweight.training.evaluate import EvalConfig, run_eval
+from tokweight.training.use_config import EvalConfig
+from tokweight.training.evaluate import run_eval
 from tokweight.training.run_dir import load_run, read_metrics
 from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig

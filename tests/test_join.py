@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tokweight.pipeline.checkpoint import load_checkpoint, save_checkpoint
-from tokweight.pipeline.extract import ExtractConfig
+from tokweight.pipeline.extract_config import ExtractConfig
 from tokweight.pipeline.extract import run as extract
 from tokweight.pipeline.shards import iter_samples, write_shards
 from tokweight.store.baseline_store import BaselineStore

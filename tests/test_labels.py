@@ -2,7 +2,8 @@
 
 import json
 
-from tokweight.pipeline.convert import ConvertConfig, run as convert
+from tokweight.pipeline.data_config import ConvertConfig
+from tokweight.pipeline.convert import run as convert
 from tokweight.pipeline.labels import load_labels, shard_labels
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import write_shards

@@ -18,9 +18,11 @@ from tokweight.pipeline.shards import iter_shard
 from tokweight.training.baselines import AdaptersOff, Frozen
 from tokweight.training.configs import CVAEConfig, LoRAConfig
 from tokweight.training.data import split_urls
-from tokweight.training.evaluate import EvalConfig, run_eval
+from tokweight.training.use_config import EvalConfig
+from tokweight.training.evaluate import run_eval
 from tokweight.training.faults import Hooks
-from tokweight.training.generate import GenerateConfig, run as generate
+from tokweight.training.use_config import GenerateConfig
+from tokweight.training.generate import run as generate
 from tokweight.training.run_dir import load_run, read_metrics
 from tokweight.training.stream import TrainStream
 from tokweight.training.step import train_step

@@ -23,7 +23,8 @@ from tokweight.training.conditioning import token_key_values
 from tokweight.training.cvae import CVAEConfig, build_cvae
 from tokweight.training.objective import plain_objective
 from tokweight.training.data import collate_examples, encode
-from tokweight.training.evaluate import EvalConfig, run_eval
+from tokweight.training.use_config import EvalConfig
+from tokweight.training.evaluate import run_eval
 from tokweight.training.export_hf import hf_config, hf_state_dict
 from tokweight.training.losses import WeightingParams, reconstruction_weights
 from tokweight.training.run_dir import load_run

@@ -17,7 +17,8 @@ from tokweight.cli import main
 from tokweight.pipeline.errors import Skips
 from tokweight.training.global_batch import GlobalBatch
 from tokweight.training.state import Progress
-from tokweight.training.plan import PlanConfig, largest_batch, run_phases, train_peak
+from tokweight.training.plan_config import PlanConfig
+from tokweight.training.plan import largest_batch, run_phases, train_peak
 from tokweight.training.plan_build import model_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")

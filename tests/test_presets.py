@@ -15,8 +15,9 @@ from tokweight.experiments.artefacts import TaskConfig, synthetic_task
 from tokweight.experiments.grid import ExperimentConfig
 from tokweight.experiments.own_task import OwnTaskConfig
 from tokweight.experiments.sweep import SweepConfig
-from tokweight.pipeline.synth import SynthConfig, config_dict
-from tokweight.training.train_base import BaseTrainConfig
+from tokweight.pipeline.data_config import SynthConfig
+from tokweight.pipeline.synth import config_dict
+from tokweight.training.base_config import BaseTrainConfig
 
 PATHS = {"data": "D", "out": "O"}
 

@@ -2,7 +2,8 @@
 
 import torch
 
-from tokweight.pipeline.extract import ExtractConfig, run as extract
+from tokweight.pipeline.extract_config import ExtractConfig
+from tokweight.pipeline.extract import run as extract
 from tokweight.pipeline.ranks import Ranks, rank_device
 from tokweight.training.train import run as train
 from tokweight.training.train_config import IOConfig, LogConfig, OptimConfig, TrainConfig

@@ -17,7 +17,8 @@ from tests.fixtures_hf import TEXT_TEMPLATE, text_corpus
 from tokweight.pipeline import extract_read
 from tokweight.pipeline import rendering
 from tokweight.pipeline.errors import SampleError
-from tokweight.pipeline.extract import ExtractConfig, run as extract, to_device
+from tokweight.pipeline.extract_config import ExtractConfig
+from tokweight.pipeline.extract import run as extract, to_device
 from tokweight.pipeline.hf import TokenizerVocab
 from tokweight.pipeline.rendering import CHECK_EVERY, Renderer, RenderMismatch
 from tokweight.pipeline.templates import Template, or_error, template_ids, template_ids_many

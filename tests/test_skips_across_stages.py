@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tokweight.pipeline.checkpoint import load_checkpoint
 from tokweight.cli import main
 from tokweight.pipeline.errors import Skips
-from tokweight.pipeline.extract import ExtractConfig
+from tokweight.pipeline.extract_config import ExtractConfig
 from tokweight.pipeline.extract import run as extract
 from tokweight.store.baseline_store import BaselineStore
 from tests.fixtures_extract import sample_member, write_raw_tar

@@ -275,7 +275,8 @@ def test_train_base_reports_each_metrics_line(tiny, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tokweight.config_files import preset_config
-    from tokweight.training.train_base import BaseTrainConfig, run as train_base
+    from tokweight.training.base_config import BaseTrainConfig
+    from tokweight.training.train_base import run as train_base
 
     out = tmp_path / "base"
     train_base(preset_config(BaseTrainConfig, "base", "tiny", data=str(tiny[0]), out=str(out), steps=4,

@@ -5,8 +5,10 @@ import pytest
 
 from tokweight.pipeline.checkpoint import load_checkpoint
 from tokweight.config_files import preset, preset_config
-from tokweight.pipeline.synth import SynthConfig, consistent_at_t0, write_dataset
-from tokweight.training.train_base import BaseTrainConfig, run
+from tokweight.pipeline.data_config import SynthConfig
+from tokweight.pipeline.synth import consistent_at_t0, write_dataset
+from tokweight.training.base_config import BaseTrainConfig
+from tokweight.training.train_base import run
 
 TINY_BASE = preset("base", "tiny")
 """The tiny base preset's fields (tokweight/presets/base/tiny.toml)."""

@@ -11,7 +11,8 @@ from tests.fixtures_train import two_regime_samples
 from tokweight.report.eval_md import write_eval_md
 from tokweight.training.configs import CVAEConfig
 from tokweight.training.cvae import build_cvae
-from tokweight.training.evaluate import EvalConfig, greedy_decode, latent_values, run_eval
+from tokweight.training.use_config import EvalConfig
+from tokweight.training.evaluate import greedy_decode, latent_values, run_eval
 from tokweight.training.metrics import contingency, exact_mi, hungarian_accuracy, nmi
 from tokweight.training.train import run
 from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig, TrainConfig

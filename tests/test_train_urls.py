@@ -12,10 +12,11 @@ from click.testing import CliRunner
 
 from tokweight.cli import main
 from tokweight.pipeline.checkpoint import load_checkpoint
-from tokweight.pipeline.extract import ExtractConfig, run as extract
+from tokweight.pipeline.extract_config import ExtractConfig
+from tokweight.pipeline.extract import run as extract
 from tokweight.pipeline.labels import load_labels
 from tokweight.pipeline.shards import dataset_json, resolve_shards
-from tokweight.pipeline.urls import Retry
+from tokweight.pipeline.extract_config import Retry
 from tokweight.training.data import StoreMismatchError, StoreRef, StreamSpec, TrainBatch, split_urls
 from tokweight.training.stream import EvalStream, TrainStream
 

@@ -16,11 +16,12 @@ from tokweight.training.configs import CVAEConfig
 from tokweight.training.control import (CONTROL_FLOOR, MIN_REPRODUCTIONS, label_free_control, likelihood_control,
                                         reference_control, reproduction_by_label, strategy_execution, value_report,
                                         z_use)
-from tokweight.training.evaluate import EvalConfig, run_eval
+from tokweight.training.use_config import EvalConfig
+from tokweight.training.evaluate import run_eval
 from tokweight.training.metrics import EvalRecords, gaussian_mi
 from tokweight.experiments.recipes import with_recipe
 from tokweight.training.train import run as train
-from tokweight.training.train_base import BaseTrainConfig
+from tokweight.training.base_config import BaseTrainConfig
 from tokweight.training.train_base import run as train_base
 from tokweight.training.train_config import (
     IOConfig,

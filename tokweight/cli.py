@@ -89,7 +89,8 @@ def main(debug):
                    "preset's own.")
 def synth(out, preset, seed, header_len, trailer_len, min_len, max_len, k):
     """Write strategy-ambiguous synthetic WebDataset shards and dataset.json."""
-    from tokweight.pipeline.synth import SynthConfig, kind_strategies, write_dataset
+    from tokweight.pipeline.data_config import SynthConfig
+    from tokweight.pipeline.synth import kind_strategies, write_dataset
 
     overrides = {k: v for k, v in dict(header_len=header_len, trailer_len=trailer_len, min_len=min_len,
                                        max_len=max_len).items() if v is not None}
@@ -134,7 +135,8 @@ def parse_columns(ctx, param, value: str | None) -> dict[str, str]:
 def convert(jsonl, parquet, columns, out, shard_size, on_bad, val_fraction, test_fraction, seed, split_field,
             overwrite):
     """Convert JSON lines ({"x": [...], "y": [...], ...}) or Parquet rows into train/val/test WebDataset shards."""
-    from tokweight.pipeline.convert import ConvertConfig, run
+    from tokweight.pipeline.data_config import ConvertConfig
+    from tokweight.pipeline.convert import run
 
     try:
         info = run(ConvertConfig(jsonl=jsonl, out=out, shard_size=shard_size, on_bad=on_bad,
@@ -169,7 +171,8 @@ def convert(jsonl, parquet, columns, out, shard_size, on_bad, val_fraction, test
 @threads_option
 def train_base(data, out, preset, steps, seed, k_max, min_slots, device, report_to, threads):
     """Train the entangled (z-free) base model on S and write a fingerprinted checkpoint."""
-    from tokweight.training.train_base import BaseTrainConfig, memorised_line, run
+    from tokweight.training.base_config import BaseTrainConfig
+    from tokweight.training.train_base import memorised_line, run
 
     set_threads(threads)
     from tokweight.training.trackers import parse_report_to
@@ -209,7 +212,8 @@ def export_hf_cmd(checkpoint, out):
 def demo(out, preset, seed, threads):
     """The method's claim on built-in data: synth -> base model -> store -> uniform and surprisal-share CVAEs
     from scratch under the defaults -> eval against the base -> a table and what it shows."""
-    from tokweight.demo import DemoConfig, run
+    from tokweight.demo_config import DemoConfig
+    from tokweight.demo import run
 
     set_threads(threads)
     result = run(DemoConfig(out=out, preset=preset, seed=seed))

@@ -47,7 +47,8 @@ def extract(checkpoint, data, store, fmt, batch_tokens, device, dtype, template,
             reader_process, threads):
     """Compute per-token baselines b_t of CHECKPOINT once and store them under STORE/fingerprint=<fp>/."""
     from tokweight.pipeline.errors import SampleError, Skips
-    from tokweight.pipeline.extract import ExtractConfig, run
+    from tokweight.pipeline.extract_config import ExtractConfig
+    from tokweight.pipeline.extract import run
     from tokweight.pipeline.ranks import RankFailed
     from tokweight.store.lock import StoreLockedError
 

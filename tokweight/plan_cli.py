@@ -64,7 +64,8 @@ def plan(model, k, batch_size, seq_len, dtype, lora_rank, grad_checkpointing, sh
     """Peak memory per rank by kind (parameters, gradients, optimizer state, activations, temporaries) of one
     training step, one validation forward and one decode step, their FLOPs, and the largest batch per rank that fits
     --memory: the configuration run on fake tensors, nothing downloaded or allocated, no GPU needed."""
-    from tokweight.training.plan import PlanConfig, plan as make_plan
+    from tokweight.training.plan_config import PlanConfig
+    from tokweight.training.plan import plan as make_plan
 
     set_threads(threads)
     result = make_plan(PlanConfig(model=model, k=k, batch_size=batch_size, seq_len=seq_len, dtype=dtype,

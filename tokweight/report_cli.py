@@ -30,7 +30,8 @@ def inspect_cmd(store, out, data, fingerprints, q, tau, eps, exact_quantiles):
     """Write OUT/report.md, PNG plots and OUT/summary.json: t0 estimates and weight diagnostics."""
     import duckdb
 
-    from tokweight.report.inspect import InspectConfig, run
+    from tokweight.report.inspect_config import InspectConfig
+    from tokweight.report.inspect import run
 
     try:
         cfg = InspectConfig(store=store, out=out, data=data, fingerprints=tuple(fingerprints), q=q, tau=tau, eps=eps,
@@ -54,7 +55,8 @@ def evaluate(run_dir, data, split, decode_examples, device, dtype, threads):
     from tokweight.report.eval_md import write_eval_md
     from tokweight.report.plots import save_figures
     from tokweight.report.run_plots import plot_strategies
-    from tokweight.training.evaluate import EvalConfig, run_eval
+    from tokweight.training.use_config import EvalConfig
+    from tokweight.training.evaluate import run_eval
 
     set_threads(threads)
     try:

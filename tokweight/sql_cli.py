@@ -50,7 +50,8 @@ def sql_cmd(store, query, fingerprints, q, tau, eps, fmt, out, max_rows, exact_q
     them."""
     import duckdb
 
-    from tokweight.store.sql import QUANTILE_TOKENS, EstimatorParams, add_posteriors, connect, describe
+    from tokweight.store.sql import QUANTILE_TOKENS, add_posteriors, connect, describe
+    from tokweight.store.sql_config import EstimatorParams
     from tokweight.training.control import ONE_STRATEGY
 
     try:

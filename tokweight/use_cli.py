@@ -41,7 +41,8 @@ dtype_option = click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default
 def generate(run_dir, input_path, out, temperature, seed, max_new_tokens, data, split, batch_size, device, dtype,
              threads):
     """One output per latent value for every input line (greedy, or sampled at --temperature)."""
-    from tokweight.training.generate import GenerateConfig, run
+    from tokweight.training.use_config import GenerateConfig
+    from tokweight.training.generate import run
 
     set_threads(threads)
     try:
@@ -66,7 +67,8 @@ def generate(run_dir, input_path, out, temperature, seed, max_new_tokens, data, 
 @threads_option
 def encode(run_dir, data, split, out, batch_size, device, dtype, threads):
     """Every example's posterior over a split (q, or mu and sigma; its latent value) -> a Parquet file."""
-    from tokweight.training.encode import EncodeConfig, run
+    from tokweight.training.use_config import EncodeConfig
+    from tokweight.training.encode import run
 
     set_threads(threads)
     try:
@@ -88,7 +90,8 @@ def encode(run_dir, data, split, out, batch_size, device, dtype, threads):
 @threads_option
 def export(run_dir, out, data, split, threads):
     """A trained CVAE as stock transformers models, one per latent value (token, prefix, query, layernorm)."""
-    from tokweight.training.export import ExportConfig, run
+    from tokweight.training.use_config import ExportConfig
+    from tokweight.training.export import run
 
     set_threads(threads)
     try:

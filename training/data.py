@@ -38,7 +38,8 @@ from tokweight.pipeline.errors import SampleError
 from tokweight.pipeline.samples import Sample
 from tokweight.pipeline.shards import dataset_json, iter_shard, resolve_shards, shard_name
 from tokweight.pipeline.templates import Batch, Layout, check_length, collate, s_targets, template_ids, to_device
-from tokweight.pipeline.urls import Retry, ShardChangedError, fetch, is_url, is_url_data
+from tokweight.pipeline.extract_config import Retry
+from tokweight.pipeline.urls import ShardChangedError, fetch, is_url, is_url_data
 from tokweight.pipeline.vocab import Vocab, checkpoint_vocab
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -50,31 +50,9 @@ from tokweight.training.metrics import contingency, kmeans, matched_labels
 from tokweight.training.run_dir import load_run
 from tokweight.training.stream import EvalStream, loader
 from tokweight.training.train_config import IOConfig
+from tokweight.training.use_config import EvalConfig
 from tokweight.training.validation import Scoring, evaluate_pass
 
-
-@dataclass(frozen=True)
-class EvalConfig:
-    run: str
-    """The train run directory."""
-    data: str
-    """Dataset directory holding the split."""
-    split: str = "test"
-    """Split to evaluate (a subdirectory of data)."""
-    batch_size: int = 128
-    """Examples per forward batch."""
-    decode_examples: int = 256
-    """Examples decoded per latent value (the first ones of the split)."""
-    device: str = "auto"
-    """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
-    dtype: str = "auto"
-    """The weights' and the forward's dtype (the run's model and the base model): "float32", "bfloat16", "float16", or
-    "auto" (bfloat16 on CUDA, float32 elsewhere); the log-softmax and the posterior run in float32 whatever it is."""
-
-    def __post_init__(self):
-        resolve_dtype(self.dtype, "cpu")  # refuses an unknown name
-        if self.batch_size < 1 or self.decode_examples < 0:
-            raise ValueError("batch_size must be >= 1 and decode_examples >= 0")
 
 
 @torch.no_grad()

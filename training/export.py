@@ -33,7 +33,6 @@ import copy
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -47,26 +46,14 @@ from tokweight.pipeline.templates import template_ids, text_parts
 from tokweight.training.decode import stand_in_y
 from tokweight.training.encode import load_trained
 from tokweight.training.export_hf import build_tokenizer, hf_config, hf_state_dict, tokenizer_config
-from tokweight.training.generate import GenerateConfig, decode_points
+from tokweight.training.use_config import ExportConfig, GenerateConfig
+from tokweight.training.generate import decode_points
 from tokweight.training.run_dir import read_config
 
 EXPORTABLE = ("token", "prefix", "query", "layernorm")
 SHARED = ("token", "prefix")  # one directory for every value
 EXPORT_FILE = "export.json"
 
-
-@dataclass(frozen=True)
-class ExportConfig:
-    run: str
-    """The train run directory."""
-    out: str
-    """The directory to write (export.json and the model directories)."""
-    data: str | None = None
-    """Continuous latent only: the dataset whose split's posterior means give the K centres (as generate)."""
-    split: str = "test"
-    """The split of ``data``."""
-    batch_size: int = 64
-    """Batch of the centres' pass."""
 
 
 def refuse_unexportable(cond: str) -> None:

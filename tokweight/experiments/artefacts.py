@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Callable
 
 from tokweight.config_files import preset_config
-from tokweight.pipeline.synth import SynthConfig
+from tokweight.pipeline.data_config import SynthConfig
 from tokweight.store.fingerprint import canonical_json
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.lock import StoreLock
 from tokweight.store.parts import sha256_path
 from tokweight.report.tables import fixed
-from tokweight.training.train_base import BaseTrainConfig
+from tokweight.training.base_config import BaseTrainConfig
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ process). Finite, because extraction records its config as JSON."""
 def prepare_setting(task: TaskConfig, setting: Setting, root: Path, echo: Echo) -> Prepared:
     """The setting's data, base model and store under ``root``, each reused when its key matches; one job at a
     time prepares a root (the others wait, then reuse what it made)."""
-    from tokweight.pipeline.extract import ExtractConfig
+    from tokweight.pipeline.extract_config import ExtractConfig
     from tokweight.pipeline.extract import run as extract
 
     start = time.perf_counter()

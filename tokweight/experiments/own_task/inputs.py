@@ -78,7 +78,7 @@ def check_store(store: Path, fingerprint: str, checkpoint: str) -> None:
 def extract_store(checkpoint: Checkpoint, data: Path, store: Path) -> bool:
     """Write (or finish) the checkpoint's store over every split; True if it was complete already. Another job
     extracting the same store is waited for (``LOCK_WAIT_S``)."""
-    from tokweight.pipeline.extract import ExtractConfig
+    from tokweight.pipeline.extract_config import ExtractConfig
     from tokweight.pipeline.extract import run as extract
 
     done = extract(ExtractConfig(checkpoint=checkpoint.path, data=str(data), store=str(store),
