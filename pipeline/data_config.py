@@ -119,6 +119,8 @@ class SynthConfig:
 
 SAMPLE_FIELDS = ("key", "x", "y", "strategy", "t0")
 """The fields of a sample that a line or a row may hold."""
+ON_BAD = ("error", "skip")
+"""What convert does with a bad line: stop before writing anything, or skip and list it."""
 _SPLIT_NAME = re.compile(r"[a-z0-9_-]+")
 
 
@@ -227,8 +229,8 @@ class ConvertConfig:
                              "(--parquet), not both or neither")
         if self.columns and self.parquet is None:
             raise ValueError("--columns maps Parquet columns: it needs --parquet")
-        if self.on_bad not in ("error", "skip"):
-            raise ValueError(f"on_bad must be 'error' or 'skip', got {self.on_bad!r}")
+        if self.on_bad not in ON_BAD:
+            raise ValueError(f"on_bad must be one of {ON_BAD}, got {self.on_bad!r}")
         if self.shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
         self.rule()  # validates the split options

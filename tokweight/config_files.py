@@ -23,6 +23,8 @@ from typing import Any
 import tomllib
 
 PRESETS = Path(__file__).parent / "presets"
+DEFAULT_PRESET = "default"
+"""The preset a command with ``--preset`` reads unless told another."""
 
 
 def read(path: str | Path) -> dict:

@@ -60,6 +60,13 @@ def without_none(hint):
     return hint
 
 
+def optional(cls, dotted: str) -> bool:
+    """Whether a dotted field's type admits None (a field without a default is then None unless given)."""
+    owner, f = resolve(cls, dotted)
+    hint = typing.get_type_hints(owner)[f.name]
+    return without_none(hint) is not hint
+
+
 def default_of(cls, dotted: str):
     """The dataclass default of a dotted field (MISSING if it has none)."""
     _, f = resolve(cls, dotted)
@@ -97,19 +104,25 @@ def shown(value) -> str:
     return ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
 
 
-def shown_default(cls, flag: Flag) -> str | None:
+def shown_default(cls, flag: Flag, preset_kind: str | None = None) -> str | None:
+    """The default a flag's help shows: the flag's own text, else the field's value under the default preset of
+    ``preset_kind`` (None: the dataclass's)."""
     if flag.default is not None:
         return flag.default
     value = default_of(cls, flag.field)
+    if preset_kind is not None:
+        from tokweight.config_files import DEFAULT_PRESET, flat, preset
+
+        value = flat(preset(preset_kind, DEFAULT_PRESET)).get(flag.field, value)
     return None if value is dataclasses.MISSING or value in (None, (), "") else shown(value)
 
 
-def help_text(cls, flag: Flag) -> str:
+def help_text(cls, flag: Flag, preset_kind: str | None = None) -> str:
     """The flag's help: its own or the field's docstring, then the default or [required]."""
-    text = flag.help or field_doc(cls, flag.field)
-    if default_of(cls, flag.field) is dataclasses.MISSING:
+    text = (flag.help or field_doc(cls, flag.field)) + (" Repeatable." if flag.multiple else "")
+    if default_of(cls, flag.field) is dataclasses.MISSING and not optional(cls, flag.field):
         return f"{text}  [required]".strip()
-    default = shown_default(cls, flag)
+    default = shown_default(cls, flag, preset_kind)
     return f"{text}  [default: {default}]".strip() if default not in (None, "None") else text
 
 
@@ -131,11 +144,18 @@ class FieldOption(click.Option):
         self._help = value
 
 
-def option(cls, flag: Flag):
+def preset_option(kind: str, text: str):
+    """``--preset NAME``: a file of tokweight/presets/<kind>/, the fields it changes; "default" unless given."""
+    from tokweight.config_files import DEFAULT_PRESET, preset_names
+
+    return click.option("--preset", type=click.Choice(preset_names(kind)), default=DEFAULT_PRESET, help=text)
+
+
+def option(cls, flag: Flag, preset_kind: str | None = None):
     """The click option of one flag: default None (unset), the field's type or choices, its help read off the
-    field when shown."""
+    field when shown (its default under the default preset of ``preset_kind``, if the command takes presets)."""
     kind = field_type(cls, flag.field)
-    common = dict(cls=FieldOption, help_of=lambda: help_text(cls, flag), default=None)
+    common = dict(cls=FieldOption, help_of=lambda: help_text(cls, flag, preset_kind), default=None)
     if kind is bool:
         if "/" in flag.name:
             return click.option(flag.name, flag.dest, **common)
@@ -147,11 +167,11 @@ def option(cls, flag: Flag):
     return click.option(flag.name, flag.dest, type=click_type, **common)
 
 
-def options(cls, flags: tuple[Flag, ...]):
+def options(cls, flags: tuple[Flag, ...], preset_kind: str | None = None):
     """Decorator: every flag's option, in table order."""
     def decorate(command):
         for flag in reversed(flags):
-            command = option(cls, flag)(command)
+            command = option(cls, flag, preset_kind)(command)
         return command
 
     return decorate
@@ -183,12 +203,14 @@ def configured(cls, flags: tuple[Flag, ...], kwargs: dict, config: str | None = 
     then every ``--set``. A required field that none of them gives is named by its flag."""
     from tokweight.config_files import assignment, build, flat, read, with_values
 
-    start = with_values({}, flat(preset or {}))
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    start = {name: None for name in required if optional(cls, name)}  # None unless given
+    start = with_values(start, flat(preset or {}))
     if config:
         start = with_values(start, flat(read(config)))
     obj = with_values(start, given | fields_set(flags, kwargs) | dict(assignment(item) for item in sets))
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in obj
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in obj]
     if missing:
         names = [next((flag.name for flag in flags if flag.field == field), field) for field in missing]
         raise ValueError(f"missing {', '.join(names)}: give {'them' if len(names) > 1 else 'it'} on the command line "
