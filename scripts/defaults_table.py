@@ -93,7 +93,7 @@ import torch
 from tokweight.pipeline.data_config import DEFAULT_STRATEGIES, SynthConfig
 from tokweight.pipeline.synth import STRATEGIES, kind_strategies
 from tokweight.report.tables import markdown_table
-from tokweight.training.control import OUTCOMES
+from tokweight.training.use_config import OUTCOMES
 from tokweight.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting, synthetic_task
 from tokweight.config_files import assignment, preset, preset_config
 from tokweight.experiments.cells import CELL_LOSS_FIELDS, Cell, CellBudget, CellPlan, Overrides, run_cells

@@ -22,7 +22,7 @@ from tokweight.config_files import preset_config
 from tokweight.demo_config import DemoConfig
 from tokweight.experiments.artefacts import TaskConfig, synthetic_task
 from tokweight.training.train_config import OptimConfig
-from tokweight.training.metrics import KEPT_FRACTION, kept_threshold
+from tokweight.training.use_config import KEPT_FRACTION, kept_threshold
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import numpy as np
 from tokweight.pipeline.ranks import Ranks
 from tokweight.store.durable import write_json_atomic
 from tokweight.training.convergence import val_objective
-from tokweight.training.metrics import kept_threshold
+from tokweight.training.use_config import kept_threshold
 from tokweight.training.run_dir import committed_checkpoint
 from tokweight.training.train_config import TrainConfig
 

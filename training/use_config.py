@@ -1,5 +1,5 @@
 """The configurations of the commands that use a trained run: `tokweight eval`, `generate`, `encode` and
-`export`.
+`export`; and the names and threshold of eval's verdict on z, which the experiments' tables read.
 
 Imports only the standard library and name-only modules, so that the CLI builds its options from these fields
 without importing torch, numpy or pyarrow."""
@@ -10,6 +10,16 @@ import math
 from dataclasses import dataclass
 
 from tokweight.pipeline.dtypes import resolve_dtype
+
+OUTCOMES = ("z used, decoder whole", "z used, decoder damaged", "z not used")
+"""eval's verdict on z (eval.json ``z_used``; ``control.z_use`` gives it)."""
+KEPT_FRACTION = 0.5
+"""z counts as kept (its code formed) when the exact MI is at least this fraction of log K."""
+
+
+def kept_threshold(k: int) -> float:
+    """KEPT_FRACTION * log K nats: the exact MI at which z of K values counts as kept."""
+    return KEPT_FRACTION * math.log(k)
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,8 @@ from typing import Callable
 
 from tokweight.config_files import preset_config
 from tokweight.pipeline.data_config import SynthConfig
-from tokweight.store.fingerprint import canonical_json
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.lock import StoreLock
-from tokweight.store.parts import sha256_path
 from tokweight.report.tables import fixed
 from tokweight.training.base_config import BaseTrainConfig
 
@@ -124,6 +122,8 @@ Echo = Callable[[str], None]
 
 def key_of(obj) -> str:
     """12 hex digits of sha256 over canonical JSON; refuses what JSON cannot hold."""
+    from tokweight.store.fingerprint import canonical_json  # torch: imported when a key is taken
+
     return hashlib.sha256(canonical_json(obj)).hexdigest()[:12]
 
 
@@ -151,6 +151,8 @@ class Prepared:
 
 def data_key(data: Path, shards: dict[str, list[Path]]) -> str:
     """A hash of every shard's split, path below ``data``, size and sha256: the dataset's content."""
+    from tokweight.store.parts import sha256_path
+
     listing = {split: [[p.relative_to(data).as_posix(), *reversed(sha256_path(p))] for p in paths]
                for split, paths in shards.items()}
     return key_of(listing)

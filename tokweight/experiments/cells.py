@@ -19,7 +19,7 @@ from pathlib import Path
 from tokweight.report.tables import fixed
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.lock import StoreLock
-from tokweight.training.control import OUTCOMES
+from tokweight.training.use_config import OUTCOMES
 from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, key_of, read_json
 from tokweight.experiments.recipes import with_recipe
 from tokweight.training.train_config import IOConfig, LossConfig, OptimConfig

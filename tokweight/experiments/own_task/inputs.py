@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokweight.pipeline.urls import is_url_data
 from tokweight.report.tables import fixed
 from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, data_key, key_of
 
@@ -29,6 +28,8 @@ PROFILE_POSITIONS = 12
 
 def dataset(data: str) -> Path | str:
     """``--data`` as the experiment passes it on: a local folder as a Path, URLs as they are."""
+    from tokweight.pipeline.urls import is_url_data
+
     return data if is_url_data(data) else Path(data)
 
 
