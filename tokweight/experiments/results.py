@@ -67,9 +67,8 @@ CRITERIA = {"mi": "exact I(z; x,y)", "strategy_mi": "exact I(z; strategy)"}
 
 def log_grid(lo: float, hi: float, n: int) -> tuple[float, ...]:
     """n log-spaced values from lo to hi, rounded to 4 significant digits (readable keys and labels)."""
-    import numpy as np
-
-    return tuple(float(f"{v:.4g}") for v in np.geomspace(lo, hi, n))
+    step = (math.log(hi) - math.log(lo)) / (n - 1) if n > 1 else 0.0
+    return tuple(float(f"{math.exp(math.log(lo) + step * i):.4g}") for i in range(n))
 
 
 def beta_c(mi_by_beta: dict[float, float | None], threshold: float) -> float | None:
