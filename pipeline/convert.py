@@ -57,10 +57,7 @@ def clean_key(key: str) -> str:
     return _UNSAFE.sub("_", key)
 
 
-
 # ---------------------------------------------------------------- split rules
-
-
 
 
 def _split_order(name: str) -> tuple[int, str]:
@@ -68,7 +65,6 @@ def _split_order(name: str) -> tuple[int, str]:
 
 
 # ---------------------------------------------------------------- config
-
 
 
 # ---------------------------------------------------------------- pass one: every line's fate

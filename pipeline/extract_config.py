@@ -31,7 +31,6 @@ class Retry:
             time.sleep(self.backoff_s * 2 ** (failed - 1))
 
 
-
 ON_BAD_SAMPLE = ("error", "skip")
 """What extract does with a bad sample: stop naming it, or skip and count it."""
 

@@ -77,9 +77,7 @@ STRATEGIES: dict[str, Callable[[tuple], tuple]] = dict(zip(PERMUTATIONS, (
     copy, reverse, sort, sort_desc, rotate_left, rotate_right, swap_pairs, evens_odds)))
 
 
-
 # ---------------------------------------------------------------- config
-
 
 
 def kind_strategies(kind: str) -> tuple[str, ...]:

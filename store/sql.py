@@ -57,7 +57,6 @@ POSTERIORS_FILE = "posteriors-{split}.parquet"
 _ROWS_SCHEMA = pa.schema([pa.field("fingerprint", pa.string(), nullable=False), *PART_SCHEMA])
 
 
-
 def read_sql(name: str) -> str:
     """The text of ``store/sql/<name>.sql`` (package data)."""
     return (resources.files("tokweight.store") / "sql" / f"{name}.sql").read_text()

@@ -51,6 +51,7 @@ def test_every_command_has_its_config_classes_listed():
         for cls in classes:
             assert f"#### `tokweight {command}`: `{cls.__name__}`" in text, (command, cls.__name__)
             rows = list(script["rows"](cls, groups=True))
-            assert rows and not [name for name, _, doc in rows if not doc], f"{cls.__name__}: fields without a docstring"
+            undocumented = [name for name, _, doc in rows if not doc]
+            assert rows and not undocumented, f"{cls.__name__}: fields without a docstring: {undocumented}"
     extract = {name: default for name, default, _ in script["rows"](script["COMMANDS"]["extract"][0], groups=True)}
     assert extract["batch_tokens"] == "16384" and extract["retry.attempts"] == "5" and extract["data"] == "required"

@@ -1,4 +1,5 @@
-"""Configuration from files: the one mechanism behind `train --config`, `--set` and every preset.
+"""Configuration from files: the one mechanism behind every command's `--config` and `--set` (``tokweight.flags``
+builds a command's config with it) and every preset.
 
 A configuration is a nested mapping of a config dataclass's fields (``TrainConfig.to_json``'s shape), read from
 a TOML or JSON file (a run's own config.json is valid input). ``--set group.field=value`` changes one

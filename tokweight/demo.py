@@ -44,7 +44,6 @@ def demo_preset(name: str) -> DemoPreset:
     return preset_config(DemoPreset, "demo", name)
 
 
-
 def run(cfg: DemoConfig, echo=click.echo) -> dict:
     from tokweight.report.inspect_config import InspectConfig
     from tokweight.report.inspect import run as inspect

@@ -40,7 +40,6 @@ from tokweight.training.use_config import EncodeConfig
 from tokweight.training.validation import PassRecords, Scoring, evaluate_pass
 
 
-
 def out_path(cfg: EncodeConfig) -> Path:
     """The Parquet file to write: ``cfg.out``, or RUN/posteriors-<split>.parquet (where `tokweight sql --run`
     looks)."""

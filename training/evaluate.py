@@ -54,7 +54,6 @@ from tokweight.training.use_config import EvalConfig
 from tokweight.training.validation import Scoring, evaluate_pass
 
 
-
 @torch.no_grad()
 def base_greedy_decode(base, vocab, samples: list[Sample], max_new: int, *, cached: bool = True
                        ) -> list[tuple[str, ...]]:

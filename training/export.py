@@ -55,7 +55,6 @@ SHARED = ("token", "prefix")  # one directory for every value
 EXPORT_FILE = "export.json"
 
 
-
 def refuse_unexportable(cond: str) -> None:
     if cond not in EXPORTABLE:
         raise ValueError(f"the {cond} z pathway (one extra key/value position per layer) has no counterpart in a "

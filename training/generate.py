@@ -30,7 +30,6 @@ from tokweight.training.evaluate import split_clusters
 from tokweight.training.use_config import GenerateConfig
 
 
-
 @dataclass(frozen=True)
 class InputLine:
     line: int  # 1-based, in the file

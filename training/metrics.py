@@ -47,8 +47,6 @@ def entropy(p: np.ndarray, axis: int = -1) -> np.ndarray:
     return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis)
 
 
-
-
 def exact_mi(q: np.ndarray) -> float:
     """I(z; x,y) over the eval set = H(mean_i q_i) - mean_i H(q_i), nats; q (N, K)."""
     return float(entropy(q.mean(0)) - entropy(q).mean())

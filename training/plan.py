@@ -35,7 +35,6 @@ from tokweight.training.precision import autocast
 GIB = 1 << 30
 
 
-
 @dataclass
 class Phase:
     """One phase's peak on one rank, bytes by kind, and its FLOPs (per rank)."""

@@ -31,7 +31,6 @@ from tokweight.training.base_config import BaseTrainConfig
 from tokweight.training.trackers import open_trackers
 
 
-
 MEMORISED = 0.75
 """A checkpoint whose mean NLL per token on the train split is below this share of its mean on val has learnt the
 training lines (what the walk-through's bases measured: docs/own-task.md, "A base that has seen the lines")."""

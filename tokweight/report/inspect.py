@@ -21,7 +21,6 @@ from tokweight.store.durable import write_json_atomic
 from tokweight.store.inspection import PROFILE_QUERIES, inspect_store, records
 
 
-
 def run(cfg: InspectConfig) -> dict:
     """Write the report files and return the summary."""
     truth = ground_truth_from_data(cfg.store, list(cfg.fingerprints), cfg.data) if cfg.data else None
