@@ -50,7 +50,7 @@ def backbone(kind: str, vocab_size: int):
 def setup(kind: str, prompts: int):
     """(CVAE in eval mode, prompts, z, slot ids): x of 6 to 9 symbols, so the prompts make 4 length groups."""
     from tokweight.pipeline.tokens.vocab import Vocab
-    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.config.components import CVAEConfig
     from tokweight.training.cvae.model import build_cvae
     from tokweight.training.decoding.decode import latent_values, prompt_maker
 

@@ -70,15 +70,17 @@ from tokweight.pipeline.extract import extract
 from tokweight.pipeline.models import hf
 from tokweight.pipeline.data.bucketing import padded_fraction, plan_batches
 from tokweight.pipeline.models.backbone import load_backbone
-from tokweight.pipeline.extract.extract import (ExtractConfig, ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
-                              score_batch, uses_reader_process)
+from tokweight.pipeline.extract.config import ExtractConfig
+from tokweight.pipeline.extract.extract import (ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
+                                       score_batch, uses_reader_process)
 from tokweight.pipeline.extract.reader import ReaderProcess, busy_cpus, gc_frozen
 from tokweight.pipeline.extract.plan import InputShard, Task, run_inputs
 from tokweight.pipeline.data.shards import resolve_shards, shard_name
-from tokweight.pipeline.data.synth import SynthConfig, write_dataset
+from tokweight.pipeline.data.config import SynthConfig
+from tokweight.pipeline.data.synth import write_dataset
 from tokweight.pipeline.tokens.templates import Batch, template_option
 from tokweight.store.baseline_store import BaselineStore
-from tokweight.training.loop.train_base import BaseTrainConfig
+from tokweight.training.config.base import BaseTrainConfig
 from tokweight.training.loop.train_base import run as train_base
 
 

@@ -50,11 +50,12 @@ K = 4
 
 
 def prepare(work: Path) -> tuple[Path, Path, Path]:
-    from tokweight.pipeline.extract.extract import ExtractConfig
+    from tokweight.pipeline.extract.config import ExtractConfig
     from tokweight.pipeline.extract.extract import run as extract
     from tokweight.config_files import preset_config
-    from tokweight.pipeline.data.synth import SynthConfig, write_dataset
-    from tokweight.training.loop.train_base import BaseTrainConfig
+    from tokweight.pipeline.data.config import SynthConfig
+    from tokweight.pipeline.data.synth import write_dataset
+    from tokweight.training.config.base import BaseTrainConfig
     from tokweight.training.loop.train_base import run as train_base
 
     data, ckpt, store = work / "data", work / "base", work / "store"
@@ -71,7 +72,7 @@ def make_state(data, ckpt, store, work, policy, batch_size, k=K, cond="prefix"):
     """(the run's state, its config) after setup; through the prefix unless ``cond`` says otherwise (cases 1-5
     measure what sharing x's prefix and the store save, which the prefix pathway allows; None: the default)."""
     from tokweight.pipeline.ranks import Ranks
-    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.config.components import CVAEConfig
     from tokweight.training.loop.train import setup
     from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
@@ -404,7 +405,7 @@ def head_child(variant: str, mode: str, steps: int) -> dict:
     """One variant in this (fresh) process: ``steps`` + 1 training steps (or eval forwards), the first
     a warm-up; the first loss (to check that the variants compute the same), median seconds and memory."""
     from tokweight.training.cvae import model as cvae
-    from tokweight.training.config.cvae import WeightingParams
+    from tokweight.training.config.components import WeightingParams
     from tokweight.training.objective.terms import reconstruction_weights
     from tokweight.training.objective.loss import plain_objective, reconstruction
 

@@ -90,15 +90,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tokweight.pipeline.data.synth import DEFAULT_STRATEGIES, STRATEGIES, SynthConfig, kind_strategies
+from tokweight.pipeline.data.config import DEFAULT_STRATEGIES, SynthConfig
+from tokweight.pipeline.data.synth import STRATEGIES, kind_strategies
 from tokweight.report.tables import markdown_table
-from tokweight.training.evaluation.verdict import OUTCOMES
+from tokweight.training.config.use import OUTCOMES
 from tokweight.experiments.artefacts import Setting, TaskConfig, base_model, prepare_setting, synthetic_task
 from tokweight.config_files import assignment, preset, preset_config
 from tokweight.experiments.cells import CELL_LOSS_FIELDS, Cell, CellBudget, CellPlan, Overrides, run_cells
 from tokweight.experiments.recipes import with_recipe
 from tokweight.experiments.results import write_table_run
-from tokweight.training.config.cvae import CVAEConfig, default_cond
+from tokweight.training.config.components import CVAEConfig, default_cond
 from tokweight.training.config.train import IOConfig, OptimConfig, TrainConfig
 
 WEIGHTINGS = ("uniform", "surprisal-share")
@@ -259,7 +260,7 @@ def main() -> None:
     ap.add_argument("--blocks", default="k2,k2-imperfect,k4")
     ap.add_argument("--weightings", default=",".join(WEIGHTINGS))
     ap.add_argument("--cond", default=None, help="z pathway (default: train's for the latent, "
-                    "training.config.cvae.default_cond; the prefix with --slots)")
+                    "training.config.components.default_cond; the prefix with --slots)")
     ap.add_argument("--latent", default="discrete", choices=("discrete", "continuous"))
     ap.add_argument("--set", dest="remedy", action="append", default=[], metavar="GROUP.FIELD=VALUE",
                     help="a TrainConfig field over the default's, as `tokweight train --set` (repeatable)")

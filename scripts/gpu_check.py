@@ -236,7 +236,7 @@ def arguments() -> argparse.Namespace:
 
 
 def main() -> None:
-    from tokweight.training.config.cvae import CVAEConfig, LoRAConfig
+    from tokweight.training.config.components import CVAEConfig, LoRAConfig
 
     args = arguments()
     sizes = dict(SIZES["small" if args.small else "gpu"])

@@ -213,7 +213,8 @@ def extraction(check: Check, rounds: int = 3) -> list[Row]:
     top-1, back to the host, scattered into the part's table) against the bare forward over the same batches, both
     over every train shard, in alternating rounds (median); the first round is the warm-up."""
     from tokweight.pipeline.models.backbone import load_backbone
-    from tokweight.pipeline.extract.extract import ExtractConfig, ScoreInputs, score_shard
+    from tokweight.pipeline.extract.config import ExtractConfig
+    from tokweight.pipeline.extract.extract import ScoreInputs, score_shard
     from tokweight.pipeline.tokens.templates import Batch, Template
 
     ckpt = load_backbone(check.model, device=check.device, dtype=check.dtype, template=Template("chat"))
@@ -254,7 +255,7 @@ def train_config(check: Check, out: str, policy: str = "precomputed", checkpoint
     """A run's TrainConfig as `tokweight train` builds it, one start, no periodic validation, a step cap far off
     (the learning rate stays at its value), a shuffle buffer of a few batches (it fills before the first batch,
     outside every timed window, and changes no step's cost)."""
-    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.config.components import CVAEConfig
     from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     batch = batch or check.batch
@@ -384,7 +385,7 @@ def evaluation(check: Check, name: str, run: str = "run-full") -> Row:
     back) over the val split, batch by batch, under bfloat16 autocast where the check trains in it."""
     from tokweight.training.objective.baselines import make_baseline
     from tokweight.training.loop.batches import StreamSpec, TrainBatch, split_urls
-    from tokweight.training.config.cvae import WeightingParams
+    from tokweight.training.config.components import WeightingParams
     from tokweight.training.evaluation.evaluate import eval_baseline
     from tokweight.training.objective.schedules import Schedule
     from tokweight.training.loop.stream import EvalStream, loader
@@ -448,15 +449,16 @@ def planner(check: Check, name: str) -> Row:
     (``tokweight.training.plan.estimate``: ``plan(PlanConfig(...), search=False).train.peak``, bytes)."""
     try:
         from tokweight.training.plan import estimate as plan
+        from tokweight.training.config import plan as plan_config
     except ImportError:
         return Row(name, status="skipped: planner not available (tokweight.training.plan.estimate)")
     if check.kept.get("full_peak") is None:
         return Row(name, status="skipped: no measured peak (the full fine-tune stage failed, or not on a GPU)")
-    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.config.components import CVAEConfig
 
     measured, seq_len = check.kept["full_peak"], check.kept["full_tokens"]
-    cfg = plan.PlanConfig(model=str(check.model), k=check.k, batch_size=check.batch, seq_len=seq_len,
-                          dtype=check.dtype, cvae=CVAEConfig(k=check.k))
+    cfg = plan_config.PlanConfig(model=str(check.model), k=check.k, batch_size=check.batch, seq_len=seq_len,
+                                 dtype=check.dtype, cvae=CVAEConfig(k=check.k))
     predicted = plan.plan(cfg, search=False).train.peak / 2 ** 30
     ratio = predicted / measured
     return Row(name, peak_gib=measured, status="ok" if abs(ratio - 1) <= 0.1 else "off target",

@@ -49,10 +49,11 @@ from scipy.optimize import minimize
 from tokweight.config_files import preset_config, preset_names
 from tokweight.pipeline.models.backbone import load_backbone, s_nll
 from tokweight.pipeline.data.labels import load_labels
-from tokweight.pipeline.data.synth import SynthConfig
+from tokweight.pipeline.data.config import SynthConfig
 from tokweight.pipeline.tokens.templates import collate, template_ids
 from tokweight.training.evaluation.verdict import strategy_execution
-from tokweight.training.decoding.generate import GenerateConfig, run as generate
+from tokweight.training.config.use import GenerateConfig
+from tokweight.training.decoding.generate import run as generate
 from tokweight.training.loop.train_base import load_split
 
 SHARED = 0.2  # the smaller strategy's least share of a value's a-or-b decodes for the value to count as shared

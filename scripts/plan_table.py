@@ -47,7 +47,8 @@ def accuracy() -> None:
     import tempfile
     import time
 
-    from tokweight.training.plan.estimate import PlanConfig, run_phases
+    from tokweight.training.config.plan import PlanConfig
+    from tokweight.training.plan.estimate import run_phases
     from tokweight.training.plan.build import model_spec
 
     llama = Path(tempfile.mkdtemp()) / "config.json"
@@ -84,7 +85,8 @@ def main() -> None:
         accuracy()
         return
 
-    from tokweight.training.plan.estimate import PlanConfig, plan
+    from tokweight.training.config.plan import PlanConfig
+    from tokweight.training.plan.estimate import plan
 
     torch.set_num_threads(1)
     out = Path(args.out)

@@ -24,7 +24,7 @@ import torch
 from tokweight.pipeline.models.backbone import load_backbone
 from tokweight.pipeline.data.errors import Skips
 from tokweight.training.objective.baselines import make_baseline
-from tokweight.training.config.cvae import WeightingParams
+from tokweight.training.config.components import WeightingParams
 from tokweight.training.loop.batches import StreamSpec, split_urls
 from tokweight.training.objective.estep import read_likelihood
 from tokweight.training.objective.terms import reconstruction_weights

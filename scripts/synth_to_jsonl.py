@@ -13,7 +13,8 @@ import argparse
 import json
 from tokweight.config_files import preset_config, preset_names
 from tokweight.pipeline.data.samples import sample_to_json
-from tokweight.pipeline.data.synth import SynthConfig, generate
+from tokweight.pipeline.data.config import SynthConfig
+from tokweight.pipeline.data.synth import generate
 
 
 def main() -> None:

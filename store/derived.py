@@ -25,9 +25,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-STORED_Q = 0.9  # cumulative share of the stored t0_share (store.sql.EstimatorParams' default q)
-STORED_TAU = 0.1  # nats, the threshold of the stored t0_threshold (the default tau)
-STORED_EPS = 1e-6  # sum b below which the stored t0_share is NULL (the default eps)
+from tokweight.store.sql_config import STORED_EPS, STORED_Q, STORED_TAU
+
 NO_POSITION = -1  # a stored t0 estimate that is NULL, in the numpy arrays of ``derived_columns``
 
 DERIVED_SCALARS = ("b_sum", "b_sq_sum", "b_xlogx_sum", "b_max", "t0_share", "t0_threshold")  # one value per example

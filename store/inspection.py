@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tokweight.store.sql import QUANTILE_TOKENS, EstimatorParams, connect, read_sql
+from tokweight.store.sql import QUANTILE_TOKENS, connect, read_sql
+from tokweight.store.sql_config import EstimatorParams
 
 PROFILE_QUERIES = ("profile_by_position", "profile_by_strategy", "profile_by_T")
 TABLES = (*PROFILE_QUERIES, "t0_confusion")

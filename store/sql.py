@@ -19,7 +19,7 @@ stray or half-written file beside them is never seen; other formats (Zarr), and 
 an older schema version (whose missing columns store.parts.read_part computes, said once on
 stderr), are read by ``StoreView.read_part`` into Arrow tables that DuckDB scans in place.
 
-Parts store t0_share and t0_threshold at the default parameters (store.derived.STORED_Q,
+Parts store t0_share and t0_threshold at the default parameters (store.sql_config.STORED_Q,
 STORED_TAU, STORED_EPS): at those, the `examples` view reads the stored values and no list;
 at others (``EstimatorParams``, or ``SET VARIABLE q = ...``) it computes them from the lists.
 """
@@ -27,10 +27,8 @@ at others (``EstimatorParams``, or ``SET VARIABLE q = ...``) it computes them fr
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Collection
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -38,9 +36,9 @@ import duckdb
 import pyarrow as pa
 
 from tokweight.store.baseline_store import BaselineStore, StoreView
-from tokweight.store.derived import STORED_EPS, STORED_Q, STORED_TAU
 from tokweight.store.formats import PARQUET
 from tokweight.store.schema import PART_SCHEMA, SCHEMA_VERSION, added_after
+from tokweight.store.sql_config import STORED_EPS, STORED_Q, STORED_TAU, EstimatorParams
 
 EXAMPLE_QUERIES = (
     ("SELECT fingerprint, count(*) AS examples, avg((t0_share = t0)::INT) AS t0_exact, avg(amplification) AS amp\n"
@@ -57,26 +55,6 @@ QUANTILE_TOKENS = 2**20
 POSTERIORS_FILE = "posteriors-{split}.parquet"
 """`tokweight encode`'s file in a run directory, which ``add_posteriors`` reads."""
 _ROWS_SCHEMA = pa.schema([pa.field("fingerprint", pa.string(), nullable=False), *PART_SCHEMA])
-
-
-@dataclass(frozen=True)
-class EstimatorParams:
-    """The estimators' parameters; they become the connection variables q, tau, eps."""
-
-    q: float = STORED_Q
-    """Cumulative share that t0_share waits for: the first t with cumsum_b[t] >= q * sum b."""
-    tau: float = STORED_TAU
-    """Surprisal threshold in nats: t0_threshold is the last t with b[t] > tau."""
-    eps: float = STORED_EPS
-    """An example with sum b < eps is degenerate: its shares pi_t are undefined."""
-
-    def __post_init__(self):
-        if not 0.0 < self.q <= 1.0:
-            raise ValueError(f"q must be in (0, 1], got {self.q}")
-        if not (math.isfinite(self.tau) and self.tau >= 0.0):
-            raise ValueError(f"tau must be a finite number of nats >= 0, got {self.tau}")
-        if not (math.isfinite(self.eps) and self.eps > 0.0):
-            raise ValueError(f"eps must be finite and > 0, got {self.eps}")
 
 
 def read_sql(name: str) -> str:

@@ -1,4 +1,5 @@
-"""The `tokweight` command line: one click group; each command builds a config and calls run.
+"""The `tokweight` command line: one click group; each command builds its config from the dataclass defaults, a
+preset or a configuration file (--config), its flags and --set, in that order (``tokweight.flags``), and calls run.
 
 Heavy imports (torch, pyarrow, duckdb) happen inside the commands so that `--help`
 stays instant.
@@ -12,13 +13,17 @@ from pathlib import Path
 
 import click
 
+from tokweight.config_files import preset as preset_file, preset_names
+from tokweight.demo_config import DemoConfig
+from tokweight.flags import Flag, config_options, configured, options, preset_option
+from tokweight.pipeline.data.config import DEFAULT_FRACTION, ON_BAD, ConvertConfig, SynthConfig
 from tokweight.pipeline.data.data_option import DataSource
-from tokweight.config_files import preset_config, preset_names
 from tokweight.extract_cli import extract
 from tokweight.report_cli import evaluate as eval_cmd, inspect_cmd
 from tokweight.store_cli import store
 from tokweight.sql_cli import sql_cmd
 from tokweight.pipeline.threads import set_threads, threads_option
+from tokweight.training.config.base import BaseTrainConfig
 from tokweight.train_cli import train as train_cmd
 from tokweight.plan_cli import plan as plan_cmd
 from tokweight.experiment_cli import experiment
@@ -74,115 +79,132 @@ def main(debug):
     """Surprisal-share token weighting for latent-strategy CVAEs."""
 
 
+SYNTH_FLAGS = (
+    Flag("--seed", "seed"),
+    Flag("--header-len", "header_len"),
+    Flag("--trailer-len", "trailer_len"),
+    Flag("--min-len", "min_len"),
+    Flag("--max-len", "max_len"),
+)
+
+
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Dataset directory to write.")
-@click.option("--preset", type=click.Choice(preset_names("synth")), default="default",
-              help="A generator preset: tokweight/presets/synth/<name>.toml, the SynthConfig fields it changes.")
-@click.option("--seed", type=int, default=0)
-@click.option("--header-len", type=int, default=None, help="Shared header tokens before the strategy output.")
-@click.option("--trailer-len", type=int, default=None,
-              help="Shared trailer tokens after it: a longer y decided as early (T/(t0+1) grows).")
-@click.option("--min-len", type=int, default=None)
-@click.option("--max-len", type=int, default=None)
+@preset_option("synth", "A generator preset: tokweight/presets/synth/<name>.toml, the SynthConfig fields it changes.")
+@config_options(SynthConfig, "n_train=5000")
+@options(SynthConfig, SYNTH_FLAGS, preset_kind="synth")
 @click.option("--k", "k", type=click.IntRange(2, 8), default=None,
               help="Strategies: the first K of the preset's kind (pipeline.data.synth.kind_strategies); default: the "
                    "preset's own.")
-def synth(out, preset, seed, header_len, trailer_len, min_len, max_len, k):
+def synth(out, preset, config, sets, k, **flags):
     """Write strategy-ambiguous synthetic WebDataset shards and dataset.json."""
-    from tokweight.pipeline.data.synth import SynthConfig, kind_strategies, write_dataset
+    from tokweight.pipeline.data.synth import kind_strategies, write_dataset
 
-    overrides = {k: v for k, v in dict(header_len=header_len, trailer_len=trailer_len, min_len=min_len,
-                                       max_len=max_len).items() if v is not None}
+    chosen, given = preset_file("synth", preset), {}
     if k is not None:
-        overrides["strategies"] = list(kind_strategies(preset_config(SynthConfig, "synth", preset).kind)[:k])
-    info = write_dataset(preset_config(SynthConfig, "synth", preset, seed=seed, **overrides), out)
+        kind = configured(SynthConfig, (), {}, config, sets, preset=chosen).kind
+        given["strategies"] = list(kind_strategies(kind)[:k])
+    info = write_dataset(configured(SynthConfig, SYNTH_FLAGS, flags, config, sets, preset=chosen, **given), out)
     click.echo(json.dumps({"out": out, "splits": {k: v["samples"] for k, v in info["splits"].items()},
                            **info["stats"]}, indent=1))
 
 
-def parse_columns(ctx, param, value: str | None) -> dict[str, str]:
+class Columns(click.ParamType):
     """--columns x=question,y=answer -> {"x": "question", "y": "answer"}."""
-    pairs = [item.partition("=") for item in (value or "").split(",") if item.strip()]
-    if any(not field.strip() or not sep or not column.strip() for field, sep, column in pairs):
-        raise click.BadParameter(f"{value!r}: give FIELD=COLUMN pairs separated by commas, e.g. x=question,y=answer")
-    return {field.strip(): column.strip() for field, _, column in pairs}
+
+    name = "columns"
+
+    def convert(self, value, param, ctx) -> dict[str, str]:
+        if isinstance(value, dict):
+            return value
+        pairs = [item.partition("=") for item in value.split(",") if item.strip()]
+        if any(not field.strip() or not sep or not column.strip() for field, sep, column in pairs):
+            self.fail(f"{value!r}: give FIELD=COLUMN pairs separated by commas, e.g. x=question,y=answer", param, ctx)
+        return {field.strip(): column.strip() for field, _, column in pairs}
+
+
+FRACTION = f"{DEFAULT_FRACTION:g}; not with --split-field"
+CONVERT_FLAGS = (
+    Flag("--jsonl", "jsonl", "A JSON lines file, one sample per line.", type=click.Path(exists=True, dir_okay=False)),
+    Flag("--parquet", "parquet", "A Parquet file or a glob of them (quoted), read row group by row group, instead "
+         "of --jsonl."),
+    Flag("--columns", "columns", "Parquet columns of the sample fields key, x, y, strategy, t0: x=question,y=answer. "
+         "A field not given reads the column of its own name, if there is one.", type=Columns()),
+    Flag("--out", "out", "Dataset directory to write: OUT/{train,val,test}/shard-NNNNNN.tar and OUT/dataset.json.",
+         type=click.Path(file_okay=False)),
+    Flag("--shard-size", "shard_size"),
+    Flag("--on-bad", "on_bad", choices=ON_BAD),
+    Flag("--val-fraction", "val_fraction", "Share of keys in val/, by a hash of (seed, key): a key keeps its split "
+         "when lines are added.", default=FRACTION),
+    Flag("--test-fraction", "test_fraction", "Share of keys in test/, likewise; 0 and 0 put every line in train/.",
+         default=FRACTION),
+    Flag("--seed", "seed", "Salt of the key hash: another seed, another division."),
+    Flag("--split-field", "split_field", "Take each line's split from this field (a name of [a-z0-9_-]) instead of "
+         "the key hash."),
+    Flag("--overwrite", "overwrite"),
+)
 
 
 @main.command()
-@click.option("--jsonl", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="A JSON lines file, one sample per line.")
-@click.option("--parquet", default=None,
-              help="A Parquet file or a glob of them (quoted), read row group by row group, instead of --jsonl.")
-@click.option("--columns", callback=parse_columns, default=None,
-              help="Parquet columns of the sample fields key, x, y, strategy, t0: x=question,y=answer. "
-                   "A field not given reads the column of its own name, if there is one.")
-@click.option("--out", type=click.Path(file_okay=False), required=True,
-              help="Dataset directory to write: OUT/{train,val,test}/shard-NNNNNN.tar and OUT/dataset.json.")
-@click.option("--shard-size", type=int, default=1000)
-@click.option("--on-bad", type=click.Choice(["error", "skip"]), default="error",
-              help="A bad line: stop before writing anything, naming it by line number; or skip it and list it.")
-@click.option("--val-fraction", type=float, default=None,
-              help="Share of keys in val/, by a hash of (seed, key): a key keeps its split when lines are added."
-                   "  [default: 0.1; not with --split-field]")
-@click.option("--test-fraction", type=float, default=None,
-              help="Share of keys in test/, likewise; 0 and 0 put every line in train/."
-                   "  [default: 0.1; not with --split-field]")
-@click.option("--seed", type=int, default=0, help="Salt of the key hash: another seed, another division.")
-@click.option("--split-field", default=None,
-              help="Take each line's split from this field (a name of [a-z0-9_-]) instead of the key hash.")
-@click.option("--overwrite", is_flag=True, help="Replace the dataset OUT already holds.")
-def convert(jsonl, parquet, columns, out, shard_size, on_bad, val_fraction, test_fraction, seed, split_field,
-            overwrite):
+@config_options(ConvertConfig, "shard_size=500")
+@options(ConvertConfig, CONVERT_FLAGS)
+def convert(config, sets, **flags):
     """Convert JSON lines ({"x": [...], "y": [...], ...}) or Parquet rows into train/val/test WebDataset shards."""
-    from tokweight.pipeline.data.convert import ConvertConfig, run
+    from tokweight.pipeline.data.convert import run
 
     try:
-        info = run(ConvertConfig(jsonl=jsonl, out=out, shard_size=shard_size, on_bad=on_bad,
-                                 val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
-                                 split_field=split_field, overwrite=overwrite, parquet=parquet, columns=columns))
+        cfg = configured(ConvertConfig, CONVERT_FLAGS, flags, config, sets)
+        info = run(cfg)
     except (ValueError, OSError) as e:  # bad lines, bad options, a folder in use: one line, no traceback
         raise click.ClickException(str(e)) from None
-    bad = "bad_lines" if jsonl is not None else "bad_rows"
-    click.echo(json.dumps({"out": out, "splits": {k: v["samples"] for k, v in info["splits"].items()},
+    bad = "bad_lines" if cfg.jsonl is not None else "bad_rows"
+    click.echo(json.dumps({"out": cfg.out, "splits": {k: v["samples"] for k, v in info["splits"].items()},
                            bad: info[bad]["count"], "keys_cleaned": len(info["key_map"])}, indent=1))
 
 
+class ReportTo(click.ParamType):
+    """Tracker names, comma-separated ("none": none), as a list."""
+
+    name = "names"
+
+    def convert(self, value, param, ctx) -> list[str]:
+        from tokweight.training.config.components import parse_report_to
+
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        try:
+            return list(parse_report_to(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+BASE_FLAGS = (
+    Flag("--data", "data", type=DataSource()),
+    Flag("--out", "out", type=click.Path(file_okay=False)),
+    Flag("--steps", "steps"),
+    Flag("--seed", "seed"),
+    Flag("--k-max", "k_max"),
+    Flag("--min-slots", "min_slots"),
+    Flag("--device", "device"),
+    Flag("--report-to", "report_to", "Trackers that get the metrics lines and the configuration, comma-separated: "
+         "tensorboard, mlflow, wandb (offline, in the checkpoint directory; each needs pip install "
+         "'tokweight[NAME]').", default="none", type=ReportTo()),
+)
+
+
 @main.command("train-base")
-@click.option("--data", type=DataSource(), required=True)
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="Checkpoint directory.")
-@click.option("--preset", type=click.Choice(preset_names("base")), default="default",
-              help="A base-model preset: tokweight/presets/base/<name>.toml, the BaseTrainConfig fields it changes.")
-@click.option("--steps", type=int, default=None)
-@click.option("--seed", type=int, default=0)
-@click.option("--k-max", type=int, default=8,
-              help="Latent tokens <z_0>..<z_{N-1}> the base model learns to read as \"a z goes here\" (train appends "
-                   "more when a CVAE's --k needs them).")
-@click.option("--min-slots", type=int, default=None,
-              help="Fewest latent slots of the z-conditioned sequences, drawn from here to the slots reserved (default: "
-                   "from 1, every count): 4 trains only the count train's prefix reads, which a long y needs "
-                   "(docs/results.md, \"T/(t0+1) = 64\").")
-@click.option("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N.")
-@click.option("--report-to", "report_to", default=None,
-              help="Trackers that get the metrics lines and the configuration, comma-separated: tensorboard, mlflow, "
-                   "wandb (offline, in the checkpoint directory; each needs pip install 'tokweight[NAME]').  "
-                   "[default: none]")
+@preset_option("base", "A base-model preset: tokweight/presets/base/<name>.toml, the BaseTrainConfig fields it "
+                       "changes.")
+@config_options(BaseTrainConfig, "n_layer=3")
+@options(BaseTrainConfig, BASE_FLAGS, preset_kind="base")
 @threads_option
-def train_base(data, out, preset, steps, seed, k_max, min_slots, device, report_to, threads):
+def train_base(preset, config, sets, threads, **flags):
     """Train the entangled (z-free) base model on S and write a fingerprinted checkpoint."""
-    from tokweight.training.loop.train_base import BaseTrainConfig, memorised_line, run
+    from tokweight.training.loop.train_base import memorised_line, run
 
     set_threads(threads)
-    from tokweight.training.config.cvae import parse_report_to
-
-    overrides = ({"steps": steps} if steps else {}) | ({"min_slots": min_slots} if min_slots is not None else {})
     try:
-        overrides |= {"report_to": parse_report_to(report_to)} if report_to else {}
-        cfg = preset_config(BaseTrainConfig, "base", preset, data=data, out=out, seed=seed, k_max=k_max,
-                            device=device, **overrides)
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
-    try:
-        result = run(cfg)
+        result = run(configured(BaseTrainConfig, BASE_FLAGS, flags, config, sets, preset=preset_file("base", preset)))
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     click.echo(json.dumps(result, indent=1))
@@ -200,20 +222,27 @@ def export_hf_cmd(checkpoint, out):
     click.echo(str(export_hf(checkpoint, out)))
 
 
+DEMO_FLAGS = (
+    Flag("--out", "out", type=click.Path(file_okay=False)),
+    Flag("--preset", "preset", "default: the claim, in a few minutes on 2 CPU cores; tiny: seconds, an installation "
+         "check.", choices=tuple(preset_names("demo"))),
+    Flag("--seed", "seed"),
+)
+
+
 @main.command()
-@click.option("--out", type=click.Path(file_okay=False), default="demo", help="Where everything goes.")
-@click.option("--preset", type=click.Choice(preset_names("demo")), default="default",
-              help="default: the claim, in a few minutes on 2 CPU cores; tiny: seconds, an installation check.")
-@click.option("--seed", type=int, default=0)
+@config_options(DemoConfig, "seed=1")
+@options(DemoConfig, DEMO_FLAGS)
 @threads_option
-def demo(out, preset, seed, threads):
+def demo(config, sets, threads, **flags):
     """The method's claim on built-in data: synth -> base model -> store -> uniform and surprisal-share CVAEs
     from scratch under the defaults -> eval against the base -> a table and what it shows."""
-    from tokweight.demo import DemoConfig, run
+    from tokweight.demo import run
 
     set_threads(threads)
-    result = run(DemoConfig(out=out, preset=preset, seed=seed))
-    click.echo((Path(out) / "demo.md").read_text())
+    cfg = configured(DemoConfig, DEMO_FLAGS, flags, config, sets)
+    result = run(cfg)
+    click.echo((Path(cfg.out) / "demo.md").read_text())
     click.echo(f"report: {result['report']}")
 
 

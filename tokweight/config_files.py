@@ -1,4 +1,5 @@
-"""Configuration from files: the one mechanism behind `train --config`, `--set` and every preset.
+"""Configuration from files: the one mechanism behind every command's `--config` and `--set` (``tokweight.flags``
+builds a command's config with it) and every preset.
 
 A configuration is a nested mapping of a config dataclass's fields (``TrainConfig.to_json``'s shape), read from
 a TOML or JSON file (a run's own config.json is valid input). ``--set group.field=value`` changes one
@@ -22,6 +23,8 @@ import tomllib
 from tokweight.pipeline.config_build import build, defaults, plain
 
 PRESETS = Path(__file__).parent / "presets"
+DEFAULT_PRESET = "default"
+"""The preset a command with ``--preset`` reads unless told another."""
 
 
 def read(path: str | Path) -> dict:

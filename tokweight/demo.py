@@ -18,13 +18,11 @@ from pathlib import Path
 
 import click
 
-from tokweight.config_files import preset_config, preset_names
+from tokweight.config_files import preset_config
+from tokweight.demo_config import DemoConfig
 from tokweight.experiments.artefacts import TaskConfig, synthetic_task
 from tokweight.training.config.train import OptimConfig
-from tokweight.training.evaluation.metrics import KEPT_FRACTION, kept_threshold
-
-WEIGHTINGS = ("uniform", "surprisal-share")
-"""The two reconstructions the demo compares; everything else is the default configuration."""
+from tokweight.training.config.use import KEPT_FRACTION, kept_threshold
 
 
 @dataclass(frozen=True)
@@ -46,24 +44,9 @@ def demo_preset(name: str) -> DemoPreset:
     return preset_config(DemoPreset, "demo", name)
 
 
-@dataclass(frozen=True)
-class DemoConfig:
-    out: str = "demo"
-    """Directory for data/, base/, store/, cvae-<weighting>/, report/ and demo.md."""
-    preset: str = "default"
-    """A preset of tokweight/presets/demo/."""
-    seed: int = 0
-    """Seeds the data, the base model and the CVAEs."""
-    arms: tuple[str, ...] = field(default=WEIGHTINGS)
-    """The weightings compared."""
-
-    def __post_init__(self):
-        if self.preset not in preset_names("demo"):
-            raise ValueError(f"preset must be one of {preset_names('demo')}, got {self.preset!r}")
-
-
 def run(cfg: DemoConfig, echo=click.echo) -> dict:
-    from tokweight.report.inspect import InspectConfig, run as inspect
+    from tokweight.report.inspect_config import InspectConfig
+    from tokweight.report.inspect import run as inspect
     from tokweight.experiments.artefacts import prepare_setting
 
     root = Path(cfg.out)
@@ -101,8 +84,9 @@ def train_and_eval(prep, weighting: str, run_dir: Path, preset: DemoPreset, seed
     """One CVAE under the default configuration but its weighting, then eval on the test split (eval.json and
     eval.md in the run directory)."""
     from tokweight.report.eval_md import write_eval_md
-    from tokweight.training.config.cvae import CVAEConfig
-    from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+    from tokweight.training.config.components import CVAEConfig
+    from tokweight.training.config.use import EvalConfig
+    from tokweight.training.evaluation.evaluate import run_eval
     from tokweight.training.loop.train import run as train
     from tokweight.training.config.train import IOConfig, LossConfig, TrainConfig
 

@@ -16,6 +16,7 @@ from typing import Callable
 
 import click
 
+from tokweight.config_files import assignment, flat, read
 from tokweight.pipeline.data.data_option import DataSource
 from tokweight.pipeline.models.dtypes import TRAIN_DTYPES
 from tokweight.pipeline.threads import set_threads, threads_option
@@ -143,7 +144,9 @@ def own_help(text: str, field: str) -> Callable[[], str]:
 @click.option("--cvae-steps", type=int, default=None, cls=JobHelp,
               help_of=lambda: f"Cap on the steps of each cell ({per_job(lambda c: c.budget.steps)}).")
 @click.option("--base-steps", type=int, default=None, cls=JobHelp, help_of=base_steps_help)
-@click.option("--refine", type=int, default=0, help="Sweep: bisection steps per seed around beta_c.")
+@click.option("--refine", type=int, default=None, cls=JobHelp,
+              help_of=lambda: f"Sweep: bisection steps per seed around beta_c (default: "
+                              f"{shown(job_configs(False)['sweep'].refine)}).")
 @click.option("--jobs", type=int, default=None, cls=JobHelp,
               help_of=lambda: f"Cells trained at once, one process and torch thread each "
                               f"({per_job(lambda c: c.jobs)}; the sweep's: min(2, CPUs)).")
@@ -165,9 +168,15 @@ def own_help(text: str, field: str) -> Callable[[], str]:
 @click.option("--report-to", "report_to", default=None,
               help="Trackers each cell trained reports to, comma-separated: tensorboard, mlflow, wandb (offline, in the "
                    "cell's run directory; each needs pip install 'tokweight[NAME]').  [default: none]")
+@click.option("--config", "config", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A configuration file (TOML or JSON) of the job's fields (ExperimentConfig, SweepConfig or "
+                   "OwnTaskConfig): the defaults and --quick's it changes. Flags and --set override it.")
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
+              help="Set any field of the job's config, e.g. --set budget.batch_size=16 (repeatable; the value a TOML "
+                   "literal).")
 @threads_option
 def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, base_steps, refine, jobs, threads, dtype,
-               report_to, **own):
+               report_to, config, sets, **own):
     """Reproduce posterior collapse and its fix: data per T/(t0+1), base models, stores, a CVAE grid, results.
     With --checkpoint and --data: the weightings compared on your own task and checkpoint."""
     from tokweight.experiments.artefacts import base_schedule, synthetic_task
@@ -177,7 +186,7 @@ def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, ba
     chosen = {} if recipe is None else {"recipe": recipe}
     try:
         if own["checkpoint"] is not None or own["data"] is not None:
-            if (settings, base_steps, refine) != (None, None, 0):
+            if (settings, base_steps, refine) != (None, None, None):
                 raise ValueError("--settings, --base-steps and --refine are for the synthetic settings, not for "
                                  "--checkpoint/--data")
             cfg, run = own_job(out, quick, sweep, own, chosen)
@@ -186,7 +195,10 @@ def experiment(out, quick, sweep, recipe, settings, seeds, betas, cvae_steps, ba
             if base_steps is not None:
                 task = replace(task, base=replace(task.base, **base_schedule(base_steps)))
             cfg, run = job(out, quick, sweep, settings, refine, task, chosen)
-        run(with_flags(cfg, seeds, betas, jobs, cvae_steps, dtype, report_to), echo=click.echo, command=command)
+        if config:  # the file over the defaults and --quick's, the options that made the job over it again
+            cfg = over(cfg, flat(read(config)) | made_by(out, chosen, refine, settings, base_steps, own))
+        cfg = with_flags(cfg, seeds, betas, jobs, cvae_steps, dtype, report_to)
+        run(over(cfg, dict(assignment(item) for item in sets)), echo=click.echo, command=command)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
 
@@ -209,7 +221,7 @@ def job(out, quick, sweep, settings, refine, task, chosen: dict):
     from tokweight.experiments import sweep as sw
 
     if sweep == "beta":
-        cfg = sw.SweepConfig(out=out, task=task, refine=refine, **chosen)
+        cfg = sw.SweepConfig(out=out, task=task, **chosen, **({} if refine is None else {"refine": refine}))
         cfg = sw.quick_sweep(cfg) if quick else cfg
         return (cfg if settings is None else replace(cfg, settings=tuple(settings.split(",")))), sw.run
     if settings is not None:
@@ -218,10 +230,28 @@ def job(out, quick, sweep, settings, refine, task, chosen: dict):
     return (grid.quick(cfg) if quick else cfg), grid.run
 
 
+def over(cfg, values: dict):
+    """``cfg`` with dotted fields set (a nested group field by field); a field it does not have is refused by its
+    dotted name."""
+    from tokweight.config_files import build, plain, with_values
+
+    return build(type(cfg), with_values(plain(cfg), values)) if values else cfg
+
+
+def made_by(out, chosen: dict, refine, settings, base_steps, own: dict) -> dict:
+    """The dotted fields the options that make a job set (before the flags every job takes)."""
+    from tokweight.experiments.artefacts import base_schedule
+
+    made = {"out": out, **chosen, **{k: v for k, v in own.items() if v is not None}}
+    made |= {} if refine is None else {"refine": refine}
+    made |= {} if settings is None else {"settings": settings.split(",")}
+    return made | ({} if base_steps is None else {f"task.base.{k}": v for k, v in base_schedule(base_steps).items()})
+
+
 def with_flags(cfg, seeds: str | None, betas: str | None, jobs: int | None, cvae_steps: int | None,
                dtype: str | None = None, report_to: str | None = None):
     """``cfg`` with the seeds, betas, jobs, steps per cell, dtype and trackers that were given."""
-    from tokweight.training.config.cvae import parse_report_to
+    from tokweight.training.config.components import parse_report_to
 
     given = {"seeds": _ints(seeds), "betas": _floats(betas), "jobs": jobs}
     cfg = replace(cfg, **{k: v for k, v in given.items() if v is not None})

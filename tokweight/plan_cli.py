@@ -7,7 +7,10 @@ import json
 
 import click
 
+from tokweight.flags import Flag, config_options, configured, options
 from tokweight.pipeline.threads import set_threads, threads_option
+from tokweight.training.config.plan import PLAN_DTYPES, PlanConfig
+from tokweight.training.config.train import SHARDS
 
 KIND_ORDER = ("parameters", "gradients", "optimizer", "activations", "temporaries")
 
@@ -40,34 +43,34 @@ def table(plan) -> str:
     return "\n".join(lines)
 
 
+FLAGS = (
+    Flag("--model", "model", "A model config: a built-in name (training/plan/models.py: qwen2.5-0.5b, qwen2.5-1.5b, "
+         "llama-3.1-8b, gpt-tiny), a Hugging Face config.json, or a checkpoint directory holding one."),
+    Flag("--k", "k"),
+    Flag("--batch-size", "batch_size"),
+    Flag("--seq-len", "seq_len"),
+    Flag("--dtype", "dtype", choices=PLAN_DTYPES),
+    Flag("--lora-rank", "lora_rank"),
+    Flag("--grad-checkpointing", "grad_checkpointing"),
+    Flag("--shard", "shard", choices=SHARDS),
+    Flag("--ranks", "ranks"),
+    Flag("--eval-batch-size", "eval_batch_size"),
+    Flag("--memory", "memory_gib"),
+)
+
+
 @click.command("plan")
-@click.option("--model", required=True,
-              help="A model config: a built-in name (training/plan/models.py: qwen2.5-0.5b, qwen2.5-1.5b, "
-                   "llama-3.1-8b, gpt-tiny), a Hugging Face config.json, or a checkpoint directory holding one.")
-@click.option("--k", type=int, default=4, help="Latent values: the decoder runs K copies of every example.")
-@click.option("--batch-size", type=int, default=8, help="Examples per rank.")
-@click.option("--seq-len", type=int, default=512, help="Tokens of an example's z-free sequence (half of them y).")
-@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16",
-              help="The forward's dtype, as train's --dtype: bfloat16 is what its auto gives on a GPU.")
-@click.option("--lora-rank", type=int, default=0, help="As train's --lora-rank (0: every parameter trains).")
-@click.option("--grad-checkpointing", is_flag=True, help="As train's --grad-checkpointing.")
-@click.option("--shard", type=click.Choice(["ddp", "fsdp"]), default="ddp", help="As train's --shard.")
-@click.option("--ranks", type=int, default=1, help="Ranks of the job (torchrun's processes); the plan is one rank's.")
-@click.option("--eval-batch-size", type=int, default=None,
-              help="Examples per rank of a validation forward (default: train's log.eval_batch_size).")
-@click.option("--memory", type=float, default=80.0, help="Device memory per rank, GiB: what the largest batch must fit.")
+@config_options(PlanConfig, "headroom=0.2")
+@options(PlanConfig, FLAGS)
 @click.option("--search/--no-search", default=True, help="Search the largest batch that fits --memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes and FLOPs) instead of a table.")
 @threads_option
-def plan(model, k, batch_size, seq_len, dtype, lora_rank, grad_checkpointing, shard, ranks, eval_batch_size, memory,
-         search, as_json, threads):
+def plan(config, sets, search, as_json, threads, **flags):
     """Peak memory per rank by kind (parameters, gradients, optimizer state, activations, temporaries) of one
     training step, one validation forward and one decode step, their FLOPs, and the largest batch per rank that fits
     --memory: the configuration run on fake tensors, nothing downloaded or allocated, no GPU needed."""
-    from tokweight.training.plan.estimate import PlanConfig, plan as make_plan
+    from tokweight.training.plan.estimate import plan as make_plan
 
     set_threads(threads)
-    result = make_plan(PlanConfig(model=model, k=k, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
-                                  lora_rank=lora_rank, grad_checkpointing=grad_checkpointing, shard=shard, ranks=ranks,
-                                  eval_batch_size=eval_batch_size, memory_gib=memory), search=search)
+    result = make_plan(configured(PlanConfig, FLAGS, flags, config, sets), search=search)
     click.echo(json.dumps(result.to_json(), indent=1) if as_json else table(result))

@@ -1,4 +1,5 @@
-"""`tokweight sql`: SQL over a baseline store (`tokweight inspect` is tokweight/report_cli.py).
+"""`tokweight sql`: SQL over a baseline store (`tokweight inspect` is tokweight/report_cli.py), its options the
+fields of ``SqlConfig``.
 
 DuckDB, pyarrow and matplotlib are imported inside the commands so that `--help` stays fast.
 A bad query or store is a click error carrying DuckDB's (or the store's) message, never a
@@ -13,58 +14,51 @@ import sys
 
 import click
 
+from tokweight.flags import Flag, config_options, configured, options
+from tokweight.store.sql_config import SQL_FORMATS, SqlConfig
+
 store_argument = click.argument("store", type=click.Path(exists=True, file_okay=False))
-fingerprint_option = click.option("--fingerprint", "fingerprints", multiple=True,
-                                help="Fingerprint to open (repeatable); default: every one in the store.")
 
-exact_quantiles_option = click.option(
-    "--exact-quantiles", is_flag=True,
-    help="Every example in tokens.in_quantile_sample, so profile_by_position's quantiles are exact "
-         "whatever the store's size (slower above 2^20 tokens).")
-
-
-def estimator_options(f):
-    for opt in reversed([
-        click.option("--q", type=float, default=0.9, help="Cumulative share for t0_share."),
-        click.option("--tau", type=float, default=0.1, help="Surprisal threshold (nats) for t0_threshold."),
-        click.option("--eps", type=float, default=1e-6, help="Examples with sum b < eps are degenerate."),
-    ]):
-        f = opt(f)
-    return f
+ESTIMATOR_FLAGS = (Flag("--q", "q"), Flag("--tau", "tau"), Flag("--eps", "eps"))
+"""The estimators' parameters, which `tokweight inspect` takes too."""
+FLAGS = (
+    Flag("--fingerprint", "fingerprints", multiple=True),
+    *ESTIMATOR_FLAGS,
+    Flag("--format", "format", choices=SQL_FORMATS),
+    Flag("--out", "out", type=click.Path(dir_okay=False)),
+    Flag("--max-rows", "max_rows"),
+    Flag("--exact-quantiles", "exact_quantiles"),
+    Flag("--run", "run", type=click.Path(exists=True, file_okay=False)),
+)
 
 
 @click.command("sql")
 @store_argument
 @click.argument("query", required=False)
-@fingerprint_option
-@estimator_options
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result here (parquet needs it).")
-@click.option("--max-rows", type=int, default=40, help="Rows shown by --format table.")
-@exact_quantiles_option
-@click.option("--run", "run_dir", type=click.Path(exists=True, file_okay=False), default=None,
-              help="A train run whose posteriors-<split>.parquet files (`tokweight encode`) become the view "
-                   "posteriors, joined with examples by key.")
-def sql_cmd(store, query, fingerprints, q, tau, eps, fmt, out, max_rows, exact_quantiles, run_dir):
+@config_options(SqlConfig, "max_rows=100")
+@options(SqlConfig, FLAGS)
+def sql_cmd(store, query, config, sets, **flags):
     """Run QUERY over STORE's views (examples, tokens, vocab, manifests; posteriors with --run); no QUERY: show
     them."""
     import duckdb
 
-    from tokweight.store.sql import QUANTILE_TOKENS, EstimatorParams, add_posteriors, connect, describe
+    from tokweight.store.sql import QUANTILE_TOKENS, add_posteriors, connect, describe
     from tokweight.training.evaluation.verdict import ONE_STRATEGY
 
     try:
-        con = connect(store, fingerprints, EstimatorParams(q=q, tau=tau, eps=eps),
-                      quantile_tokens=None if exact_quantiles else QUANTILE_TOKENS)
-        if run_dir is not None:
-            add_posteriors(con, run_dir, ONE_STRATEGY)
-        if query is None:
+        cfg = configured(SqlConfig, FLAGS, flags, config, sets, store=store,
+                         **({} if query is None else {"query": query}))
+        con = connect(cfg.store, cfg.fingerprints, cfg.params,
+                      quantile_tokens=None if cfg.exact_quantiles else QUANTILE_TOKENS)
+        if cfg.run is not None:
+            add_posteriors(con, cfg.run, ONE_STRATEGY)
+        if cfg.query is None:
             click.echo(describe(con))
             return
-        rel = con.sql(query)
+        rel = con.sql(cfg.query)
         if rel is None:  # a statement without a result (SET, CREATE ...)
             return
-        _emit(rel, fmt, out, max_rows)
+        _emit(rel, cfg.format, cfg.out, cfg.max_rows)
     except (duckdb.Error, ValueError, KeyError, FileNotFoundError) as e:
         raise click.ClickException(str(e).strip("'\"")) from None
 

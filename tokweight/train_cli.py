@@ -1,6 +1,6 @@
 """`tokweight train`: a TrainConfig from the defaults, a configuration file, the flags and ``--set``, in that
 order; then ``training.loop.train.run``. Heavy imports stay inside. The skipped-samples line serves `tokweight eval`
-(``tokweight.report_cli``) too."""
+and `encode` too."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from tokweight.pipeline.data.data_option import DataSource
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.pipeline.models.dtypes import TRAIN_DTYPES
 from tokweight.training.config.migrations import train_config_from
-from tokweight.training.config.cvae import COND_MODES, LATENTS, POLICIES, WEIGHTINGS
+from tokweight.training.config.components import COND_MODES, LATENTS, POLICIES, WEIGHTINGS
 from tokweight.training.config.train import SHARDS, TrainConfig, with_resolved_anew
 
 FLAGS = (
-    Flag("--checkpoint", "io.checkpoint", "Entangled checkpoint to initialise the CVAE from (required).",
+    Flag("--checkpoint", "io.checkpoint", "Entangled checkpoint to initialise the CVAE from.",
          type=click.Path(exists=True, file_okay=False, resolve_path=True)),
-    Flag("--data", "io.data", "The dataset (required): a directory with train/ and val/ shards, or their URLs "
+    Flag("--data", "io.data", "The dataset: a directory with train/ and val/ shards, or their URLs "
          "(http(s):// or pipe: patterns, or a file of URLs).", type=DataSource(resolve=True)),
     Flag("--store", "io.store", "Baseline store root (`tokweight extract` wrote it); the default policy reads it."),
-    Flag("--out", "io.out", "Run directory, resumed if it holds this run (required)."),
+    Flag("--out", "io.out", "Run directory, resumed if it holds this run."),
     Flag("--latent", "cvae.latent", choices=LATENTS),
     Flag("--k", "cvae.k", "Latent values (discrete); clusters for a continuous latent's evaluation."),
     Flag("--z-dim", "cvae.z_dim", "Continuous latent dimensions."),
@@ -101,11 +101,6 @@ def echo_skips(result: dict) -> None:
 
     if line := Skips(result.get("skipped_shards")).summary_line():
         click.echo(line, err=True)
-
-
-def given(**options) -> dict:
-    """The options the user set: a default lives in the config dataclasses, never here."""
-    return {k: v for k, v in options.items() if v is not None}
 
 
 def absolute(values: dict) -> dict:

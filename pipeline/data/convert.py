@@ -27,25 +27,29 @@ file: per line, only its split and its stored key are kept.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import re
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from tokweight.pipeline.data.convert_sources import SAMPLE_FIELDS, JsonLines, ParquetRows
+from tokweight.pipeline.data.convert_sources import JsonLines, ParquetRows
+from tokweight.pipeline.data.config import ConvertConfig, FieldSplit, HashSplit
 from tokweight.pipeline.data.errors import SampleError
 from tokweight.pipeline.data.samples import Sample, sample_from_record
 from tokweight.pipeline.data.shards import prepare_output_dir, shard_name, write_shards
 from tokweight.store.durable import write_json_atomic
 
 _UNSAFE = re.compile(r"[.\s/]")
-_SPLIT_NAME = re.compile(r"[a-z0-9_-]+")
 SPLIT_ORDER = ("train", "val", "test")  # dataset.json lists these first, then any others by name
-DEFAULT_FRACTION = 0.1  # val and test each, when neither a fraction nor a split field is given
 MAX_LISTED_BAD_LINES = 100  # in dataset.json; the count is always complete
 ERROR_LISTED = 5  # bad lines named in the error message
+
+
+def source(cfg: ConvertConfig) -> JsonLines | ParquetRows:
+    """The lines or rows ``cfg`` converts."""
+    if cfg.jsonl is not None:
+        return JsonLines(cfg.jsonl)
+    return ParquetRows(cfg.parquet, cfg.columns, cfg.split_field)
 
 
 def clean_key(key: str) -> str:
@@ -53,75 +57,7 @@ def clean_key(key: str) -> str:
     return _UNSAFE.sub("_", key)
 
 
-def key_unit(seed: int, key: str) -> float:
-    """A number in [0, 1) fixed by (seed, key) on every machine: blake2b's first 8 bytes / 2**64."""
-    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
-
-
 # ---------------------------------------------------------------- split rules
-
-
-@dataclass(frozen=True)
-class HashSplit:
-    """Splits by ``key_unit(seed, key)``: [0, val) is val, [val, val + test) test, the rest train."""
-
-    val_fraction: float = DEFAULT_FRACTION
-    """Expected share of keys in ``val`` (each key draws independently: the count is binomial)."""
-    test_fraction: float = DEFAULT_FRACTION
-    """Expected share of keys in ``test``; ``train`` holds the rest."""
-    seed: int = 0
-    """Salt of the hash: another seed, another division of the same keys."""
-
-    def __post_init__(self):
-        for name, share in (("val_fraction", self.val_fraction), ("test_fraction", self.test_fraction)):
-            if not 0 <= share <= 1:
-                raise ValueError(f"{name} must lie in [0, 1], got {share}")
-        if self.val_fraction + self.test_fraction > 1:
-            raise ValueError(f"val_fraction + test_fraction must be at most 1, got "
-                             f"{self.val_fraction} + {self.test_fraction}")
-
-    def names(self) -> list[str]:
-        """The splits this rule can fill (listed in dataset.json even when a small file leaves one empty)."""
-        shares = {"train": 1 - self.val_fraction - self.test_fraction, "val": self.val_fraction,
-                  "test": self.test_fraction}
-        return [name for name, share in shares.items() if share > 0]
-
-    def split_of(self, key: str, record: dict) -> str:
-        unit = key_unit(self.seed, key)
-        if unit < self.val_fraction:
-            return "val"
-        return "test" if unit < self.val_fraction + self.test_fraction else "train"
-
-    def describe(self) -> dict:
-        return {"by": "key-hash", "hash": "blake2b('<seed>:<key>', 8 bytes) / 2**64", **asdict(self)}
-
-
-@dataclass(frozen=True)
-class FieldSplit:
-    """Splits named by a field of each line, for data that carries its own split."""
-
-    field: str
-    """The field holding the split name ([a-z0-9_-]; a line without it is bad)."""
-
-    def __post_init__(self):
-        if self.field in SAMPLE_FIELDS:
-            raise ValueError(f"split_field {self.field!r} is a sample field; name the field that holds the split")
-
-    def names(self) -> list[str]:
-        return []  # whatever the lines name
-
-    def split_of(self, key: str, record: dict) -> str:
-        value = record.get(self.field)
-        if value is None:
-            raise SampleError("missing-field", f"field {self.field!r} (the split, --split-field) is missing")
-        if not isinstance(value, str) or not _SPLIT_NAME.fullmatch(value):
-            raise SampleError("wrong-type", f"field {self.field!r} must name a split with [a-z0-9_-] only, "
-                                            f"got {value!r}")
-        return value
-
-    def describe(self) -> dict:
-        return {"by": "field", "field": self.field}
 
 
 def _split_order(name: str) -> tuple[int, str]:
@@ -129,61 +65,6 @@ def _split_order(name: str) -> tuple[int, str]:
 
 
 # ---------------------------------------------------------------- config
-
-
-@dataclass(frozen=True)
-class ConvertConfig:
-    """One conversion of a JSON lines file, or Parquet files, into a dataset directory."""
-
-    jsonl: str | None
-    """The JSON lines file (or None, and ``parquet``)."""
-    out: str
-    """The dataset directory: ``<split>/shard-NNNNNN.tar`` and ``dataset.json``."""
-    shard_size: int = 1000
-    """Samples per shard."""
-    on_bad: str = "error"
-    """A bad line: "error" stops before anything is written and names the lines; "skip" drops and lists it."""
-    val_fraction: float | None = None
-    """Share of keys in ``val`` by key hash; None: 0.1 (not allowed with ``split_field``)."""
-    test_fraction: float | None = None
-    """Share of keys in ``test`` by key hash; None: 0.1 (not allowed with ``split_field``)."""
-    seed: int = 0
-    """Salt of the key hash."""
-    split_field: str | None = None
-    """Take each line's split from this field instead of the key hash."""
-    overwrite: bool = False
-    """Replace a dataset ``out`` already holds (its shards and dataset.json are deleted first)."""
-    parquet: str | None = None
-    """A Parquet file or a glob of them, read instead of ``jsonl``."""
-    columns: dict[str, str] = field(default_factory=dict)
-    """Parquet: sample field -> column ({"x": "question", "y": "answer"}); a field not given reads the column
-    of its own name where there is one."""
-
-    def __post_init__(self):
-        if (self.jsonl is None) == (self.parquet is None):
-            raise ValueError("convert reads one source: give either a JSON lines file (--jsonl) or Parquet "
-                             "(--parquet), not both or neither")
-        if self.columns and self.parquet is None:
-            raise ValueError("--columns maps Parquet columns: it needs --parquet")
-        if self.on_bad not in ("error", "skip"):
-            raise ValueError(f"on_bad must be 'error' or 'skip', got {self.on_bad!r}")
-        if self.shard_size < 1:
-            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
-        self.rule()  # validates the split options
-
-    def rule(self) -> HashSplit | FieldSplit:
-        if self.split_field is None:
-            return HashSplit(*(DEFAULT_FRACTION if share is None else share
-                               for share in (self.val_fraction, self.test_fraction)), seed=self.seed)
-        if (self.val_fraction, self.test_fraction) != (None, None):
-            raise ValueError("--split-field takes each line's split from the line: drop --val-fraction and "
-                             "--test-fraction")
-        return FieldSplit(self.split_field)
-
-    def source(self) -> JsonLines | ParquetRows:
-        if self.jsonl is not None:
-            return JsonLines(self.jsonl)
-        return ParquetRows(self.parquet, self.columns, self.split_field)
 
 
 # ---------------------------------------------------------------- pass one: every line's fate
@@ -401,7 +282,7 @@ def run(cfg: ConvertConfig) -> dict:
     """
     out_dir = Path(cfg.out)
     _refuse_existing(out_dir, cfg.overwrite)
-    plan = _Plan(cfg.rule(), cfg.source()).read()
+    plan = _Plan(cfg.rule(), source(cfg)).read()
     if plan.bad.count and cfg.on_bad == "error":
         raise _bad_lines_error(plan.bad)
     created = _first_missing(out_dir)

@@ -16,10 +16,10 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Iterator
 
+from tokweight.pipeline.data.config import SAMPLE_FIELDS
 from tokweight.pipeline.data.errors import SampleError
 from tokweight.store.parts import sha256_path
 
-SAMPLE_FIELDS = ("key", "x", "y", "strategy", "t0")
 BATCH_ROWS = 4096  # Parquet rows decoded at once
 
 

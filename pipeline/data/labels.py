@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import dataset_json, iter_samples, resolve_shards
-from tokweight.pipeline.data.synth import SynthConfig, consistent_at_t0, symbol_candidates
+from tokweight.pipeline.data.config import SynthConfig
+from tokweight.pipeline.data.synth import consistent_at_t0, symbol_candidates
 
 
 @dataclass(frozen=True)

@@ -17,18 +17,18 @@ symbols there throughout, and t0, splits and labels are computed here alike for 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from tokweight.pipeline.data import synth_kinds
+from tokweight.pipeline.data.config import FILLER_SYMBOL, PERMUTATIONS, SynthConfig, symbol_name
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import prepare_output_dir, shard_name, write_shards
 from tokweight.store.durable import write_json_atomic
 
-FILLER_SYMBOL = "#"
 END_OF_Y = "</y>"  # closes S: S = y_1..y_n </y>, T = n + 1 (docs/contract.md §2)
 SPLITS = ("train", "val", "test")
 _SPLIT_IDS = {"train": 0, "val": 1, "test": 2}  # folded into the split's seed
@@ -73,108 +73,11 @@ def evens_odds(x: tuple) -> tuple:
     return tuple(x[0::2]) + tuple(x[1::2])
 
 
-STRATEGIES: dict[str, Callable[[tuple], tuple]] = {
-    "copy": copy,
-    "reverse": reverse,
-    "sort": sort,
-    "sort-desc": sort_desc,
-    "rotate-left": rotate_left,
-    "rotate-right": rotate_right,
-    "swap-pairs": swap_pairs,
-    "evens-odds": evens_odds,
-}
-DEFAULT_STRATEGIES = ("copy", "reverse", "sort", "sort-desc")
-
-
-def symbol_name(i: int) -> str:
-    """Data symbol ``i``: "a".."z" for 0..25, then "s26", "s27", ..."""
-    return chr(ord("a") + i) if i < 26 else f"s{i}"
+STRATEGIES: dict[str, Callable[[tuple], tuple]] = dict(zip(PERMUTATIONS, (
+    copy, reverse, sort, sort_desc, rotate_left, rotate_right, swap_pairs, evens_odds)))
 
 
 # ---------------------------------------------------------------- config
-
-
-@dataclass(frozen=True)
-class SynthConfig:
-    """Everything that determines a synthetic dataset; same config, same bytes. Presets (`tokweight synth
-    --preset`) are files of the fields they change, tokweight/presets/synth/<name>.toml."""
-
-    alphabet_size: int = 16
-    """Number of data symbols x is drawn from (uniformly, with repetition)."""
-    min_len: int = 12
-    """Shortest x (inclusive)."""
-    max_len: int = 16
-    """Longest x (inclusive); lengths are uniform in [min_len, max_len]."""
-    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
-    """Names from STRATEGIES that y may be generated with (the latent's K values)."""
-    header_len: int = 0
-    """Copies of FILLER_SYMBOL before s(x) in every y; t0 moves later by this much."""
-    trailer_len: int = 0
-    """Copies of FILLER_SYMBOL after s(x) in every y: T grows by this much with t0 unchanged, tokens a base
-    model predicts near-perfectly (a long fixed ending, as in templated answers)."""
-    prior: str = "uniform"
-    """p(s|x): "uniform", "x-dependent": p(s|x) ∝ 1 + alpha·[s == id(x[0]) mod K], or "weighted":
-    p(s|x) ∝ weights[s], whatever x (strategies of unequal frequency)."""
-    alpha: float = 3.0
-    """Boost of the favoured strategy under the "x-dependent" prior (>= 0; unused otherwise)."""
-    weights: tuple[float, ...] = ()
-    """One weight > 0 per strategy under the "weighted" prior (empty otherwise). The base's "Bayes" figure at t0
-    (log of the strategies consistent there) is a uniform prior's, above the weighted prior's surprisal."""
-    n_train: int = 20_000
-    """Examples in the train split."""
-    n_val: int = 2_000
-    """Examples in the val split."""
-    n_test: int = 2_000
-    """Examples in the test split."""
-    shard_size: int = 2_000
-    """Examples per tar shard."""
-    seed: int = 0
-    """Root seed (>= 0); each split draws from np.random.default_rng([seed, split id])."""
-    kind: str = "permutation"
-    """What the strategies differ in (pipeline.data.synth_kinds): "permutation" (read orders of x, STRATEGIES),
-    "lexical" (x's concepts in invented languages; alphabet_size concepts, x of min_len..max_len of them),
-    "format" (a record in file formats; alphabet_size names, min_len..max_len amounts) or "procedure" (numbers
-    written by procedures; min_len..max_len numbers from 1..alphabet_size). Strategies are the kind's names."""
-
-    def __post_init__(self):
-        object.__setattr__(self, "strategies", tuple(self.strategies))  # a JSON list is fine too
-        object.__setattr__(self, "weights", tuple(self.weights))
-        if self.alphabet_size < 2:
-            raise ValueError(f"alphabet_size must be >= 2, got {self.alphabet_size}")
-        if not 1 <= self.min_len <= self.max_len:
-            raise ValueError(f"need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
-        if self.kind != "permutation":
-            synth_kinds.check(self)
-        elif (not self.strategies or any(s not in STRATEGIES for s in self.strategies)
-              or len(set(self.strategies)) != len(self.strategies)):
-            raise ValueError(f"strategies must be distinct names from {sorted(STRATEGIES)}, "
-                             f"got {self.strategies}")
-        if self.header_len < 0 or self.trailer_len < 0:
-            raise ValueError(f"header_len and trailer_len must be >= 0, got {self.header_len}, {self.trailer_len}")
-        if self.prior not in ("uniform", "x-dependent", "weighted"):
-            raise ValueError(f"prior must be 'uniform', 'x-dependent' or 'weighted', got {self.prior!r}")
-        wanted = len(self.strategies) if self.prior == "weighted" else 0  # one weight per strategy, or none
-        if len(self.weights) != wanted or not all(w > 0 for w in self.weights):
-            raise ValueError(f"weights: one weight > 0 per strategy under prior 'weighted' ({len(self.strategies)} "
-                             f"strategies), none otherwise; got prior {self.prior!r}, weights {self.weights}")
-        if not self.alpha >= 0:
-            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
-        if min(self.n_train, self.n_val, self.n_test) < 0:
-            raise ValueError("n_train, n_val and n_test must be >= 0")
-        if self.shard_size < 1:
-            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
-
-    def split_size(self, split: str) -> int:
-        return {"train": self.n_train, "val": self.n_val, "test": self.n_test}[split]
-
-    def symbols(self) -> list[str]:
-        """Every data symbol that can occur in x or y: the alphabet in id order, then the filler."""
-        filler = [FILLER_SYMBOL] if self.header_len or self.trailer_len else []
-        if self.kind != "permutation":
-            return synth_kinds.symbols(self) + filler
-        return [symbol_name(i) for i in range(self.alphabet_size)] + filler
 
 
 def kind_strategies(kind: str) -> tuple[str, ...]:

@@ -24,9 +24,10 @@ makes them unequally frequent as well.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 KINDS = ("permutation", "lexical", "format", "procedure")
 
@@ -95,6 +96,8 @@ def lexical_symbols(strategies, alphabet_size: int) -> list[str]:
 
 
 def lexical_inputs(rng: np.random.Generator, n: int, cfg) -> list[tuple]:
+    import numpy as np  # here: pipeline.data.config reads the names and limits above without numpy
+
     lengths = rng.integers(cfg.min_len, cfg.max_len + 1, size=n)
     flat = rng.integers(0, cfg.alphabet_size, size=int(lengths.sum())).tolist()
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
@@ -158,6 +161,8 @@ def format_symbols(strategies, alphabet_size: int) -> list[str]:
 
 
 def format_inputs(rng: np.random.Generator, n: int, cfg) -> list[tuple]:
+    import numpy as np  # here: pipeline.data.config reads the names and limits above without numpy
+
     counts = rng.integers(cfg.min_len, cfg.max_len + 1, size=n)
     names = rng.integers(0, cfg.alphabet_size, size=n).tolist()
     days, months = rng.integers(1, 29, size=n).tolist(), rng.integers(1, 13, size=n).tolist()
@@ -255,6 +260,8 @@ def procedure_symbols(strategies, alphabet_size: int) -> list[str]:
 
 
 def procedure_inputs(rng: np.random.Generator, n: int, cfg) -> list[tuple]:
+    import numpy as np  # here: pipeline.data.config reads the names and limits above without numpy
+
     counts = rng.integers(cfg.min_len, cfg.max_len + 1, size=n)
     numbers = rng.integers(1, cfg.alphabet_size + 1, size=int(counts.sum())).tolist()
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from subprocess import PIPE
@@ -31,9 +30,10 @@ from urllib.parse import urlsplit, urlunsplit
 from webdataset.gopen import Pipe, gopen
 from webdataset.shardlists import expand_urls
 
+from tokweight.pipeline.extract.config import Retry
 from tokweight.store.manifest import is_url
 
-__all__ = ["is_url", "is_url_data", "expand", "location", "url_root", "url_name", "sibling", "Retry", "Fetched",
+__all__ = ["is_url", "is_url_data", "expand", "location", "url_root", "url_name", "sibling", "Fetched",
            "FetchError", "ShardChangedError", "fetch", "fetch_if_present"]
 
 CHUNK = 1 << 20  # bytes per read of a stream
@@ -102,25 +102,6 @@ def sibling(url: str, root: str, name: str) -> str:
 
 
 # ---------------------------------------------------------------- fetching
-
-
-@dataclass(frozen=True)
-class Retry:
-    """How a URL is retried after a transient failure."""
-
-    attempts: int = 5
-    """Tries in all (1: never retried)."""
-    backoff_s: float = 1.0
-    """Seconds before the second try, doubled before each later one; 0 retries at once (tests)."""
-
-    def __post_init__(self):
-        if self.attempts < 1 or self.backoff_s < 0:
-            raise ValueError(f"Retry needs attempts >= 1 and backoff_s >= 0, got {self.attempts}, {self.backoff_s}")
-
-    def wait(self, failed: int) -> None:
-        """Sleep before the try after the ``failed``-th."""
-        if self.backoff_s > 0:
-            time.sleep(self.backoff_s * 2 ** (failed - 1))
 
 
 class FetchError(OSError):

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from tokweight.pipeline.data.errors import SampleError
 from tokweight.pipeline.data.shards import resolve_shards, sample_keys, scan_shard, shard_name
-from tokweight.pipeline.data.urls import Retry, fetch, is_url_data
+from tokweight.pipeline.extract.config import Retry
+from tokweight.pipeline.data.urls import fetch, is_url_data
 from tokweight.store.manifest import Record, load_manifest
 from tokweight.store.parts import read_part
 from tokweight.store.resume import resume

@@ -27,7 +27,8 @@ from tokweight.pipeline.tokens.rendering import Check
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import iter_shard, scan_shard, tar_keys
 from tokweight.pipeline.tokens.templates import BatchArrays, Layout, check_length, collate_arrays, template_ids_many
-from tokweight.pipeline.data.urls import Retry, fetch
+from tokweight.pipeline.extract.config import Retry
+from tokweight.pipeline.data.urls import fetch
 
 if TYPE_CHECKING:
     from tokweight.pipeline.extract.plan import Task

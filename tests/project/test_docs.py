@@ -62,6 +62,28 @@ def test_the_command_reference_is_the_clis_own_help():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "cli_reference.py"), "--check"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    text = (ROOT / "docs" / "cli.md").read_text()
+    missing = [name for name in all_commands(cli) if f"## tokweight {name}\n" not in text]
+    assert not missing, f"docs/cli.md lacks the commands {missing}"
+
+
+def all_commands(group: click.Group, prefix: str = "") -> list[str]:
+    """Every command's words under ``group``, subcommands included."""
+    out = []
+    for name, command in group.commands.items():
+        out.append(f"{prefix}{name}")
+        if isinstance(command, click.Group):
+            out += all_commands(command, f"{prefix}{name} ")
+    return out
+
+
+def test_every_command_that_runs_the_model_reads_config_and_set():
+    """The commands that run the model, and those that read files, take --config FILE and --set FIELD=VALUE."""
+    configured = {"train", "train-base", "extract", "eval", "generate", "encode", "export", "experiment", "plan", "demo",
+                  "sql", "inspect", "convert", "synth"}
+    lacking = [name for name in configured if not {"--config", "--set"} <= flags_of(name)]
+    assert not lacking, f"commands without --config or --set: {lacking}"
+    assert set(all_commands(cli)) - configured == {"export-hf", "store", "store ls", "store verify"}
 
 
 @pytest.mark.parametrize("text, expected", [("`tokweight train --nope 1`", ["tokweight train --nope"]),

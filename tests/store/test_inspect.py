@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from tokweight.cli import main
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import write_shards
-from tokweight.report.inspect import InspectConfig, run
+from tokweight.report.inspect_config import InspectConfig
+from tokweight.report.inspect import run
 from tests.support.fixtures_sql import example_rows, make_row, write_store
 
 FP = "e" * 32

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokweight.store.sql import EstimatorParams, connect, read_sql
+from tokweight.store.sql_config import EstimatorParams
+from tokweight.store.sql import connect, read_sql
 from tests.support.fixtures_sql import TIE_VALUES, VOCAB, example_rows, make_row, write_store
 
 FP = "f" * 32

@@ -13,7 +13,8 @@ from tokweight.cli import main
 from tokweight.pipeline.extract.extract import run
 from tokweight.pipeline.data.shards import resolve_shards
 from tokweight.store.baseline_store import BaselineStore
-from tokweight.store.derived import DERIVED_SCALARS, STORED_EPS, STORED_Q, STORED_TAU
+from tokweight.store.derived import DERIVED_SCALARS
+from tokweight.store.sql_config import STORED_EPS, STORED_Q, STORED_TAU
 from tokweight.store.durable import canonical_bytes
 from tokweight.store.lock import StoreLock, StoreLockedError
 from tokweight.store.manifest import CHECKSUM_KEY, write_checked_json

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokweight.pipeline.data.synth import SynthConfig
+from tokweight.pipeline.data.config import SynthConfig
 from tokweight.experiments.cells import CellBudget
 from tokweight.experiments.artefacts import Setting, TaskConfig, base_model
 

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from tokweight.pipeline.models.checkpoint import load_checkpoint, save_checkpoint
-from tokweight.pipeline.extract.extract import ExtractConfig, run
+from tokweight.pipeline.extract.config import ExtractConfig
+from tokweight.pipeline.extract.extract import run
 from tokweight.config_files import preset_config
-from tokweight.pipeline.data.synth import SynthConfig, write_dataset
-from tokweight.training.loop.train_base import BaseTrainConfig
+from tokweight.pipeline.data.config import SynthConfig
+from tokweight.pipeline.data.synth import write_dataset
+from tokweight.training.config.base import BaseTrainConfig
 from tokweight.training.loop.train_base import run as train_base
 
 

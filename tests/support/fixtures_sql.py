@@ -77,11 +77,12 @@ def write_store(store: Path, fp: str, rows: list[dict], *, fmt: str = PARQUET, c
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory):
     """synth -> train-base (30 steps) -> extract on the `tiny` preset, built once per session."""
-    from tokweight.pipeline.extract.extract import ExtractConfig
+    from tokweight.pipeline.extract.config import ExtractConfig
     from tokweight.pipeline.extract.extract import run as extract_run
     from tokweight.config_files import preset_config
-    from tokweight.pipeline.data.synth import SynthConfig, write_dataset
-    from tokweight.training.loop.train_base import BaseTrainConfig
+    from tokweight.pipeline.data.config import SynthConfig
+    from tokweight.pipeline.data.synth import write_dataset
+    from tokweight.training.config.base import BaseTrainConfig
     from tokweight.training.loop.train_base import run as train_run
 
     root = tmp_path_factory.mktemp("tiny_pipeline")

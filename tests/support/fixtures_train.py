@@ -11,8 +11,10 @@ import torch
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import write_shards
 from tokweight.config_files import preset_config
-from tokweight.pipeline.data.synth import SynthConfig, write_dataset
-from tokweight.training.loop.train_base import BaseTrainConfig, run as train_base
+from tokweight.pipeline.data.config import SynthConfig
+from tokweight.pipeline.data.synth import write_dataset
+from tokweight.training.config.base import BaseTrainConfig
+from tokweight.training.loop.train_base import run as train_base
 
 AMP_T, AMP_T0 = 13, 1  # two strategy tokens, then ten filler tokens and </y>
 
@@ -84,7 +86,8 @@ def two_regime(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_store(tiny, tmp_path_factory):
     """The tiny base model's baseline store over every split of the tiny data."""
-    from tokweight.pipeline.extract.extract import ExtractConfig, run as extract
+    from tokweight.pipeline.extract.config import ExtractConfig
+    from tokweight.pipeline.extract.extract import run as extract
 
     def build():
         data, ckpt = tiny

@@ -14,7 +14,7 @@ from tokweight.config_files import build, flat, parse_value, preset, preset_name
 from tokweight.flags import default_of, resolve
 from tokweight.train_cli import FLAGS, train_config
 from tokweight.training.config.migrations import train_config_from
-from tokweight.training.config.cvae import CVAEConfig
+from tokweight.training.config.components import CVAEConfig
 from tokweight.training.objective.schedules import Schedule, warmed_up
 from tokweight.training.config.train import IOConfig, TrainConfig
 
@@ -133,3 +133,63 @@ def test_a_run_config_given_another_pathway_or_latent_resolves_what_follows_from
     prefix.write_text(json.dumps(replace(run, cvae=CVAEConfig(cond="prefix", slots=2)).to_json()))
     again = train_config(str(prefix), {"cvae.latent": "discrete"}, ())
     assert (again.cvae.cond, again.cvae.slots) == ("prefix", 2)
+
+
+def test_every_command_reads_its_config_as_train_does(tmp_path):
+    """extract's ExtractConfig: the defaults, then a file, then the flags, then --set; a missing required field is
+    named by its flag, an unknown one by its dotted name, a bad file by its path."""
+    from tokweight.extract_cli import FLAGS as EXTRACT_FLAGS
+    from tokweight.flags import configured
+    from tokweight.pipeline.extract.config import ExtractConfig
+
+    path = tmp_path / "extract.toml"
+    path.write_text('checkpoint = "/c"\ndata = "/d"\nstore = "/s"\nbatch_tokens = 100\n[retry]\nattempts = 2\n')
+
+    def made(flags, sets=()):
+        return configured(ExtractConfig, EXTRACT_FLAGS, {f.dest: flags.get(f.field) for f in EXTRACT_FLAGS},
+                          str(path), sets)
+
+    assert (made({}).batch_tokens, made({}).retry.attempts, made({}).reader_process) == (100, 2, None)
+    assert made({"batch_tokens": 200}).batch_tokens == 200
+    assert made({"batch_tokens": 200}, ("batch_tokens=300", "retry.backoff_s=0")).batch_tokens == 300
+    assert made({}, ("retry.backoff_s=0",)).retry.backoff_s == 0 and made({}).format == "parquet"
+    with pytest.raises(ValueError, match=r"^missing --checkpoint, --store: give them on the command line or in "):
+        configured(ExtractConfig, EXTRACT_FLAGS, {}, None, ("data=\"/d\"",))
+    with pytest.raises(ValueError, match=r"retry.attemptz: no such field"):
+        made({}, ("retry.attemptz=3",))
+    (tmp_path / "bad.toml").write_text("batch_tokens = [")
+    with pytest.raises(ValueError, match="bad.toml: not a valid toml configuration"):
+        configured(ExtractConfig, EXTRACT_FLAGS, {}, str(tmp_path / "bad.toml"), ())
+
+
+def test_a_commands_help_is_its_fields_docstring_and_default():
+    """Every option of a command that sets a field shows the field's docstring (unless the flag says more) and its
+    default; a field without a default is [required] unless None may stand for it."""
+    from tokweight.flags import field_doc, help_text
+    from tokweight.pipeline.data.config import ConvertConfig
+    from tokweight.pipeline.extract.config import ExtractConfig
+    from tokweight import cli, extract_cli
+
+    helps = {opt.opts[0]: opt.help for opt in main.commands["extract"].params}
+    for flag in extract_cli.FLAGS:
+        assert helps[flag.name.split("/")[0]] == help_text(ExtractConfig, flag)
+        assert helps[flag.name.split("/")[0]].startswith(flag.help or field_doc(ExtractConfig, flag.field))
+    assert helps["--batch-tokens"].endswith("a memory/speed knob only.  [default: 16384]")
+    assert helps["--checkpoint"].endswith("[required]")
+    convert = {opt.opts[0]: opt.help for opt in main.commands["convert"].params}
+    assert "[required]" not in convert["--jsonl"] and convert["--out"].endswith("[required]")
+    assert help_text(ConvertConfig, cli.CONVERT_FLAGS[4]) == "Samples per shard.  [default: 1000]"
+
+
+def test_synth_and_plan_take_config_and_set_on_the_command_line(tmp_path):
+    """A preset, then --config, then the flags, then --set; a field that does not exist is one line naming it."""
+    config = tmp_path / "synth.toml"
+    config.write_text("n_train = 12\nn_val = 6\nn_test = 6\nseed = 3\n")
+    done = CliRunner().invoke(main, ["synth", "--out", str(tmp_path / "d"), "--preset", "tiny", "--config", str(config),
+                                     "--seed", "4", "--set", "n_test=7", "--k", "2"])
+    assert done.exit_code == 0, done.output
+    written = json.loads((tmp_path / "d" / "dataset.json").read_text())["config"]
+    assert (written["n_train"], written["n_test"], written["seed"], len(written["strategies"])) == (12, 7, 4, 2)
+    refused = CliRunner().invoke(main, ["plan", "--model", "gpt-tiny", "--set", "batch_sise=2"])
+    assert refused.exit_code == 1 and "batch_sise: no such field" in refused.output
+    assert "Traceback" not in refused.output and len(refused.output.strip().splitlines()) == 1

@@ -4,7 +4,8 @@ model, and the table and the sentence are read off their eval results."""
 import json
 import math
 
-from tokweight.demo import WEIGHTINGS, DemoConfig, run, summary
+from tokweight.demo_config import WEIGHTINGS, DemoConfig
+from tokweight.demo import run, summary
 
 
 def test_demo_runs_every_stage_and_reports_both_arms(tmp_path):

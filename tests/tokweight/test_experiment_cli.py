@@ -47,3 +47,20 @@ def test_the_quick_help_follows_the_preset_file(tmp_path, monkeypatch):
                                              "steps = 777"))
     monkeypatch.setattr(config_files, "PRESETS", presets)
     assert "own task: 6 cells x up to 777 steps x 1 start;" in help_text()
+
+
+def test_config_and_set_reach_the_jobs_fields_in_order(tmp_path):
+    """--config FILE over the job's defaults and --quick's, the job's options over it, --set over them all; a field
+    the job does not have is one line naming it, before anything runs."""
+    from tokweight.config_files import assignment
+    from tokweight.experiment_cli import job, made_by, over, with_flags
+    from tokweight.experiments.artefacts import synthetic_task
+
+    cfg, _ = job(str(tmp_path / "o"), True, "beta", None, None, synthetic_task(), {})
+    filed = over(cfg, {"out": "elsewhere", "refine": 2, "budget.steps": 40, "seeds": [5]})
+    cfg = over(filed, made_by(str(tmp_path / "o"), {}, None, None, None, {}))  # the options that made the job
+    cfg = over(with_flags(cfg, "6", None, None, None), dict([assignment("budget.steps=30")]))
+    assert (cfg.out, cfg.refine, cfg.seeds, cfg.budget.steps) == (str(tmp_path / "o"), 2, (6,), 30)
+    refused = CliRunner().invoke(main, ["experiment", "--out", str(tmp_path / "r"), "--set", "budget.stepz=3"])
+    assert refused.exit_code == 1 and "budget.stepz: no such field" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1 and not (tmp_path / "r").exists()

@@ -14,10 +14,12 @@ import pytest
 from click.testing import CliRunner
 
 from tokweight.cli import main
-from tokweight.pipeline.data.convert import ConvertConfig, run as convert
+from tokweight.pipeline.data.config import ConvertConfig
+from tokweight.pipeline.data.convert import run as convert
 from tokweight.pipeline.data.samples import sample_to_json
 from tokweight.config_files import flat, plain, preset, preset_config
-from tokweight.pipeline.data.synth import SynthConfig, generate
+from tokweight.pipeline.data.config import SynthConfig
+from tokweight.pipeline.data.synth import generate
 from tests.support.fixtures_experiment import TINY_BUDGET
 from tests.tokweight.test_cli_errors import fails_in_one_line
 from tokweight.experiments import own_task

@@ -15,8 +15,9 @@ from tokweight.experiments.artefacts import TaskConfig, synthetic_task
 from tokweight.experiments.grid import ExperimentConfig
 from tokweight.experiments.own_task import OwnTaskConfig
 from tokweight.experiments.sweep import SweepConfig
-from tokweight.pipeline.data.synth import SynthConfig, config_dict
-from tokweight.training.loop.train_base import BaseTrainConfig
+from tokweight.pipeline.data.config import SynthConfig
+from tokweight.pipeline.data.synth import config_dict
+from tokweight.training.config.base import BaseTrainConfig
 
 PATHS = {"data": "D", "out": "O"}
 

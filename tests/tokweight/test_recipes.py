@@ -7,7 +7,7 @@ import torch
 
 from tokweight.pipeline.models.checkpoint import load_checkpoint
 from tokweight.training.config.migrations import train_config_from
-from tokweight.training.config.cvae import CVAEConfig, EStepConfig
+from tokweight.training.config.components import CVAEConfig, EStepConfig
 from tokweight.training.cvae.model import build_cvae, spread_latent_embeddings, token_row_spread
 from tokweight.experiments.recipes import recipe_overrides, with_recipe
 from tokweight.training.loop.run_dir import load_run

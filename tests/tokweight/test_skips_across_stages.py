@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tokweight.pipeline.models.checkpoint import load_checkpoint
 from tokweight.cli import main
 from tokweight.pipeline.data.errors import Skips
-from tokweight.pipeline.extract.extract import ExtractConfig
+from tokweight.pipeline.extract.config import ExtractConfig
 from tokweight.pipeline.extract.extract import run as extract
 from tokweight.store.baseline_store import BaselineStore
 from tests.support.fixtures_extract import sample_member, write_raw_tar

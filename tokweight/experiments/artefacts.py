@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import Callable
 
 from tokweight.config_files import preset_config
-from tokweight.pipeline.data.synth import SynthConfig
-from tokweight.store.fingerprint import canonical_json
+from tokweight.pipeline.data.config import SynthConfig
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.lock import StoreLock
-from tokweight.store.parts import sha256_path
 from tokweight.report.tables import fixed
-from tokweight.training.loop.train_base import BaseTrainConfig
+from tokweight.training.config.base import BaseTrainConfig
 
 
 @dataclass(frozen=True)
@@ -124,6 +122,8 @@ Echo = Callable[[str], None]
 
 def key_of(obj) -> str:
     """12 hex digits of sha256 over canonical JSON; refuses what JSON cannot hold."""
+    from tokweight.store.fingerprint import canonical_json  # torch: imported when a key is taken
+
     return hashlib.sha256(canonical_json(obj)).hexdigest()[:12]
 
 
@@ -151,6 +151,8 @@ class Prepared:
 
 def data_key(data: Path, shards: dict[str, list[Path]]) -> str:
     """A hash of every shard's split, path below ``data``, size and sha256: the dataset's content."""
+    from tokweight.store.parts import sha256_path
+
     listing = {split: [[p.relative_to(data).as_posix(), *reversed(sha256_path(p))] for p in paths]
                for split, paths in shards.items()}
     return key_of(listing)
@@ -247,7 +249,7 @@ process). Finite, because extraction records its config as JSON."""
 def prepare_setting(task: TaskConfig, setting: Setting, root: Path, echo: Echo) -> Prepared:
     """The setting's data, base model and store under ``root``, each reused when its key matches; one job at a
     time prepares a root (the others wait, then reuse what it made)."""
-    from tokweight.pipeline.extract.extract import ExtractConfig
+    from tokweight.pipeline.extract.config import ExtractConfig
     from tokweight.pipeline.extract.extract import run as extract
 
     start = time.perf_counter()

@@ -19,7 +19,7 @@ from pathlib import Path
 from tokweight.report.tables import fixed
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.lock import StoreLock
-from tokweight.training.evaluation.verdict import OUTCOMES
+from tokweight.training.config.use import OUTCOMES
 from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, key_of, read_json
 from tokweight.experiments.recipes import with_recipe
 from tokweight.training.config.train import IOConfig, LossConfig, OptimConfig
@@ -140,7 +140,7 @@ class Cell:
 def train_config(cell: Cell, prep: Prepared, plan: CellPlan, run_dir: Path):
     """The cell's axes (latent, K, pathway, weighting, beta, seed) on the budget, then the recipe's overrides
     and the cell's own by ``with_recipe``: a recipe says how to train, the cell what is compared."""
-    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.config.components import CVAEConfig
     from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     b = plan.budget
@@ -221,7 +221,8 @@ def cell_status(outcome: str, stop_reason: str | None) -> str:
 def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
     """Train the run, evaluate it on the test split: the record's numbers."""
     from tokweight.tracking import log_eval, log_run_figures, main_rank
-    from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+    from tokweight.training.config.use import EvalConfig
+    from tokweight.training.evaluation.evaluate import run_eval
     from tokweight.training.loop.train import run as train, run_trackers
 
     start = time.perf_counter()

@@ -20,14 +20,14 @@ from pathlib import Path
 
 from tokweight.report.plots import figure, save_figures
 from tokweight.report.tables import MISSING, fixed, markdown_table
-from tokweight.training.config.cvae import COND_MODES
-from tokweight.training.config.cvae import default_cond
+from tokweight.training.config.components import COND_MODES
+from tokweight.training.config.components import default_cond
 from tokweight.config_files import preset_config
 from tokweight.experiments.artefacts import Echo, TaskConfig, coerce_nested, prepare_all, synthetic_task
 from tokweight.experiments.cells import Cell, CellBudget, CellPlan, run_cells
 from tokweight.experiments.recipes import recipe_overrides
 from tokweight.experiments.results import aggregate, header_lines, mean_std, pm, write_config, write_csv
-from tokweight.training.config.cvae import WEIGHTINGS
+from tokweight.training.config.components import WEIGHTINGS
 
 ALL_WEIGHTINGS = tuple(WEIGHTINGS)
 

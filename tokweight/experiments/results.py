@@ -14,8 +14,6 @@ import platform
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from tokweight.store.durable import write_json_atomic
 from tokweight.report.tables import MISSING
 from tokweight.experiments.cells import DIAGNOSTICS, METRICS
@@ -27,6 +25,8 @@ GROUP_KEYS = ("group", "setting", "latent", "cond", "weighting", "beta")
 
 def mean_std(values: list) -> tuple[float | None, float | None]:
     """Mean and population std of the values that exist (None: no value)."""
+    import numpy as np
+
     vals = [v for v in values if v is not None]
     return (float(np.mean(vals)), float(np.std(vals))) if vals else (None, None)
 
@@ -67,7 +67,8 @@ CRITERIA = {"mi": "exact I(z; x,y)", "strategy_mi": "exact I(z; strategy)"}
 
 def log_grid(lo: float, hi: float, n: int) -> tuple[float, ...]:
     """n log-spaced values from lo to hi, rounded to 4 significant digits (readable keys and labels)."""
-    return tuple(float(f"{v:.4g}") for v in np.geomspace(lo, hi, n))
+    step = (math.log(hi) - math.log(lo)) / (n - 1) if n > 1 else 0.0
+    return tuple(float(f"{math.exp(math.log(lo) + step * i):.4g}") for i in range(n))
 
 
 def beta_c(mi_by_beta: dict[float, float | None], threshold: float) -> float | None:

@@ -31,8 +31,6 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
 from tokweight.report.plots import figure, save_figures
 from tokweight.report.tables import fixed, markdown_table
 from tokweight.config_files import preset_config
@@ -42,7 +40,7 @@ from tokweight.experiments.recipes import recipe_overrides
 from tokweight.experiments.results import (CRITERIA, NO_BETA, PREDICTION_TOLERANCE, aggregate, beta_c, bracket,
                                                     header_lines, log_grid, mean_std, midpoint, narrow, pm, show, suffix,
                                                     write_config, write_csv)
-from tokweight.training.evaluation.metrics import KEPT_FRACTION, entropy, kept_threshold
+from tokweight.training.config.use import KEPT_FRACTION, kept_threshold
 
 
 @dataclass(frozen=True)
@@ -402,6 +400,9 @@ def plot_mi_vs_beta(means: dict[tuple, dict], cfg: dict, settings: dict[str, dic
 
 def batch_mi(run_dir: Path) -> tuple[list[int], list[float]]:
     """(steps, exact MI of each logged training batch = H(mean_i q_i) - mean_i H(q_i), nats)."""
+    import numpy as np
+
+    from tokweight.training.evaluation.metrics import entropy
     from tokweight.training.loop.run_dir import read_metrics
 
     logged = [r for r in read_metrics(run_dir) if "usage" in r and "q_entropy" in r]

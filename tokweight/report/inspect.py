@@ -7,50 +7,18 @@ tables). With ``data``, the dataset's labels (strategy, t0) fill in what the sto
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import duckdb
 
 from tokweight.pipeline.data.labels import ground_truth_from_data
+from tokweight.report.inspect_config import InspectConfig
 from tokweight.report.inspect_md import render_report
 from tokweight.report.inspect_plots import inspection_plots
 from tokweight.report.plots import save_figures
 from tokweight.store.durable import write_json_atomic
 from tokweight.store.inspection import PROFILE_QUERIES, inspect_store, records
-from tokweight.store.sql import EstimatorParams
-
-
-@dataclass(frozen=True)
-class InspectConfig:
-    """What `tokweight inspect` reads and where it writes."""
-
-    store: str
-    """Store root (holding fingerprint=<fp>/ directories)."""
-    out: str
-    """Report directory; created if missing, its report files overwritten."""
-    data: str | None = None
-    """Dataset the store was extracted from: its strategy/t0 fill in what stored rows lack."""
-    fingerprints: tuple[str, ...] = ()
-    """Fingerprints to report side by side; empty: all in the store."""
-    q: float = 0.9
-    """Cumulative share for t0_share."""
-    tau: float = 0.1
-    """Threshold in nats for t0_threshold."""
-    eps: float = 1e-6
-    """Degenerate-example threshold on sum b."""
-    exact_quantiles: bool = False
-    """The per-position profile's quantiles over every example (default: a key-hash sample of examples
-    above store.sql.QUANTILE_TOKENS tokens; the profile's n_quantile column says how many were read)."""
-
-    def __post_init__(self):
-        EstimatorParams(self.q, self.tau, self.eps)  # validates
-        if not self.store:
-            raise ValueError("store must be a path")
-
-    @property
-    def params(self) -> EstimatorParams:
-        return EstimatorParams(self.q, self.tau, self.eps)
 
 
 def run(cfg: InspectConfig) -> dict:

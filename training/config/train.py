@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from tokweight.pipeline.models.dtypes import TRAIN_DTYPES
-from tokweight.training.config.cvae import (POLICIES, WEIGHTINGS, CVAEConfig, EStepConfig, LoRAConfig, StopRule,
+from tokweight.training.config.components import (POLICIES, WEIGHTINGS, CVAEConfig, EStepConfig, LoRAConfig, StopRule,
                                         WeightingParams, check_free_bits, check_report_to, parse_report_to)
 
 

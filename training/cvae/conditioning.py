@@ -34,7 +34,7 @@ import math
 import torch
 import torch.nn as nn
 
-from tokweight.training.config.cvae import COND_MODES
+from tokweight.training.config.components import COND_MODES
 
 
 class Conditioning(nn.Module):

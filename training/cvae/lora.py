@@ -25,7 +25,7 @@ from torch.nn.utils import parametrize
 
 from tokweight.pipeline.extras import require
 from tokweight.pipeline.models.hf import HFBackbone
-from tokweight.training.config.cvae import CVAEConfig
+from tokweight.training.config.components import CVAEConfig
 from tokweight.training.cvae.model import latent_tokens_needed
 
 

@@ -37,7 +37,7 @@ from tokweight.pipeline.models.gpt import GPT, SharedPrefix
 from tokweight.pipeline.tokens.templates import gather_s
 from tokweight.pipeline.tokens.vocab import Vocab, WithLatents
 from tokweight.training.cvae.conditioning import Conditioning
-from tokweight.training.config.cvae import CVAEConfig
+from tokweight.training.config.components import CVAEConfig
 from tokweight.training.loop.batches import TrainBatch
 from tokweight.training.objective.global_batch import LOCAL, GlobalBatch
 from tokweight.training.cvae.latent import CategoricalLatent, GaussianLatent

@@ -20,7 +20,6 @@ Written to ``RUN/posteriors-<split>.parquet`` by default, where ``tokweight sql 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,41 +31,20 @@ from tokweight.pipeline.models.dtypes import resolve_dtype
 from tokweight.pipeline.ranks import resolve_device
 from tokweight.store.sql import POSTERIORS_FILE
 from tokweight.training.objective.baselines import Frozen, make_baseline
-from tokweight.training.config.cvae import WeightingParams
+from tokweight.training.config.components import WeightingParams
 from tokweight.training.loop.batches import StreamSpec, split_urls
 from tokweight.training.evaluation.evaluate import eval_baseline, split_clusters
 from tokweight.training.loop.run_dir import load_run
 from tokweight.training.objective.schedules import Schedule
+from tokweight.training.config.use import EncodeConfig
 from tokweight.training.loop.stream import EvalStream, loader
 from tokweight.training.evaluation.validation import PassRecords, Scoring, evaluate_pass
 
 
-@dataclass(frozen=True)
-class EncodeConfig:
-    run: str
-    """The train run directory."""
-    data: str
-    """Dataset directory holding the split."""
-    split: str = "test"
-    """Split to encode (a subdirectory of data)."""
-    out: str | None = None
-    """The Parquet file to write; None: RUN/posteriors-<split>.parquet (where `tokweight sql --run` looks)."""
-    batch_size: int = 128
-    """Examples per forward batch."""
-    device: str = "auto"
-    """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
-    dtype: str = "auto"
-    """The weights' and the forward's dtype: "float32", "bfloat16", "float16", or "auto" (bfloat16 on CUDA, float32
-    elsewhere); the log-softmax and the posterior run in float32 whatever it is."""
-
-    def __post_init__(self):
-        resolve_dtype(self.dtype, "cpu")  # refuses an unknown name
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-
-    @property
-    def out_path(self) -> Path:
-        return Path(self.out) if self.out else Path(self.run) / POSTERIORS_FILE.format(split=self.split)
+def out_path(cfg: EncodeConfig) -> Path:
+    """The Parquet file to write: ``cfg.out``, or RUN/posteriors-<split>.parquet (where `tokweight sql --run`
+    looks)."""
+    return Path(cfg.out) if cfg.out else Path(cfg.run) / POSTERIORS_FILE.format(split=cfg.split)
 
 
 def load_trained(run: str, device: str, dtype: str = "float32"):
@@ -133,6 +111,6 @@ def run(cfg: EncodeConfig) -> dict:
     if not records.rows["key"]:
         raise ValueError(f"split {cfg.split!r} of {cfg.data} has no example the stream keeps: nothing to encode")
     table = posterior_table(records, tcfg.cvae, tcfg.optim.seed, cfg.split, meta["baseline_fingerprint"])
-    write_table(table, cfg.out_path)
-    return {"out": str(cfg.out_path), "split": cfg.split, "examples": table.num_rows, "latent": tcfg.cvae.latent,
+    write_table(table, out_path(cfg))
+    return {"out": str(out_path(cfg)), "split": cfg.split, "examples": table.num_rows, "latent": tcfg.cvae.latent,
             "latent_values": tcfg.cvae.k, "columns": table.column_names, **records.skips.to_json()}

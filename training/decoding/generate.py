@@ -16,7 +16,6 @@ outputs.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,46 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tokweight.pipeline.models.dtypes import resolve_dtype
 from tokweight.pipeline.data.errors import SampleError
 from tokweight.training.decoding.decode import Prompt, decode_ids, latent_values, picker, prompt_maker
 from tokweight.training.decoding.encode import load_trained, posterior_pass
 from tokweight.training.evaluation.evaluate import split_clusters
-
-
-@dataclass(frozen=True)
-class GenerateConfig:
-    run: str
-    """The train run directory."""
-    input: str
-    """JSON lines, one input each: {"key"?: ..., "x": ...}."""
-    out: str
-    """JSON lines to write, one per input line."""
-    temperature: float = 0.0
-    """0: greedy; > 0: sampling from softmax(logits / temperature)."""
-    seed: int = 0
-    """Seeds the sampling draws (unused when greedy)."""
-    max_new_tokens: int = 256
-    """Tokens of y at most, before </y> (fewer where the backbone's context ends first): a line whose decode never
-    writes </y> stops here, not at the end of a real model's context."""
-    data: str | None = None
-    """Continuous latent only: the dataset whose split's posterior means give the K centres."""
-    split: str = "test"
-    """The split of ``data`` (eval's default)."""
-    batch_size: int = 64
-    """Input lines decoded together (each as K rows); also the batch of the centres' pass."""
-    device: str = "auto"
-    """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
-    dtype: str = "auto"
-    """The weights' and the forward's dtype: "float32", "bfloat16", "float16", or "auto" (bfloat16 on CUDA, float32
-    elsewhere); the log-softmax runs in float32 whatever it is."""
-
-    def __post_init__(self):
-        resolve_dtype(self.dtype, "cpu")  # refuses an unknown name
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature}")
-        if self.batch_size < 1 or self.max_new_tokens < 1:
-            raise ValueError("batch_size and max_new_tokens must be >= 1")
+from tokweight.training.config.use import GenerateConfig
 
 
 @dataclass(frozen=True)

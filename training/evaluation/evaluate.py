@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +40,7 @@ from tokweight.pipeline.ranks import resolve_device
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.tokens.templates import template_ids, y_ids
 from tokweight.training.objective.baselines import Frozen, make_baseline
-from tokweight.training.config.cvae import WeightingParams
+from tokweight.training.config.components import WeightingParams
 from tokweight.training.evaluation.verdict import (label_free_control, likelihood_control, reference_control,
                                         reproduction_by_label, strategy_execution, value_report, z_use)
 from tokweight.training.cvae.model import CVAE
@@ -51,31 +51,8 @@ from tokweight.training.loop.run_dir import load_run
 from tokweight.training.objective.schedules import Schedule
 from tokweight.training.loop.stream import EvalStream, loader
 from tokweight.training.config.train import IOConfig
+from tokweight.training.config.use import EvalConfig
 from tokweight.training.evaluation.validation import Scoring, evaluate_pass
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    run: str
-    """The train run directory."""
-    data: str
-    """Dataset directory holding the split."""
-    split: str = "test"
-    """Split to evaluate (a subdirectory of data)."""
-    batch_size: int = 128
-    """Examples per forward batch."""
-    decode_examples: int = 256
-    """Examples decoded per latent value (the first ones of the split)."""
-    device: str = "auto"
-    """torch device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
-    dtype: str = "auto"
-    """The weights' and the forward's dtype (the run's model and the base model): "float32", "bfloat16", "float16", or
-    "auto" (bfloat16 on CUDA, float32 elsewhere); the log-softmax and the posterior run in float32 whatever it is."""
-
-    def __post_init__(self):
-        resolve_dtype(self.dtype, "cpu")  # refuses an unknown name
-        if self.batch_size < 1 or self.decode_examples < 0:
-            raise ValueError("batch_size must be >= 1 and decode_examples >= 0")
 
 
 @torch.no_grad()

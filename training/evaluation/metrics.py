@@ -47,15 +47,6 @@ def entropy(p: np.ndarray, axis: int = -1) -> np.ndarray:
     return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis)
 
 
-KEPT_FRACTION = 0.5
-"""z counts as kept (its code formed) when the exact MI is at least this fraction of log K."""
-
-
-def kept_threshold(k: int) -> float:
-    """KEPT_FRACTION * log K nats: the exact MI at which z of K values counts as kept."""
-    return KEPT_FRACTION * math.log(k)
-
-
 def exact_mi(q: np.ndarray) -> float:
     """I(z; x,y) over the eval set = H(mean_i q_i) - mean_i H(q_i), nats; q (N, K)."""
     return float(entropy(q.mean(0)) - entropy(q).mean())

@@ -17,7 +17,7 @@ from tokweight.pipeline.data.errors import Skips
 from tokweight.training.objective.baselines import Baseline
 from tokweight.training.cvae.model import CVAE, CVAEConfig
 from tokweight.training.loop.batches import StreamSpec, TrainBatch
-from tokweight.training.config.cvae import WeightingParams
+from tokweight.training.config.components import WeightingParams
 from tokweight.training.objective.estep import read_likelihood
 from tokweight.training.objective.terms import example_kl, reconstruction_weights, weighted_reconstruction
 from tokweight.training.evaluation.metrics import EvalRecords

@@ -22,6 +22,7 @@ import numpy as np
 from tokweight.pipeline.data.labels import DatasetLabels
 from tokweight.pipeline.data.samples import Sample
 from tokweight.training.evaluation.metrics import MI_FLOOR, POSTERIOR_RULES, contingency, contingency_mi, hungarian_accuracy
+from tokweight.training.config.use import OUTCOMES
 
 CONTROL_FLOOR = 0.05
 """The least gain over chance (a share of the examples) that counts as control, besides 2 SE. Why 1 in 20: at 1 in
@@ -62,7 +63,6 @@ controls. Why the label-matched value and not the posterior's own: argmax q has 
 likelihood whenever q follows the decoder, also for a z that means nothing. Why the gate on I(z; strategy): the
 matching comes from the posterior's clusters, and a posterior that knows nothing of the strategy matches at random,
 so the tilt's sign is a coin's and its size grows with y's length (docs/results.md, "The verdict's thresholds")."""
-OUTCOMES = ("z used, decoder whole", "z used, decoder damaged", "z not used")
 ONE_STRATEGY = 0.9
 """A latent value names one strategy when at least this share of its decodes execute its most common strategy
 (synthetic data), or, where no decode says, of the labelled examples its posterior picks carry its most common

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -46,24 +45,11 @@ from tokweight.training.export.lora import export_adapters
 from tokweight.training.export.parts import (SHARED, Tokenizer, answer_prefix, check_prompt, commit,
                                              generation_config, prompt_format, require_transformers, staging,
                                              value_slots)
-from tokweight.training.decoding.generate import GenerateConfig, decode_points
+from tokweight.training.config.use import ExportConfig, GenerateConfig
+from tokweight.training.decoding.generate import decode_points
 from tokweight.training.loop.run_dir import read_config
 
 EXPORTABLE = ("token", "prefix", "query", "layernorm")
-
-
-@dataclass(frozen=True)
-class ExportConfig:
-    run: str
-    """The train run directory."""
-    out: str
-    """The directory to write (export.json and the model directories)."""
-    data: str | None = None
-    """Continuous latent only: the dataset whose split's posterior means give the K centres (as generate)."""
-    split: str = "test"
-    """The split of ``data``."""
-    batch_size: int = 64
-    """Batch of the centres' pass."""
 
 
 def refuse_unexportable(cond: str) -> None:

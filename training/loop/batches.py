@@ -38,7 +38,8 @@ from tokweight.pipeline.data.errors import SampleError
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import dataset_json, iter_shard, resolve_shards, shard_name
 from tokweight.pipeline.tokens.templates import Batch, Layout, check_length, collate, s_targets, template_ids, to_device
-from tokweight.pipeline.data.urls import Retry, ShardChangedError, fetch, is_url, is_url_data
+from tokweight.pipeline.extract.config import Retry
+from tokweight.pipeline.data.urls import ShardChangedError, fetch, is_url, is_url_data
 from tokweight.pipeline.tokens.vocab import Vocab, checkpoint_vocab
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from tokweight.training.config.cvae import StopRule
+from tokweight.training.config.components import StopRule
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from tokweight.pipeline.models.gpt import GPT, ModelConfig
 from tokweight.pipeline.tokens.templates import Template
 from tokweight.pipeline.tokens.vocab import Vocab, load_vocab
 from tokweight.training.config.migrations import train_config_from
-from tokweight.training.config.cvae import CVAEConfig
+from tokweight.training.config.components import CVAEConfig
 from tokweight.training.cvae.model import CVAE, add_latent_tokens, build_cvae, latent_tokens_needed
 from tokweight.training.loop.faults import nothing
 from tokweight.training.cvae.lora import attach as attach_lora, latent_row_ids

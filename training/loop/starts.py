@@ -27,7 +27,7 @@ import numpy as np
 from tokweight.pipeline.ranks import Ranks
 from tokweight.store.durable import write_json_atomic
 from tokweight.training.loop.convergence import val_objective
-from tokweight.training.evaluation.metrics import kept_threshold
+from tokweight.training.config.use import kept_threshold
 from tokweight.training.loop.run_dir import committed_checkpoint
 from tokweight.training.config.train import TrainConfig, harden_from
 

@@ -17,7 +17,7 @@ from tokweight.training.loop.convergence import Convergence
 from tokweight.training.cvae.model import CVAE
 from tokweight.training.loop.batches import StreamSpec
 from tokweight.training.objective.global_batch import GlobalBatch
-from tokweight.training.config.cvae import WeightingParams
+from tokweight.training.config.components import WeightingParams
 from tokweight.training.objective.schedules import Schedule, lr_decay_window
 
 

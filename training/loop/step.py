@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tokweight.training.config.cvae import WeightingParams
+from tokweight.training.config.components import WeightingParams
 from tokweight.training.cvae.model import CVAE
 from tokweight.training.loop.batches import TrainBatch
 from tokweight.training.objective.estep import step_labels

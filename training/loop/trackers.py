@@ -22,7 +22,7 @@ import math
 import os
 from pathlib import Path
 
-from tokweight.training.config.cvae import TRACKERS, check_report_to
+from tokweight.training.config.components import TRACKERS, check_report_to
 
 IDS_FILE = "trackers.json"
 """RUN/trackers.json: each tracker's run id, which a resumed run reopens."""

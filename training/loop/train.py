@@ -46,7 +46,7 @@ from tokweight.pipeline.tokens.vocab import Vocab
 from tokweight.training.objective.baselines import AdaptersOff, Frozen, make_baseline
 from tokweight.training.loop.callbacks import Checkpoint, Faults, MetricsLine, PeriodicValidation, checkpoint, validate_run
 from tokweight.training.cvae.conditioning import token_key_values
-from tokweight.training.config.cvae import POLICIES, WEIGHTINGS, CVAEConfig, WeightingParams
+from tokweight.training.config.components import POLICIES, WEIGHTINGS, CVAEConfig, WeightingParams
 from tokweight.training.loop.convergence import Convergence
 from tokweight.training.cvae.model import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed,
                                      spread_latent_embeddings, token_row_spread)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -27,66 +27,8 @@ from tokweight.pipeline.data.shards import dataset_json, iter_samples, resolve_s
 from tokweight.pipeline.data.urls import is_url_data
 from tokweight.pipeline.tokens.templates import collate, template_ids
 from tokweight.pipeline.tokens.vocab import Vocab
-from tokweight.training.config.cvae import check_report_to
+from tokweight.training.config.base import BaseTrainConfig
 from tokweight.training.loop.trackers import open_trackers
-
-
-@dataclass(frozen=True)
-class BaseTrainConfig:
-    """The base model's training. Presets (`tokweight train-base --preset`) are files of the fields they change,
-    tokweight/presets/base/<name>.toml."""
-
-    data: str
-    """Dataset directory holding train/ and val/ shards (and dataset.json, if synthetic), or their URLs."""
-    out: str
-    """Checkpoint directory to write."""
-    steps: int = 1500
-    batch_size: int = 64
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.05
-    """Cosine decay ends at lr * min_lr_ratio."""
-    warmup_steps: int = 100
-    weight_decay: float = 0.01
-    n_layer: int = 2
-    n_head: int = 4
-    d_model: int = 64
-    k_max: int = 8
-    """Latent tokens <z_0..z_{k_max-1}> in the vocabulary, untrained here (beyond z-conditioned base
-    sequences); the most latent values a discrete CVAE on this checkpoint can have. Part of the
-    vocabulary, so of the fingerprint."""
-    max_slots: int = 4
-    """Context reserved for the latent slots of the z-conditioned template."""
-    min_slots: int = 1
-    """The z-conditioned template's slots are drawn from min_slots..max_slots. Each count puts y at
-    another offset from x, which a copy or a rotation must learn anew: with a long x, several counts can leave
-    every one poorly learnt (docs/results.md, "The base models"). min_slots = max_slots trains only the count the
-    CVAE's prefix pathway reads (CVAEConfig.slots, 4; the other pathways read one)."""
-    zcond_rate: float = 0.5
-    """Share of training sequences given the z-conditioned template, with min_slots..max_slots
-    slots holding one random latent token. z then carries no information about y, so the
-    model stays z-free, but it knows the template the CVAE decoder reads: without this,
-    inserting <z> <z_k> </z> shifted y onto untrained positions and cost up to 10 nats
-    per token at initialisation (default task, 3-layer base)."""
-    eval_every: int = 500
-    seed: int = 0
-    device: str = "auto"
-    report_to: tuple[str, ...] = ()
-    """Trackers that get each metrics line and the configuration (``training/loop/trackers.py``); not part of what is
-    trained."""
-
-    def __post_init__(self):
-        object.__setattr__(self, "report_to", tuple(self.report_to))
-        check_report_to(self.report_to)
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError("steps and batch_size must be >= 1")
-        if not 0.0 <= self.zcond_rate <= 1.0:
-            raise ValueError(f"zcond_rate must be in [0, 1], got {self.zcond_rate}")
-        if not 0 < self.lr < 1:
-            raise ValueError("lr must be in (0, 1)")
-        if not 1 <= self.min_slots <= self.max_slots:
-            raise ValueError(f"need 1 <= min_slots <= max_slots, got {self.min_slots} and {self.max_slots}")
-        if self.k_max < 1:
-            raise ValueError(f"k_max must be >= 1, got {self.k_max}")
 
 
 MEMORISED = 0.75

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from tokweight.pipeline.models.backbone import s_nll
-from tokweight.training.config.cvae import POLICIES
+from tokweight.training.config.components import POLICIES
 
 if TYPE_CHECKING:
     from tokweight.training.cvae.model import CVAEOutput

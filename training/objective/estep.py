@@ -30,7 +30,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from tokweight.training.config.cvae import EStepConfig
+from tokweight.training.config.components import EStepConfig
 from tokweight.training.objective.global_batch import LOCAL, GlobalBatch
 
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokweight.training.config.cvae import EStepConfig, WeightingParams
+from tokweight.training.config.components import EStepConfig, WeightingParams
 from tokweight.training.objective.estep import (assigned_reconstruction, assignment, assignment_kl, distillation,
                                       labelled_weights, read_likelihood)
 from tokweight.training.objective.global_batch import LOCAL, GlobalBatch

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tokweight.training.config.cvae import EStepConfig
+from tokweight.training.config.components import EStepConfig
 from tokweight.training.config.train import TrainConfig
 
 

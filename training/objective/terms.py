@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from tokweight.training.config.cvae import WEIGHTINGS, WeightingParams
+from tokweight.training.config.components import WEIGHTINGS, WeightingParams
 from tokweight.training.objective.global_batch import LOCAL, GlobalBatch
 
 

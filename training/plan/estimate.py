@@ -27,66 +27,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from tokweight.training.plan.build import build, model_spec, plan_batch
+from tokweight.training.config.plan import PlanConfig
 from tokweight.training.plan.fake import (as_constants, by_kind, fake_mode, fake_world, quiet, reset_peak,
                                           track_optimizer, tracker_for)
 from tokweight.training.loop.precision import autocast
 
 GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    """A configuration to plan: the model and the training flags that change its memory."""
-
-    model: str
-    """A built-in model config (``plan_models.MODELS``), a config.json, or a checkpoint directory."""
-    k: int = 4
-    """Latent values (the decoder runs K copies of every example)."""
-    batch_size: int = 8
-    """Examples per rank."""
-    seq_len: int = 512
-    """Tokens of an example's z-free sequence (half of them y)."""
-    dtype: str = "bfloat16"
-    """The forward's dtype: "bfloat16" (what train's "auto" gives on a GPU: autocast, frozen weights held in
-    bfloat16) or "float32"."""
-    lora_rank: int = 0
-    """LoRA adapters' rank; 0: every parameter trains."""
-    grad_checkpointing: bool = False
-    """Recompute the backbone's activations in the backward."""
-    shard: str = "ddp"
-    """"ddp" (each rank holds the whole model) or "fsdp" (sharded over ``ranks``)."""
-    ranks: int = 1
-    """Ranks of the job; the plan is one rank's."""
-    eval_batch_size: int | None = None
-    """Examples per rank of a validation forward; None: ``LogConfig.eval_batch_size``, a run's default."""
-    memory_gib: float = 80.0
-    """A rank's device memory, GiB: what the largest batch must fit."""
-    headroom: float = 0.1
-    """Share of ``memory_gib`` left for what the tracker does not see (module docstring)."""
-    cvae: object = None
-    """A run's whole ``CVAEConfig`` (latent, z pathway, slots), when a run is planned; None: the defaults at ``k``."""
-
-    def __post_init__(self):
-        if min(self.k, self.batch_size, self.ranks) < 1 or self.seq_len < 8:
-            raise ValueError("k, batch_size and ranks must be >= 1, seq_len >= 8")
-        if not 0 <= self.headroom < 1 or self.memory_gib <= 0:
-            raise ValueError("memory_gib must be > 0 and headroom in [0, 1)")
-
-    @property
-    def sharded(self) -> bool:
-        return self.shard == "fsdp" and self.ranks > 1
-
-    def train_config(self, batch_size: int | None = None):
-        """The TrainConfig a run of this configuration has (paths are placeholders: nothing is read)."""
-        from tokweight.training.config.cvae import CVAEConfig, LoRAConfig
-        from tokweight.training.config.train import IOConfig, LogConfig, OptimConfig, TrainConfig
-
-        io = IOConfig(checkpoint=self.model, data="plan", out="plan", store="plan", device="cpu", dtype=self.dtype,
-                      grad_checkpointing=self.grad_checkpointing, shard=self.shard)
-        cvae = self.cvae if isinstance(self.cvae, CVAEConfig) else CVAEConfig(k=self.k)
-        log = LogConfig() if self.eval_batch_size is None else LogConfig(eval_batch_size=self.eval_batch_size)
-        return TrainConfig(io=io, cvae=cvae, optim=OptimConfig(batch_size=batch_size or self.batch_size),
-                           lora=LoRAConfig(rank=self.lora_rank), log=log)
 
 
 @dataclass
@@ -120,7 +66,7 @@ def state_for(built, train_cfg):
     from tokweight.pipeline.ranks import Ranks
     from tokweight.training.objective.baselines import make_baseline
     from tokweight.training.objective.global_batch import LOCAL
-    from tokweight.training.config.cvae import WeightingParams
+    from tokweight.training.config.components import WeightingParams
     from tokweight.training.objective.schedules import Schedule
     from tokweight.training.loop.state import State
 

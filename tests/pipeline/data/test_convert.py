@@ -7,7 +7,8 @@ import warnings
 
 import pytest
 
-from tokweight.pipeline.data.convert import ConvertConfig, run as convert
+from tokweight.pipeline.data.config import ConvertConfig
+from tokweight.pipeline.data.convert import run as convert
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import iter_samples, resolve_shards
 

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from tokweight.cli import main
-from tokweight.pipeline.data.convert import ConvertConfig, run as convert
+from tokweight.pipeline.data.config import ConvertConfig
+from tokweight.pipeline.data.convert import run as convert
 from tokweight.pipeline.data.shards import iter_samples, resolve_shards
 
 ONE_SPLIT = dict(val_fraction=0, test_fraction=0)

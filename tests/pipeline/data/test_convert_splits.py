@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 import tokweight.pipeline.data.convert
 from tokweight.cli import main
-from tokweight.pipeline.data.convert import ConvertConfig, key_unit, run as convert
+from tokweight.pipeline.data.config import ConvertConfig, key_unit
+from tokweight.pipeline.data.convert import run as convert
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import iter_samples, resolve_shards, write_shards
 from tokweight.training.loop.batches import split_urls

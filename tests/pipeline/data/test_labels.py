@@ -2,7 +2,8 @@
 
 import json
 
-from tokweight.pipeline.data.convert import ConvertConfig, run as convert
+from tokweight.pipeline.data.config import ConvertConfig
+from tokweight.pipeline.data.convert import run as convert
 from tokweight.pipeline.data.labels import load_labels, shard_labels
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import write_shards

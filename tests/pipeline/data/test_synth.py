@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from tokweight.pipeline.data.shards import iter_samples, resolve_shards, shard_name
 from tokweight.config_files import preset_config
-from tokweight.pipeline.data.synth import (END_OF_Y, FILLER_SYMBOL, STRATEGIES, SynthConfig, candidate_sequences,
-                            compute_t0, consistent_at, generate, write_dataset)
+from tokweight.pipeline.data.synth import (END_OF_Y, STRATEGIES, candidate_sequences, compute_t0, consistent_at, generate,
+                                      write_dataset)
+from tokweight.pipeline.data.config import FILLER_SYMBOL, SynthConfig
 
 REFERENCE = {  # written independently of pipeline.data.synth
     "copy": lambda x: list(x),

@@ -14,8 +14,9 @@ import pytest
 from tokweight.config_files import preset_config
 from tokweight.pipeline.data.labels import load_labels
 from tokweight.pipeline.data.shards import iter_samples, resolve_shards
-from tokweight.pipeline.data.synth import (END_OF_Y, FILLER_SYMBOL, SynthConfig, candidate_sequences, config_dict,
-                                      generate, kind_strategies, write_dataset)
+from tokweight.pipeline.data.synth import (END_OF_Y, candidate_sequences, config_dict, generate, kind_strategies,
+                                      write_dataset)
+from tokweight.pipeline.data.config import FILLER_SYMBOL, SynthConfig
 from tokweight.pipeline.data.synth_kinds import KIND_STRATEGIES, MONTHS, PROCEDURES, strategy_output
 from tokweight.pipeline.tokens.vocab import Vocab
 

@@ -13,7 +13,8 @@ from tokweight.cli import main
 from tokweight.pipeline.data.errors import SampleError
 from tokweight.pipeline.extract import extract as extract_module
 from tokweight.pipeline.extract.extract import run
-from tokweight.pipeline.data.urls import FetchError, Retry, ShardChangedError
+from tokweight.pipeline.data.urls import FetchError, ShardChangedError
+from tokweight.pipeline.extract.config import Retry
 from tokweight.store.baseline_store import BaselineStore
 from tokweight.store.manifest import read_records
 from tokweight.store.verify import verify_dir

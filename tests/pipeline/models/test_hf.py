@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tokweight.pipeline.models.backbone import load_backbone
-from tokweight.pipeline.extract.extract import ExtractConfig, run as extract
+from tokweight.pipeline.extract.config import ExtractConfig
+from tokweight.pipeline.extract.extract import run as extract
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import iter_samples, write_shards
 from tokweight.pipeline.tokens.templates import template_ids
@@ -169,7 +170,8 @@ def test_the_native_path_never_imports_transformers(tiny, tiny_store, tmp_path):
 
     data, ckpt = tiny
     code = ("import sys, torch; torch.set_num_threads(1)\n"
-            "from tokweight.pipeline.extract.extract import ExtractConfig, run as extract\n"
+            "from tokweight.pipeline.extract.extract import run as extract\n"
+            "from tokweight.pipeline.extract.config import ExtractConfig\n"
             "from tokweight.training.loop.train import run\n"
             "from tokweight.training.config.train import IOConfig, OptimConfig, LogConfig, TrainConfig\n"
             f"extract(ExtractConfig(checkpoint={str(ckpt)!r}, data={str(data)!r}, store={str(tmp_path / 's')!r}, "
@@ -183,7 +185,8 @@ def test_the_native_path_never_imports_transformers(tiny, tiny_store, tmp_path):
 
 
 def test_inspect_reports_on_an_hf_store(tiny, hf_checkpoints, tmp_path):
-    from tokweight.report.inspect import InspectConfig, run as inspect
+    from tokweight.report.inspect_config import InspectConfig
+    from tokweight.report.inspect import run as inspect
 
     extract_into(hf_checkpoints["gpt2"], tiny[0] / "val", tmp_path / "store")
     summary = inspect(InspectConfig(store=str(tmp_path / "store"), out=str(tmp_path / "report"), data=str(tiny[0])))

@@ -2,7 +2,8 @@
 
 import torch
 
-from tokweight.pipeline.extract.extract import ExtractConfig, run as extract
+from tokweight.pipeline.extract.config import ExtractConfig
+from tokweight.pipeline.extract.extract import run as extract
 from tokweight.pipeline.ranks import Ranks, rank_device
 from tokweight.training.loop.train import run as train
 from tokweight.training.config.train import IOConfig, LogConfig, OptimConfig, TrainConfig

@@ -11,13 +11,15 @@ import torch
 
 from tokweight.pipeline.models.backbone import load_backbone
 from tokweight.pipeline.data.errors import SampleError
-from tokweight.pipeline.extract.extract import ExtractConfig, run as extract
+from tokweight.pipeline.extract.config import ExtractConfig
+from tokweight.pipeline.extract.extract import run as extract
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import iter_samples, write_shards
 from tokweight.pipeline.tokens.templates import Template
 from tokweight.store.baseline_store import BaselineStore
-from tokweight.training.config.cvae import CVAEConfig
-from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+from tokweight.training.config.components import CVAEConfig
+from tokweight.training.config.use import EvalConfig
+from tokweight.training.evaluation.evaluate import run_eval
 from tokweight.training.loop.run_dir import load_run, read_metrics
 from tokweight.training.loop.train import run as train
 from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig

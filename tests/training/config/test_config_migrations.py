@@ -9,7 +9,7 @@ import pytest
 
 from tokweight.train_cli import train_config
 from tokweight.training.config.migrations import MIGRATIONS, migrated, train_config_from
-from tokweight.training.config.cvae import CVAEConfig, EStepConfig
+from tokweight.training.config.components import CVAEConfig, EStepConfig
 from tokweight.training.loop.run_dir import config_differences, read_config
 from tokweight.training.config.train import IOConfig, LossConfig, OptimConfig, TrainConfig
 

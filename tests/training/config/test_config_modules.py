@@ -88,7 +88,7 @@ def bad_imports(root: Path = ROOT) -> list[str]:
 
 def test_the_rule_names_every_config_module_by_its_file_name():
     config = [path.relative_to(ROOT).as_posix() for path in package_modules().values() if is_config_module(path)]
-    assert {"training/config/cvae.py", "training/config/train.py", "training/config/migrations.py",
+    assert {"training/config/components.py", "training/config/train.py", "training/config/migrations.py",
             "pipeline/config_build.py", "tokweight/config_files.py"} <= set(config)
     for name in ("pipeline/extract/config.py", "pipeline/data/config.py", "training/config/use.py",
                  "training/config/base.py", "training/config/plan.py", "pipeline/config_build.py", "store/sql_config.py"):
@@ -107,7 +107,7 @@ def test_the_rule_sees_an_implementation_import_at_any_level(tmp_path):
     (tmp_path / "training" / "names.py").write_text("import json\n\ndef f():\n    import torch\n")
     (tmp_path / "training" / "impl.py").write_text("import torch\n")
     (tmp_path / "training" / "good_config.py").write_text(
-        "import json\nfrom tokweight.training import names\nfrom tokweight.training.config.cvae import X\n")
+        "import json\nfrom tokweight.training import names\nfrom tokweight.training.config.components import X\n")
     (tmp_path / "training" / "config").mkdir()
     (tmp_path / "training" / "config" / "cvae.py").write_text("X = 1\n")
     (tmp_path / "training" / "bad_config.py").write_text("def f():\n    from tokweight.training.impl import g\n")
@@ -130,4 +130,4 @@ def test_a_config_module_imported_alone_leaves_torch_numpy_and_pyarrow_out(modul
 
 def test_module_names_match_the_layer_tests():
     path = ROOT / "training" / "config" / "cvae.py"
-    assert module_name_at(path, ROOT) == module_name(path) == "tokweight.training.config.cvae"
+    assert module_name_at(path, ROOT) == module_name(path) == "tokweight.training.config.components"

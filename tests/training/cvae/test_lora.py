@@ -16,11 +16,13 @@ from tokweight.pipeline.models.backbone import load_backbone
 from tokweight.pipeline.ranks import Ranks
 from tokweight.pipeline.data.shards import iter_shard
 from tokweight.training.objective.baselines import AdaptersOff, Frozen
-from tokweight.training.config.cvae import CVAEConfig, LoRAConfig
+from tokweight.training.config.components import CVAEConfig, LoRAConfig
 from tokweight.training.loop.batches import split_urls
-from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+from tokweight.training.config.use import EvalConfig
+from tokweight.training.evaluation.evaluate import run_eval
 from tokweight.training.loop.faults import Hooks
-from tokweight.training.decoding.generate import GenerateConfig, run as generate
+from tokweight.training.config.use import GenerateConfig
+from tokweight.training.decoding.generate import run as generate
 from tokweight.training.loop.run_dir import load_run, read_metrics
 from tokweight.training.loop.stream import TrainStream
 from tokweight.training.loop.step import train_step

@@ -23,7 +23,8 @@ from tokweight.training.cvae.conditioning import token_key_values
 from tokweight.training.cvae.model import CVAEConfig, build_cvae
 from tokweight.training.objective.loss import plain_objective, reconstruction
 from tokweight.training.loop.batches import collate_examples, encode
-from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+from tokweight.training.config.use import EvalConfig
+from tokweight.training.evaluation.evaluate import run_eval
 from tokweight.training.export.checkpoint import hf_config, hf_state_dict
 from tokweight.training.objective.terms import WeightingParams, reconstruction_weights
 from tokweight.training.loop.run_dir import load_run

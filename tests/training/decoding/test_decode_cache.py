@@ -23,7 +23,7 @@ from tokweight.pipeline.models.gpt import GPT, ModelConfig
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.tokens.templates import Template
 from tokweight.pipeline.tokens.vocab import Vocab
-from tokweight.training.config.cvae import CVAEConfig
+from tokweight.training.config.components import CVAEConfig
 from tokweight.training.cvae.model import add_latent_tokens, build_cvae, latent_tokens_needed, spread_latent_embeddings
 from tokweight.training.decoding.decode import decode_ids, latent_values, picker, prompt_maker
 from tokweight.training.evaluation.evaluate import base_greedy_decode

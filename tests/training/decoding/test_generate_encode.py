@@ -16,14 +16,17 @@ from click.testing import CliRunner
 from tokweight.cli import main
 from tokweight.pipeline.data.shards import iter_shard, write_shards
 from tokweight.training.evaluation import evaluate
-from tokweight.training.config.cvae import CVAEConfig, EStepConfig
+from tokweight.training.config.components import CVAEConfig, EStepConfig
 from tokweight.training.loop.batches import split_urls
 import tokweight.training.decoding.encode as encode_module
 from tokweight.training.objective.baselines import make_baseline
-from tokweight.training.decoding.encode import EncodeConfig, run as encode
-from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+from tokweight.training.config.use import EncodeConfig
+from tokweight.training.decoding.encode import run as encode
+from tokweight.training.config.use import EvalConfig
+from tokweight.training.evaluation.evaluate import run_eval
 from tokweight.training.export.checkpoint import export_hf
-from tokweight.training.decoding.generate import GenerateConfig, run as generate
+from tokweight.training.config.use import GenerateConfig
+from tokweight.training.decoding.generate import run as generate
 from tokweight.training.loop.run_dir import read_config
 from tokweight.training.objective.schedules import Schedule
 from tokweight.training.loop.train import run as train

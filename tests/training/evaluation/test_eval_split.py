@@ -6,8 +6,10 @@ import shutil
 
 import pytest
 
-from tokweight.pipeline.extract.extract import ExtractConfig, run as extract
-from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+from tokweight.pipeline.extract.config import ExtractConfig
+from tokweight.pipeline.extract.extract import run as extract
+from tokweight.training.config.use import EvalConfig
+from tokweight.training.evaluation.evaluate import run_eval
 from tokweight.training.loop.train import run as train
 from tokweight.training.config.train import IOConfig, LogConfig, OptimConfig, TrainConfig
 

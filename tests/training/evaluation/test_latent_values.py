@@ -52,7 +52,8 @@ def test_the_sql_view_gives_each_values_labels_and_status(tmp_path):
 
 def test_eval_writes_the_report_into_eval_json_and_eval_md(tiny, tiny_store, tmp_path):
     from tokweight.report.eval_md import write_eval_md
-    from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+    from tokweight.training.config.use import EvalConfig
+    from tokweight.training.evaluation.evaluate import run_eval
     from tokweight.training.loop.train import run as train
     from tokweight.training.config.train import IOConfig, OptimConfig, TrainConfig
 

@@ -9,9 +9,10 @@ from tokweight.pipeline.models.checkpoint import load_checkpoint
 from tokweight.pipeline.data.labels import load_labels
 from tests.support.fixtures_train import two_regime_samples
 from tokweight.report.eval_md import write_eval_md
-from tokweight.training.config.cvae import CVAEConfig
+from tokweight.training.config.components import CVAEConfig
 from tokweight.training.cvae.model import build_cvae
-from tokweight.training.evaluation.evaluate import EvalConfig, greedy_decode, latent_values, run_eval
+from tokweight.training.config.use import EvalConfig
+from tokweight.training.evaluation.evaluate import greedy_decode, latent_values, run_eval
 from tokweight.training.evaluation.metrics import contingency, exact_mi, hungarian_accuracy, nmi
 from tokweight.training.loop.train import run
 from tokweight.training.config.train import IOConfig, LossConfig, OptimConfig, TrainConfig

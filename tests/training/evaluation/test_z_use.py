@@ -12,15 +12,16 @@ import torch
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import write_shards
 from tokweight.report.eval_md import eval_markdown, write_eval_md
-from tokweight.training.config.cvae import CVAEConfig
+from tokweight.training.config.components import CVAEConfig
 from tokweight.training.evaluation.verdict import (CONTROL_FLOOR, MIN_REPRODUCTIONS, label_free_control, likelihood_control,
                                         reference_control, reproduction_by_label, strategy_execution, value_report,
                                         z_use)
-from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+from tokweight.training.config.use import EvalConfig
+from tokweight.training.evaluation.evaluate import run_eval
 from tokweight.training.evaluation.metrics import EvalRecords, gaussian_mi
 from tokweight.experiments.recipes import with_recipe
 from tokweight.training.loop.train import run as train
-from tokweight.training.loop.train_base import BaseTrainConfig
+from tokweight.training.config.base import BaseTrainConfig
 from tokweight.training.loop.train_base import run as train_base
 from tokweight.training.config.train import (
     IOConfig,

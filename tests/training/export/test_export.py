@@ -13,10 +13,11 @@ from click.testing import CliRunner
 
 from tokweight.cli import main
 from tokweight.pipeline.tokens.templates import template_ids
-from tokweight.training.config.cvae import CVAEConfig, LoRAConfig
+from tokweight.training.config.components import CVAEConfig, LoRAConfig
 from tokweight.training.decoding.decode import latent_values, prompt_maker
 from tokweight.training.decoding.encode import load_trained
-from tokweight.training.decoding.generate import GenerateConfig, in_form, run as generate
+from tokweight.training.config.use import GenerateConfig
+from tokweight.training.decoding.generate import in_form, run as generate
 from tokweight.training.loop.train import run as train
 from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 from tokweight.training.loop.train_base import load_split
@@ -45,7 +46,8 @@ MAX_NEW = 12
 
 
 def extracted(ckpt, data, template, root):
-    from tokweight.pipeline.extract.extract import ExtractConfig, run as extract
+    from tokweight.pipeline.extract.config import ExtractConfig
+    from tokweight.pipeline.extract.extract import run as extract
 
     extract(ExtractConfig(checkpoint=str(ckpt), data=str(data), store=str(root / "store"), template=str(template),
                           progress=False, reader_process=False))

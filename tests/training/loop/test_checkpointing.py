@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.training.cvae.test_shared_prefix import SAMPLES, VOCAB, assert_same, backbone, step
-from tokweight.training.config.cvae import CVAEConfig
+from tokweight.training.config.components import CVAEConfig
 from tokweight.training.cvae.model import build_cvae
 from tokweight.training.loop.batches import collate_examples, encode
 

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from tokweight.pipeline.ranks import Ranks
-from tokweight.training.config.cvae import CVAEConfig, EStepConfig, LoRAConfig
+from tokweight.training.config.components import CVAEConfig, EStepConfig, LoRAConfig
 from tokweight.training.loop.convergence import StopRule
 from tokweight.training.loop.run_dir import load_run, read_metrics, trained_state
 from tokweight.training.loop.train import run, setup

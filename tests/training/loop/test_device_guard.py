@@ -12,11 +12,15 @@ import pytest
 import torch
 
 from tests.support.device_guard import HostTensorMet, HostTensors
-from tokweight.pipeline.extract.extract import ExtractConfig, run as extract
-from tokweight.training.config.cvae import CVAEConfig
-from tokweight.training.decoding.encode import EncodeConfig, run as encode
-from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
-from tokweight.training.decoding.generate import GenerateConfig, run as generate
+from tokweight.pipeline.extract.config import ExtractConfig
+from tokweight.pipeline.extract.extract import run as extract
+from tokweight.training.config.components import CVAEConfig
+from tokweight.training.config.use import EncodeConfig
+from tokweight.training.decoding.encode import run as encode
+from tokweight.training.config.use import EvalConfig
+from tokweight.training.evaluation.evaluate import run_eval
+from tokweight.training.config.use import GenerateConfig
+from tokweight.training.decoding.generate import run as generate
 from tokweight.training.loop.train import run as train
 from tokweight.training.config.train import IOConfig, LoRAConfig, LossConfig, OptimConfig, TrainConfig
 
@@ -121,7 +125,7 @@ def test_a_hugging_face_backbone_with_lora_and_checkpointing_under_the_guard(hf_
 def test_every_command_runs_on_auto_by_default():
     """Each command's --device is "auto", given by the CLI or (None there) by its config's dataclass."""
     from tokweight.cli import main
-    from tokweight.training.loop.train_base import BaseTrainConfig
+    from tokweight.training.config.base import BaseTrainConfig
 
     def commands(group, prefix=()):
         for name, cmd in group.commands.items():
@@ -139,7 +143,8 @@ def test_every_command_runs_on_auto_by_default():
 
 def test_train_base_under_the_guard(tiny, tmp_path):
     from tokweight.config_files import preset_config
-    from tokweight.training.loop.train_base import BaseTrainConfig, run as train_base
+    from tokweight.training.config.base import BaseTrainConfig
+    from tokweight.training.loop.train_base import run as train_base
 
     data, _ = tiny
     with HostTensors():

@@ -14,7 +14,7 @@ import torch
 
 from tokweight.pipeline.models.backbone import load_backbone
 from tokweight.pipeline.ranks import Ranks
-from tokweight.training.config.cvae import CVAEConfig, EStepConfig, LoRAConfig
+from tokweight.training.config.components import CVAEConfig, EStepConfig, LoRAConfig
 from tokweight.training.loop.engine import numbered, transformer_blocks
 from tokweight.training.loop.step import train_step
 from tokweight.training.loop.stream import TrainStream

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from tokweight.pipeline.extract.extract import ExtractConfig, run as extract
+from tokweight.pipeline.extract.config import ExtractConfig
+from tokweight.pipeline.extract.extract import run as extract
 from tokweight.pipeline.models.hf import HFBackbone
-from tokweight.training.config.cvae import CVAEConfig
-from tokweight.training.evaluation.evaluate import EvalConfig, run_eval
+from tokweight.training.config.components import CVAEConfig
+from tokweight.training.config.use import EvalConfig
+from tokweight.training.evaluation.evaluate import run_eval
 from tokweight.training.loop.run_dir import load_run, read_metrics
 from tokweight.training.loop.train import run
 from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig

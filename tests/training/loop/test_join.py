@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tokweight.pipeline.models.checkpoint import load_checkpoint, save_checkpoint
-from tokweight.pipeline.extract.extract import ExtractConfig
+from tokweight.pipeline.extract.config import ExtractConfig
 from tokweight.pipeline.extract.extract import run as extract
 from tokweight.pipeline.data.shards import iter_samples, write_shards
 from tokweight.store.baseline_store import BaselineStore

@@ -10,7 +10,7 @@ import pytest
 
 from tests.training.loop.test_resume import CKPT_EVERY, CONVERGED_END, FILES, STEPS, Killed, config, kill_after_step, train
 from tokweight.training.config.migrations import train_config_from
-from tokweight.training.config.cvae import CVAEConfig
+from tokweight.training.config.components import CVAEConfig
 from tokweight.training.loop.faults import Hooks
 from tokweight.training.loop.run_dir import read_config, read_metrics
 from tokweight.training.objective.schedules import Schedule

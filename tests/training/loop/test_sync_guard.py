@@ -11,7 +11,7 @@ import torch
 
 from tests.support.sync_guard import HostSyncFound, HostSyncs, without_syncs
 from tokweight.training.loop import train as train_module
-from tokweight.training.config.cvae import CVAEConfig, EStepConfig
+from tokweight.training.config.components import CVAEConfig, EStepConfig
 from tokweight.training.loop.step import train_step
 from tokweight.training.loop.train import run as train
 from tokweight.training.config.train import IOConfig, LoRAConfig, LogConfig, LossConfig, OptimConfig, TrainConfig

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from tests.support.fixtures_train import tiny, tiny_store  # noqa: F401 (fixtures)
 from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
-from tokweight.training.config.cvae import check_report_to, parse_report_to
+from tokweight.training.config.components import check_report_to, parse_report_to
 from tokweight.training.loop.trackers import open_trackers
 
 ALL = ("tensorboard", "mlflow", "wandb")
@@ -276,7 +276,8 @@ def test_train_base_reports_each_metrics_line(tiny, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tokweight.config_files import preset_config
-    from tokweight.training.loop.train_base import BaseTrainConfig, run as train_base
+    from tokweight.training.config.base import BaseTrainConfig
+    from tokweight.training.loop.train_base import run as train_base
 
     out = tmp_path / "base"
     train_base(preset_config(BaseTrainConfig, "base", "tiny", data=str(tiny[0]), out=str(out), steps=4,

@@ -5,8 +5,10 @@ import pytest
 
 from tokweight.pipeline.models.checkpoint import load_checkpoint
 from tokweight.config_files import preset, preset_config
-from tokweight.pipeline.data.synth import SynthConfig, consistent_at_t0, write_dataset
-from tokweight.training.loop.train_base import BaseTrainConfig, run
+from tokweight.pipeline.data.config import SynthConfig
+from tokweight.pipeline.data.synth import consistent_at_t0, write_dataset
+from tokweight.training.config.base import BaseTrainConfig
+from tokweight.training.loop.train_base import run
 
 TINY_BASE = preset("base", "tiny")
 """The tiny base preset's fields (tokweight/presets/base/tiny.toml)."""
@@ -74,7 +76,7 @@ def test_k_max_flag_reaches_the_vocabulary_checkpoint_and_fingerprint(tiny_data,
 
 def test_train_with_more_latent_values_than_tokens_appends_them_to_its_copy(tiny, tmp_path):
     from tokweight.pipeline.models.checkpoint import load_checkpoint
-    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.config.components import CVAEConfig
     from tokweight.training.loop.run_dir import load_run
     from tokweight.training.loop.train import run as train
     from tokweight.training.config.train import IOConfig, LossConfig, OptimConfig, TrainConfig
@@ -91,7 +93,7 @@ def test_train_with_more_latent_values_than_tokens_appends_them_to_its_copy(tiny
 
 
 def test_a_k_max_checkpoint_trains_that_many_latent_values(tiny_data, tmp_path):
-    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.config.components import CVAEConfig
     from tokweight.training.loop.train import run as train
     from tokweight.training.config.train import IOConfig, LossConfig, OptimConfig, TrainConfig
 

@@ -12,10 +12,11 @@ from click.testing import CliRunner
 
 from tokweight.cli import main
 from tokweight.pipeline.models.checkpoint import load_checkpoint
-from tokweight.pipeline.extract.extract import ExtractConfig, run as extract
+from tokweight.pipeline.extract.config import ExtractConfig
+from tokweight.pipeline.extract.extract import run as extract
 from tokweight.pipeline.data.labels import load_labels
 from tokweight.pipeline.data.shards import dataset_json, resolve_shards
-from tokweight.pipeline.data.urls import Retry
+from tokweight.pipeline.extract.config import Retry
 from tokweight.training.loop.batches import StoreMismatchError, StoreRef, StreamSpec, TrainBatch, split_urls
 from tokweight.training.loop.stream import EvalStream, TrainStream
 

@@ -323,7 +323,7 @@ def test_continuous_e_step_weighs_draws_by_prior_over_proposal_and_distils_q_to_
 
 
 def test_a_continuous_e_step_is_refused_what_it_cannot_do():
-    from tokweight.training.config.cvae import CVAEConfig
+    from tokweight.training.config.components import CVAEConfig
     from tokweight.training.config.train import IOConfig, TrainConfig
 
     io = IOConfig(checkpoint="c", data="d", out="o", store="s")

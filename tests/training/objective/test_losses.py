@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from tokweight.training.config.cvae import check_free_bits
+from tokweight.training.config.components import check_free_bits
 from tokweight.training.objective.terms import (WEIGHTINGS, WeightingParams, anchor_penalty, categorical_kl, free_bits_kl, gaussian_kl,
                                        reconstruction_weights, surprisal_share_weights, weighted_reconstruction)
 

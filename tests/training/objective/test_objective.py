@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from tokweight.training.config.cvae import CVAEConfig, EStepConfig, WeightingParams
+from tokweight.training.config.components import CVAEConfig, EStepConfig, WeightingParams
 from tokweight.training.cvae.model import CVAEOutput
 from tokweight.training.cvae.latent import CategoricalLatent
 from tokweight.training.objective.loss import step_loss

@@ -17,7 +17,8 @@ from tokweight.cli import main
 from tokweight.pipeline.data.errors import Skips
 from tokweight.training.objective.global_batch import GlobalBatch
 from tokweight.training.loop.state import Progress
-from tokweight.training.plan.estimate import PlanConfig, largest_batch, run_phases, train_peak
+from tokweight.training.config.plan import PlanConfig
+from tokweight.training.plan.estimate import largest_batch, run_phases, train_peak
 from tokweight.training.plan.build import model_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -20,8 +20,8 @@ from tokweight.config_files import preset_config
 from tokweight.store.durable import write_json_atomic
 from tokweight.report.plots import save_figures
 from tokweight.report.tables import fixed
-from tokweight.training.config.cvae import COND_MODES
-from tokweight.training.config.cvae import CVAEConfig, default_cond
+from tokweight.training.config.components import COND_MODES
+from tokweight.training.config.components import CVAEConfig, default_cond
 from tokweight.experiments.artefacts import Echo, coerce_nested
 from tokweight.experiments.cells import CONTROL, STATUSES, Cell, CellBudget, CellPlan, Loss, run_cells
 from tokweight.experiments.own_task.inputs import (SETTING, Checkpoint, check_store, dataset, latent_k,
@@ -30,7 +30,7 @@ from tokweight.experiments.own_task.render import plot_arms, render
 from tokweight.experiments.recipes import recipe_overrides
 from tokweight.experiments.results import GROUP_KEYS, mean_std, seed_stats, write_csv
 from tokweight.experiments.sweep import SweepConfig
-from tokweight.training.config.cvae import WEIGHTINGS
+from tokweight.training.config.components import WEIGHTINGS
 
 SWEEP_BETAS = SweepConfig.betas
 """--sweep beta: the synthetic sweep's grid of betas (its default)."""

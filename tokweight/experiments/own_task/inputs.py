@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokweight.pipeline.data.urls import is_url_data
 from tokweight.report.tables import fixed
 from tokweight.experiments.artefacts import LOCK_WAIT_S, Echo, Prepared, data_key, key_of
 
@@ -29,6 +28,8 @@ PROFILE_POSITIONS = 12
 
 def dataset(data: str) -> Path | str:
     """``--data`` as the experiment passes it on: a local folder as a Path, URLs as they are."""
+    from tokweight.pipeline.data.urls import is_url_data
+
     return data if is_url_data(data) else Path(data)
 
 
@@ -78,7 +79,7 @@ def check_store(store: Path, fingerprint: str, checkpoint: str) -> None:
 def extract_store(checkpoint: Checkpoint, data: Path, store: Path) -> bool:
     """Write (or finish) the checkpoint's store over every split; True if it was complete already. Another job
     extracting the same store is waited for (``LOCK_WAIT_S``)."""
-    from tokweight.pipeline.extract.extract import ExtractConfig
+    from tokweight.pipeline.extract.config import ExtractConfig
     from tokweight.pipeline.extract.extract import run as extract
 
     done = extract(ExtractConfig(checkpoint=checkpoint.path, data=str(data), store=str(store),

@@ -15,7 +15,7 @@ from tokweight.report.plots import figure
 from tokweight.report.tables import MISSING, fixed, markdown_table
 from tokweight.experiments.cells import STATUSES
 from tokweight.experiments.results import beta_c, machine, pm, show
-from tokweight.training.evaluation.metrics import KEPT_FRACTION, kept_threshold
+from tokweight.training.config.use import KEPT_FRACTION, kept_threshold
 
 NOT_PREDICTED = "n/a"
 """A predicted beta_c the store cannot give (no example carries a label: the KL cost is unknown)."""
