@@ -68,6 +68,7 @@ import torch
 from tokweight.config_files import preset_config
 from tokweight.pipeline.extract import extract
 from tokweight.pipeline.models import hf
+from tokweight.pipeline.tokens import hf_vocab
 from tokweight.pipeline.data.bucketing import padded_fraction, plan_batches
 from tokweight.pipeline.models.backbone import load_backbone
 from tokweight.pipeline.extract.config import ExtractConfig
@@ -186,7 +187,7 @@ def reader_start(data: Path, ckpt, batch_tokens: int) -> tuple[float, float, flo
 
 
 STAGES = ((extract, "load_backbone", "load"), (extract, "_plan_on_rank0", "plan"), (extract, "score_shard", "score"),
-          (extract.ReaderProcess, "_receive", "wait for the reader"), (hf.TokenizerVocab, "verify", "check marked rows"))
+          (extract.ReaderProcess, "_receive", "wait for the reader"), (hf_vocab.TokenizerVocab, "verify", "check marked rows"))
 
 
 @contextmanager

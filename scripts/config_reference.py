@@ -23,7 +23,7 @@ from tokweight.demo_config import DemoConfig
 from tokweight.experiments.grid import ExperimentConfig
 from tokweight.experiments.own_task import OwnTaskConfig
 from tokweight.experiments.sweep import SweepConfig
-from tokweight.flags import field_docs
+from tokweight.commands.flags import field_docs
 from tokweight.pipeline.data.config import ConvertConfig, SynthConfig
 from tokweight.pipeline.extract.config import ExtractConfig
 from tokweight.report.inspect_config import InspectConfig

@@ -1,6 +1,6 @@
 """Run `tokweight experiment` without the console script: python scripts/run_experiment.py --out DIR [--quick]."""
 
-from tokweight.experiment_cli import experiment
+from tokweight.commands.experiment import experiment
 
 if __name__ == "__main__":
     experiment(prog_name="run_experiment.py")

@@ -1,5 +1,5 @@
 """The `tokweight` command line: one click group; each command builds its config from the dataclass defaults, a
-preset or a configuration file (--config), its flags and --set, in that order (``tokweight.flags``), and calls run.
+preset or a configuration file (--config), its flags and --set, in that order (``tokweight.commands.flags``), and calls run.
 
 Heavy imports (torch, pyarrow, duckdb) happen inside the commands so that `--help`
 stays instant.
@@ -15,19 +15,19 @@ import click
 
 from tokweight.config_files import preset as preset_file, preset_names
 from tokweight.demo_config import DemoConfig
-from tokweight.flags import Flag, config_options, configured, options, preset_option
+from tokweight.commands.flags import Flag, config_options, configured, options, preset_option
 from tokweight.pipeline.data.config import DEFAULT_FRACTION, ON_BAD, ConvertConfig, SynthConfig
 from tokweight.pipeline.data.data_option import DataSource
-from tokweight.extract_cli import extract
-from tokweight.report_cli import evaluate as eval_cmd, inspect_cmd
-from tokweight.store_cli import store
-from tokweight.sql_cli import sql_cmd
+from tokweight.commands.extract import extract
+from tokweight.commands.report import evaluate as eval_cmd, inspect_cmd
+from tokweight.commands.store import store
+from tokweight.commands.sql import sql_cmd
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.training.config.base import BaseTrainConfig
-from tokweight.train_cli import train as train_cmd
-from tokweight.plan_cli import plan as plan_cmd
-from tokweight.experiment_cli import experiment
-from tokweight.use_cli import encode as encode_cmd, export as export_cmd, generate as generate_cmd
+from tokweight.commands.train import train as train_cmd
+from tokweight.commands.plan import plan as plan_cmd
+from tokweight.commands.experiment import experiment
+from tokweight.commands.use import encode as encode_cmd, export as export_cmd, generate as generate_cmd
 
 
 OUTPUT_OPTIONS = ("--out", "--store")  # what a command creates; a failed one leaves no empty one behind

@@ -1,4 +1,4 @@
-"""Configuration from files: the one mechanism behind every command's `--config` and `--set` (``tokweight.flags``
+"""Configuration from files: the one mechanism behind every command's `--config` and `--set` (``tokweight.commands.flags``
 builds a command's config with it) and every preset.
 
 A configuration is a nested mapping of a config dataclass's fields (``TrainConfig.to_json``'s shape), read from

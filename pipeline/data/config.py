@@ -78,7 +78,7 @@ class SynthConfig:
         if not 1 <= self.min_len <= self.max_len:
             raise ValueError(f"need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
         if self.kind != "permutation":
-            from tokweight.pipeline import synth_kinds  # the kinds' own names and limits
+            from tokweight.pipeline.data import synth_kinds  # the kinds' own names and limits
 
             synth_kinds.check(self)
         elif (not self.strategies or any(s not in PERMUTATIONS for s in self.strategies)

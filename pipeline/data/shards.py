@@ -34,7 +34,8 @@ from webdataset.tariterators import base_plus_ext, group_by_keys
 from tokweight.pipeline.data.errors import SampleError
 from tokweight.pipeline.data.samples import Sample, check_key, parse_sample, sample_to_json
 from tokweight.pipeline.extract.config import Retry
-from tokweight.pipeline.data.urls import expand, fetch, fetch_if_present, is_url, is_url_data, sibling, url_name, url_root
+from tokweight.pipeline.data.urls import (expand, fetch, fetch_if_present, is_url, is_url_data, sibling, url_name,
+                                          url_root)
 
 ErrorHandler = Callable[[SampleError], None]
 _META = re.compile(r"__[^/]*__($|/)")  # members WebDataset skips (tariterators.tar_file_iterator)

@@ -1,7 +1,7 @@
 """The backbone both stages run: a ``--checkpoint DIR`` recognised by its files.
 
 - a tokweight checkpoint (model.safetensors, config.json, vocab.json, fingerprint.json):
-  the built-in GPT (``model.py``) and its symbol vocabulary (``checkpoint.py``);
+  the built-in GPT (``pipeline/models/gpt.py``) and its symbol vocabulary (``pipeline/models/checkpoint.py``);
 - a Hugging Face causal LM directory (config.json with a model_type, safetensors weights,
   tokenizer files): any ``AutoModelForCausalLM`` behind the same interface (``hf.py``).
 
@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from tokweight.pipeline.models.checkpoint import Checkpoint, load_checkpoint
-from tokweight.pipeline.models.hf import DTYPES, hf_fingerprint, is_hf_checkpoint, load_hf, read_template
+from tokweight.pipeline.models.hf import DTYPES, hf_fingerprint, is_hf_checkpoint, load_hf
+from tokweight.pipeline.tokens.hf_vocab import read_template
 from tokweight.pipeline.models.head import nll_over_s
 from tokweight.pipeline.tokens.templates import TOKWEIGHT, Batch, Template
 from tokweight.store.manifest import FINGERPRINT_PREFIX, list_fingerprint_dirs, read_manifest

@@ -1,7 +1,7 @@
 """A tokenizer vocabulary's reading half: samples' x and y to ids under the checkpoint's template, with the
 ``tokenizers`` library only (no torch, no transformers), so that extraction's reader process runs it.
 
-``pipeline.models.hf.TokenizerVocab`` builds one (``TokenizerVocab.ids``) from the transformers tokenizer and hands
+``pipeline.tokens.hf_vocab.TokenizerVocab`` builds one (``TokenizerVocab.ids``) from the transformers tokenizer and hands
 its reading to it; what needs transformers stays there: loading, the chat template's per-row rendering
 (the reference, ``TokenizerVocab._cut``), and checking the rows this half marks (``rendering.verify``).
 """

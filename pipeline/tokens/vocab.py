@@ -121,7 +121,7 @@ class WithLatents:
     copy's, when a run needs more latent tokens than the checkpoint has (``training.cvae.model.add_latent_tokens``
     appends their embedding rows). Everything but the latent tokens is the checkpoint's vocabulary's."""
 
-    base: Vocab  # or a pipeline.models.hf.TokenizerVocab
+    base: Vocab  # or a pipeline.tokens.hf_vocab.TokenizerVocab
     added: int
     first: int  # id of the first appended token: the backbone's rows before (a tokenizer may have fewer ids)
 

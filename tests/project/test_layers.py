@@ -2,7 +2,7 @@
 module imports itself back through others (no import cycle).
 
 Every import of every module counts, function-level ones included: a lazy import is
-still a dependency. The table below is the whole rule; README "Code layout" explains it.
+still a dependency. The table below is the whole rule; docs/reference.md, "Code layout", explains it.
 """
 
 import ast

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from tokweight.cli import main
 from tokweight.config_files import build, flat, parse_value, preset, preset_names, with_sets, with_values
-from tokweight.flags import default_of, resolve
-from tokweight.train_cli import FLAGS, train_config
+from tokweight.commands.flags import default_of, resolve
+from tokweight.commands.train import FLAGS, train_config
 from tokweight.training.config.migrations import train_config_from
 from tokweight.training.config.components import CVAEConfig
 from tokweight.training.objective.schedules import Schedule, warmed_up
@@ -138,8 +138,8 @@ def test_a_run_config_given_another_pathway_or_latent_resolves_what_follows_from
 def test_every_command_reads_its_config_as_train_does(tmp_path):
     """extract's ExtractConfig: the defaults, then a file, then the flags, then --set; a missing required field is
     named by its flag, an unknown one by its dotted name, a bad file by its path."""
-    from tokweight.extract_cli import FLAGS as EXTRACT_FLAGS
-    from tokweight.flags import configured
+    from tokweight.commands.extract import FLAGS as EXTRACT_FLAGS
+    from tokweight.commands.flags import configured
     from tokweight.pipeline.extract.config import ExtractConfig
 
     path = tmp_path / "extract.toml"
@@ -165,7 +165,7 @@ def test_every_command_reads_its_config_as_train_does(tmp_path):
 def test_a_commands_help_is_its_fields_docstring_and_default():
     """Every option of a command that sets a field shows the field's docstring (unless the flag says more) and its
     default; a field without a default is [required] unless None may stand for it."""
-    from tokweight.flags import field_doc, help_text
+    from tokweight.commands.flags import field_doc, help_text
     from tokweight.pipeline.data.config import ConvertConfig
     from tokweight.pipeline.extract.config import ExtractConfig
     from tokweight import cli, extract_cli

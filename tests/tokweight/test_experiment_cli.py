@@ -53,7 +53,7 @@ def test_config_and_set_reach_the_jobs_fields_in_order(tmp_path):
     """--config FILE over the job's defaults and --quick's, the job's options over it, --set over them all; a field
     the job does not have is one line naming it, before anything runs."""
     from tokweight.config_files import assignment
-    from tokweight.experiment_cli import job, made_by, over, with_flags
+    from tokweight.commands.experiment import job, made_by, over, with_flags
     from tokweight.experiments.artefacts import synthetic_task
 
     cfg, _ = job(str(tmp_path / "o"), True, "beta", None, None, synthetic_task(), {})

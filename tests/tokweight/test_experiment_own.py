@@ -137,7 +137,7 @@ def test_bad_inputs_fail_in_one_line_before_any_work(own_data, tiny, tiny_store,
 
 
 def test_quick_and_sweep_shape_the_config_not_what_is_compared():
-    from tokweight.experiment_cli import own_job
+    from tokweight.commands.experiment import own_job
 
     own = {"checkpoint": "ckpt", "data": "data", "store": None, "k": None, "cond": None, "slots": None}
     cfg, run = own_job("out", True, "beta", own, {})

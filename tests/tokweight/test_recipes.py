@@ -90,7 +90,7 @@ def test_train_with_only_the_required_flags_builds_the_default_config(tiny, tmp_
     """`tokweight train --checkpoint --data --store --out` is TrainConfig's defaults: the recipe that keeps z."""
     from click.testing import CliRunner
 
-    from tokweight.train_cli import train
+    from tokweight.commands.train import train
 
     data, ckpt = tiny
     out = tmp_path / "cli"
@@ -154,7 +154,7 @@ def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):
     """--anchor-weight trains with the logged anchor term; it starts at the end of beta's warm-up."""
     from click.testing import CliRunner
 
-    from tokweight.train_cli import train
+    from tokweight.commands.train import train
 
     data, ckpt = tiny
     out = tmp_path / "cli"
@@ -177,7 +177,7 @@ def test_cli_anchor_term_is_trained_and_logged(tiny, tmp_path):
 def test_train_labelled_sets_the_default_e_steps_share_and_refuses_a_bad_one(tiny, tmp_path):
     from click.testing import CliRunner
 
-    from tokweight.train_cli import train
+    from tokweight.commands.train import train
 
     data, ckpt = tiny
     args = ["--checkpoint", str(ckpt), "--data", str(data), "--policy", "frozen", "--steps", "2", "--batch-size", "4",
@@ -196,7 +196,7 @@ def test_train_labelled_sets_the_default_e_steps_share_and_refuses_a_bad_one(tin
 def test_train_refuses_a_hardening_every_example_reaches_in_one_line(tiny, tmp_path):
     from click.testing import CliRunner
 
-    from tokweight.train_cli import train
+    from tokweight.commands.train import train
 
     data, ckpt = tiny
     args = ["--checkpoint", str(ckpt), "--data", str(data), "--out", str(tmp_path / "run"), "--policy", "frozen",

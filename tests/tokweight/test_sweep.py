@@ -120,7 +120,7 @@ def test_quick_sweep_files_and_beta_c_as_defined(experiment_root):  # noqa: F811
 def test_cli_settings_are_checked_before_any_work(tmp_path):
     from click.testing import CliRunner
 
-    from tokweight.experiment_cli import experiment
+    from tokweight.commands.experiment import experiment
 
     out = ["--out", str(tmp_path / "x")]
     wrong = CliRunner().invoke(experiment, out + ["--settings", "h0-n16"])

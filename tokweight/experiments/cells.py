@@ -220,7 +220,7 @@ def cell_status(outcome: str, stop_reason: str | None) -> str:
 
 def train_and_evaluate(tcfg, prep: Prepared, decode_examples: int) -> dict:
     """Train the run, evaluate it on the test split: the record's numbers."""
-    from tokweight.tracking import log_eval, log_run_figures, main_rank
+    from tokweight.commands.tracking import log_eval, log_run_figures, main_rank
     from tokweight.training.config.use import EvalConfig
     from tokweight.training.evaluation.evaluate import run_eval
     from tokweight.training.loop.train import run as train, run_trackers

@@ -2,7 +2,7 @@
 posterior's usage per latent value over steps, the KL and the exact MI over steps, each start's validation
 objective, the base model's surprisal profile with the reconstruction weights; and eval's figure of which
 strategies each latent value's decodes execute. The trackers get them as images at the end of a run
-(``tokweight.tracking``); eval writes its figure beside eval.md."""
+(``tokweight.commands.tracking``); eval writes its figure beside eval.md."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ class BaseTrainConfig:
     min_slots: int = 1
     """The z-conditioned template's slots are drawn from min_slots..max_slots. Each count puts y at
     another offset from x, which a copy or a rotation must learn anew: with a long x, several counts can leave
-    every one poorly learnt (docs/results.md, "The base models"). min_slots = max_slots trains only the count the
+    every one poorly learnt. min_slots = max_slots trains only the count the
     CVAE's prefix pathway reads (CVAEConfig.slots, 4; the other pathways read one)."""
     zcond_rate: float = 0.5
     """Share of training sequences given the z-conditioned template, with min_slots..max_slots

@@ -2,9 +2,10 @@
 field documented, checked in ``__post_init__``. Plain data and the standard library only: a command's --help
 imports this, and no tensor library (``tests/training/config/test_config_modules.py``).
 
-Implementation modules import their config from here (``cvae.py`` builds a CVAE from a ``CVAEConfig``,
-``estep.py`` runs an ``EStepConfig``, ``losses.py`` computes the ``WEIGHTINGS`` named here, ``baselines.py`` the
-``POLICIES``), and so does ``train_config.py``, which groups them into a run's ``TrainConfig``. A field whose
+Implementation modules import their config from here (``training/cvae/model.py`` builds a CVAE from a
+``CVAEConfig``, ``training/objective/estep.py`` runs an ``EStepConfig``, ``training/objective/terms.py`` computes
+the ``WEIGHTINGS`` named here, ``training/objective/baselines.py`` the ``POLICIES``), and so does
+``training/config/train.py``, which groups them into a run's ``TrainConfig``. A field whose
 default depends on the latent is None here and resolved by ``TrainConfig`` (``resolved``), so a run's config.json
 holds the values it ran with.
 """
@@ -195,7 +196,7 @@ half."""
 
 @dataclass(frozen=True)
 class EStepConfig:
-    """The E-step (``estep.py``): which examples each decoder copy learns from. The default is the exact E-step of
+    """The E-step (``training/objective/estep.py``): which examples each decoder copy learns from. The default is the exact E-step of
     the objective J at the step's beta, q*(k) = softmax(-R(k) / beta) (discrete); for a continuous latent, the
     hard choice of each example's best draw."""
 

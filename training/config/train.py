@@ -181,8 +181,8 @@ class OptimConfig:
     start_steps_max: int = 800
     """Where no start's code has formed after ``start_steps`` (exact MI below half of log K on the val split) but the
     best is rising (by the stop rule's min_delta_mi a round), every start trains ``start_steps`` more, until one has
-    or they reach this (and below the cap): a comparison of codes not yet formed chooses at random
-    (docs/results.md, "The default at a practical cost"). At ``start_steps``: one comparison, whatever the codes."""
+    or they reach this (and below the cap): a comparison of codes not yet formed chooses at random. At
+    ``start_steps``: one comparison, whatever the codes."""
 
     def __post_init__(self):
         if min(self.steps, self.batch_size, self.start_steps) < 1 or (self.starts is not None and self.starts < 1):

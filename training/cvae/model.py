@@ -19,7 +19,7 @@ copies of the prefix's work. Not with the layernorm and memory pathways, whose z
 
 Posterior input: the z-free hidden state at the last position (``<eos>``), which has
 attended to all of x and y, or the mean of the states that predict S (``posterior_pool``).
-The model returns per-token NLLs; the objective is a pure function of them (``objective.py``).
+The model returns per-token NLLs; the objective is a pure function of them (``training/objective/loss.py``).
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def spread_latent_embeddings(backbone: GPT, latent_ids: list[int], norm: float, 
     almost z-invariant. Orthogonal rows give each k a distinct direction from step 0. Replacing the rows,
     though, feeds the decoder inputs it never saw (a base trained with z sections reads its mean latent row as
     "ignore"), and the offsets add up over several slots: centred rows at a fraction of the token-row spread
-    keep the decoder near intact (docs/results.md, "Why each default").
+    keep the decoder near intact.
     """
     K, d = len(latent_ids), backbone.cfg.d_model
     if K + center > d:

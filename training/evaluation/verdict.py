@@ -21,13 +21,14 @@ import numpy as np
 
 from tokweight.pipeline.data.labels import DatasetLabels
 from tokweight.pipeline.data.samples import Sample
-from tokweight.training.evaluation.metrics import MI_FLOOR, POSTERIOR_RULES, contingency, contingency_mi, hungarian_accuracy
+from tokweight.training.evaluation.metrics import (MI_FLOOR, POSTERIOR_RULES, contingency, contingency_mi,
+                                                   hungarian_accuracy)
 from tokweight.training.config.use import OUTCOMES
 
 CONTROL_FLOOR = 0.05
 """The least gain over chance (a share of the examples) that counts as control, besides 2 SE. Why 1 in 20: at 1 in
 100 traces passed (latents that carry almost nothing and move a few examples), while the weakest code measured
-gains several times 1 in 20 (docs/results.md, "The verdict's thresholds")."""
+gains several times 1 in 20."""
 CONTROL_RULE = (f"control above chance: the exact-match or the first-token rate under the matched latent value "
                 f"exceeds chance by >= {CONTROL_FLOOR} and by > 2 SE (paired over examples)")
 CHANCE = "chance: the same examples decoded under each of the other latent values (their mean)"
@@ -52,7 +53,7 @@ LIKELIHOOD_FLOOR = math.log(2)
 latent value. Why not a share over chance like the decode controls' floor: a trace moves likelihoods long before it
 flips a decode. Cells whose posterior carries nothing of the strategy tilt the reference's likelihood by a fraction
 of a nat, some of them by a share over chance above the decodes' floor, while a decoder that codes the strategy on a
-base that decodes nothing gains tens of nats (docs/results.md, "The verdict's thresholds")."""
+base that decodes nothing gains tens of nats."""
 LIKELIHOOD_RULE = (f"likelihood above chance: the posterior's I(z; strategy) is >= {MI_FLOOR} nats (else the matching "
                    f"of values to strategies is arbitrary), and with y teacher-forced, log p(y|x,k) under the latent "
                    f"value k matched to the example's strategy exceeds log of the other values' mean p(y|x,j) by >= "
@@ -62,7 +63,7 @@ a z that moves the likelihood of every token of y without flipping the first one
 controls. Why the label-matched value and not the posterior's own: argmax q has read y, so its value has the higher
 likelihood whenever q follows the decoder, also for a z that means nothing. Why the gate on I(z; strategy): the
 matching comes from the posterior's clusters, and a posterior that knows nothing of the strategy matches at random,
-so the tilt's sign is a coin's and its size grows with y's length (docs/results.md, "The verdict's thresholds")."""
+so the tilt's sign is a coin's and its size grows with y's length."""
 ONE_STRATEGY = 0.9
 """A latent value names one strategy when at least this share of its decodes execute its most common strategy
 (synthetic data), or, where no decode says, of the labelled examples its posterior picks carry its most common

@@ -29,8 +29,8 @@ from tokweight.training.loop.state import State
 
 def sample_generator(seed: int, step: int) -> torch.Generator:
     """The continuous latent's noise for one step's global batch, the same on every rank: a function
-    of (seed, step), so resumes repeat it. (The 0 in the seed sequence was once the rank; kept, so
-    that runs repeat the noise they drew before.)"""
+    of (seed, step), so resumes repeat it. The 0 in the seed sequence is fixed: changing it changes every
+    continuous run's noise."""
     return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 0, step]).generate_state(1)[0]))
 
 

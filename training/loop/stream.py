@@ -1,4 +1,4 @@
-"""The training and evaluation streams over ``data.py``'s per-shard stages.
+"""The training and evaluation streams over ``training/loop/batches.py``'s per-shard stages.
 
 Training draws the global batch from ``lanes`` sample streams (MosaicML streaming's
 "canonical nodes"): lane l owns the shards i with i % lanes == l, resamples them with

@@ -44,7 +44,8 @@ from tokweight.pipeline.data.labels import load_labels
 from tokweight.pipeline.ranks import Ranks, resolve_device
 from tokweight.pipeline.tokens.vocab import Vocab
 from tokweight.training.objective.baselines import AdaptersOff, Frozen, make_baseline
-from tokweight.training.loop.callbacks import Checkpoint, Faults, MetricsLine, PeriodicValidation, checkpoint, validate_run
+from tokweight.training.loop.callbacks import (Checkpoint, Faults, MetricsLine, PeriodicValidation, checkpoint,
+                                               validate_run)
 from tokweight.training.cvae.conditioning import token_key_values
 from tokweight.training.config.components import POLICIES, WEIGHTINGS, CVAEConfig, WeightingParams
 from tokweight.training.loop.convergence import Convergence

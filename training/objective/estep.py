@@ -12,7 +12,7 @@ k; its overall scale acts as 1 / temperature.
 
 Used as an E-step (EM; Shen et al. 2019, "Mixture Models for Diverse Machine Translation: Tricks of the
 Trade", with a uniform prior against rich-get-richer): decoder copy k is trained on the examples assigned to
-k, and the amortised posterior is distilled towards the assignment (``objective.py``). A balanced assignment
+k, and the amortised posterior is distilled towards the assignment (``training/objective/loss.py``). A balanced assignment
 (Sinkhorn-Knopp equipartition over the batch, as in SwAV, Caron et al. 2020) keeps one k from taking every
 example. The "label" mode assigns each example to its ground-truth strategy instead (a supervised warm start
 with ``until_step``); ``labelled`` fixes a share of the examples to their label's value. ``harden`` gives an

@@ -1,6 +1,6 @@
 """The objective a step trains: *the* loss of the method, in one place.
 
-The CVAE's forward (``cvae.py``) gives, for every example i, the per-token NLL l_t(c) of S under each decoder
+The CVAE's forward (``training/cvae/model.py``) gives, for every example i, the per-token NLL l_t(c) of S under each decoder
 copy c (discrete: one copy per latent value k; continuous: one per draw z_c from q), the posterior q(c|x, y) and
 the prior p(c|x). The baseline (``baselines.py``) gives b_t, the z-free base model's surprisal. The step's
 schedule (``schedules.StepSchedule``) gives beta, the anchor's weight w_anchor, whether the E-step is on and how
@@ -50,7 +50,8 @@ from tokweight.training.config.components import EStepConfig, WeightingParams
 from tokweight.training.objective.estep import (assigned_reconstruction, assignment, assignment_kl, distillation,
                                       labelled_weights, read_likelihood)
 from tokweight.training.objective.global_batch import LOCAL, GlobalBatch
-from tokweight.training.objective.terms import anchor_penalty, free_bits_kl, reconstruction_weights, weighted_reconstruction
+from tokweight.training.objective.terms import (anchor_penalty, free_bits_kl, reconstruction_weights,
+                                                weighted_reconstruction)
 from tokweight.training.objective.schedules import StepSchedule
 from tokweight.training.config.train import LossConfig
 

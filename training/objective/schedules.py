@@ -14,7 +14,7 @@ and encode read, and nothing else decides:
   nor while it is None (a start, not yet compared);
 - the likelihood read: where the hardening acts and ``cvae.posterior_likelihood`` is on, the posterior reads y's
   likelihood on the examples the E-step is sure of (``estep.read_likelihood``): never in a start, whose comparison
-  reads the head alone, nor at K = 2 (docs/results.md, "A posterior that reads the decoders").
+  reads the head alone, nor at K = 2.
 
 A model trained N steps is validated, evaluated and encoded with step N - 1's terms (its posterior as the last
 step read it). The learning rate stays, then falls linearly to 0 over the end of the run (``lr_decay_window``,

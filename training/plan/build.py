@@ -1,5 +1,5 @@
 """What ``tokweight plan`` runs: the CVAE of a configuration built as ``train.setup`` builds it, and a batch of
-its shape, under torch's FakeTensorMode (``plan.py``), so that nothing is allocated.
+its shape, under torch's FakeTensorMode (``training/plan/estimate.py``), so that nothing is allocated.
 
 The model: a backbone from a config (a Hugging Face ``config.json`` through transformers' AutoConfig, or the
 built-in GPT's ``ModelConfig``), the latent tokens' rows appended (``cvae.add_latent_tokens``), the CVAE around it

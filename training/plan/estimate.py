@@ -1,6 +1,6 @@
 """``tokweight plan``: will a configuration fit, before anything is downloaded or a GPU is at hand.
 
-The CVAE of the configuration is built as a run builds it (``plan_build.py``) under torch's FakeTensorMode: every
+The CVAE of the configuration is built as a run builds it (``training/plan/build.py``) under torch's FakeTensorMode: every
 tensor is a fake with a shape, a dtype and a device and no storage, so an 8B backbone plans on a laptop with nothing
 allocated. Then, under torch's memory tracker (``MemTracker``; ``FSDPMemTracker`` and a fake process group of N
 ranks under FSDP, as torchtitan's estimation script estimates its jobs), it runs what the run

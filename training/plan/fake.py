@@ -1,4 +1,4 @@
-"""The fake world ``tokweight plan`` (``plan.py``) runs a configuration in: fake tensors whose index tensors keep
+"""The fake world ``tokweight plan`` (``training/plan/estimate.py``) runs a configuration in: fake tensors whose index tensors keep
 their values, a fake process group of N ranks, and torch's memory tracker read by kind.
 
 torch's trackers are used as they are but for three things they do not offer: a peak over the whole process only

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tokweight.train_cli import train_config
+from tokweight.commands.train import train_config
 from tokweight.training.config.migrations import MIGRATIONS, migrated, train_config_from
 from tokweight.training.config.components import CVAEConfig, EStepConfig
 from tokweight.training.loop.run_dir import config_differences, read_config

@@ -109,7 +109,7 @@ def test_the_rule_sees_an_implementation_import_at_any_level(tmp_path):
     (tmp_path / "training" / "good_config.py").write_text(
         "import json\nfrom tokweight.training import names\nfrom tokweight.training.config.components import X\n")
     (tmp_path / "training" / "config").mkdir()
-    (tmp_path / "training" / "config" / "cvae.py").write_text("X = 1\n")
+    (tmp_path / "training" / "config" / "components.py").write_text("X = 1\n")
     (tmp_path / "training" / "bad_config.py").write_text("def f():\n    from tokweight.training.impl import g\n")
     (tmp_path / "training" / "config_heavy.py").write_text("import numpy\n")
     assert sorted(bad_imports(tmp_path)) == [
@@ -129,5 +129,5 @@ def test_a_config_module_imported_alone_leaves_torch_numpy_and_pyarrow_out(modul
 
 
 def test_module_names_match_the_layer_tests():
-    path = ROOT / "training" / "config" / "cvae.py"
+    path = ROOT / "training" / "config" / "components.py"
     assert module_name_at(path, ROOT) == module_name(path) == "tokweight.training.config.components"

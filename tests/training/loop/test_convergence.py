@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from tokweight.training.loop.convergence import Convergence, StopRule, converged, observe, val_mi, val_objective
 from tokweight.training.objective.estep import EStepConfig
-from tokweight.train_cli import train
+from tokweight.commands.train import train
 from tokweight.training.objective.schedules import Schedule
 from tokweight.training.config.train import IOConfig, LossConfig, TrainConfig
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.training.loop.test_resume import CKPT_EVERY, CONVERGED_END, FILES, STEPS, Killed, config, kill_after_step, train
+from tests.training.loop.test_resume import (CKPT_EVERY, CONVERGED_END, FILES, STEPS, Killed, config, kill_after_step,
+                                             train)
 from tokweight.training.config.migrations import train_config_from
 from tokweight.training.config.components import CVAEConfig
 from tokweight.training.loop.faults import Hooks

@@ -62,7 +62,7 @@ def reported(tiny, tiny_store, tmp_path_factory):
     for module in ALL:
         pytest.importorskip(module)
     from tokweight.cli import main
-    from tokweight.tracking import log_eval, train_reported
+    from tokweight.commands.tracking import log_eval, train_reported
 
     run = tmp_path_factory.mktemp("tracked") / "run"
     cwd = tmp_path_factory.mktemp("cwd")  # where nothing may be written
@@ -292,7 +292,7 @@ def test_train_base_reports_each_metrics_line(tiny, tmp_path):
 
 
 def test_only_rank_0_opens_trackers(tiny, tiny_store, tmp_path, monkeypatch):
-    from tokweight.tracking import main_rank
+    from tokweight.commands.tracking import main_rank
     from tokweight.training.loop.train import run_trackers
 
     cfg = config(tiny, tiny_store, tmp_path / "run", report_to=("tensorboard",))
@@ -312,7 +312,7 @@ def test_each_start_reports_under_its_own_prefix(tiny, tiny_store, tmp_path):
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tokweight.tracking import train_reported
+    from tokweight.commands.tracking import train_reported
 
     cfg = config(tiny, tiny_store, tmp_path / "run", report_to=("tensorboard",))
     cfg = replace(cfg, optim=replace(cfg.optim, starts=2, start_steps=2, start_steps_max=2))

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import click
 
-from tokweight.flags import Flag, config_options, configured, options
+from tokweight.commands.flags import Flag, config_options, configured, options
 from tokweight.pipeline.data.data_option import DataSource
 from tokweight.pipeline.models.dtypes import DTYPE_CHOICES
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.report.inspect_config import InspectConfig
-from tokweight.sql_cli import ESTIMATOR_FLAGS, store_argument
-from tokweight.train_cli import echo_skips
+from tokweight.commands.sql import ESTIMATOR_FLAGS, store_argument
+from tokweight.commands.train import echo_skips
 from tokweight.training.config.use import EvalConfig
 
 INSPECT_FLAGS = (

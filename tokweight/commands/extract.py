@@ -10,7 +10,7 @@ import json
 
 import click
 
-from tokweight.flags import Flag, config_options, configured, options
+from tokweight.commands.flags import Flag, config_options, configured, options
 from tokweight.pipeline.models.dtypes import DTYPE_CHOICES
 from tokweight.pipeline.extract.config import ON_BAD_SAMPLE, ExtractConfig
 from tokweight.pipeline.threads import set_threads, threads_option

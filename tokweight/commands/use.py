@@ -7,11 +7,11 @@ import json
 
 import click
 
-from tokweight.flags import Flag, config_options, configured, options
+from tokweight.commands.flags import Flag, config_options, configured, options
 from tokweight.pipeline.data.data_option import DataSource
 from tokweight.pipeline.models.dtypes import DTYPE_CHOICES
 from tokweight.pipeline.threads import set_threads, threads_option
-from tokweight.train_cli import echo_skips
+from tokweight.commands.train import echo_skips
 from tokweight.training.config.use import EncodeConfig, ExportConfig, GenerateConfig
 
 RUN = Flag("--run", "run", "The train run directory (its checkpoint/).", type=click.Path(exists=True, file_okay=False))

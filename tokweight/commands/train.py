@@ -9,7 +9,7 @@ import os
 
 import click
 
-from tokweight.flags import Flag, fields_set, options
+from tokweight.commands.flags import Flag, fields_set, options
 from tokweight.pipeline.data.data_option import DataSource
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.pipeline.models.dtypes import TRAIN_DTYPES
@@ -146,7 +146,7 @@ def train(config, sets, threads, **flags):
     run's last fifth, and three starts of which the one of least validation objective goes on (a continuous
     latent: one). Once its periodic validations stop improving the run ends after that fall, else at --steps,
     and says which."""
-    from tokweight.tracking import train_reported
+    from tokweight.commands.tracking import train_reported
     from tokweight.training.loop.run_dir import CheckpointWriteError
 
     set_threads(threads)

@@ -119,7 +119,7 @@ def own_help(text: str, field: str) -> Callable[[], str]:
     """``text`` and the own task's default of ``field``."""
     def help_of() -> str:
         from tokweight.experiments.own_task import OwnTaskConfig
-        from tokweight.flags import default_of
+        from tokweight.commands.flags import default_of
 
         return f"Your own task: {text} (default: {shown(default_of(OwnTaskConfig, field))}, train's)."
 

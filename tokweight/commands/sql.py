@@ -1,4 +1,4 @@
-"""`tokweight sql`: SQL over a baseline store (`tokweight inspect` is tokweight/report_cli.py), its options the
+"""`tokweight sql`: SQL over a baseline store (`tokweight inspect` is tokweight/commands/report.py), its options the
 fields of ``SqlConfig``.
 
 DuckDB, pyarrow and matplotlib are imported inside the commands so that `--help` stays fast.
@@ -14,7 +14,7 @@ import sys
 
 import click
 
-from tokweight.flags import Flag, config_options, configured, options
+from tokweight.commands.flags import Flag, config_options, configured, options
 from tokweight.store.sql_config import SQL_FORMATS, SqlConfig
 
 store_argument = click.argument("store", type=click.Path(exists=True, file_okay=False))

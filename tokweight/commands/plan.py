@@ -7,7 +7,7 @@ import json
 
 import click
 
-from tokweight.flags import Flag, config_options, configured, options
+from tokweight.commands.flags import Flag, config_options, configured, options
 from tokweight.pipeline.threads import set_threads, threads_option
 from tokweight.training.config.plan import PLAN_DTYPES, PlanConfig
 from tokweight.training.config.train import SHARDS
