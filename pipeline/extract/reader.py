@@ -54,7 +54,7 @@ class ReaderFailure:
 
 class ReaderProcess:
     """The reading stage in a spawned process: started at once, idle until ``prepare`` gives it the preparing
-    function (a ``functools.partial`` of ``extract_read.prepare_shard`` with a vocabulary free of transformers)
+    function (a ``functools.partial`` of ``prepare.prepare_shard`` with a vocabulary free of transformers)
     and ``read`` the tasks; ``close`` ends it, also mid-way. A context manager."""
 
     def __init__(self, threads: int = 1, serve_fn: Callable[[Connection, int], None] | None = None):

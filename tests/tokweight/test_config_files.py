@@ -168,7 +168,8 @@ def test_a_commands_help_is_its_fields_docstring_and_default():
     from tokweight.commands.flags import field_doc, help_text
     from tokweight.pipeline.data.config import ConvertConfig
     from tokweight.pipeline.extract.config import ExtractConfig
-    from tokweight import cli, extract_cli
+    from tokweight import cli
+    from tokweight.commands import extract as extract_cli
 
     helps = {opt.opts[0]: opt.help for opt in main.commands["extract"].params}
     for flag in extract_cli.FLAGS:

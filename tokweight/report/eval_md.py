@@ -20,7 +20,7 @@ def write_eval_md(run: str | Path, evaluated: dict) -> Path:
 
 
 def values_section(report: dict) -> list[str]:
-    """eval.md's table of which latent values to trust (``control.value_report``)."""
+    """eval.md's table of which latent values to trust (``verdict.value_report``)."""
     def listed(shares: dict | None) -> str:
         return "" if not shares else ", ".join(f"{n} {p:.2f}" for n, p in shares.items() if p >= 0.005)
 

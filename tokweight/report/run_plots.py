@@ -134,7 +134,7 @@ def plot_surprisal_profile(profile: list[dict]):
 
 def plot_strategies(evaluated: dict):
     """eval's share of each latent value's decodes that execute each strategy (synthetic data), or, label-free,
-    the strategies its decodes reproduce (``control.value_report``); None where eval measured neither."""
+    the strategies its decodes reproduce (``verdict.value_report``); None where eval measured neither."""
     decode = evaluated.get("decode") or {}
     table = decode.get("executes")
     if not table and evaluated.get("values"):

@@ -145,9 +145,9 @@ class CVAEConfig:
     copies are draws from q, so it has none."""
     latent_init_norm: float | None = None
     """The latent rows' offset from the checkpoint's mean latent row at the start, in units of the checkpoint's
-    token-row spread (``cvae.token_row_spread``): the K rows (discrete) or the slot projection's columns
+    token-row spread (``cvae.model.token_row_spread``): the K rows (discrete) or the slot projection's columns
     (continuous) start as that mean plus orthogonal directions of this norm, so each value differs from step 0
-    while the base still reads "a z goes here" (``cvae.spread_latent_embeddings``,
+    while the base still reads "a z goes here" (``cvae.model.spread_latent_embeddings``,
     ``Conditioning.init_slots``). 0: the checkpoint's own, nearly parallel rows. None: 0.5 discrete, 1.0
     continuous."""
     latent_init_center: bool = True

@@ -52,7 +52,7 @@ class IOConfig:
     length_buckets: int = 0
     """Length-bucketed training batches: each lane takes this many batches' examples at a time from its shuffle
     buffer, sorts them by length and hands them out a batch of similar lengths at a time, the batches in a seeded
-    order, so that a step pads its passes less (``data.bucketed``). 0: off, the default: it changes which examples
+    order, so that a step pads its passes less (``batches.bucketed``). 0: off, the default: it changes which examples
     share a batch, and the E-step balances its assignment over a batch, which one length's examples could tilt
     where length goes with strategy."""
     device: str = "auto"
@@ -102,7 +102,7 @@ class LossConfig:
     """The objective: how tokens are weighted, where b comes from, the KL's weight and floor."""
 
     weighting: str = "surprisal-share"
-    """Reconstruction weighting, one of configs.WEIGHTINGS."""
+    """Reconstruction weighting, one of components.WEIGHTINGS."""
     token_weighted_reconstruction_weight: float = 1.0
     """lambda: (1 - lambda) * uniform + lambda * weighting."""
     eps: float = 1e-6

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from tokweight.pipeline.models.dtypes import resolve_dtype
 
 OUTCOMES = ("z used, decoder whole", "z used, decoder damaged", "z not used")
-"""eval's verdict on z (eval.json ``z_used``; ``control.z_use`` gives it)."""
+"""eval's verdict on z (eval.json ``z_used``; ``verdict.z_use`` gives it)."""
 KEPT_FRACTION = 0.5
 """z counts as kept (its code formed) when the exact MI is at least this fraction of log K."""
 

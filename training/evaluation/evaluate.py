@@ -170,7 +170,7 @@ def run_eval(cfg: EvalConfig) -> dict:
 
 
 def split_likelihood_control(rows: dict, matched: dict, metrics: dict, latent: str) -> dict:
-    """``control.likelihood_control`` over every example of the split; the continuous latent's pass scores posterior
+    """``verdict.likelihood_control`` over every example of the split; the continuous latent's pass scores posterior
     draws, not the K values it decodes, so it is not measured there."""
     if latent != "discrete":
         return {"measured": False, "reason": "continuous latent: the pass scores posterior draws, not the K values"}

@@ -56,7 +56,7 @@ class MetricsLine:
 
 class PeriodicValidation:
     """Every ``eval_every`` steps a validation on the first ``eval_examples`` val examples, which the stop rule
-    (``configs.StopRule``, ``convergence.py``) reads from the step the objective settles until the learning rate
+    (``components.StopRule``, ``convergence.py``) reads from the step the objective settles until the learning rate
     starts to fall; then whether the run stops (``Progress.stop``)."""
 
     def __init__(self, cfg, trackers: Trackers = NO_TRACKERS, prefix: str = ""):

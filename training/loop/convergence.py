@@ -1,7 +1,7 @@
 """When a train run converges: once validation stops improving (it then ends after the learning rate's fall,
 ``schedules.lr_decay_window``), else it trains to its step cap.
 
-The rule (``configs.StopRule``) reads the periodic validations (``LogConfig.eval_every``, on the first ``eval_examples``
+The rule (``components.StopRule``) reads the periodic validations (``LogConfig.eval_every``, on the first ``eval_examples``
 val examples), in order:
 
 - counted: the validations at or after the step where the objective stops changing

@@ -42,7 +42,7 @@ def seeded(cfg: TrainConfig, seed: int) -> TrainConfig:
 
 def continued(cfg: TrainConfig, made: dict) -> TrainConfig:
     """The run that goes on from the kept start: its seed and, unless the config sets another, the E-step's
-    hardening from the step the starts were compared at, where the code is chosen (``train_config.harden_from``)."""
+    hardening from the step the starts were compared at, where the code is chosen (``config.train.harden_from``)."""
     chosen = seeded(cfg, made["seed"])
     return replace(chosen, estep=replace(chosen.estep, harden_from=harden_from(chosen.estep, chosen.optim,
                                                                                made["compared_at"])))

@@ -1,8 +1,8 @@
-"""One optimizer step: forward, the objective (``objective.step_loss``), backward, the update.
+"""One optimizer step: forward, the objective (``loss.step_loss``), backward, the update.
 
 ``train_step`` is the whole of it; the metrics record (``diagnostics``) is made on logged steps only, since
 its ``.item()`` calls wait for the device. A step that does not log makes no host sync at all: what it slices
-with comes with the batch as host ints (``data.Widths``, ``Batch.s_tokens``), and ``tests/training/loop/test_sync_guard.py``
+with comes with the batch as host ints (``batches.Widths``, ``Batch.s_tokens``), and ``tests/training/loop/test_sync_guard.py``
 fails any read-back. Several ranks average their gradients through
 DistributedDataParallel or FSDP2 (``state.engine``, ``engine.py``), overlapped with the backward; the terms that
 couple a batch's examples are computed over the global batch (``global_batch.py``), so N ranks with batch B step

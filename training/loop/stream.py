@@ -3,7 +3,7 @@
 Training draws the global batch from ``lanes`` sample streams (MosaicML streaming's
 "canonical nodes"): lane l owns the shards i with i % lanes == l, resamples them with
 its own seed (WebDataset's ``ResampledShards``) and shuffles its examples in its own
-buffer (and, with ``length_buckets``, hands them out in runs of similar length: ``data.bucketed``);
+buffer (and, with ``length_buckets``, hands them out in runs of similar length: ``batches.bucketed``);
 every step takes the same number of examples from each lane, in lane order.
 Rank r reads only its block of lanes, and its loader workers divide the rank's shard
 draws between them (worker w decodes draws w, w + W, ...), so every drawn shard is read

@@ -1,6 +1,6 @@
 """Stage two: train a CVAE from the entangled checkpoint with a weighted reconstruction.
 
-setup -> fit -> validate. ``run(cfg)`` is the whole job (``train_config.TrainConfig``, one group per
+setup -> fit -> validate. ``run(cfg)`` is the whole job (``config.train.TrainConfig``, one group per
 component); the CLI only builds the config. ``fit`` is a loop of ``step.train_step`` with the callbacks of
 ``callbacks.py`` after each step (metrics line, validation and the stop rule, checkpoint). With several starts,
 ``run`` is an outer loop: each start trained and validated (``starts.compare_starts``), then the best continued.

@@ -98,7 +98,7 @@ MAKERS: dict[str, Callable[..., Baseline]] = {
     "frozen": frozen,
     "dynamic": lambda *_: dynamic,
 }
-"""(baseline model or None, device, dtype) -> the step's ``Baseline``, for each policy ``configs.POLICIES`` names."""
+"""(baseline model or None, device, dtype) -> the step's ``Baseline``, for each policy ``components.POLICIES`` names."""
 
 
 def make_baseline(policy: str, baseline_model, device: torch.device | str = "cpu",

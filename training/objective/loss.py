@@ -6,7 +6,7 @@ the prior p(c|x). The baseline (``baselines.py``) gives b_t, the z-free base mod
 schedule (``schedules.StepSchedule``) gives beta, the anchor's weight w_anchor, whether the E-step is on and how
 it acts, and whether the posterior reads the likelihood. ``step_loss`` computes, in this order:
 
-    pi_it = (1 - lam) u_it + lam v_it          token weights (B, T) over S (``losses.reconstruction_weights``):
+    pi_it = (1 - lam) u_it + lam v_it          token weights (B, T) over S (``terms.reconstruction_weights``):
                                                u uniform 1/T, v the weighting's (surprisal-share:
                                                b_t / (sum_s b_s + eps)); u alone on a degenerate example
     R_ic  = sum_t pi_it l_t(c)                 reconstruction under copy c, (B, copies) nats, once a step
@@ -32,12 +32,12 @@ minimiser of J over q for the current decoder (``estep.py``): the decoder copies
 assigned to them, the amortised posterior q is distilled to a, and the prior fits a through beta KL. w_i = 1,
 except with a few labelled examples (``estep.labelled``): they carry a fixed share of the batch's fit
 (``estep.labelled_weights``) however few they are. The anchor keeps every token within a margin of the base
-model's loss (``losses.anchor_penalty``); at w_anchor = 0 it is measured, not added. A continuous latent's copies
+model's loss (``terms.anchor_penalty``); at w_anchor = 0 it is measured, not added. A continuous latent's copies
 are S draws from q, so sum_c q_ic R_ic is their mean (1/S) sum_c R_ic, q*'s prior term is log p - log q
 (importance weights with q as the proposal), and KL(a || p) = sum_c a_c (log q_c + log(S a_c) - log p_c), q*'s
 density at its draws.
 
-Everything here is a pure function of tensors; the weightings are ``losses.WEIGHT_FUNCTIONS``.
+Everything here is a pure function of tensors; the weightings are ``terms.WEIGHT_FUNCTIONS``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Schedules over a run's steps: what the objective does at each step (``Schedule``), and the learning rate.
 
 ``Schedule`` is resolved once from the run's TrainConfig (``Schedule.of``, at setup); ``schedule.at(step)`` is that
-step's terms (``StepSchedule``), which the objective (``objective.step_loss``), the step's labels, validation, eval
+step's terms (``StepSchedule``), which the objective (``loss.step_loss``), the step's labels, validation, eval
 and encode read, and nothing else decides:
 
 - beta, the KL weight: rises linearly from 0 over ``loss.beta_warmup_steps``, then stays. From scratch the warm-up

@@ -112,7 +112,7 @@ WEIGHT_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "distribution-rescale": distribution_rescale_weights,
     "excess-share": excess_share_weights,
 }
-"""The weights of each weighting ``configs.WEIGHTINGS`` names: (b, mask, params, batch) -> pi (B, T)."""
+"""The weights of each weighting ``components.WEIGHTINGS`` names: (b, mask, params, batch) -> pi (B, T)."""
 
 
 def degenerate_examples(b: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:

@@ -2,8 +2,8 @@
 its shape, under torch's FakeTensorMode (``training/plan/estimate.py``), so that nothing is allocated.
 
 The model: a backbone from a config (a Hugging Face ``config.json`` through transformers' AutoConfig, or the
-built-in GPT's ``ModelConfig``), the latent tokens' rows appended (``cvae.add_latent_tokens``), the CVAE around it
-(``cvae.build_cvae``), LoRA adapters (``lora.attach``), gradient checkpointing, then under FSDP the blocks and the
+built-in GPT's ``ModelConfig``), the latent tokens' rows appended (``cvae.model.add_latent_tokens``), the CVAE around it
+(``cvae.model.build_cvae``), LoRA adapters (``lora.attach``), gradient checkpointing, then under FSDP the blocks and the
 root sharded (``engine.shard_blocks``) and AdamW over the trainable parameters. With ``--dtype
 bfloat16`` the frozen weights are held in bfloat16 (``precision.hold_frozen``) and FSDP all-gathers in bfloat16
 (``engine.shard_blocks``); trainable parameters, their gradients and AdamW's state stay float32.

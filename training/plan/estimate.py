@@ -255,7 +255,7 @@ def device_memory(device: torch.device) -> float | None:
 
 
 def out_of_memory(train_cfg, ranks: int, seq_len: int, device: torch.device) -> RuntimeError:
-    """The one-line error of a run (``train_config.TrainConfig``) that ran out of device memory at a batch of
+    """The one-line error of a run (``config.train.TrainConfig``) that ran out of device memory at a batch of
     ``seq_len``-token sequences: the batch per rank that the plan of its configuration says fits the device."""
     from tokweight.pipeline.models.dtypes import resolve_dtype
 

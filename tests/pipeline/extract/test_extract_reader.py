@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokweight import extract_cli
+from tokweight.commands import extract as extract_cli
 from tokweight.pipeline.extract import extract
 from tokweight.pipeline.data.errors import SampleError
 from tokweight.pipeline.extract.extract import run
