@@ -18,6 +18,10 @@ ROWS = (  # (label, PlanConfig fields)
     ("Qwen2.5-1.5B, full fine-tune", dict(model="qwen2.5-1.5b")),
     ("Llama-3.1-8B, LoRA r=16", dict(model="llama-3.1-8b", lora_rank=16)),
     ("Llama-3.1-8B, full, FSDP2 x 8", dict(model="llama-3.1-8b", shard="fsdp", ranks=8)),
+    ("Llama-3.1-8B, LoRA r=16, grad checkpointing, validation at 16",
+     dict(model="llama-3.1-8b", lora_rank=16, grad_checkpointing=True, eval_batch_size=16)),
+    ("Llama-3.1-8B, full, FSDP2 x 8, grad checkpointing, validation at 16",
+     dict(model="llama-3.1-8b", shard="fsdp", ranks=8, grad_checkpointing=True, eval_batch_size=16)),
 )
 
 
