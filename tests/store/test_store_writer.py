@@ -124,7 +124,7 @@ def test_part_names_and_choices_come_from_the_formats():
     for name in ("part-00007.json", "part-00007.parquet.tmp", "part-7.parquet", "part-00007.csv"):
         with pytest.raises(ValueError, match="not a part name"):
             part_index(name)
-    (option,) = [p for p in main.commands["extract"].params if p.name == "fmt"]
+    (option,) = [p for p in main.commands["extract"].params if p.name == "format"]
     assert tuple(option.type.choices) == PART_FORMATS
     result = CliRunner().invoke(main, ["extract", "--checkpoint", ".", "--data", ".", "--store", ".",
                                        "--format", "csv"])
