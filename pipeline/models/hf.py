@@ -30,7 +30,7 @@ from tokweight.pipeline.extras import require
 from tokweight.pipeline.models.head import token_logits
 from tokweight.pipeline.models.gpt import SharedPrefix, continues, memory_layers, suffix_positions
 from tokweight.pipeline.tokens.hf_vocab import TOKENIZER_FILES, TokenizerVocab, read_template
-from tokweight.pipeline.tokens.templates import TEMPLATE_VERSION, TOKWEIGHT, Template
+from tokweight.pipeline.tokens.templates import RENDERING_VERSION, TEMPLATE_VERSION, TOKWEIGHT, Template
 from tokweight.store.fingerprint import canonical_json
 
 PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
@@ -325,9 +325,9 @@ def _transformers():
 
 def hf_fingerprint(path: Path, renames: dict[str, str], template: Template = TOKWEIGHT) -> str:
     """Config, every weight file's bytes (so every tensor), the tokenizer's files and the template (the
-    built-in one's renames; another's description, which the built-in one leaves out so that a checkpoint
-    extracted before templates were recorded keeps its fingerprint)."""
-    own = {} if template.builtin else {"format": template.to_json()}
+    built-in one's renames; another's description and ``RENDERING_VERSION``, which the built-in one leaves out
+    so that a checkpoint extracted before templates were recorded keeps its fingerprint)."""
+    own = {} if template.builtin else {"format": template.to_json(), "rendering": RENDERING_VERSION}
     header = canonical_json({"kind": "huggingface", "template_version": TEMPLATE_VERSION, "template": renames,
                              "config": json.loads((path / "config.json").read_text()), **own})
     files = [f for f in [*weight_files(path), *(path / name for name in TOKENIZER_FILES)] if f.is_file()]

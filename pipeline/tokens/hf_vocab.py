@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Sequence
 
 from tokweight.pipeline.data.errors import SampleError
-from tokweight.pipeline.tokens.rendering import BackendEncoder, Check, Renderer, batch_encoder, verify
-from tokweight.pipeline.tokens.templates import TOKWEIGHT, Rendered, Template, cut_at_y, text_parts
+from tokweight.pipeline.tokens.rendering import BackendEncoder, Check, Renderer, anchor_of, batch_encoder, verify
+from tokweight.pipeline.tokens.templates import TOKWEIGHT, Rendered, Template, cut_rest, text_parts
 from tokweight.pipeline.tokens.tokenizer_ids import TokenizerIds
 from tokweight.pipeline.tokens.vocab import SPECIALS, latent_token
 
@@ -59,6 +59,7 @@ class TokenizerVocab:
 
     def __init__(self, tokenizer, renames: dict[str, str], source: Path, template: Template = TOKWEIGHT):
         self.tokenizer, self.renames, self.source, self.template = tokenizer, renames, source, template
+        self._anchor = anchor_of(tokenizer)  # what a row's rest is tokenized after (``_cut``)
         self._index = tokenizer.get_vocab()  # token string -> id, added tokens included
         names = TEMPLATE_TOKENS if template.builtin else ()
         self._template = {name: self._one_token(name) for name in names}
@@ -145,8 +146,9 @@ class TokenizerVocab:
         return self.ids.encode_symbols(symbols, key=key, field_name=field_name)
 
     def render(self, x: Sequence[str] | str, y: Sequence[str] | str, *, key: str | None = None) -> Rendered:
-        """A sample in the chat or text template: the ids of one string tokenized at once (the ids the model was
-        trained on, ``apply_chat_template``'s for a chat), cut at y (``templates.cut_at_y``); ``_cut`` renders
+        """A sample in the chat or text template: the rendered text (``apply_chat_template``'s for a chat) with its
+        prompt and the rest (y and all after it) tokenized apart, so that every y starts at a token boundary and a
+        decode's prompt is the start of every sample's ids (``templates`` module docstring); ``_cut`` renders
         them so, ``render_many`` gives the same from the template rendered once."""
         result = self.render_many([x], [y], [key])[0]
         if isinstance(result, SampleError):
@@ -167,10 +169,13 @@ class TokenizerVocab:
         verify(checks, self._cut)
 
     def _cut(self, x: str, y: str, key: str | None) -> Rendered:
-        """The reference: the sample rendered alone, tokenized at once with offsets, cut at y."""
+        """The reference: the sample rendered alone, its prompt's text tokenized on its own and the rest (y and all
+        after it) after the tokenizer's anchor (``rendering.anchor_of``), cut at y's end (``templates.cut_rest``)."""
         prompt, full = self._texts(x, y, key)
-        enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-        return cut_at_y(enc["input_ids"], enc["offset_mapping"], len(prompt), len(prompt) + len(y), key=key)
+        prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        anchor = self._anchor
+        enc = self.tokenizer(anchor + full[len(prompt):], add_special_tokens=False, return_offsets_mapping=True)
+        return cut_rest(enc["input_ids"], enc["offset_mapping"], len(anchor), len(y), prompt=prompt_ids, key=key)
 
     def _texts(self, x: str, y: str, key: str | None) -> tuple[str, str]:
         """(the prompt's text, the whole sample's text); y follows the prompt in the whole."""

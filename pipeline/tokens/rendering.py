@@ -2,16 +2,15 @@
 
 A sample's ids under a chat or text template are defined per row (``TokenizerVocab._cut``, the
 *reference*): the template rendered with the sample's x and y (``apply_chat_template``'s text, or the
-string template's), tokenized at once, cut at y (``templates.cut_at_y``). A ``Renderer`` gives the
-same ids from work done once per template:
+string template's), its prompt (all before y) tokenized on its own and the rest (y and all after it)
+on its own, after the tokenizer's ``anchor_of`` (dropped), cut at y's end (``templates.cut_rest``).
+A ``Renderer`` gives the same ids from work done once per template:
 
 - the template's text around x and y (``Pieces``), read off one rendering with sentinel contents;
 - the tokenizer's *spans*: a fast tokenizer splits a text at its added tokens first and tokenizes
-  the text between them on its own, so the template's constant text between its special tokens is
+  the text between them on its own, so the template's constant text beside its special tokens is
   tokenized once (``Spans``: head, middle, tail), and per row only the spans holding x and y, with
-  the template's text beside them in the same span, are tokenized, all rows' in one batch call. A
-  token that begins in the template's text and ends in y's (" Paris" after "Answer:") is thus found
-  as in the whole string, and ``cut_at_y`` gives it to y by its offsets.
+  the template's text beside them in the same span, are tokenized, all rows' in one batch call.
 
 Neither step is assumed. When the vocabulary is loaded, the spans are compared with the reference on
 ``PROBES`` (spaces and newlines at either end, unicode, template syntax, think tags, the tokenizer's
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
 from tokweight.pipeline.data.errors import SampleError
-from tokweight.pipeline.tokens.templates import Rendered, cut_at_y, or_error
+from tokweight.pipeline.tokens.templates import Rendered, cut_rest, or_error
 
 SENTINELS = ("\ue000tokweight-x\ue001", "\ue000tokweight-y\ue001")  # private-use characters: no template writes them
 CHECK_EVERY = 64  # of the rows rendered once, one in CHECK_EVERY is rendered per row as well and compared
@@ -147,6 +146,16 @@ def added_tokens(tokenizer) -> tuple[list[str], set[int]]:
     return [t.content for t in raw.values()], clean
 
 
+def anchor_of(tokenizer) -> str:
+    """The text a row's rest (y and all after it) is tokenized after, its tokens then dropped: the clean added
+    token of least id, so that y is read as text that follows other text, as in the whole row (a SentencePiece-like
+    tokenizer marks a text's first word with '▁'); "" where the tokenizer has none (the rest tokenized alone)."""
+    split = bool(getattr(tokenizer, "split_special_tokens", False))
+    clean = {i: t.content for i, t in tokenizer.backend_tokenizer.get_added_tokens_decoder().items()
+             if not t.normalized and not (t.special and split) and not (t.lstrip or t.rstrip or t.single_word)}
+    return clean[min(clean)] if clean else ""
+
+
 def crossing(added: list[str], left: str, right: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(starts, ends): a span that starts with one of ``starts`` could make an added token with the constant text
     ``left`` before it, one that ends with one of ``ends`` with the constant text ``right`` after it."""
@@ -159,27 +168,27 @@ def crossing(added: list[str], left: str, right: str) -> tuple[tuple[str, ...], 
 
 @dataclass(frozen=True)
 class Spans:
-    """Where a row's text is tokenized: the template's constant text between its clean added tokens once (``head``,
-    ``middle``, ``tail`` ids), per row x's span ``x_lead + x + x_trail`` and y's span ``y_lead + y + y_trail``; when
-    no clean added token lies between x and y (``joint``), one span ``y_lead + x + between + y + y_trail``."""
+    """Where a row's text is tokenized. The prompt (``before + x + between``) and the rest (``y + after``) are
+    tokenized apart (``templates.cut_rest``: y's tokens begin at y's first character); within each, the
+    template's constant text beside its clean added tokens once (``head``: before x, up to the last clean token;
+    ``middle``: from between's first clean token to the prompt's end; ``tail``: from after's first clean token),
+    per row x's span ``x_lead + x + x_trail`` and y's span ``anchor + y + y_trail`` (``anchor_of``)."""
 
     head: tuple[int, ...]
     x_lead: str
     x_trail: str
     middle: tuple[int, ...]
-    y_lead: str
-    between: str  # joint only
     y_trail: str
     tail: tuple[int, ...]
-    joint: bool
+    anchor: str  # anchor_of(tokenizer): y's span starts with it
     x_edges: tuple[tuple[str, ...], tuple[str, ...]]  # crossing() of x's span
     y_edges: tuple[tuple[str, ...], tuple[str, ...]]  # crossing() of y's span
     pieces: Pieces  # the whole row's text, for a row tokenized whole
 
     @classmethod
-    def of(cls, pieces: Pieces, encode, added: list[str], clean: set[int]) -> Spans:
+    def of(cls, pieces: Pieces, encode, added: list[str], clean: set[int], anchor: str) -> Spans:
         """Cut at the clean added tokens of the template's text (found by the tokenizer itself); with ``clean``
-        empty, one span per row: the whole row."""
+        empty, one span per side of y: the prompt, and y with all after it."""
         def cuts(text: str) -> list[tuple[int, int]]:
             enc = encode([text])[0] if text else Encoded([], [])
             return [tuple(off) for i, off in zip(enc.ids, enc.offsets) if i in clean]
@@ -187,32 +196,25 @@ class Spans:
         ids = lambda text: tuple(encode([text])[0].ids) if text else ()
         a, b, c = cuts(pieces.before), cuts(pieces.between), cuts(pieces.after)
         cut_a = a[-1][1] if a else 0  # the head ends after the last clean token before x
+        cut_b = b[0][0] if b else len(pieces.between)  # the middle starts at the first clean token after x
         cut_c = c[0][0] if c else len(pieces.after)  # the tail starts at the first clean token after y
-        head, tail = pieces.before[:cut_a], pieces.after[cut_c:]
-        if not b:  # x and y in one span
-            return cls(ids(head), "", "", (), pieces.before[cut_a:], pieces.between, pieces.after[:cut_c], ids(tail),
-                       True, ((), ()), crossing(added, head, tail), pieces)
-        middle = pieces.between[b[0][0]:b[-1][1]]
-        return cls(ids(head), pieces.before[cut_a:], pieces.between[:b[0][0]], ids(middle), pieces.between[b[-1][1]:],
-                   "", pieces.after[:cut_c], ids(tail), False, crossing(added, head, middle),
-                   crossing(added, middle, tail), pieces)
+        head, middle, tail = pieces.before[:cut_a], pieces.between[cut_b:], pieces.after[cut_c:]
+        return cls(ids(head), pieces.before[cut_a:], pieces.between[:cut_b], ids(middle), pieces.after[:cut_c],
+                   ids(tail), anchor, crossing(added, head, middle), crossing(added, "", tail), pieces)
 
     @property
     def kind(self) -> str:
-        whole = self.joint and not self.head and not self.tail
+        whole = not self.head and not self.middle and not self.tail
         return "whole rows" if whole else "spans between the template's special tokens"
 
-    def texts(self, x: str, y: str) -> tuple[str | None, str, int]:
-        """(x's span or None when joint, y's span, where y starts in it)."""
-        if self.joint:
-            lead = self.y_lead + x + self.between
-            return None, lead + y + self.y_trail, len(lead)
-        return self.x_lead + x + self.x_trail, self.y_lead + y + self.y_trail, len(self.y_lead)
+    def texts(self, x: str, y: str) -> tuple[str, str]:
+        """(x's span, y's span): y's starts with the anchor, then y."""
+        return self.x_lead + x + self.x_trail, self.anchor + y + self.y_trail
 
-    def crosses(self, x_span: str | None, y_span: str) -> bool:
+    def crosses(self, x_span: str, y_span: str) -> bool:
         """Whether an added token could form across a span's edge (the row is then tokenized whole)."""
         return any(starts and span.startswith(starts) or ends and span.endswith(ends)
-                   for span, (starts, ends) in ((x_span, self.x_edges), (y_span, self.y_edges)) if span is not None)
+                   for span, (starts, ends) in ((x_span, self.x_edges), (y_span, self.y_edges)))
 
 
 class Renderer:
@@ -247,10 +249,10 @@ class Renderer:
         pieces = Pieces.read(texts)
         if pieces is None:
             return cls(tokenizer, None, "per row: the template does not render x and y as given between fixed text")
-        encode, (added, clean) = batch_encoder(tokenizer), added_tokens(tokenizer)
+        encode, (added, clean), anchor = batch_encoder(tokenizer), added_tokens(tokenizer), anchor_of(tokenizer)
         candidates = {}  # kind -> Spans: where the template has no clean added token, its spans are whole rows
         for tokens in (clean, set()):
-            spans = Spans.of(pieces, encode, added, tokens)
+            spans = Spans.of(pieces, encode, added, tokens, anchor)
             candidates.setdefault(spans.kind, spans)
         tried = []
         for kind, spans in candidates.items():
@@ -286,23 +288,20 @@ class Renderer:
     def _once(self, xs, ys, keys) -> tuple[list[Rendered | SampleError], list[int]]:
         """(the rows' renderings, the indices of those tokenized whole: an added token could cross a span's edge)."""
         spans = self.spans
-        texts = [spans.texts(x, y) for x, y in zip(xs, ys)]  # (x's span, y's span, y's start in it)
-        whole = [i for i, (x_span, y_span, _) in enumerate(texts) if spans.crosses(x_span, y_span)]
-        if whole:  # the row's whole text, and y's start in it
-            pieces = spans.pieces
-            for i in whole:
-                lead = pieces.before + xs[i] + pieces.between
-                texts[i] = None, lead + ys[i] + pieces.after, len(lead)
-        x_ids = None if spans.joint else [e.ids for e in self.encode([t[0] or "" for t in texts])]
-        y_enc = self.encode([t[1] for t in texts])
+        texts = [spans.texts(x, y) for x, y in zip(xs, ys)]  # (x's span, y's span)
+        whole = [i for i, spans_of_row in enumerate(texts) if spans.crosses(*spans_of_row)]
+        pieces = spans.pieces
+        for i in whole:  # the prompt's whole text, and y's with all after it
+            texts[i] = pieces.before + xs[i] + pieces.between, spans.anchor + ys[i] + pieces.after
+        encoded = self.encode([t for pair in texts for t in pair])  # one batch: x's, y's, x's, y's, ...
         out: list[Rendered | SampleError] = []
         is_whole = set(whole)
-        for i, ((_, _, start), enc) in enumerate(zip(texts, y_enc)):
-            around = ((), ()) if i in is_whole else (
-                spans.head if spans.joint else (*spans.head, *x_ids[i], *spans.middle), spans.tail)
+        for i, (x_enc, y_enc) in enumerate(zip(encoded[::2], encoded[1::2])):
+            before, after = (x_enc.ids, ()) if i in is_whole else (
+                (*spans.head, *x_enc.ids, *spans.middle), spans.tail)
             try:
-                out.append(cut_at_y(enc.ids, enc.offsets, start, start + len(ys[i]), before=around[0], after=around[1],
-                                    key=keys[i]))
+                out.append(cut_rest(y_enc.ids, y_enc.offsets, len(spans.anchor), len(ys[i]), prompt=before,
+                                    after=after, key=keys[i]))
             except SampleError as error:
                 out.append(error)
         return out, whole

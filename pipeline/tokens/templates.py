@@ -13,9 +13,13 @@ A checkpoint speaks one format (``Template``):
 - ``text``: literal text around ``{x}`` and ``{y}`` with a named end token after y;
   S is y's tokens and the end token; z's slots go right before y's tokens.
 
-A chat or text sample's ids are those of one rendered string tokenized at once (the ones the
-model was trained on); ``Rendered`` is that string's ids cut into prompt, y, end and tail
-(``pipeline.tokens.rendering`` gives them from the template rendered once, rows tokenized in batches).
+A chat or text sample's ids are those of its rendered string with the prompt (all before y) and
+the rest (y and all after it) tokenized apart (``cut_rest``): y's first token starts at y's first character for
+every y, so the prompt's ids, which a decode starts from, are the start of every sample's ids whatever
+its y (tokenized at once, a byte-level BPE would merge a prompt's trailing space into y's first word
+in one row and leave it a token of its own in another). ``Rendered`` is those ids cut into prompt, y,
+end and tail (``pipeline.tokens.rendering`` gives them from the template rendered once, rows tokenized
+in batches).
 Either way T = n + 1. Every per-token array in tokweight is indexed by position in S
 (0..T-1); the layouts below say where S position 0 sits in each template.
 The logit that predicts sequence position p sits at p - 1 (next-token prediction).
@@ -44,6 +48,9 @@ if TYPE_CHECKING:
 
 # Bump when the templates or the definition of S change: it is part of every fingerprint.
 TEMPLATE_VERSION = "tokweight-templates-v1:S=y+</y>"
+# Bump when a chat or text template's rows become other ids: part of the fingerprint of a checkpoint read in one
+# (``pipeline.models.hf.hf_fingerprint``), so that a store extracted under another rendering is not found.
+RENDERING_VERSION = "prompt-and-rest-apart"
 TEMPLATE_KINDS = ("tokweight", "chat", "text")
 TEXT_KEYS = ("text", "end")  # of a string template file
 
@@ -213,10 +220,10 @@ def cut_at_y(ids: Sequence[int], offsets: Sequence[tuple[int, int]], y_start: in
              before: Sequence[int] = (), after: Sequence[int] = (), key: str | None = None) -> Rendered:
     """A rendered string's ``ids`` and their character ``offsets`` cut at y's characters [y_start, y_end).
 
-    y's tokens are those reaching into it: a token that begins in the prompt's text and ends in y's
-    (" Paris" after "Answer:") is y's first, as the model predicts it. The token after y's is the end.
-    ``before`` and ``after``: the ids of text around the string that holds none of y's characters (a
-    template's constant text, tokenized once: ``pipeline.tokens.rendering``); the row is ``before + ids + after``.
+    y's tokens are those reaching into it (a chat or text row's string holds y and all after it, its prompt's
+    ids tokenized apart are ``before``: ``cut_rest``). The token after y's is the end. ``before`` and ``after``:
+    the ids of text around the string that holds none of y's characters (the prompt; a template's constant
+    text, tokenized once: ``pipeline.tokens.rendering``); the row is ``before + ids + after``.
     """
     n = len(ids)
     first = next((i for i, (_, stop) in enumerate(offsets) if stop > y_start), n)
@@ -230,6 +237,15 @@ def cut_at_y(ids: Sequence[int], offsets: Sequence[tuple[int, int]], y_start: in
                           "must put its end token right after y", key=key)
     rest = (*ids[stop:], *after)
     return Rendered((*before, *ids[:first]), tuple(ids[first:stop]), rest[0], rest[1:])
+
+
+def cut_rest(ids: Sequence[int], offsets: Sequence[tuple[int, int]], skip: int, y_len: int, *,
+             prompt: Sequence[int], after: Sequence[int] = (), key: str | None = None) -> Rendered:
+    """A chat or text row from its prompt's ids (``prompt``, tokenized apart) and the ids of its rest: y and all
+    after it, tokenized after ``skip`` characters of anchor text (``rendering.anchor_of``: y is then read as text
+    that follows other text), whose tokens are dropped; cut at y's end (``cut_at_y``)."""
+    keep = next((i for i, (_, stop) in enumerate(offsets) if stop > skip), len(ids))
+    return cut_at_y(ids[keep:], offsets[keep:], skip, skip + y_len, before=prompt, after=after, key=key)
 
 
 Text = Sequence[str] | str  # a list of symbols, looked up one to one, or a string for a tokenizer

@@ -101,7 +101,8 @@ class Prompt:
 
 
 def stand_in_y(vocab) -> Text:
-    """A one-token y for ``template_ids``: a prompt ends where y starts, so any y the template renders does. A
+    """A one-token y for ``template_ids``: a prompt ends where y starts, and its ids are the same for any y the
+    template renders (a chat or text template tokenizes the prompt and y apart: ``pipeline.tokens.templates``). A
     vocabulary with a tokenizer gets a string (a chat template takes no list), a symbol vocabulary a symbol."""
     if not vocab.template.builtin:
         return "a"
@@ -115,7 +116,8 @@ def stand_in_y(vocab) -> Text:
 
 
 def prompt_maker(vocab, slots: int) -> Callable[[Text, str | None], Prompt]:
-    """(x, key) -> x's prompt with ``slots`` latent slots; a bad x raises SampleError naming the key."""
+    """(x, key) -> x's prompt with ``slots`` latent slots: the start of the ids every sample of x trains on, up to
+    y's first token; a bad x raises SampleError naming the key."""
     y, latent = stand_in_y(vocab), [vocab.latent_id(0)] * slots
 
     def make(x: Text, key: str | None = None) -> Prompt:

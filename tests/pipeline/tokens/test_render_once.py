@@ -81,7 +81,8 @@ def test_rendered_once_equals_rendered_per_row_over_varied_strings(vocabs, which
     vocab = vocabs[which]
     assert vocab.rendering == "once: spans between the template's special tokens"
     spans = vocab._renderer.spans
-    assert spans.joint == (which == "text")  # ChatML: x and y in spans of their own; Question/Answer: one span
+    assert bool(spans.head) == bool(spans.middle) == (which == "chat")  # ChatML: the turns' headers tokenized once
+    assert spans.tail and spans.texts("x", "y")[1].startswith(spans.anchor + "y")  # y's span: the anchor, y
     xs, ys, keys = varied_rows(600)
     once = vocab.render_many(xs, ys, keys)
     alone = [per_row(vocab, x, y, key) for x, y, key in zip(xs, ys, keys)]
@@ -113,12 +114,16 @@ def test_the_reading_half_travels_to_the_reader_process_and_marks_rows_to_check(
     assert reading.take_unchecked() == []
 
 
-def test_a_token_that_begins_in_the_template_text_is_ys_first(vocabs):
-    """"Answer:" then "3 is the sum": the whole string's " 3" begins in the prompt's text and is y's first token."""
+def test_the_prompt_and_y_are_tokenized_apart(vocabs):
+    """"Answer: " then "3 is the sum": the prompt's trailing space is a token of its own and y's first token is
+    "3", where the whole string tokenized at once would merge them (" 3"): the prompt's ids are those of any y."""
     vocab = vocabs["text"]
     r = vocab.render("what is 1 plus 2?", "3 is the sum")
-    assert vocab.decode(r.prompt)[-2:] == ["Answer", ":"] and vocab.decode(r.y)[0] == "Ġ3"
+    assert vocab.decode(r.prompt)[-3:] == ["Answer", ":", "Ġ"] and vocab.decode(r.y)[0] == "3"
+    whole = vocab.tokenizer("Question: what is 1 plus 2?\nAnswer: 3 is the sum", add_special_tokens=False)
+    assert "Ġ3" in vocab.decode(whole["input_ids"])
     assert r == per_row(vocab, "what is 1 plus 2?", "3 is the sum", None)
+    assert all(vocab.render("what is 1 plus 2?", y).prompt == r.prompt for y in (" 3", "\n3", "three", "?"))
 
 
 def test_a_template_that_trims_its_contents_is_rendered_per_row(chat_checkpoint):
@@ -197,13 +202,16 @@ def metaspace_vocab(tmp_path) -> TokenizerVocab:
 def test_a_tokenizer_whose_spans_are_not_alone_gets_whole_rows(tmp_path):
     vocab = metaspace_vocab(tmp_path)
     assert vocab.rendering == "once: whole rows"
+    r = vocab.render("what is 1 plus 2?", "3 is the sum")  # y read after the anchor: no '▁' its text lacks
+    assert vocab.decode(r.y) == ["3", "▁is", "▁the", "▁sum"] and vocab.decode(r.prompt)[-1] == "\n"
     xs, ys, keys = varied_rows(200, seed=2)
     assert [outcome(r) for r in vocab.render_many(xs, ys, keys)] == [
         outcome(per_row(vocab, x, y, k)) for x, y, k in zip(xs, ys, keys)]
     pieces = rendering.Pieces.read(lambda x, y: vocab._texts(x, y, None))
     encode = rendering.batch_encoder(vocab.tokenizer)
-    split = Renderer(vocab.tokenizer, rendering.Spans.of(pieces, encode, *rendering.added_tokens(vocab.tokenizer)), "")
-    assert not split.spans.joint and split.first_difference(rendering.PROBES, vocab._cut) is not None  # what they found
+    split = Renderer(vocab.tokenizer, rendering.Spans.of(pieces, encode, *rendering.added_tokens(vocab.tokenizer),
+                                                                rendering.anchor_of(vocab.tokenizer)), "")
+    assert split.spans.kind != "whole rows" and split.first_difference(rendering.PROBES, vocab._cut) is not None  # what they found
 
 
 def test_a_row_that_could_make_an_added_token_across_an_edge_is_tokenized_whole(chat_checkpoint):
