@@ -50,6 +50,15 @@ EXPORT_FLAGS = (
 )
 
 
+def configured_run(run, cls, table, flags: dict, config: str | None, sets: tuple[str, ...], threads) -> dict:
+    """``run`` on the ``cls`` the command line builds (``configured``), under ``threads``; a ValueError as one line."""
+    set_threads(threads)
+    try:
+        return run(configured(cls, table, flags, config, sets))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+
+
 @click.command("generate")
 @config_options(GenerateConfig, "max_new_tokens=64")
 @options(GenerateConfig, GENERATE_FLAGS)
@@ -58,12 +67,7 @@ def generate(config, sets, threads, **flags):
     """One output per latent value for every input line (greedy, or sampled at --temperature)."""
     from tokweight.training.decoding.generate import run
 
-    set_threads(threads)
-    try:
-        result = run(configured(GenerateConfig, GENERATE_FLAGS, flags, config, sets))
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
-    click.echo(json.dumps(result, indent=1))
+    click.echo(json.dumps(configured_run(run, GenerateConfig, GENERATE_FLAGS, flags, config, sets, threads), indent=1))
 
 
 @click.command("encode")
@@ -74,11 +78,7 @@ def encode(config, sets, threads, **flags):
     """Every example's posterior over a split (q, or mu and sigma; its latent value) -> a Parquet file."""
     from tokweight.training.decoding.encode import run
 
-    set_threads(threads)
-    try:
-        result = run(configured(EncodeConfig, ENCODE_FLAGS, flags, config, sets))
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
+    result = configured_run(run, EncodeConfig, ENCODE_FLAGS, flags, config, sets, threads)
     echo_skips(result)
     click.echo(json.dumps(result, indent=1))
 
@@ -91,9 +91,4 @@ def export(config, sets, threads, **flags):
     """A trained CVAE as stock transformers models, one per latent value (token, prefix, query, layernorm)."""
     from tokweight.training.export.cvae import run
 
-    set_threads(threads)
-    try:
-        result = run(configured(ExportConfig, EXPORT_FLAGS, flags, config, sets))
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
-    click.echo(json.dumps(result, indent=1))
+    click.echo(json.dumps(configured_run(run, ExportConfig, EXPORT_FLAGS, flags, config, sets, threads), indent=1))

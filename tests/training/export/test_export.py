@@ -94,6 +94,16 @@ def trained(name, request, root, case=None) -> tuple:
     return out, data
 
 
+def exported(run_dir, data, continuous: bool, root) -> tuple:
+    """(the export directory, its export.json) of `tokweight export` on a trained run."""
+    export = root / "export"
+    args = ["export", "--run", str(run_dir), "--out", str(export)] + (
+        ["--data", str(data), "--split", "val"] if continuous else [])
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    return export, json.loads((export / "export.json").read_text())
+
+
 def exported_prompt(spec: dict, tok, x) -> str:
     """export.json's prompt for x: the chat template's user turn, or the text around x (a symbol list joined by
     spaces)."""
@@ -149,13 +159,8 @@ def generated_by_tokweight(run_dir, data, xs, tmp_path, continuous=None) -> list
 @pytest.mark.parametrize("name", list(CASES))
 def test_transformers_greedy_generation_is_tokweight_generate_for_every_value(name, request, tmp_path):
     run_dir, data = trained(name, request, tmp_path)
-    export = tmp_path / "export"
     continuous = CASES[name][1].get("latent") == "continuous"
-    args = ["export", "--run", str(run_dir), "--out", str(export)] + (
-        ["--data", str(data), "--split", "val"] if continuous else [])
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
-    spec = json.loads((export / "export.json").read_text())
+    export, spec = exported(run_dir, data, continuous, tmp_path)
     K = len(spec["values"])
     assert K == (4 if continuous else CASES[name][1].get("k", 4)) and spec["pathway"] == CASES[name][1]["cond"]
     shared = {v["model"] for v in spec["values"]}

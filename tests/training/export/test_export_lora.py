@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from tests.training.export.test_export import (LINES, assert_logits_are_the_decoders, chat_store, generated_by_tokweight,  # noqa: F401
-                               generated_by_transformers, trained)
+from tests.training.export.test_export import (LINES, assert_logits_are_the_decoders, chat_store,  # noqa: F401
+                                               exported, generated_by_tokweight, generated_by_transformers, trained)
 from tokweight.cli import main
 from tokweight.training.loop.train_base import load_split
 
@@ -57,13 +57,8 @@ def load_adapter(export_dir, spec: dict, value: dict) -> tuple:
 @pytest.mark.parametrize("name", list(CASES))
 def test_base_plus_adapter_generates_what_tokweight_generates_for_every_value(name, request, tmp_path):
     run_dir, data = trained(name, request, tmp_path, CASES[name])
-    export = tmp_path / "export"
     continuous = CASES[name][1].get("latent") == "continuous"
-    args = ["export", "--run", str(run_dir), "--out", str(export)] + (
-        ["--data", str(data), "--split", "val"] if continuous else [])
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
-    spec = json.loads((export / "export.json").read_text())
+    export, spec = exported(run_dir, data, continuous, tmp_path)
     config = json.loads((run_dir / "config.json").read_text())
     K = len(spec["values"])
     assert K == (4 if continuous else CASES[name][1]["k"]) and spec["pathway"] == CASES[name][1]["cond"]
