@@ -19,14 +19,12 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-K = 4
-
-
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())  # 1, 5, 15 min
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_train import K, load_average  # noqa: E402  (the sibling script's K and load line)
 
 
 HEAD_VOCAB, HEAD_SLOTS, HEAD_STEPS = 131_072, 4, 3

@@ -10,10 +10,10 @@ import json
 
 import click
 
-from tokweight.commands.flags import Flag, config_options, configured, options
+from tokweight.commands.flags import Flag, config_options, configured_run, options
 from tokweight.pipeline.models.dtypes import DTYPE_CHOICES
 from tokweight.pipeline.extract.config import ON_BAD_SAMPLE, ExtractConfig
-from tokweight.pipeline.threads import set_threads, threads_option
+from tokweight.pipeline.threads import threads_option
 from tokweight.store.formats import PART_FORMATS
 
 FLAGS = (
@@ -44,11 +44,8 @@ def extract(config, sets, threads, **flags):
     from tokweight.pipeline.ranks import RankFailed
     from tokweight.store.lock import StoreLockedError
 
-    set_threads(threads)
-    try:
-        summary = run(configured(ExtractConfig, FLAGS, flags, config, sets))
-    except (SampleError, StoreLockedError, RankFailed, OSError, ValueError) as e:  # OSError: a full disk, an I/O error
-        raise click.ClickException(str(e)) from e
+    summary = configured_run(run, ExtractConfig, FLAGS, flags, config, sets, threads,  # OSError: a full disk, I/O
+                             errors=(SampleError, StoreLockedError, RankFailed, OSError, ValueError))
     if summary["rank"] != 0:  # rank 0 (or a single process) reports
         return
     if summary["nothing_to_do"]:

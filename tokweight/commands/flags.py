@@ -216,3 +216,16 @@ def configured(cls, flags: tuple[Flag, ...], kwargs: dict, config: str | None = 
         raise ValueError(f"missing {', '.join(names)}: give {'them' if len(names) > 1 else 'it'} on the command line "
                          "or in --config")
     return build(cls, obj)
+
+
+def configured_run(run, cls, table: tuple[Flag, ...], flags: dict, config: str | None, sets: tuple[str, ...], threads,
+                   errors: tuple[type[Exception], ...] = (ValueError,)):
+    """``run`` on the ``cls`` the command line builds (``configured``), under ``threads``; any of ``errors`` as one
+    line."""
+    from tokweight.pipeline.threads import set_threads
+
+    set_threads(threads)
+    try:
+        return run(configured(cls, table, flags, config, sets))
+    except errors as e:
+        raise click.ClickException(str(e)) from e

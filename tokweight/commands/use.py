@@ -7,10 +7,10 @@ import json
 
 import click
 
-from tokweight.commands.flags import Flag, config_options, configured, options
+from tokweight.commands.flags import Flag, config_options, configured_run, options
 from tokweight.pipeline.data.data_option import DataSource
 from tokweight.pipeline.models.dtypes import DTYPE_CHOICES
-from tokweight.pipeline.threads import set_threads, threads_option
+from tokweight.pipeline.threads import threads_option
 from tokweight.commands.train import echo_skips
 from tokweight.training.config.use import EncodeConfig, ExportConfig, GenerateConfig
 
@@ -48,15 +48,6 @@ EXPORT_FLAGS = (
     Flag("--out", "out", type=click.Path(file_okay=False)),
     *CENTRES,
 )
-
-
-def configured_run(run, cls, table, flags: dict, config: str | None, sets: tuple[str, ...], threads) -> dict:
-    """``run`` on the ``cls`` the command line builds (``configured``), under ``threads``; a ValueError as one line."""
-    set_threads(threads)
-    try:
-        return run(configured(cls, table, flags, config, sets))
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
 
 
 @click.command("generate")
