@@ -2,7 +2,7 @@
 about, K = 4, at two sequence lengths, each with its largest batch for one 80 GiB GPU per rank.
 
     python scripts/plan_table.py --out plans.jsonl     # one JSON plan per line, then the markdown table
-    python scripts/plan_table.py --accuracy            # fake against real peaks of three small CPU configurations
+    python scripts/plan_table.py --accuracy            # fake against real peaks of four small CPU configurations
 
 Every number is an estimate from fake tensors on the CPU; none is a GPU measurement.
 """
@@ -59,7 +59,9 @@ def accuracy() -> None:
     llama.write_text(json.dumps(TINY_LLAMA))
     for name, fields in (("gpt-tiny float32", dict(model="gpt-tiny", dtype="float32")),
                          ("tiny Llama float32", dict(model=str(llama), dtype="float32")),
-                         ("tiny Llama LoRA r=4 bfloat16", dict(model=str(llama), lora_rank=4, dtype="bfloat16"))):
+                         ("tiny Llama LoRA r=4 bfloat16", dict(model=str(llama), lora_rank=4, dtype="bfloat16")),
+                         ("tiny Llama LoRA r=4 float32, grad checkpointing",
+                          dict(model=str(llama), lora_rank=4, dtype="float32", grad_checkpointing=True))):
         cfg = PlanConfig(batch_size=2, seq_len=16, eval_batch_size=2, **fields)
         spec = model_spec(cfg.model)
         t0 = time.perf_counter()

@@ -7,7 +7,7 @@ ranks under FSDP, as torchtitan's estimation script estimates its jobs), it runs
 runs: a training step (``step.train_step``) with AdamW's state made beforehand, as every step after a run's first
 holds it; one validation forward; one decode step (the prompt's pass and one token against its key/value cache).
 The tracker sees every tensor each op makes and frees, so its peak is the peak of live tensors on one rank, by
-kind; torch's FlopCounterMode counts each phase's FLOPs.
+kind; torch's FlopCounterMode counts each phase's FLOPs (the training step's in a second step, untracked).
 
 The batch's index tensors (positions, masks, ids) are fakes that hold their real values ("constants"), so the
 forward reads lengths off them as a run reads them off its batch; everything computed from a parameter is a fake.
@@ -163,9 +163,8 @@ def run_phases(cfg: PlanConfig, spec: dict, batch_size: int, mesh, fake: bool = 
         phases = {}
         with tracker_for(built, cfg.sharded) as tracker:
             track_optimizer(tracker, built.opt)
-            with counting() as flops:
-                train_step(state, batch, train_cfg, logged=False)
-            phases["train"] = Phase(*by_kind(tracker.get_tracker_snapshot("peak")), flops.get_total_flops() if flops else 0)
+            train_step(state, batch, train_cfg, logged=False)  # no FLOP counting here: see below
+            phases["train"] = Phase(*by_kind(tracker.get_tracker_snapshot("peak")))
             if every:
                 reset_peak(tracker)
                 with counting() as flops:
@@ -175,6 +174,10 @@ def run_phases(cfg: PlanConfig, spec: dict, batch_size: int, mesh, fake: bool = 
                 with counting() as flops:
                     decode_step(built.model, batch, cfg.dtype, train_cfg.cvae.k, tracker.reset_mod_stats)
                 phases["decode"] = Phase(*by_kind(tracker.get_tracker_snapshot("peak")), flops.get_total_flops())
+        if every:  # the step's FLOPs in a step of their own: FlopCounterMode's module tracker hooks every module's
+            with counting() as flops:  # outputs for the backward, which keeps what gradient checkpointing frees
+                train_step(state, batch, train_cfg, logged=False)
+            phases["train"].flops = flops.get_total_flops()
     return built, phases
 
 

@@ -1,6 +1,6 @@
 """`tokweight plan` (``training/plan/estimate.py``): the peak a training step reaches on fake tensors is the peak the same step
-reaches on real ones, within 15%, for three small configurations (the built-in GPT, a Llama from its config.json, a
-LoRA one in bfloat16 with its frozen weights held in bfloat16); measured by torch's MemTracker over the real CPU
+reaches on real ones, within 15%, for four small configurations (the built-in GPT, a Llama from its config.json, a
+LoRA one in bfloat16 with its frozen weights held in bfloat16, a LoRA one with gradient checkpointing); measured by torch's MemTracker over the real CPU
 step, the same accounting the plan reads, so what is checked is that the fake run is the run. The CLI's --json, the
 largest batch's search, the one-line error of a bad config, and train's one line when CUDA runs out of memory.
 """
@@ -39,6 +39,7 @@ def llama_config(tmp_path_factory):
     ("gpt", dict(model="gpt-tiny", dtype="float32")),
     ("llama", dict(model="llama", dtype="float32")),
     ("llama-lora-bf16", dict(model="llama", lora_rank=4, dtype="bfloat16")),
+    ("llama-lora-checkpointing", dict(model="llama", lora_rank=4, dtype="float32", grad_checkpointing=True)),
 ])
 def test_the_fake_step_peaks_within_15_percent_of_the_real_one(name, fields, llama_config):
     pytest.importorskip("transformers")
@@ -57,9 +58,24 @@ def test_the_fake_step_peaks_within_15_percent_of_the_real_one(name, fields, lla
     moments = 2 * sum(4 * p.numel() for p in trained)  # AdamW's two float32 moments, and a step count per parameter
     assert moments < fake.kinds["optimizer"] <= moments + 4 * len(trained)
     assert sum(fake.kinds.values()) == fake.peak
-    if "lora_rank" in fields:  # the frozen matrices are held in bfloat16, the trained ones in float32
+    if fields["dtype"] == "bfloat16":  # a LoRA run's frozen matrices are held in bfloat16, the trained ones in float32
         dtypes = {p.dtype for p in built.model.parameters() if not p.requires_grad and p.dim() == 2}
         assert dtypes == {torch.bfloat16}
+
+
+def test_counting_the_flops_leaves_the_checkpointed_step_s_peak_as_it_is(llama_config):
+    """FlopCounterMode's module tracker holds every layer's output for the backward; a step counted under it
+    peaks as if nothing were checkpointed. The plan counts the step's FLOPs in a step of its own."""
+    pytest.importorskip("transformers")
+    cfg = PlanConfig(model=llama_config, dtype="float32", batch_size=4, seq_len=48, grad_checkpointing=True,
+                     eval_batch_size=2)
+    spec = model_spec(cfg.model)
+    plain = run_phases(cfg, spec, cfg.batch_size, None, fake=False, every=False)[1]["train"]
+    counted = run_phases(cfg, spec, cfg.batch_size, None, fake=False, every=True)[1]["train"]
+    assert counted.peak == plain.peak and counted.flops > 0 and plain.flops == 0
+    whole = run_phases(replace(cfg, grad_checkpointing=False), spec, cfg.batch_size, None, fake=False,
+                       every=False)[1]["train"]
+    assert plain.kinds["activations"] < 0.8 * whole.kinds["activations"]  # checkpointing frees what it should
 
 
 def test_the_json_plan_has_every_phase_by_kind_and_the_flops():
