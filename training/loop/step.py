@@ -63,10 +63,11 @@ def step_terms(state: State, batch: TrainBatch, cfg) -> tuple[object, torch.Tens
     return terms.out, b, terms
 
 
-def build_optimizer(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
-    """AdamW over the trained parameters, without weight decay; fused when they are all on CUDA
-    (``fuses``)."""
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95), fused=True if fuses(params) else None)
+def build_optimizer(params: list[torch.nn.Parameter], lr: float, fused: bool | None = None) -> torch.optim.AdamW:
+    """AdamW over the trained parameters, without weight decay; fused when they are all on CUDA (``fuses``), or as
+    ``fused`` says (the planner's, which plans a CUDA run on the CPU)."""
+    fused = fuses(params) if fused is None else fused
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95), fused=True if fused else None)
 
 
 def fuses(params) -> bool:

@@ -104,10 +104,12 @@ class Built:
 
 
 def build(spec: dict, train_cfg, mesh=None, fake: bool = True) -> Built:
-    """The CVAE ``train.setup`` builds for ``train_cfg`` (a TrainConfig) and its AdamW, on the CPU. ``fake``: built
+    """The CVAE ``train.setup`` builds for ``train_cfg`` (a TrainConfig) and its AdamW (fused, as on CUDA), on the CPU. ``fake``: built
     on the meta device, sharded there, then given fake storage (``to_empty`` under the active FakeTensorMode, as
     torchtitan builds what it estimates); else real tensors (the CPU check of ``tests/training/plan/test_plan.py``)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from tokweight.training.loop.step import build_optimizer
 
     torch.manual_seed(train_cfg.optim.seed)
     with unset_fake_temporarily() if fake else contextlib.nullcontext(), \
@@ -122,8 +124,7 @@ def build(spec: dict, train_cfg, mesh=None, fake: bool = True) -> Built:
         for (owner, name), *others in shared:
             for module, other in others:
                 module._parameters[other] = owner._parameters[name]
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train_cfg.optim.lr,
-                            weight_decay=0.0, betas=(0.9, 0.95))
+    opt = build_optimizer([p for p in model.parameters() if p.requires_grad], train_cfg.optim.lr, fused=True)  # CUDA's
     return Built(model, opt, vocab_size, *counts)
 
 

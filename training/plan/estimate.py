@@ -110,13 +110,17 @@ def decode_step(model, batch, dtype: str, k: int, between=lambda: None) -> None:
 
 def optimizer_state(built) -> None:
     """AdamW's state made as its first step makes it (zero gradients; the parameters do not move: lr 0), so that
-    the one step measured holds it from its start, as every step after a run's first does."""
+    the one step measured holds it from its start, as every step after a run's first does. The gradients are
+    clipped first, as a step clips them: under FSDP the first clip of sharded gradients has DTensor infer its
+    shapes on tensors of the whole gradients' size, fakes the tracker would count (every gradient, unsharded) where
+    a run's inference allocates nothing."""
     params = [p for group in built.opt.param_groups for p in group["params"]]
     lrs = [group["lr"] for group in built.opt.param_groups]
     for group in built.opt.param_groups:
         group["lr"] = 0.0
     for p in params:
         p.grad = torch.zeros_like(p)
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
     built.opt.step()
     built.opt.zero_grad(set_to_none=True)
     for group, lr in zip(built.opt.param_groups, lrs):

@@ -192,3 +192,29 @@ def test_fsdp_over_four_fake_ranks_holds_a_quarter_of_the_model_and_its_optimize
     assert plans[4]["parameters"] == plans[1]["parameters"]  # the whole model's count, not a shard's
     for kind in ("parameters", "optimizer"):
         assert one[kind] / 4 <= four[kind] <= one[kind] / 4 * 1.1, kind
+
+
+def test_after_the_plan_makes_adamw_s_state_a_clip_of_sharded_fake_gradients_allocates_nothing():
+    """A first clip of sharded gradients on fakes allocates the whole gradients (DTensor infers its shapes on
+    tensors of their size), which a run's never does: the plan clips once before it measures, as it makes AdamW's
+    state, and a step's clip then counts what a run's would."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from tokweight.training.plan.build import build
+    from tokweight.training.plan.estimate import optimizer_state
+    from tokweight.training.plan.fake import fake_mode, fake_world
+
+    cfg = PlanConfig(model="gpt-tiny", dtype="float32", shard="fsdp", ranks=4)
+    with fake_world(4, True) as mesh, fake_mode():
+        built = build(model_spec(cfg.model), cfg.train_config(), mesh, fake=True)
+        optimizer_state(built)
+        params = [p for p in built.model.parameters() if p.requires_grad]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        tracker = MemTracker()
+        tracker.track_external(built.model)
+        with tracker:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+        (peak,) = tracker.get_tracker_snapshot("peak").values()
+    shards = sum(p.to_local().numel() * p.element_size() for p in params)
+    assert peak["Total"] <= 2 * shards + 4096  # the parameters and their gradients, a rank's shards, and a few norms
