@@ -104,9 +104,10 @@ class Built:
 
 
 def build(spec: dict, train_cfg, mesh=None, fake: bool = True) -> Built:
-    """The CVAE ``train.setup`` builds for ``train_cfg`` (a TrainConfig) and its AdamW (fused, as on CUDA), on the CPU. ``fake``: built
-    on the meta device, sharded there, then given fake storage (``to_empty`` under the active FakeTensorMode, as
-    torchtitan builds what it estimates); else real tensors (the CPU check of ``tests/training/plan/test_plan.py``)."""
+    """The CVAE ``train.setup`` builds for ``train_cfg`` (a TrainConfig) and its AdamW (fused, as on CUDA), on the
+    CPU. ``fake``: built on the meta device, sharded there, then given fake storage (``to_empty`` under the active
+    FakeTensorMode, as torchtitan builds what it estimates); else real tensors (the CPU check of
+    ``tests/training/plan/test_plan.py``)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from tokweight.training.loop.step import build_optimizer
