@@ -150,7 +150,8 @@ def eval_batch(cfg: PlanConfig, train_cfg, built, mode):
 def run_phases(cfg: PlanConfig, spec: dict, batch_size: int, mesh, fake: bool = True, every: bool = True
                ) -> tuple[object, dict[str, Phase]]:
     """(the built objects, {phase: Phase}): a training step at ``batch_size`` with AdamW's state made, and with
-    ``every`` its FLOPs, the validation forward (at ``log.eval_batch_size`` examples) and the decode step. ``fake`` False runs it for real (the CPU check)."""
+    ``every`` its FLOPs, the validation forward (at ``log.eval_batch_size`` examples) and the decode step. ``fake``
+    False runs it for real (the CPU check)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from tokweight.training.loop.step import train_step

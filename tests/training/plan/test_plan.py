@@ -1,8 +1,10 @@
-"""`tokweight plan` (``training/plan/estimate.py``): the peak a training step reaches on fake tensors is the peak the same step
-reaches on real ones, within 15%, for four small configurations (the built-in GPT, a Llama from its config.json, a
-LoRA one in bfloat16 with its frozen weights held in bfloat16, a LoRA one with gradient checkpointing); measured by torch's MemTracker over the real CPU
-step, the same accounting the plan reads, so what is checked is that the fake run is the run. The CLI's --json, the
-largest batch's search, the one-line error of a bad config, and train's one line when CUDA runs out of memory.
+"""`tokweight plan` (``training/plan/estimate.py``): the peak a training step reaches on fake tensors is the peak
+the same step reaches on real ones, within 15%, for four small configurations (the built-in GPT, a Llama from its
+config.json, a LoRA one in bfloat16 with its frozen weights held in bfloat16, a LoRA one with gradient
+checkpointing); measured by torch's MemTracker over the real CPU step, the same accounting the plan reads, so what
+is checked is that the fake run is the run. FLOP counting and FSDP's first clip leave the peak as a run's. The
+CLI's --json, the largest batch's search, the one-line error of a bad config, and train's one line when CUDA runs
+out of memory.
 """
 
 import json
