@@ -229,15 +229,17 @@ class HFBackbone(nn.Module):
         they continue a cache holding its one position per layer (``memory_cache``), positions from 0.
         With a ``query`` (``GPT.hidden``), each layer's queries are offset (``_queries``).
 
-        Whole sequences run with an empty cache and no attention mask: without a cache, transformers' mask
-        preparation reads the position ids back from the device to look for packed sequences (a host sync; with
-        gradient checkpointing, which drops the cache in training, it still does)."""
+        Whole sequences run with a cache that keeps nothing (``passing_cache``) and no attention mask: without a
+        cache, transformers' mask preparation reads the position ids back from the device to look for packed
+        sequences (a host sync; with gradient checkpointing, which drops the cache in training, it still does); a
+        cache that kept the keys and values would copy them every layer, and in a forward without a graph hold them
+        all to its end."""
         if prefix is not None or memory is not None:
             return self.extend(idx, tok_emb=tok_emb, ln_cond=ln_cond, prefix=prefix, memory=memory, query=query)[0]
         self._check(idx, ln_cond)
         inputs = {"inputs_embeds": tok_emb} if tok_emb is not None else {"input_ids": idx}
         if not self.checkpointing:
-            inputs[self.cache_kwarg] = _transformers().DynamicCache(config=self.model.config)
+            inputs[self.cache_kwarg] = passing_cache(self.model.config)
         with self._queries(query):
             return self.model.base_model(**inputs, use_cache=not self.checkpointing).last_hidden_state
 
@@ -314,6 +316,21 @@ class HFBackbone(nn.Module):
             for name, mean in old:
                 rows[name][V:] = mean
         self.cfg = replace(self.cfg, vocab_size=V + n)
+
+
+def passing_cache(config):
+    """An empty ``DynamicCache`` that hands each layer's keys and values back without keeping them: to
+    transformers a cache (so it sizes its masks from it and reads no position ids back), to the memory nothing."""
+    return _passing_cache_class()(config=config)
+
+
+@functools.cache
+def _passing_cache_class():
+    class PassingCache(_transformers().DynamicCache):
+        def update(self, key_states, value_states, *args, **kwargs):
+            return key_states, value_states
+
+    return PassingCache
 
 
 # ---------------------------------------------------------------- loading

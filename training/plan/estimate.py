@@ -54,6 +54,7 @@ class Plan:
     decode: Phase
     fits: bool  # the training step and the validation fit memory_gib less the headroom
     largest_batch: int | None = None  # per rank; 0: not even one example; None: not searched
+    largest_eval_batch: int | None = None  # examples of a validation forward that fit; None: not searched, or all do
     wall_s: float = 0.0
     searched: list = field(default_factory=list)  # (batch, peak bytes) the search measured
 
@@ -200,6 +201,9 @@ def plan(cfg: PlanConfig, search: bool = True) -> Plan:
         if search:
             result.largest_batch = largest_batch(cfg, spec, mesh, budget, (cfg.batch_size, phases["train"]),
                                                   result.searched)
+            if phases["validation"].peak > budget:
+                evals = cfg.train_config().log.eval_batch_size
+                result.largest_eval_batch = largest_eval_batch(phases["validation"], evals, budget)
     result.wall_s = time.perf_counter() - t0
     return result
 
@@ -235,23 +239,40 @@ def largest_batch(cfg: PlanConfig, spec: dict, mesh, budget: float, first: tuple
     return max(guess, 0)
 
 
+def largest_eval_batch(validation: Phase, evals: int, budget: float) -> int:
+    """The examples a validation forward fits in ``budget`` bytes: what the model holds (parameters, gradients,
+    optimizer state) and, per example, the rest of its peak at ``evals`` examples (a forward without a graph: its
+    activations grow with the batch)."""
+    held = sum(validation.kinds[k] for k in ("parameters", "gradients", "optimizer"))
+    per_example = max((validation.peak - held) / evals, 1.0)
+    return max(math.floor((budget - held) / per_example), 0)
+
+
 def fits_line(plan: Plan) -> str:
-    """One line: the largest batch that fits, per rank, and its memory."""
+    """One line: the largest batch that fits, per rank, and its memory; and, when the validation forward does not
+    fit, the evaluation batch that does."""
     cfg = plan.config
     if plan.largest_batch is None:
         return ""
+    memory = f"{cfg.memory_gib:g} GiB per rank (less {cfg.headroom:.0%} headroom)"
     if plan.largest_batch == 0:
-        return (f"not even a batch of 1 fits {cfg.memory_gib:g} GiB per rank (less {cfg.headroom:.0%} headroom): "
-                "try --lora-rank, --dtype bfloat16, --grad-checkpointing, or --shard fsdp over more ranks")
-    return (f"the largest batch that fits {cfg.memory_gib:g} GiB per rank (less {cfg.headroom:.0%} headroom) is "
-            f"--batch-size {plan.largest_batch}")
+        return (f"not even a batch of 1 fits {memory}: try --lora-rank, --dtype bfloat16, --grad-checkpointing, or "
+                "--shard fsdp over more ranks")
+    line = f"the largest batch that fits {memory} is --batch-size {plan.largest_batch}"
+    if plan.largest_eval_batch is not None:
+        evals = cfg.train_config().log.eval_batch_size
+        line += (f"; a validation forward at log.eval_batch_size {evals} needs {plan.validation.peak / GIB:.1f} GiB: "
+                 f"about {plan.largest_eval_batch} examples fit (train --set log.eval_batch_size="
+                 f"{plan.largest_eval_batch})")
+    return line
 
 
 def plan_command(cfg: PlanConfig) -> str:
     """The `tokweight plan` command line of ``cfg`` (its z pathway and latent at their defaults)."""
     flags = [f"--model {cfg.model}", f"--k {cfg.k}", f"--batch-size {cfg.batch_size}", f"--seq-len {cfg.seq_len}",
              f"--dtype {cfg.dtype}", f"--lora-rank {cfg.lora_rank}", f"--shard {cfg.shard}", f"--ranks {cfg.ranks}",
-             f"--memory {cfg.memory_gib:g}", *(["--grad-checkpointing"] if cfg.grad_checkpointing else [])]
+             f"--memory {cfg.memory_gib:g}", *(["--grad-checkpointing"] if cfg.grad_checkpointing else []),
+             *([f"--eval-batch-size {cfg.eval_batch_size}"] if cfg.eval_batch_size else [])]
     return "tokweight plan " + " ".join(flags)
 
 
@@ -271,7 +292,8 @@ def out_of_memory(train_cfg, ranks: int, seq_len: int, device: torch.device) -> 
     memory = device_memory(device)
     cfg = PlanConfig(model=io.checkpoint, k=train_cfg.cvae.k, batch_size=batch, seq_len=max(seq_len, 8),
                      dtype=resolve_dtype(io.dtype, device), lora_rank=train_cfg.lora.rank, grad_checkpointing=io.grad_checkpointing,
-                     shard=io.shard, ranks=ranks, cvae=train_cfg.cvae, **({"memory_gib": memory} if memory else {}))
+                     shard=io.shard, ranks=ranks, cvae=train_cfg.cvae, eval_batch_size=train_cfg.log.eval_batch_size,
+                     **({"memory_gib": memory} if memory else {}))
     where = f"out of device memory at --batch-size {batch} per rank ({seq_len}-token sequences)"
     try:
         line = fits_line(plan(cfg))

@@ -192,3 +192,23 @@ def test_inspect_reports_on_an_hf_store(tiny, hf_checkpoints, tmp_path):
     summary = inspect(InspectConfig(store=str(tmp_path / "store"), out=str(tmp_path / "report"), data=str(tiny[0])))
     assert summary["fingerprints"][0]["fingerprint"] == load_backbone(hf_checkpoints["gpt2"]).fingerprint
     assert (tmp_path / "report" / "report.md").is_file()
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_whole_sequences_run_through_a_cache_that_keeps_nothing(arch, hf_checkpoints, monkeypatch):
+    """``HFBackbone.hidden`` hands transformers a cache (no position ids read back) that keeps no layer's keys and
+    values: a forward without a graph holds none of them to its end. Its states are those of a kept cache."""
+    from tokweight.pipeline.models import hf
+
+    backbone = load_backbone(hf_checkpoints[arch]).model
+    ids = torch.randint(0, backbone.cfg.vocab_size, (3, 11), generator=torch.Generator().manual_seed(0))
+    made = []
+    monkeypatch.setattr(hf, "passing_cache", lambda config: made.append(hf._passing_cache_class()(config=config))
+                        or made[-1])
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            states = backbone.hidden(ids)
+            kept = transformers.DynamicCache(config=backbone.model.config)
+            reference = backbone.model.base_model(input_ids=ids, **{backbone.cache_kwarg: kept}).last_hidden_state
+        assert made[-1].get_seq_length() == 0 and kept.get_seq_length() == 11
+        assert torch.equal(states, reference)

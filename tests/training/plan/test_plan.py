@@ -132,15 +132,15 @@ def test_train_says_in_one_line_which_batch_fits_when_cuda_runs_out_of_memory(tm
                       optim=OptimConfig(batch_size=64))
     planned = []
     monkeypatch.setattr(plan_module, "device_memory", lambda device: 40.0)  # GiB
-    monkeypatch.setattr(plan_module, "plan", lambda cfg: planned.append(cfg) or SimpleNamespace(config=cfg,
-                                                                                              largest_batch=5))
+    monkeypatch.setattr(plan_module, "plan", lambda cfg: planned.append(cfg) or SimpleNamespace(
+        config=cfg, largest_batch=5, largest_eval_batch=None))
     error = plan_module.out_of_memory(cfg, 1, 16, torch.device("cpu"))
     assert isinstance(error, RuntimeError) and "\n" not in str(error)
     assert str(error) == ("out of device memory at --batch-size 64 per rank (16-token sequences); the largest batch "
                           "that fits 40 GiB per rank (less 10% headroom) is --batch-size 5")
     (asked,) = planned  # the run's configuration, on the device's memory
-    assert (asked.model, asked.batch_size, asked.seq_len, asked.memory_gib, asked.cvae) == \
-        (str(ckpt), 64, 16, 40.0, cfg.cvae)
+    assert (asked.model, asked.batch_size, asked.seq_len, asked.memory_gib, asked.cvae, asked.eval_batch_size) == \
+        (str(ckpt), 64, 16, 40.0, cfg.cvae, 128)
     assert model_spec(asked.model)["d_model"] == 32  # the run's checkpoint directory is plannable
 
     def refused(cfg):
@@ -149,7 +149,8 @@ def test_train_says_in_one_line_which_batch_fits_when_cuda_runs_out_of_memory(tm
     monkeypatch.setattr(plan_module, "plan", refused)
     line = str(plan_module.out_of_memory(cfg, 1, 16, torch.device("cpu")))
     assert "\n" not in line and line.endswith(f"run tokweight plan --model {ckpt} --k 4 --batch-size 64 --seq-len 16 "
-                                              "--dtype float32 --lora-rank 0 --shard ddp --ranks 1 --memory 40")
+                                              "--dtype float32 --lora-rank 0 --shard ddp --ranks 1 --memory 40 "
+                                              "--eval-batch-size 128")
 
     def oom(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -160,6 +161,29 @@ def test_train_says_in_one_line_which_batch_fits_when_cuda_runs_out_of_memory(tm
     state = State(progress=Progress(), global_batch=GlobalBatch(0, 1), device=torch.device("cpu"), spec=None)
     with pytest.raises(RuntimeError, match=r"planned \(1, 16\)"):  # one rank, the batch's 16 tokens
         train.fit(state, replace(cfg, io=replace(cfg.io, out=str(tmp_path / "run"))))
+
+
+def test_a_validation_that_does_not_fit_where_training_does_is_named_with_the_evaluation_batch_that_fits():
+    """8B LoRA with checkpointing trains 42 examples at 512 tokens in 80 GiB but validates 128 in 89 GiB: the plan's
+    line (and train's, when CUDA runs out of memory) names the validation, not the training batch. Here on the
+    built-in GPT, with a memory between the two."""
+    from tokweight.training.plan.estimate import GIB, fits_line, plan
+
+    base = PlanConfig(model="gpt-tiny", dtype="float32", batch_size=2, seq_len=16, eval_batch_size=64)
+    first = plan(base, search=False)
+    budget = (first.train.peak + first.validation.peak) / 2  # training fits, validation does not
+    cfg = replace(base, memory_gib=budget / 0.9 / GIB)
+    found = plan(cfg)
+    assert found.largest_batch >= 2 and 0 < found.largest_eval_batch < 64
+    line = fits_line(found)
+    assert "\n" not in line and line.endswith(f"about {found.largest_eval_batch} examples fit (train --set "
+                                              f"log.eval_batch_size={found.largest_eval_batch})")
+    assert "a validation forward at log.eval_batch_size 64 needs" in line
+    fits = plan(replace(cfg, eval_batch_size=found.largest_eval_batch), search=False)
+    assert fits.validation.peak <= budget
+    more = plan(replace(cfg, eval_batch_size=found.largest_eval_batch + 4), search=False)
+    assert more.validation.peak > budget  # near the largest: a few more do not fit
+    assert plan(replace(cfg, eval_batch_size=8)).largest_eval_batch is None  # a validation that fits says nothing
 
 
 class State(SimpleNamespace):
