@@ -35,8 +35,11 @@ def table(plan) -> str:
                     + f"{gib(phase.peak):>13}{phase.flops / 1e12:>10.2f}")
     from tokweight.training.plan.estimate import fits_line
 
-    verdict = "fits" if plan.fits else "does not fit"
-    lines = [head, *rows, f"training {verdict} {cfg.memory_gib:g} GiB per rank (less {cfg.headroom:.0%} headroom)"]
+    memory = f"{cfg.memory_gib:g} GiB per rank (less {cfg.headroom:.0%} headroom)"
+    trains = plan.train.peak <= cfg.memory_gib * (1 << 30) * (1 - cfg.headroom)
+    verdict = (f"training and its validation fit {memory}" if plan.fits else
+               f"training fits {memory}; its validation does not" if trains else f"training does not fit {memory}")
+    lines = [head, *rows, verdict]
     if line := fits_line(plan):
         lines.append(line)
     lines.append(f"planned in {plan.wall_s:.1f} s (fake tensors: nothing allocated)")

@@ -179,6 +179,8 @@ def test_a_validation_that_does_not_fit_where_training_does_is_named_with_the_ev
     assert "\n" not in line and line.endswith(f"about {found.largest_eval_batch} examples fit (train --set "
                                               f"log.eval_batch_size={found.largest_eval_batch})")
     assert "a validation forward at log.eval_batch_size 64 needs" in line
+    from tokweight.commands.plan import table
+    assert "; its validation does not" in table(found)
     fits = plan(replace(cfg, eval_batch_size=found.largest_eval_batch), search=False)
     assert fits.validation.peak <= budget
     more = plan(replace(cfg, eval_batch_size=found.largest_eval_batch + 4), search=False)
