@@ -36,7 +36,7 @@ def table(plan) -> str:
     from tokweight.training.plan.estimate import fits_line
 
     memory = f"{cfg.memory_gib:g} GiB per rank (less {cfg.headroom:.0%} headroom)"
-    trains = plan.train.peak <= cfg.memory_gib * (1 << 30) * (1 - cfg.headroom)
+    trains = plan.train.peak <= cfg.budget
     verdict = (f"training and its validation fit {memory}" if plan.fits else
                f"training fits {memory}; its validation does not" if trains else f"training does not fit {memory}")
     lines = [head, *rows, verdict]

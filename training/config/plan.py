@@ -55,6 +55,11 @@ class PlanConfig:
             raise ValueError("memory_gib must be > 0 and headroom in [0, 1)")
 
     @property
+    def budget(self) -> float:
+        """Bytes a rank's peak must stay within: ``memory_gib`` less the headroom."""
+        return self.memory_gib * (1 << 30) * (1 - self.headroom)
+
+    @property
     def sharded(self) -> bool:
         return self.shard == "fsdp" and self.ranks > 1
 

@@ -195,7 +195,7 @@ def plan(cfg: PlanConfig, search: bool = True) -> Plan:
         built, phases = run_phases(cfg, spec, cfg.batch_size, mesh)
         params, trainable = built.parameters, built.trainable
         del built
-        budget = cfg.memory_gib * GIB * (1 - cfg.headroom)
+        budget = cfg.budget
         need = max(phases["train"].peak, phases["validation"].peak)
         result = Plan(cfg, params, trainable, phases["train"], phases["validation"], phases["decode"], need <= budget)
         if search:
