@@ -52,9 +52,10 @@ class IOConfig:
     length_buckets: int = 0
     """Length-bucketed training batches: each lane takes this many batches' examples at a time from its shuffle
     buffer, sorts them by length and hands them out a batch of similar lengths at a time, the batches in a seeded
-    order, so that a step pads its passes less (``batches.bucketed``). 0: off, the default: it changes which examples
-    share a batch, and the E-step balances its assignment over a batch, which one length's examples could tilt
-    where length goes with strategy."""
+    order, so that a step pads its passes less (``batches.bucketed``). 0: off, the default: where strategies write
+    lines of different lengths, batches of one length are batches of few strategies, and the objective's
+    batch-coupled terms (the E-step's balance, free bits' mean) read a batch as a sample of the task
+    (``scripts/bench_padding.py``). For tasks whose strategies write lines of one length."""
     device: str = "auto"
     """torch device of the model: "auto" (CUDA when present, else CPU), "cpu", "cuda", "cuda:N"; "cuda"
     under torchrun is cuda:LOCAL_RANK on each rank."""
