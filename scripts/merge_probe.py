@@ -266,7 +266,8 @@ def main() -> None:
     nll = base_nll(json.loads((args.run / "config.json").read_text())["io"]["checkpoint"], samples, labels, names)
     for v, shares in enumerate(base_choice_shares(nll, hits, names)):
         print(f"value {v} executes the base's choice " + ", ".join(f"{r + 1}: {share:.2f}" for r, share in enumerate(shares)))
-    symbols = {s: i for i, s in enumerate(sorted({t for s in samples for t in s.x}))}
+    written = {t for s in samples for y in labels.outputs(s.x).values() for t in y}  # what the strategies write
+    symbols = {s: i for i, s in enumerate(sorted({t for s in samples for t in s.x} | written))}
     report_first_tokens(decodes, np.array([[symbols[labels.outputs(s.x)[n][0]] for n in names] for s in samples]),
                         symbols)
     for v, a, b in shared_pairs(hits, names):
