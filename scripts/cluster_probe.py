@@ -22,7 +22,8 @@ import torch
 from tokweight.pipeline.data.errors import Skips
 from tokweight.pipeline.models.backbone import load_backbone
 from tokweight.pipeline.tokens.templates import gather_s
-from tokweight.training.loop.batches import StreamSpec, split_urls
+from tokweight.training.loop.batches import StreamSpec
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.loop.stream import EvalStream, loader
 
 

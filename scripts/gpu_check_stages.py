@@ -384,7 +384,8 @@ def evaluation(check: Check, name: str, run: str = "run-full") -> Row:
     """Eval's scoring pass (``validation.evaluate_pass``: the K decoders, q, b from the store, the records read
     back) over the val split, batch by batch, under bfloat16 autocast where the check trains in it."""
     from tokweight.training.objective.baselines import make_baseline
-    from tokweight.training.loop.batches import StreamSpec, TrainBatch, split_urls
+    from tokweight.training.loop.batches import StreamSpec, TrainBatch
+    from tokweight.pipeline.data.splits import split_urls
     from tokweight.training.config.components import WeightingParams
     from tokweight.training.evaluation.evaluate import eval_baseline
     from tokweight.training.objective.schedules import Schedule

@@ -25,7 +25,8 @@ from tokweight.pipeline.models.backbone import load_backbone
 from tokweight.pipeline.data.errors import Skips
 from tokweight.training.objective.baselines import make_baseline
 from tokweight.training.config.components import WeightingParams
-from tokweight.training.loop.batches import StreamSpec, split_urls
+from tokweight.training.loop.batches import StreamSpec
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.objective.estep import read_likelihood
 from tokweight.training.objective.terms import reconstruction_weights
 from tokweight.training.evaluation.metrics import strategy_mi

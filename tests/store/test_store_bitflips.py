@@ -16,7 +16,7 @@ from tokweight.store.baseline_store import BaselineStore
 from tokweight.store.manifest import MANIFEST_NAME, REPAIR, write_checked_json
 from tokweight.store.sql import connect
 from tokweight.store.verify import verify_dir
-from tokweight.training.loop.batches import StoreRef
+from tokweight.training.loop.join import StoreRef
 
 from tests.support.fixtures_sql import example_rows, write_store
 

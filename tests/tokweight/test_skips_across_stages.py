@@ -15,7 +15,9 @@ from tokweight.pipeline.extract.config import ExtractConfig
 from tokweight.pipeline.extract.extract import run as extract
 from tokweight.store.baseline_store import BaselineStore
 from tests.support.fixtures_extract import sample_member, write_raw_tar
-from tokweight.training.loop.batches import StoreRef, StreamSpec, kept_samples, split_urls
+from tokweight.training.loop.batches import StreamSpec, kept_samples
+from tokweight.training.loop.join import StoreRef
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.loop.stream import EvalStream, TrainStream, shard_decoder
 
 GOOD = {"x": ["a", "b"], "y": ["c", "d", "e"], "strategy": "copy", "t0": 1}

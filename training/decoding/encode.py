@@ -32,7 +32,8 @@ from tokweight.pipeline.ranks import resolve_device
 from tokweight.store.sql import POSTERIORS_FILE
 from tokweight.training.objective.baselines import Frozen, make_baseline
 from tokweight.training.config.components import WeightingParams
-from tokweight.training.loop.batches import StreamSpec, split_urls
+from tokweight.training.loop.batches import StreamSpec
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.evaluation.evaluate import eval_baseline, split_clusters
 from tokweight.training.loop.run_dir import load_run
 from tokweight.training.objective.schedules import Schedule

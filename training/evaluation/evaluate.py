@@ -44,8 +44,9 @@ from tokweight.training.config.components import WeightingParams
 from tokweight.training.evaluation.verdict import (label_free_control, likelihood_control, reference_control,
                                         reproduction_by_label, strategy_execution, value_report, z_use)
 from tokweight.training.cvae.model import CVAE
-from tokweight.training.loop.batches import (StoreRef, StreamSpec, extract_command, kept_samples, shards_without_rows,
-                                             split_urls)
+from tokweight.training.loop.batches import StreamSpec, kept_samples
+from tokweight.training.loop.join import StoreRef, extract_command, shards_without_rows
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.decoding.decode import continue_cached, continue_until, greedy_decode, latent_values, until_end
 from tokweight.training.evaluation.metrics import contingency, kmeans, matched_labels
 from tokweight.training.loop.run_dir import load_run

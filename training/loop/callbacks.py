@@ -13,7 +13,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tokweight.training.loop.convergence import converged, observe, val_mi, val_objective
-from tokweight.training.loop.batches import split_urls
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.loop.engine import checkpoint_state
 from tokweight.training.loop.faults import Hooks
 from tokweight.training.loop.precision import autocast

@@ -25,8 +25,9 @@ import webdataset as wds
 
 from tokweight.pipeline.data.errors import SampleError, Skips
 from tokweight.pipeline.data.urls import FetchError
-from tokweight.training.loop.batches import (Example, StoreMismatchError, StreamSpec, TrainBatch, batched, bucketed,
-                                    collate_examples, open_store, shard_examples, shard_label, shuffle)
+from tokweight.training.loop.batches import (Example, StreamSpec, TrainBatch, batched, bucketed, collate_examples,
+                                             open_store, shard_examples, shard_label, shuffle)
+from tokweight.training.loop.join import StoreMismatchError
 
 
 def same_seed_everywhere() -> int:

@@ -51,7 +51,9 @@ from tokweight.training.config.components import POLICIES, WEIGHTINGS, CVAEConfi
 from tokweight.training.loop.convergence import Convergence
 from tokweight.training.cvae.model import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed,
                                      spread_latent_embeddings, token_row_spread)
-from tokweight.training.loop.batches import StoreRef, StreamSpec, extract_command, shards_without_rows, split_urls
+from tokweight.training.loop.batches import StreamSpec
+from tokweight.training.loop.join import StoreRef, extract_command, shards_without_rows
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.loop.engine import broadcast_module, build_device, is_sharded, load_optimizer_state, wrap
 from tokweight.training.loop.faults import NO_HOOKS, Hooks
 from tokweight.training.objective.global_batch import GlobalBatch

@@ -13,7 +13,7 @@ from tokweight.pipeline.data.config import ConvertConfig, key_unit
 from tokweight.pipeline.data.convert import run as convert
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import iter_samples, resolve_shards, write_shards
-from tokweight.training.loop.batches import split_urls
+from tokweight.pipeline.data.splits import split_urls
 
 
 def convert_jsonl(jsonl, out, **options) -> dict:

@@ -17,7 +17,7 @@ from tokweight.pipeline.ranks import Ranks
 from tokweight.pipeline.data.shards import iter_shard
 from tokweight.training.objective.baselines import AdaptersOff, Frozen
 from tokweight.training.config.components import CVAEConfig, LoRAConfig
-from tokweight.training.loop.batches import split_urls
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.config.use import EvalConfig
 from tokweight.training.evaluation.evaluate import run_eval
 from tokweight.training.loop.faults import Hooks

@@ -17,7 +17,7 @@ from tokweight.cli import main
 from tokweight.pipeline.data.shards import iter_shard, write_shards
 from tokweight.training.evaluation import evaluate
 from tokweight.training.config.components import CVAEConfig, EStepConfig
-from tokweight.training.loop.batches import split_urls
+from tokweight.pipeline.data.splits import split_urls
 import tokweight.training.decoding.encode as encode_module
 from tokweight.training.objective.baselines import make_baseline
 from tokweight.training.config.use import EncodeConfig

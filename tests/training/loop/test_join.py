@@ -16,8 +16,9 @@ from tokweight.store.baseline_store import BaselineStore
 from tokweight.training.objective.baselines import Frozen
 from tokweight.training.cvae.model import CVAEConfig, build_cvae
 from tokweight.training.objective.loss import plain_objective, reconstruction
-from tokweight.training.loop.batches import (REMEDY, BadSamples, StoreMismatchError, StoreRef, collate_examples, encode, join_store,
-                           split_urls, stored_shard)
+from tokweight.training.loop.batches import collate_examples, encode
+from tokweight.training.loop.join import REMEDY, BadSamples, StoreMismatchError, StoreRef, join_store, stored_shard
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.objective.terms import WeightingParams, reconstruction_weights
 from tokweight.training.loop.train import run
 from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig

@@ -10,7 +10,9 @@ from tokweight.pipeline.models.checkpoint import load_checkpoint
 from tokweight.pipeline.data.samples import Sample
 from tokweight.pipeline.data.shards import write_shards
 from tokweight.pipeline.tokens.vocab import Vocab
-from tokweight.training.loop.batches import StoreRef, StreamSpec, split_urls
+from tokweight.training.loop.batches import StreamSpec
+from tokweight.training.loop.join import StoreRef
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.loop.stream import ShardDecoder, TrainStream
 
 STEPS = 12

@@ -10,7 +10,8 @@ from tokweight.pipeline.models.checkpoint import load_checkpoint
 from tokweight.training.objective.baselines import Frozen, dynamic
 from tokweight.training.config.migrations import train_config_from
 from tokweight.training.cvae.model import CVAEConfig, build_cvae
-from tokweight.training.loop.batches import StreamSpec, split_urls
+from tokweight.training.loop.batches import StreamSpec
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.loop.run_dir import load_run
 from tokweight.training.objective.schedules import Schedule, lr_at, lr_decay_window
 from tokweight.training.loop.stream import EvalStream, loader

@@ -17,7 +17,9 @@ from tokweight.pipeline.extract.extract import run as extract
 from tokweight.pipeline.data.labels import load_labels
 from tokweight.pipeline.data.shards import dataset_json, resolve_shards
 from tokweight.pipeline.extract.config import Retry
-from tokweight.training.loop.batches import StoreMismatchError, StoreRef, StreamSpec, TrainBatch, split_urls
+from tokweight.training.loop.batches import StreamSpec, TrainBatch
+from tokweight.training.loop.join import StoreMismatchError, StoreRef
+from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.loop.stream import EvalStream, TrainStream
 
 from tests.support.http_shards import ShardServer
