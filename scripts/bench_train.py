@@ -64,7 +64,7 @@ def make_state(data, ckpt, store, work, policy, batch_size, k=K, cond="prefix"):
     measure what sharing x's prefix and the store save, which the prefix pathway allows; None: the default)."""
     from tokweight.pipeline.ranks import Ranks
     from tokweight.training.config.components import CVAEConfig
-    from tokweight.training.loop.train import setup
+    from tokweight.training.loop.setup import setup
     from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
     cfg = TrainConfig(io=IOConfig(checkpoint=str(ckpt), data=str(data), store=str(store),

@@ -1,6 +1,6 @@
 """The measuring half of scripts/gpu_check.py: steady-state clocks, counted FLOPs, the GPU's peak, and the stages.
 
-Every timed stage builds its objects in this process the way the command does (``train.setup``, ``load_run``,
+Every timed stage builds its objects in this process the way the command does (``setup.setup``, ``load_run``,
 ``load_backbone``), puts its inputs on the device first, runs ``warmup`` calls, then times a window of calls:
 between two CUDA events on a GPU (the host synchronizes once, at the window's end), by ``time.perf_counter``
 elsewhere. Loading, hashing, validation and checkpoint writes are outside the window. FLOPs are those
@@ -301,7 +301,7 @@ def training(check: Check, name: str, keep: bool = False, warmup: int | None = N
     """A run set up as `tokweight train` sets it up, timed over ``steps`` steps after ``warmup`` (default: the
     check's); ``keep``: its state and config are kept for the resume stage."""
     from tokweight.pipeline.ranks import Ranks
-    from tokweight.training.loop.train import setup
+    from tokweight.training.loop.setup import setup
 
     cfg = train_config(check, **kwargs)
     state = setup(cfg, Ranks(), announce=False)
@@ -320,7 +320,7 @@ def resume(check: Check, name: str) -> Row:
     from tokweight.training.loop.faults import NO_HOOKS
     from tokweight.training.loop.run_dir import write_config
     from tokweight.training.loop.step import train_step
-    from tokweight.training.loop.train import setup
+    from tokweight.training.loop.setup import setup
 
     if "full" not in check.kept:
         raise RuntimeError("the full fine-tune stage left no run to resume")
@@ -474,7 +474,7 @@ def ddp_rank(args: argparse.Namespace) -> None:
     """Under torchrun: the full fine-tune's steps on this rank's GPU, DistributedDataParallel over NCCL (gloo on
     the CPU), as `tokweight train` runs them; rank 0 prints its row, per-rank batch ``--batch``."""
     from tokweight.pipeline.ranks import Ranks
-    from tokweight.training.loop.train import setup
+    from tokweight.training.loop.setup import setup
 
     backend = "nccl" if args.device.startswith("cuda") else "gloo"
     ranks = Ranks(timeout_s=300.0, backend=backend)

@@ -42,7 +42,7 @@ def step_zero(run: Path, seed: int, cond: str | None, batches: int) -> dict[str,
     from tokweight.training.loop.run_dir import read_config
     from tokweight.training.loop.step import sample_generator
     from tokweight.training.loop.stream import TrainStream
-    from tokweight.training.loop.train import setup
+    from tokweight.training.loop.setup import setup
 
     cfg = read_config(run)
     if cfg.cvae.latent != "discrete":

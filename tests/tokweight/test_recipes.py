@@ -76,7 +76,7 @@ def test_frozen_baseline_keeps_the_checkpoint_rows_when_latent_embeddings_are_re
     from tokweight.pipeline.ranks import Ranks
     from tokweight.training.objective.baselines import Frozen
     from tokweight.training.loop.stream import EvalStream, loader
-    from tokweight.training.loop.train import setup
+    from tokweight.training.loop.setup import setup
 
     state = setup(config(tiny, tmp_path, cvae=CVAEConfig(latent_init_norm=3.0, latent_init_center=False)), Ranks())
     batch = next(iter(loader(EvalStream(state.spec), 0)))
@@ -112,7 +112,7 @@ def test_train_with_only_the_required_flags_builds_the_default_config(tiny, tmp_
 def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
     from tokweight.pipeline.ranks import Ranks
     from tokweight.pipeline.data.synth import load_synth_config
-    from tokweight.training.loop.train import label_names, setup
+    from tokweight.training.loop.setup import label_names, setup
 
     cfg = with_recipe(config(tiny, tmp_path, weighting="uniform", beta=0.3), "survival")
     assert cfg.estep.mode == "label" and cfg.cvae.latent_init_center

@@ -1,7 +1,7 @@
 """A training run's state: the live objects it trains with (``State``) and where it stands (``Progress``).
 
 Everything in ``Progress`` is saved with each checkpoint (``callbacks.Checkpoint``), so a resumed run goes on
-as if never stopped; the objects are rebuilt by ``train.setup``.
+as if never stopped; the objects are rebuilt by ``setup.setup``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What ``tokweight plan`` runs: the CVAE of a configuration built as ``train.setup`` builds it, and a batch of
+"""What ``tokweight plan`` runs: the CVAE of a configuration built as ``setup.setup`` builds it, and a batch of
 its shape, under torch's FakeTensorMode (``training/plan/estimate.py``), so that nothing is allocated.
 
 The model: a backbone from a config (a Hugging Face ``config.json`` through transformers' AutoConfig, or the
@@ -104,7 +104,7 @@ class Built:
 
 
 def build(spec: dict, train_cfg, mesh=None, fake: bool = True) -> Built:
-    """The CVAE ``train.setup`` builds for ``train_cfg`` (a TrainConfig) and its AdamW (fused, as on CUDA), on the
+    """The CVAE ``setup.setup`` builds for ``train_cfg`` (a TrainConfig) and its AdamW (fused, as on CUDA), on the
     CPU. ``fake``: built on the meta device, sharded there, then given fake storage (``to_empty`` under the active
     FakeTensorMode, as torchtitan builds what it estimates); else real tensors (the CPU check of
     ``tests/training/plan/test_plan.py``)."""

@@ -26,7 +26,8 @@ from tokweight.training.decoding.generate import run as generate
 from tokweight.training.loop.run_dir import load_run, read_metrics
 from tokweight.training.loop.stream import TrainStream
 from tokweight.training.loop.step import train_step
-from tokweight.training.loop.train import run, setup
+from tokweight.training.loop.train import run
+from tokweight.training.loop.setup import setup
 from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 pytest.importorskip("peft")

@@ -21,7 +21,8 @@ from tokweight.pipeline.ranks import Ranks
 from tokweight.training.config.components import CVAEConfig, EStepConfig, LoRAConfig
 from tokweight.training.loop.convergence import StopRule
 from tokweight.training.loop.run_dir import load_run, read_metrics, trained_state
-from tokweight.training.loop.train import run, setup
+from tokweight.training.loop.train import run
+from tokweight.training.loop.setup import setup
 from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 TIMEOUT_S = 240

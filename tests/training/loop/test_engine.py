@@ -18,7 +18,7 @@ from tokweight.training.config.components import CVAEConfig, EStepConfig, LoRACo
 from tokweight.training.loop.engine import numbered, transformer_blocks
 from tokweight.training.loop.step import train_step
 from tokweight.training.loop.stream import TrainStream
-from tokweight.training.loop.train import pooled_key_values, setup
+from tokweight.training.loop.setup import pooled_key_values, setup
 from tokweight.training.config.train import IOConfig, LogConfig, LossConfig, OptimConfig, TrainConfig
 
 WARM = LossConfig(beta_warmup_steps=1)  # step 0 at beta 0 with the anchor off, step 1 at beta with the anchor on
