@@ -72,8 +72,9 @@ from tokweight.pipeline.tokens import hf_vocab
 from tokweight.pipeline.data.bucketing import padded_fraction, plan_batches
 from tokweight.pipeline.models.backbone import load_backbone
 from tokweight.pipeline.extract.config import ExtractConfig
-from tokweight.pipeline.extract.extract import (ShardBatches, cpus_per_process, encode, prepare_shard, read_samples, run,
-                                       score_batch, uses_reader_process)
+from tokweight.pipeline.extract.extract import cpus_per_process, run, uses_reader_process
+from tokweight.pipeline.extract.prepare import ShardBatches, encode, prepare_shard, read_samples
+from tokweight.pipeline.extract.score import score_batch
 from tokweight.pipeline.extract.reader import ReaderProcess, busy_cpus, gc_frozen
 from tokweight.pipeline.extract.plan import InputShard, Task, run_inputs
 from tokweight.pipeline.data.shards import resolve_shards, shard_name

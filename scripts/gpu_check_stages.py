@@ -198,7 +198,7 @@ def shard_batches(data: Path, ckpt, batch_tokens: int) -> tuple[list, int]:
 def bare_forward(model, inputs) -> list[torch.Tensor]:
     """What extraction cannot do without: the inputs to the device, the backbone's hidden states, and the head on
     the states that predict S in extraction's chunks; no log-softmax, nothing read back."""
-    from tokweight.pipeline.extract.extract import LOGIT_CHUNK_ELEMENTS
+    from tokweight.pipeline.extract.score import LOGIT_CHUNK_ELEMENTS
 
     device = next(model.parameters()).device
     inputs = inputs.to(device)
@@ -214,7 +214,7 @@ def extraction(check: Check, rounds: int = 3) -> list[Row]:
     over every train shard, in alternating rounds (median); the first round is the warm-up."""
     from tokweight.pipeline.models.backbone import load_backbone
     from tokweight.pipeline.extract.config import ExtractConfig
-    from tokweight.pipeline.extract.extract import ScoreInputs, score_shard
+    from tokweight.pipeline.extract.score import ScoreInputs, score_shard
     from tokweight.pipeline.tokens.templates import Batch, Template
 
     ckpt = load_backbone(check.model, device=check.device, dtype=check.dtype, template=Template("chat"))

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from tokweight.pipeline.data.bucketing import bucket, padded_fraction, plan_batches
 from tokweight.pipeline.models.checkpoint import load_checkpoint
-from tokweight.pipeline.extract.extract import ShardBatches, encode, read_samples, score_batch, score_shard
+from tokweight.pipeline.extract.prepare import ShardBatches, encode, read_samples
+from tokweight.pipeline.extract.score import score_batch, score_shard
 from tokweight.pipeline.data.shards import resolve_shards, shard_name
 from tokweight.pipeline.tokens.templates import Layout, collate, template_ids
 from tokweight.store.baseline_store import BaselineStore

@@ -192,7 +192,7 @@ def test_the_same_bytes_at_two_urls_are_refused(world, tmp_path):
 
 
 def test_a_url_that_changed_while_extracting_is_never_mixed_in(world, tmp_path):
-    from tokweight.pipeline.extract.extract import read_input
+    from tokweight.pipeline.extract.prepare import read_input
     from tokweight.pipeline.extract.plan import Task
     from tokweight.store.writer import InputShard
 

@@ -18,7 +18,8 @@ from tokweight.pipeline.extract import prepare as extract_read
 from tokweight.pipeline.tokens import rendering
 from tokweight.pipeline.data.errors import SampleError
 from tokweight.pipeline.extract.config import ExtractConfig
-from tokweight.pipeline.extract.extract import run as extract, to_device
+from tokweight.pipeline.extract.extract import run as extract
+from tokweight.pipeline.tokens.templates import to_device
 from tokweight.pipeline.tokens.hf_vocab import TokenizerVocab
 from tokweight.pipeline.tokens.rendering import CHECK_EVERY, Renderer, RenderMismatch
 from tokweight.pipeline.tokens.templates import Template, or_error, template_ids, template_ids_many
