@@ -7,7 +7,7 @@ Per input shard, a stream of stages:
     drop_later_occurrences   Sample -> Sample: keys an earlier shard of the run has are duplicates
     encode         Sample -> Encoded: z-free ids, layout, position in the shard (rows tokenized in batches)
     ShardBatches   Encoded -> batches of similar length (pipeline.data.bucketing), collated (numpy)
-    score_shard    batches -> b, entropy, top-1 over S, float32, scattered back to shard
+    score_shard    batches -> b, entropy, top-1 over S, float32, scattered back to shard (score.py)
                    order, + the derived columns (store.derived) -> one PART_SCHEMA table
     extract_part   table -> one part (temp name, fsync, rename) + its journal record (store.writer)
 
