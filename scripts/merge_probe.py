@@ -235,6 +235,13 @@ def one_symbol(part_a: np.ndarray, part_b: np.ndarray, chose_a: np.ndarray,
     return c, taken, agree / max(n, 1), n
 
 
+def symbol_index(samples, labels) -> dict[str, int]:
+    """Every symbol of the inputs and of what the strategies write from them (a format's month names, a padded
+    zero), each with an index: where two outputs part, either may hold a symbol that x does not."""
+    written = {t for s in samples for y in labels.outputs(s.x).values() for t in y}
+    return {s: i for i, s in enumerate(sorted({t for s in samples for t in s.x} | written))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path)
@@ -266,8 +273,7 @@ def main() -> None:
     nll = base_nll(json.loads((args.run / "config.json").read_text())["io"]["checkpoint"], samples, labels, names)
     for v, shares in enumerate(base_choice_shares(nll, hits, names)):
         print(f"value {v} executes the base's choice " + ", ".join(f"{r + 1}: {share:.2f}" for r, share in enumerate(shares)))
-    written = {t for s in samples for y in labels.outputs(s.x).values() for t in y}  # what the strategies write
-    symbols = {s: i for i, s in enumerate(sorted({t for s in samples for t in s.x} | written))}
+    symbols = symbol_index(samples, labels)
     report_first_tokens(decodes, np.array([[symbols[labels.outputs(s.x)[n][0]] for n in names] for s in samples]),
                         symbols)
     for v, a, b in shared_pairs(hits, names):

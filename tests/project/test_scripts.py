@@ -162,3 +162,17 @@ def test_start_alignment_reads_the_values_apart_and_their_agreement_with_the_str
     assert spread == pytest.approx(0.6) and mi == pytest.approx(np.log(2))
     ignores = np.array([[0.1, 0.6], [0.1, 0.6], [0.9, 0.2], [0.9, 0.2]] * 25)  # argmin alternates in pairs
     assert alignment(ignores, strategies, 2)[1] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_merge_probe_indexes_the_symbols_strategies_write_that_x_lacks():
+    """A format writes the month's name where x holds its digits: where two outputs part, the probe must know it."""
+    from types import SimpleNamespace
+
+    probe = runpy.run_path(str(SCRIPTS[0].parent / "merge_probe.py"))
+    samples = [SimpleNamespace(x=("e", ",", "3", ",", "1", "0")), SimpleNamespace(x=("f", ",", "1", "2", ",", "2"))]
+    outputs = {("e", ",", "3", ",", "1", "0"): {"csv": ("e", ",", "3", "-", "1", "0"), "letter": ("e", ",", "oct", "3")},
+               ("f", ",", "1", "2", ",", "2"): {"csv": ("f", ",", "1", "2", "-", "2"), "letter": ("f", ",", "feb", "1", "2")}}
+    labels = SimpleNamespace(outputs=lambda x: outputs[tuple(x)])
+    symbols = probe["symbol_index"](samples, labels)
+    assert {"oct", "feb", "-"} <= set(symbols) and {"e", "f", ",", "0", "1", "2", "3"} <= set(symbols)
+    assert sorted(symbols.values()) == list(range(len(symbols)))
