@@ -70,6 +70,21 @@ def test_hard_assignment_is_the_argmin_and_uniform_prior_ignores_the_learned_one
     assert learned.tolist() == [[1, 0, 0], [0, 0, 1]]
 
 
+def test_the_head_weight_tilts_q_star_towards_the_head_where_the_decoders_tie_and_is_off_at_zero():
+    """q* ∝ q_head^gamma exp(-R / T): at gamma 0 the head is not read; where R ties (row 0) q* is the head's q^gamma
+    renormalised, where R is sure (row 1) the head barely moves it; the head enters detached."""
+    R = torch.tensor([[1.0, 1.0, 1.0], [0.0, 8.0, 8.0]])
+    head = torch.log_softmax(torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0]]), -1).requires_grad_()
+    off = assignment(R, torch.zeros_like(R), E(mode="soft"), head=head)
+    assert torch.equal(off, assignment(R, torch.zeros_like(R), E(mode="soft")))
+    on = assignment(R, torch.zeros_like(R), E(mode="soft", head_weight=1.0), head=head)
+    assert torch.allclose(on[0], head[0].detach().exp())  # a tie: the head's grouping decides
+    assert on[1, 0] > 0.99 and on[1, 1] > off[1, 1]  # the decoders' sure choice stands, tilted a little
+    assert not on.requires_grad
+    with pytest.raises(ValueError, match="head_weight must be >= 0"):
+        EStepConfig(head_weight=-1.0)
+
+
 def test_harden_trains_a_sure_example_s_copy_only_and_leaves_an_unsure_one_soft():
     R = torch.tensor([[0.1, 2.0, 2.0], [1.00, 1.05, 1.10]])
     zero = torch.zeros_like(R)
@@ -333,7 +348,8 @@ def test_a_continuous_e_step_is_refused_what_it_cannot_do():
     for estep, match in ((EStepConfig(mode="label"), "mode soft or hard"),
                          (EStepConfig(mode="soft", prior="learned", balance_iters=3), "balance_iters 0"),
                          (EStepConfig(mode="hard", prior="uniform"), "prior 'learned'"),
-                         (EStepConfig(mode="hard", prior="learned", labelled=0.1), "labelled 0")):
+                         (EStepConfig(mode="hard", prior="learned", labelled=0.1), "labelled 0"),
+                         (EStepConfig(mode="hard", prior="learned", head_weight=1.0), "head_weight 0")):
         with pytest.raises(ValueError, match=match):
             TrainConfig(io=io, cvae=continuous, estep=estep)
     with pytest.raises(ValueError, match="samples >= 2"):
