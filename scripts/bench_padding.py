@@ -26,6 +26,7 @@ from itertools import islice
 from tokweight.config_files import preset_config
 from tokweight.pipeline.data.synth import SynthConfig, generate, kind_strategies
 from tokweight.pipeline.tokens.vocab import Vocab
+from tokweight.training.config.train import IOConfig
 from tokweight.training.loop.batches import bucketed, encode, shuffle
 
 KINDS = ("default", "lexical", "format", "procedure")
@@ -68,14 +69,13 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for preset in KINDS:
         data = examples(preset, args.k)
-        by = {}
+        count, total = Counter(ex.strategy for ex in data), Counter()
         for ex in data:
-            by.setdefault(ex.strategy, []).append(ex.layout.n)
-        ys = {s: sum(v) / len(v) for s, v in by.items()}
-        shuffled = lambda: shuffle(data, 256, random.Random(0))
+            total[ex.strategy] += ex.layout.n
+        shuffled = lambda: shuffle(data, IOConfig.shuffle_buffer, random.Random(0))  # the training stream's buffer
         plain = batch_stats(shuffled(), args.batch_size)
         sorted_ = batch_stats(bucketed(shuffled(), args.batch_size, args.batches, random.Random(1)), args.batch_size)
-        lengths = ", ".join(f"{s} {v:.1f}" for s, v in ys.items())
+        lengths = ", ".join(f"{s} {total[s] / n:.1f}" for s, n in count.items())
         print(f"| {preset} | {args.k} | {lengths} | {plain['batches']} | {plain['padding']:.1%} / "
               f"{sorted_['padding']:.1%} | {plain['top']:.3f} / {sorted_['top']:.3f} | {plain['strategies']:.2f} / "
               f"{sorted_['strategies']:.2f} | {plain['pure']:.3f} / {sorted_['pure']:.3f} |")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+
 import numpy as np
 import torch
 
@@ -69,6 +70,7 @@ def main() -> None:
         print(f"{pool}: I(cluster; strategy) {contingency_mi(table):.3f} of log K {math.log(k):.3f}, "
               f"purity {table.max(1).sum() / table.sum():.3f}; clusters x ({', '.join(names)}): "
               + "; ".join(" ".join(str(int(n)) for n in row) for row in table))
+
 
 if __name__ == "__main__":
     main()
