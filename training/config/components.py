@@ -241,6 +241,13 @@ class EStepConfig:
     before any likelihood read) inside q*: q*(k) ∝ p(k|x) q_head(k)^gamma exp(-R(k) / temperature). The head is
     one linear map of the pooled states (``cvae.posterior_pool``), the same for every input, so its grouping
     carries a value from the examples the decoders have bound to those they nearly tie on; 0: off."""
+    cluster_weight: float = 0.0
+    """Discrete latent, soft and hard modes: gamma_c, the weight of the base's own grouping of the lines inside q*
+    (``training/objective/clusters.py``): q*(k) ∝ p(k|x) pi(k)^gamma_c exp(-R(k) / temperature), pi an example's
+    soft cluster among K centres that k-means fits to the base's pooled states (``cvae.posterior_pool``) on the
+    first training lines, value k cluster k. The grouping does not learn from the decoders, so it can keep a value
+    on one strategy where the decoders alone would bind it to one strategy on some inputs and another on the rest;
+    0: off (nothing fitted)."""
     labelled_weight: float = 0.5
     """The share of a batch's fit (reconstruction and distillation) that its labelled examples carry, whatever their
     number, the unlabelled the rest (each example of a part alike); a batch without both is unweighted. Set to
@@ -256,8 +263,9 @@ class EStepConfig:
         if not (self.harden is None or 0 <= self.harden <= 1) or (self.harden_from or 0) < 0:
             raise ValueError(f"estep harden must be a share in [0, 1] and harden_from >= 0, got {self.harden}, "
                              f"{self.harden_from}")
-        if self.head_weight < 0:
-            raise ValueError(f"estep head_weight must be >= 0, got {self.head_weight}")
+        if self.head_weight < 0 or self.cluster_weight < 0:
+            raise ValueError(f"estep head_weight and cluster_weight must be >= 0, got {self.head_weight}, "
+                             f"{self.cluster_weight}")
         if not 0 < self.labelled_weight < 1:
             raise ValueError(f"estep labelled_weight must be a share in (0, 1), got {self.labelled_weight}")
         if not 0 <= self.labelled <= 1 or (self.labelled and self.mode not in (None, "soft", "hard")):
@@ -280,11 +288,12 @@ class EStepConfig:
         cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden)
         if not continuous or cfg.mode == "off":
             return cfg
-        if cfg.mode == "label" or cfg.labelled or cfg.balance_iters or cfg.head_weight or cfg.prior != "learned":
+        if (cfg.mode == "label" or cfg.labelled or cfg.balance_iters or cfg.head_weight or cfg.cluster_weight
+                or cfg.prior != "learned"):
             raise ValueError("a continuous latent's E-step weighs its draws of z: it takes mode soft or hard with "
-                             f"prior 'learned', balance_iters 0, labelled 0 and head_weight 0, not mode {cfg.mode!r}, "
-                             f"prior {cfg.prior!r}, balance_iters {cfg.balance_iters}, labelled {cfg.labelled}, "
-                             f"head_weight {cfg.head_weight}")
+                             f"prior 'learned', balance_iters 0, labelled 0, head_weight 0 and cluster_weight 0, not "
+                             f"mode {cfg.mode!r}, prior {cfg.prior!r}, balance_iters {cfg.balance_iters}, labelled "
+                             f"{cfg.labelled}, head_weight {cfg.head_weight}, cluster_weight {cfg.cluster_weight}")
         if samples < 2:
             raise ValueError(f"a continuous latent's E-step chooses among its draws: set samples >= 2, not {samples}")
         return cfg

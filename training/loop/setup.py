@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import sys
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from tokweight.pipeline.models.backbone import load_backbone, store_template
+from tokweight.pipeline.data.errors import Skips
 from tokweight.pipeline.data.labels import load_labels
 from tokweight.pipeline.ranks import Ranks
 from tokweight.pipeline.tokens.vocab import Vocab
 from tokweight.training.objective.baselines import AdaptersOff, Frozen, make_baseline
+from tokweight.training.objective.clusters import CLUSTER_LINES, Clusters
 from tokweight.training.cvae.conditioning import token_key_values
 from tokweight.training.config.components import POLICIES, WEIGHTINGS, CVAEConfig, WeightingParams
 from tokweight.training.loop.convergence import Convergence
@@ -36,7 +39,7 @@ from tokweight.training.loop.run_dir import resume
 from tokweight.training.objective.schedules import Schedule
 from tokweight.training.loop.state import Progress, State, set_rng_states
 from tokweight.training.loop.step import build_optimizer
-from tokweight.training.loop.stream import TrainStream
+from tokweight.training.loop.stream import EvalStream, TrainStream, loader
 from tokweight.training.loop.train_base import memorised_line
 from tokweight.training.config.train import IOConfig, TrainConfig
 
@@ -79,6 +82,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
     global_batch = GlobalBatch(ranks.rank, ranks.world)
     with autocast(cfg.io.dtype, device):  # before resume too
         init_memory(model, spec, global_batch, device, cfg.optim.seed, sharded)
+        clusters = fit_clusters(cfg, model, spec, ranks)
     if ranks.is_main and announce:
         for line in (trainable_line(model), split_b and memorised_line(split_b["train"], split_b["val"])):
             if line:
@@ -97,7 +101,8 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
     set_rng_states(saved.get("rng", {}), device)  # a resumed run's, which replace those
     progress = Progress(saved.get("step", 0), Convergence(**saved.get("convergence", {})), saved.get("converged_at"))
     return State(model, engine, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
-                 global_batch, ranks, device, meta, Schedule.of(cfg), label_names(cfg), progress, sharded)
+                 global_batch, ranks, device, meta, Schedule.of(cfg), label_names(cfg), progress, sharded,
+                 None if clusters is None else clusters.to(device))
 
 
 def build_model(cfg: TrainConfig, init, base, devices: tuple[torch.device, torch.device], lower: torch.dtype,
@@ -213,6 +218,36 @@ def init_memory(model: CVAE, spec: StreamSpec, ranks: GlobalBatch, device: torch
     else:
         mean, spread = mean[0], spread[0]
     model.conditioning.init_memory(mean, spread, torch.Generator().manual_seed(seed))
+
+
+def fit_clusters(cfg: TrainConfig, model: CVAE, spec: StreamSpec, ranks: Ranks) -> Clusters | None:
+    """The base's grouping of the lines that the E-step weighs in (``estep.cluster_weight``; None where it is 0):
+    k-means of the model's z-free pooled states on the train split's first ``CLUSTER_LINES`` lines, taken before a
+    resume loads trained weights, so from the init checkpoint on every start and resume alike. Rank 0, which holds
+    the weights under FSDP too, fits; every rank gets its centres."""
+    if not cfg.estep.cluster_weight:
+        return None
+    return ranks.broadcast(Clusters.fit(pooled_states(model, spec, CLUSTER_LINES), cfg.cvae.k)
+                           if ranks.is_main else None)
+
+
+@torch.no_grad()
+def pooled_states(model: CVAE, spec: StreamSpec, lines: int) -> torch.Tensor:
+    """(N, d) the posterior head's input (``CVAE.posterior_input``) for the first ``lines`` lines of ``spec``'s
+    shards in order (fewer where the split is smaller), on the model's device; no dropout draw."""
+    home = next(model.parameters()).device
+    pooled, n = [], 0
+    model.backbone.eval()
+    for batch in loader(EvalStream(replace(spec, store=None)), 0):
+        if isinstance(batch, Skips):
+            continue
+        batch = batch.to(home)
+        pooled.append(model.posterior_input(batch, model.backbone.hidden(batch.zfree.input_ids)))
+        n += len(batch)
+        if n >= lines:
+            break
+    model.backbone.train()
+    return torch.cat(pooled)[:lines]
 
 
 def measure_key_values(model: CVAE, stream: TrainStream) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -58,8 +58,9 @@ def step_terms(state: State, batch: TrainBatch, cfg) -> tuple[object, torch.Tens
     b = state.baseline(batch, out)  # (B, T_max) nats over S, detached
     labels = (step_labels(at.estep, batch.strategies, state.strategy_names, batch.keys)
               if at.em and state.strategy_names else None)
+    cluster = state.clusters.log_prob(out.pooled) if state.clusters is not None and at.em else None  # (B, K)
     terms = step_loss(state.model.latent, out, b, batch.zfree.mask, cfg.loss, at, state.params, labels,
-                      state.global_batch)
+                      state.global_batch, cluster)
     return terms.out, b, terms
 
 

@@ -52,14 +52,15 @@ def sinkhorn(log_scores: torch.Tensor, iters: int) -> torch.Tensor:
 
 def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float = 0.0,
                labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL,
-               head: torch.Tensor | None = None) -> torch.Tensor:
+               head: torch.Tensor | None = None, cluster: torch.Tensor | None = None) -> torch.Tensor:
     """The E-step's (B, K) weights of the decoder copies, detached: soft q* (where ``cfg.harden`` > 0, the
     one-hot argmax on the rows whose q* gives one copy at least that share), its hard argmax, or (mode "label")
     the one-hot of ``labels`` (B,) strategy indices. In the other modes ``labels`` (B,), when given, fixes the
     rows whose index is >= 0 to its one-hot (the labelled examples); -1: q*'s.
 
     R (B, K) nats per copy; log_prior (B, K) the learned prior (ignored under prior "uniform"); head (B, K) the
-    amortised head's log q, which ``cfg.head_weight`` weighs into q*'s prior (None: not read);
+    amortised head's log q, which ``cfg.head_weight`` weighs into q*'s prior (None: not read); cluster (B, K) the
+    base's grouping's log pi (``clusters.Clusters.log_prob``), weighed in by ``cfg.cluster_weight`` (None: not read);
     beta: the step's KL weight, the temperature under ``follow_beta`` (hard at beta = 0).
     Balancing acts on q* before the argmax, so a hard assignment is balanced too, and over
     the global ``batch``: Sinkhorn's columns are sums over all of its rows.
@@ -72,7 +73,7 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
         if labels is None:
             raise ValueError('estep mode "label" needs the batch\'s strategy labels')
         return one_hot(labels.to(R.device), R.shape[-1], R.dtype)
-    log_q, hard = step_posterior(R, log_prior, cfg, beta, head)
+    log_q, hard = step_posterior(R, log_prior, cfg, beta, head, cluster)
     a = batch.rows(sinkhorn(batch.gather(log_q), cfg.balance_iters)) if cfg.balance_iters else log_q.exp()
     if hard or cfg.harden:  # the argmax's one-hot: every row, or the rows q* is sure of
         top = one_hot(a.argmax(-1), R.shape[-1], R.dtype)
@@ -90,36 +91,41 @@ def one_hot(index: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def step_posterior(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float,
-                   head: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+                   head: torch.Tensor | None = None, cluster: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, bool]:
     """(log q* (B, K), whether the step takes its argmax on every row): q* at the step's temperature (``beta``
     under ``follow_beta``) and prior (``cfg.prior``, times the head's q to the power ``cfg.head_weight`` where
-    ``head`` (B, K) log q is given); at beta = 0 under ``follow_beta``, the hard argmin of R whatever p."""
+    ``head`` (B, K) log q is given, and the base's grouping pi to the power ``cfg.cluster_weight`` where ``cluster``
+    (B, K) log pi is); at beta = 0 under ``follow_beta``, the hard argmin of R whatever p."""
     if cfg.follow_beta and beta == 0:  # the beta -> 0 limit of p exp(-R / beta): argmin R whatever p
         return exact_posterior(R, torch.zeros_like(R), cfg.temperature), True
     prior = torch.zeros_like(R) if cfg.prior == "uniform" else log_prior.detach()
     if head is not None and cfg.head_weight:
         prior = prior + cfg.head_weight * head.detach().to(R.dtype)
+    if cluster is not None and cfg.cluster_weight:
+        prior = prior + cfg.cluster_weight * cluster.detach().to(R.dtype)
     return exact_posterior(R, prior, beta if cfg.follow_beta else cfg.temperature), cfg.mode == "hard"
 
 
 def sure_rows(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta: float,
-              head: torch.Tensor | None = None) -> torch.Tensor:
+              head: torch.Tensor | None = None, cluster: torch.Tensor | None = None) -> torch.Tensor:
     """(B,) bool: the examples the E-step gives a one-hot, as ``assignment`` does before any balancing or label:
     every row of a hard step, else those whose q* gives one copy at least ``cfg.harden`` (none at 0)."""
-    log_q, hard = step_posterior(R.detach(), log_prior, cfg, beta, head)
+    log_q, hard = step_posterior(R.detach(), log_prior, cfg, beta, head, cluster)
     if hard or not cfg.harden:
         return torch.full((len(R),), hard, dtype=torch.bool, device=R.device)
     return log_q.exp().max(-1).values >= cfg.harden
 
 
-def read_likelihood(out, R: torch.Tensor, cfg: EStepConfig, beta: float):
+def read_likelihood(out, R: torch.Tensor, cfg: EStepConfig, beta: float, cluster: torch.Tensor | None = None):
     """``out`` (a discrete latent's ``CVAEOutput``) with its posterior read with y's likelihood under each value
     (``CVAEConfig.posterior_likelihood``): on the examples the step's E-step is sure of (``sure_rows``),
     log q(k | x, y) = log_softmax(log q_head(k) + log p(y | x, k)), Bayes' rule with the head as the log prior,
     log p(y | x, k) = -sum_t l_t(k) from the K decoder passes, detached; elsewhere the head's q. A z not in use makes
     no example sure, so its q stays the head's. R (B, K) nats: the step's reconstruction, which gives q*; ``cfg``
-    the E-step as it acts at the step and ``beta`` its KL weight (``schedules.StepSchedule``)."""
-    sure = sure_rows(R, out.prior, cfg, beta, out.post)
+    the E-step as it acts at the step and ``beta`` its KL weight (``schedules.StepSchedule``); ``cluster`` (B, K) the
+    base's grouping's log pi where the step reads it (``assignment``)."""
+    sure = sure_rows(R, out.prior, cfg, beta, out.post, cluster)
     log_likelihood = torch.where(sure[:, None], -out.nll.sum(-1), 0).detach()
     return replace(out, post=F.log_softmax(out.post + log_likelihood.to(out.post.dtype), -1))
 

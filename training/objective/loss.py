@@ -18,7 +18,7 @@ it acts, and whether the posterior reads the likelihood. ``step_loss`` computes,
     A     = mean_i sum_c sg(q_ic) mean_t relu(l_t(c) - b_t - margin)        the anchor term, q detached
 
     E-step on:  a_i = q*_i, detached: q*(c) ∝ p(c|x) exp(-R_ic / beta) (``estep.assignment``, with its
-                hardening, balance, labels and head weight as configured; at beta = 0 under follow_beta the
+                hardening, balance, labels, head and cluster weights as configured; at beta = 0 under follow_beta the
                 argmin of R)
         J = mean_i w_i [sum_c a_ic R_ic - sum_c a_ic log q_ic] + beta FB(KL(a_i || p_i)) + w_anchor A
     E-step off:
@@ -81,17 +81,19 @@ class Terms:
 
 
 def step_loss(latent, out, b: torch.Tensor, mask: torch.Tensor, loss: LossConfig, at: StepSchedule,
-              params: WeightingParams, labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL) -> Terms:
+              params: WeightingParams, labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL,
+              cluster: torch.Tensor | None = None) -> Terms:
     """J for one batch (the module's docstring): ``out`` the CVAE's outputs, b (B, T) nats over S (detached), mask
     (B, T); ``loss`` the run's ``LossConfig`` (weighting, free bits, anchor margin); ``at`` the step's schedule;
-    labels (B,) strategy indices for an E-step that reads them; ``batch`` the global batch."""
+    labels (B,) strategy indices for an E-step that reads them; ``batch`` the global batch; ``cluster`` (B, K) the
+    base's grouping's log pi for an E-step that weighs it in (``clusters.py``)."""
     pi, degenerate = reconstruction_weights(loss.weighting, b, mask, params,
                                             loss.token_weighted_reconstruction_weight, batch)  # (B, T)
     R = reconstruction(out, pi)  # (B, copies) nats: the step's one R
     head = out.post  # the amortised head's q, before any likelihood read
     if at.reads_likelihood:
-        out = read_likelihood(out, R, at.estep, at.beta)
-    obj = (em_objective(latent, out, R, at.beta, loss.free_bits, at.estep, labels, batch, head) if at.em
+        out = read_likelihood(out, R, at.estep, at.beta, cluster)
+    obj = (em_objective(latent, out, R, at.beta, loss.free_bits, at.estep, labels, batch, head, cluster) if at.em
            else plain_objective(latent, out, R, at.beta, loss.free_bits, batch))
     anchor = anchored(latent, out, b, mask, loss.anchor_margin)
     total = obj.loss + at.anchor_weight * anchor if at.anchor_weight else obj.loss
@@ -115,7 +117,7 @@ def plain_objective(latent, out, R: torch.Tensor, beta: float, free_bits: float 
 
 def em_objective(latent, out, R: torch.Tensor, beta: float, free_bits: float, cfg: EStepConfig,
                  labels: torch.Tensor | None = None, batch: GlobalBatch = LOCAL,
-                 head: torch.Tensor | None = None) -> Objective:
+                 head: torch.Tensor | None = None, cluster: torch.Tensor | None = None) -> Objective:
     """J_EM = mean_i [sum_c a_ic R_ic + CE(a_i, q_i)] + beta * KL(a || p), a = the E-step's assignment
     (detached): the decoder copies learn from a, the amortised posterior is distilled to a, and the prior fits a
     through beta * KL, which is J's own prior gradient at q = a. The posterior gets no KL gradient: a already
@@ -129,7 +131,8 @@ def em_objective(latent, out, R: torch.Tensor, beta: float, free_bits: float, cf
     z = None if out.z is None else out.z.detach()  # each copy's value: q and p fit it, not move it
     log_p, log_q = latent.log_density(out.prior, z), latent.log_density(out.post, z)  # (B, copies) each
     log_target = log_p - log_q.detach() if latent.sampled else log_p  # the E-step's p, by the proposal
-    a = assignment(R, log_target, cfg, beta, labels, batch, None if latent.sampled else head)  # (B, copies)
+    a = assignment(R, log_target, cfg, beta, labels, batch, None if latent.sampled else head,
+                   None if latent.sampled else cluster)  # (B, copies)
     assigned, distilled = assigned_reconstruction(R, a), distillation(log_q, a)  # (B,) each
     fit = assigned.mean() + distilled.mean()
     if labels is not None:  # weighed where the global batch holds both kinds (chosen on the device: no host sync)

@@ -93,9 +93,9 @@ def config(data, ckpt, out, store=None, steps=3, **groups) -> TrainConfig:
     {"cvae": CVAEConfig(cond="memory", slots=1)}, {"cvae": CVAEConfig(cond="layernorm", slots=1)},
     {"cvae": CVAEConfig(latent="continuous", z_dim=2)}, {"loss": LossConfig(policy="frozen")},
     {"loss": LossConfig(policy="dynamic")}, {"loss": LossConfig(weighting="example-inverse")},
-    {"estep": EStepConfig(labelled=0.2)}],
+    {"estep": EStepConfig(labelled=0.2)}, {"estep": EStepConfig(cluster_weight=1.0)}],
     ids=["default", "prefix", "token", "memory", "layernorm", "continuous", "frozen", "dynamic", "example-inverse",
-         "labelled"])
+         "labelled", "clusters"])
 def test_a_step_that_does_not_log_makes_no_host_sync(tiny, tiny_store, tmp_path, monkeypatch, groups):
     data, ckpt = tiny
     counts = guarded_run(monkeypatch, config(data, ckpt, tmp_path / "run", tiny_store, **groups))
@@ -128,3 +128,4 @@ def test_a_batch_carries_its_widths_and_s_tokens_as_host_ints():
     assert batch.zfree.s_tokens == batch.zcond.s_tokens == int(batch.zfree.mask.sum()) == 2 + 5
     moved = batch.to("cpu")
     assert moved.widths == batch.widths and moved.zcond.s_tokens == batch.zcond.s_tokens
+

@@ -81,8 +81,24 @@ def test_the_head_weight_tilts_q_star_towards_the_head_where_the_decoders_tie_an
     assert torch.allclose(on[0], head[0].detach().exp())  # a tie: the head's grouping decides
     assert on[1, 0] > 0.99 and on[1, 1] > off[1, 1]  # the decoders' sure choice stands, tilted a little
     assert not on.requires_grad
-    with pytest.raises(ValueError, match="head_weight must be >= 0"):
+    with pytest.raises(ValueError, match="head_weight and cluster_weight must be >= 0"):
         EStepConfig(head_weight=-1.0)
+
+
+def test_the_cluster_weight_tilts_q_star_towards_the_base_s_grouping_and_is_off_at_zero():
+    """q* ∝ pi^gamma_c exp(-R / T), pi the example's cluster: where R ties the grouping decides, the two tilts add."""
+    R = torch.tensor([[1.0, 1.0, 1.0], [0.0, 8.0, 8.0]])
+    cluster = torch.log_softmax(torch.tensor([[0.0, 0.0, 3.0], [0.0, 3.0, 0.0]]), -1)
+    off = assignment(R, torch.zeros_like(R), E(mode="soft"), cluster=cluster)
+    assert torch.equal(off, assignment(R, torch.zeros_like(R), E(mode="soft")))
+    on = assignment(R, torch.zeros_like(R), E(mode="soft", cluster_weight=1.0), cluster=cluster)
+    assert torch.allclose(on[0], cluster[0].exp()) and on[1, 0] > 0.99
+    head = torch.log_softmax(torch.tensor([[0.0, 3.0, 0.0], [0.0, 0.0, 0.0]]), -1)
+    both = assignment(R, torch.zeros_like(R), E(mode="soft", cluster_weight=1.0, head_weight=1.0), head=head,
+                      cluster=cluster)
+    assert torch.allclose(both[0], torch.softmax(head[0] + cluster[0], -1))
+    with pytest.raises(ValueError, match="head_weight and cluster_weight must be >= 0"):
+        EStepConfig(cluster_weight=-0.5)
 
 
 def test_harden_trains_a_sure_example_s_copy_only_and_leaves_an_unsure_one_soft():
@@ -349,7 +365,8 @@ def test_a_continuous_e_step_is_refused_what_it_cannot_do():
                          (EStepConfig(mode="soft", prior="learned", balance_iters=3), "balance_iters 0"),
                          (EStepConfig(mode="hard", prior="uniform"), "prior 'learned'"),
                          (EStepConfig(mode="hard", prior="learned", labelled=0.1), "labelled 0"),
-                         (EStepConfig(mode="hard", prior="learned", head_weight=1.0), "head_weight 0")):
+                         (EStepConfig(mode="hard", prior="learned", head_weight=1.0), "head_weight 0"),
+                         (EStepConfig(mode="hard", prior="learned", cluster_weight=1.0), "cluster_weight 0")):
         with pytest.raises(ValueError, match=match):
             TrainConfig(io=io, cvae=continuous, estep=estep)
     with pytest.raises(ValueError, match="samples >= 2"):
