@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import sys
 from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from tokweight.pipeline.models.backbone import load_backbone, store_template
-from tokweight.pipeline.data.errors import Skips
 from tokweight.pipeline.data.labels import load_labels
 from tokweight.pipeline.ranks import Ranks
 from tokweight.pipeline.tokens.vocab import Vocab
@@ -39,7 +37,7 @@ from tokweight.training.loop.run_dir import resume
 from tokweight.training.objective.schedules import Schedule
 from tokweight.training.loop.state import Progress, State, set_rng_states
 from tokweight.training.loop.step import build_optimizer
-from tokweight.training.loop.stream import EvalStream, TrainStream, loader
+from tokweight.training.loop.stream import TrainStream, first_lines
 from tokweight.training.loop.train_base import memorised_line
 from tokweight.training.config.train import IOConfig, TrainConfig
 
@@ -234,20 +232,14 @@ def fit_clusters(cfg: TrainConfig, model: CVAE, spec: StreamSpec, ranks: Ranks) 
 @torch.no_grad()
 def pooled_states(model: CVAE, spec: StreamSpec, lines: int) -> torch.Tensor:
     """(N, d) the posterior head's input (``CVAE.posterior_input``) for the first ``lines`` lines of ``spec``'s
-    shards in order (fewer where the split is smaller), on the model's device; no dropout draw."""
+    shards in order (fewer where the split is smaller; ``stream.first_lines``), on the model's device; no dropout
+    draw."""
     home = next(model.parameters()).device
-    pooled, n = [], 0
     model.backbone.eval()
-    for batch in loader(EvalStream(replace(spec, store=None)), 0):
-        if isinstance(batch, Skips):
-            continue
-        batch = batch.to(home)
-        pooled.append(model.posterior_input(batch, model.backbone.hidden(batch.zfree.input_ids)))
-        n += len(batch)
-        if n >= lines:
-            break
+    pooled = [model.posterior_input(batch, model.backbone.hidden(batch.zfree.input_ids))
+              for batch in map(lambda b: b.to(home), first_lines(spec, lines))]
     model.backbone.train()
-    return torch.cat(pooled)[:lines]
+    return torch.cat(pooled)
 
 
 def measure_key_values(model: CVAE, stream: TrainStream) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

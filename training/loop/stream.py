@@ -225,6 +225,17 @@ class EvalStream(torch.utils.data.IterableDataset):
         return with_skips(batches, skips)
 
 
+def first_lines(spec: StreamSpec, lines: int) -> Iterator[TrainBatch]:
+    """The first ``lines`` samples of ``spec``'s shards in their order that the streams keep (``shard_examples``'
+    rule), in batches of its size, the last partial: the same lines whichever rank or worker reads them."""
+    view = open_store(spec)
+
+    def examples(url: str) -> list[Example]:
+        return shard_examples(spec, view, url, shard_label(spec, view, url))[0]
+
+    return batched(islice(chain.from_iterable(map(examples, spec.urls)), lines), spec.batch_size, partial=True)
+
+
 def with_skips(batches: Iterable[TrainBatch], skips: Skips) -> Iterator[TrainBatch | Skips]:
     """Stage: each batch preceded by what ``skips`` gathered while it was filled, the remainder last."""
     for batch in batches:

@@ -197,6 +197,8 @@ PATHS = {  # name: (backbones -> cfg -> cfg); each runs 4 steps of the common co
     "continuous-token-checkpointing": lambda b: lambda c: io(continuous(c, cond="token"), grad_checkpointing=True),
     "token-estep-labels": lambda b: lambda c: replace(c, cvae=CVAEConfig(cond="token"), estep=EStepConfig(mode="label"),
                                                       loss=WARM),
+    # rank 0 fits the centres on the split's first lines, which one process reads too, and every rank gets them
+    "estep-clusters": lambda b: lambda c: replace(c, estep=EStepConfig(cluster_weight=1.0), loss=WARM),
     # the E-step's recon is detached: with it off, the diagnostic's autograd.grad runs before each backward
     "frozen-plain-diagnostic": lambda b: lambda c: replace(
         c, loss=LossConfig(beta_warmup_steps=1, policy="frozen"), estep=EStepConfig(mode="off"),
