@@ -236,8 +236,10 @@ def pooled_states(model: CVAE, spec: StreamSpec, lines: int) -> torch.Tensor:
     draw."""
     home = next(model.parameters()).device
     model.backbone.eval()
-    pooled = [model.posterior_input(batch, model.backbone.hidden(batch.zfree.input_ids))
-              for batch in map(lambda b: b.to(home), first_lines(spec, lines))]
+    pooled = []
+    for batch in first_lines(spec, lines):
+        batch = batch.to(home)
+        pooled.append(model.posterior_input(batch, model.backbone.hidden(batch.zfree.input_ids)))
     model.backbone.train()
     return torch.cat(pooled)
 
