@@ -242,12 +242,12 @@ class EStepConfig:
     one linear map of the pooled states (``cvae.posterior_pool``), the same for every input, so its grouping
     carries a value from the examples the decoders have bound to those they nearly tie on; 0: off."""
     cluster_weight: float = 0.0
-    """Discrete latent, soft and hard modes: gamma_c, the weight of the base's own grouping of the lines inside q*
-    (``training/objective/clusters.py``): q*(k) ∝ p(k|x) pi(k)^gamma_c exp(-R(k) / temperature), pi an example's
-    soft cluster among K centres that k-means fits to the base's pooled states (``cvae.posterior_pool``) on the
-    first training lines, value k cluster k. The grouping does not learn from the decoders, so it can keep a value
-    on one strategy where the decoders alone would bind it to one strategy on some inputs and another on the rest;
-    0: off (nothing fitted)."""
+    """Discrete latent, soft and hard modes: gamma_c, nats of R per nat of the base's own grouping of the lines
+    (``training/objective/clusters.py``): q*(k) ∝ p(k|x) exp(-(R(k) - gamma_c log pi(k)) / temperature), pi an
+    example's soft cluster among K centres that k-means fits to the base's pooled states (``cvae.posterior_pool``)
+    on the first training lines, value k cluster k. The grouping does not learn from the decoders, so it can keep a
+    value on one strategy where the decoders alone would bind it to one strategy on some inputs and another on the
+    rest; 0: off (nothing fitted)."""
     labelled_weight: float = 0.5
     """The share of a batch's fit (reconstruction and distillation) that its labelled examples carry, whatever their
     number, the unlabelled the rest (each example of a part alike); a batch without both is unweighted. Set to

@@ -11,9 +11,10 @@ k-means of the standardised pooled states over a sample of the training lines gi
     log pi(k) = log_softmax_k(-|h - c_k|^2 / (2 s^2))
 
 with h its standardised z-free pooled state (what the posterior head reads) and s^2 the sample's mean squared
-distance to its own centre, tilts the E-step: q*(k) ∝ p(k|x) pi(k)^gamma exp(-R(k) / beta). Value k starts as
-cluster k (the values are alike at the start). Where the states hold no grouping (a read order's), the centres lie
-close against s and the tilt is small.
+distance to its own centre, tilts the E-step in nats of R: q*(k) ∝ p(k|x) exp(-(R(k) - gamma log pi(k)) / beta), so
+the tilt holds while beta warms up from 0, when the decoders' first preferences set the code; as a log prior it
+would be nothing against R / beta then. Value k starts as cluster k. Where the states hold no grouping (a read
+order's), the centres lie close against s and the tilt is small.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ def assignment(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, beta:
 
     R (B, K) nats per copy; log_prior (B, K) the learned prior (ignored under prior "uniform"); head (B, K) the
     amortised head's log q, which ``cfg.head_weight`` weighs into q*'s prior (None: not read); cluster (B, K) the
-    base's grouping's log pi (``clusters.Clusters.log_prob``), weighed in by ``cfg.cluster_weight`` (None: not read);
+    base's grouping's log pi (``clusters.Clusters.log_prob``), which ``cfg.cluster_weight`` weighs into R (None: not
+    read);
     beta: the step's KL weight, the temperature under ``follow_beta`` (hard at beta = 0).
     Balancing acts on q* before the argmax, so a hard assignment is balanced too, and over
     the global ``batch``: Sinkhorn's columns are sums over all of its rows.
@@ -95,15 +96,17 @@ def step_posterior(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, b
                    ) -> tuple[torch.Tensor, bool]:
     """(log q* (B, K), whether the step takes its argmax on every row): q* at the step's temperature (``beta``
     under ``follow_beta``) and prior (``cfg.prior``, times the head's q to the power ``cfg.head_weight`` where
-    ``head`` (B, K) log q is given, and the base's grouping pi to the power ``cfg.cluster_weight`` where ``cluster``
-    (B, K) log pi is); at beta = 0 under ``follow_beta``, the hard argmin of R whatever p."""
+    ``head`` (B, K) log q is given); at beta = 0 under ``follow_beta``, the hard argmin of R whatever p. Where
+    ``cluster`` (B, K) log pi is given, the base's grouping enters as nats of R, R - ``cfg.cluster_weight`` log pi:
+    a cost of a value outside the example's cluster that the temperature does not scale away (under
+    ``follow_beta`` a log prior is nothing against R / beta while beta warms up from 0, when the code forms)."""
+    if cluster is not None and cfg.cluster_weight:
+        R = R - cfg.cluster_weight * cluster.detach().to(R.dtype)
     if cfg.follow_beta and beta == 0:  # the beta -> 0 limit of p exp(-R / beta): argmin R whatever p
         return exact_posterior(R, torch.zeros_like(R), cfg.temperature), True
     prior = torch.zeros_like(R) if cfg.prior == "uniform" else log_prior.detach()
     if head is not None and cfg.head_weight:
         prior = prior + cfg.head_weight * head.detach().to(R.dtype)
-    if cluster is not None and cfg.cluster_weight:
-        prior = prior + cfg.cluster_weight * cluster.detach().to(R.dtype)
     return exact_posterior(R, prior, beta if cfg.follow_beta else cfg.temperature), cfg.mode == "hard"
 
 

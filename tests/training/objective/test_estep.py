@@ -86,7 +86,8 @@ def test_the_head_weight_tilts_q_star_towards_the_head_where_the_decoders_tie_an
 
 
 def test_the_cluster_weight_tilts_q_star_towards_the_base_s_grouping_and_is_off_at_zero():
-    """q* ∝ pi^gamma_c exp(-R / T), pi the example's cluster: where R ties the grouping decides, the two tilts add."""
+    """q* ∝ exp(-(R - gamma_c log pi) / T), pi the example's cluster: where R ties the grouping decides, the head's
+    tilt adds; in nats of R, so at beta -> 0 under follow_beta (hard argmin) it still decides a near tie."""
     R = torch.tensor([[1.0, 1.0, 1.0], [0.0, 8.0, 8.0]])
     cluster = torch.log_softmax(torch.tensor([[0.0, 0.0, 3.0], [0.0, 3.0, 0.0]]), -1)
     off = assignment(R, torch.zeros_like(R), E(mode="soft"), cluster=cluster)
@@ -97,6 +98,10 @@ def test_the_cluster_weight_tilts_q_star_towards_the_base_s_grouping_and_is_off_
     both = assignment(R, torch.zeros_like(R), E(mode="soft", cluster_weight=1.0, head_weight=1.0), head=head,
                       cluster=cluster)
     assert torch.allclose(both[0], torch.softmax(head[0] + cluster[0], -1))
+    near_tie = torch.tensor([[1.0, 1.2, 1.1]])
+    follow = E(mode="soft", follow_beta=True, cluster_weight=1.0)
+    assert assignment(near_tie, torch.zeros(1, 3), follow, beta=0.001, cluster=cluster[:1]).argmax().item() == 2
+    assert assignment(near_tie, torch.zeros(1, 3), follow, beta=0.0, cluster=cluster[:1]).tolist() == [[0, 0, 1]]
     with pytest.raises(ValueError, match="head_weight and cluster_weight must be >= 0"):
         EStepConfig(cluster_weight=-0.5)
 
