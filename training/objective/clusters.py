@@ -8,13 +8,13 @@ base's grouping does not learn from the decoders, so it can tell the two apart.
 
 k-means of the standardised pooled states over a sample of the training lines gives K centres c_k; an example's
 
-    log pi(k) = log_softmax_k(-|h - c_k|^2 / (2 s^2))
+    log pi(k) = log_softmax_k(-|h - c_k|^2 / (2 v))
 
-with h its standardised z-free pooled state (what the posterior head reads) and s^2 the sample's mean squared
+with h its standardised z-free pooled state (what the posterior head reads) and v the sample's mean squared
 distance to its own centre, tilts the E-step in nats of R: q*(k) ∝ p(k|x) exp(-(R(k) - gamma log pi(k)) / beta), so
 the tilt holds while beta warms up from 0, when the decoders' first preferences set the code; as a log prior it
 would be nothing against R / beta then. Value k starts as cluster k. Where the states hold no grouping (a read
-order's), the centres lie close against s and the tilt is small.
+order's), the centres lie close against the spread v and the tilt is small.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Clusters:
     mean: torch.Tensor  # (d,) of the fitted sample's pooled states
     scale: torch.Tensor  # (d,) their standard deviation
     centres: torch.Tensor  # (K, d) standardised
-    spread: float  # s^2: the sample's mean squared distance to its own centre, standardised
+    spread: float  # v: the sample's mean squared distance to its own centre, standardised
 
     @classmethod
     def fit(cls, pooled: torch.Tensor, k: int) -> Clusters:
