@@ -23,7 +23,7 @@ from tokweight.pipeline.models.backbone import load_backbone
 from tokweight.pipeline.tokens.templates import gather_s
 from tokweight.training.loop.batches import StreamSpec
 from tokweight.pipeline.data.splits import split_urls
-from tokweight.training.evaluation.metrics import contingency, contingency_mi, kmeans
+from tokweight.training.evaluation.metrics import best_kmeans, contingency, contingency_mi
 from tokweight.training.loop.stream import EvalStream, loader
 
 
@@ -64,8 +64,7 @@ def main() -> None:
     print(f"{args.checkpoint} on {len(strategies)} {args.split} lines of {args.data}, K = {k}")
     for pool, X in pools.items():
         X = (X - X.mean(0)) / (X.std(0) + 1e-6)
-        runs = [kmeans(X, k, seed) for seed in range(10)]
-        centres, assigned = min(runs, key=lambda run: ((X - run[0][run[1]]) ** 2).sum())
+        _, assigned = best_kmeans(X, k, 10)
         table, names = contingency(strategies, assigned, k)  # (clusters, strategies) counts
         print(f"{pool}: I(cluster; strategy) {contingency_mi(table):.3f} of log K {math.log(k):.3f}, "
               f"purity {table.max(1).sum() / table.sum():.3f}; clusters x ({', '.join(names)}): "

@@ -199,6 +199,12 @@ def kmeans(x: np.ndarray, k: int, seed: int = 0, iters: int = 50) -> tuple[np.nd
     return centres, assign
 
 
+def best_kmeans(x: np.ndarray, k: int, starts: int) -> tuple[np.ndarray, np.ndarray]:
+    """``kmeans`` from seeds 0 .. starts - 1, the run of lowest inertia (sum of squared distances to the centres)."""
+    runs = [kmeans(x, k, seed) for seed in range(starts)]
+    return min(runs, key=lambda run: float(((x - run[0][run[1]]) ** 2).sum()))
+
+
 class EvalRecords:
     """Per-example records of an eval pass; ``merge`` combines ranks' records, ``finalize`` the metrics."""
 

@@ -1,4 +1,4 @@
-"""The base's own grouping of the lines, as a prior of the E-step (``EStepConfig.cluster_weight``).
+"""The base's own grouping of the lines, as a cost in the E-step (``EStepConfig.cluster_weight``).
 
 Where strategies write different things, the mean of a base's states that predict S already groups the lines by the
 strategy that wrote them (``scripts/cluster_probe.py``; ``docs/task-kinds.md``). The decoders' own assignment does
@@ -19,13 +19,13 @@ order's), the centres lie close against the spread v and the tilt is small.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tokweight.training.evaluation.metrics import kmeans
+from tokweight.training.evaluation.metrics import best_kmeans
 
 CLUSTER_LINES = 2048
 """How many training lines (the split's first, in its shards' order) the centres are fitted on."""
@@ -53,13 +53,12 @@ class Clusters:
                              f"split has {len(x)}")
         mean, scale = x.mean(0), x.std(0) + 1e-6
         X = ((x - mean) / scale).numpy()
-        runs = [kmeans(X, k, seed) for seed in range(KMEANS_STARTS)]
-        centres, assigned = min(runs, key=lambda run: float(((X - run[0][run[1]]) ** 2).sum()))
+        centres, assigned = best_kmeans(X, k, KMEANS_STARTS)
         spread = float(((X - centres[assigned]) ** 2).sum(1).mean())
         return cls(mean.float(), scale.float(), torch.from_numpy(np.asarray(centres)).float(), max(spread, 1e-6))
 
     def to(self, device: torch.device) -> Clusters:
-        return Clusters(self.mean.to(device), self.scale.to(device), self.centres.to(device), self.spread)
+        return replace(self, mean=self.mean.to(device), scale=self.scale.to(device), centres=self.centres.to(device))
 
     def log_prob(self, pooled: torch.Tensor) -> torch.Tensor:
         """log pi(k) (B, K) in float32 for pooled states (B, d), on their device; detached."""
