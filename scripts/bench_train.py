@@ -16,7 +16,9 @@
 8. a step without waste: a non-logging step of the default recipe at K = 4 against the sum of its passes' bare
    forward-backward (the backbone and the head on S of the z-free pass, the K copies and the prior's prefix, each
    run and backpropagated alone; target <= 1.15), the padding share of the tokens those passes compute (target
-   <= 5%), and the host syncs of a non-logging step (``tests/support/sync_guard.py``; target 0).
+   <= 5%): the batches whole, length-bucketed, and the same batches in length groups (``io.length_groups`` as on a
+   GPU), with the grouped step's time against the whole batch's on this CPU, and the host syncs of a non-logging
+   step (``tests/support/sync_guard.py``; target 0).
 
     python scripts/bench_train.py [--work DIR] [--steps N] [--only-pathways | --only-lean]
 """
@@ -36,6 +38,8 @@ from itertools import islice
 from pathlib import Path
 
 import torch
+
+from tokweight.training.config.train import GPU_LENGTH_GROUPS
 
 K = 4
 
@@ -284,7 +288,11 @@ def bare_passes(model, batch):
 
 def padding_share(batch, copies: int, shares_prefix: bool, modulates_prefix: bool) -> tuple[int, int]:
     """(tokens the step's passes compute, of which padding): the z-free pass and the copies over their widths
-    (past the shared prefix when it is shared, which then runs once), and the prior's prefix where z reaches it."""
+    (past the shared prefix when it is shared, which then runs once), and the prior's prefix where z reaches it;
+    a batch in length groups, summed over its groups (each padded to its own longest)."""
+    if batch.groups is not None:
+        counts = [padding_share(part, copies, shares_prefix, modulates_prefix) for part in batch.groups.parts]
+        return sum(c for c, _ in counts), sum(p for _, p in counts)
     z_pos = batch.z_pos.tolist()
     free = (batch.last_pos + 1).tolist()
     cond = (batch.zcond.input_ids != 0).sum(1).tolist()  # <pad> is 0, no token of a sequence
@@ -332,13 +340,24 @@ def bench_lean_step(data, ckpt, store, work, steps, batch_size) -> dict:
                            steps + 1))
     counts_bucketed = [padding_share(b, model.latent.copies, model.shares_prefix, model.conditioning.modulates_prefix)
                        for b in bucketed]
+    grouped = list(islice(TrainStream(replace(state.spec, length_groups=GPU_LENGTH_GROUPS), 0, 1).batches(0),
+                          steps + 1))  # the same batches as ``fed``, each in length groups
+    assert [b.keys for b in grouped] == [b.keys for b in fed]
+    counts_grouped = [padding_share(b, model.latent.copies, model.shares_prefix, model.conditioning.modulates_prefix)
+                      for b in grouped]
+    med_grouped = alternating_medians({"whole": lambda i: step_time(run, fed[i]),
+                                       "grouped": lambda i: step_time(run, grouped[i])}, steps)
     with HostSyncs() as syncs:
         train_step(state, fed[0], cfg, logged=False)
+    with HostSyncs() as syncs_grouped:
+        train_step(state, grouped[0], cfg, logged=False)
     share = lambda counts: sum(p for _, p in counts) / sum(c for c, _ in counts)
     return {"step_s": med["step"], "bare_s": med["bare"], "ratio": med["step"] / med["bare"],
             "cond": model.conditioning.mode, "shares_prefix": model.shares_prefix,
             "padding_share": share(counts), "padding_share_bucketed": share(counts_bucketed),
-            "host_syncs": len(syncs.found)}
+            "padding_share_grouped": share(counts_grouped),
+            "grouped_over_whole": med_grouped["grouped"] / med_grouped["whole"],
+            "host_syncs": len(syncs.found), "host_syncs_grouped": len(syncs_grouped.found)}
 
 
 def print_lean_step(result: dict, steps: int, batch_size: int, load_before: str) -> None:
@@ -346,8 +365,11 @@ def print_lean_step(result: dict, steps: int, batch_size: int, load_before: str)
           f"{result['shares_prefix']}), K={K}, batch {batch_size}, median of {steps} alternating: non-logging step "
           f"{result['step_s'] * 1e3:.1f} ms vs its passes' bare forward-backward {result['bare_s'] * 1e3:.1f} ms = "
           f"{result['ratio']:.3f} (target <= 1.15); padding {result['padding_share']:.2%} of the tokens computed, "
-          f"{result['padding_share_bucketed']:.2%} with length_buckets={LENGTH_BUCKETS} (target <= 5%); host syncs in a non-logging step: {result['host_syncs']} (target 0); load average "
-          f"{load_before} before, {load_average()} after")
+          f"{result['padding_share_bucketed']:.2%} with length_buckets={LENGTH_BUCKETS}, "
+          f"{result['padding_share_grouped']:.2%} with length_groups={GPU_LENGTH_GROUPS} (the same batches; target <= "
+          f"5%); the grouped step / the whole batch's step {result['grouped_over_whole']:.3f} (medians of {steps} "
+          f"alternating, this CPU); host syncs in a non-logging step: {result['host_syncs']}, grouped "
+          f"{result['host_syncs_grouped']} (target 0); load average {load_before} before, {load_average()} after")
 
 
 def main():

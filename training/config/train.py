@@ -22,6 +22,9 @@ from tokweight.training.config.components import (POLICIES, WEIGHTINGS, CVAEConf
                                         WeightingParams, check_free_bits, check_report_to, parse_report_to)
 
 
+GPU_LENGTH_GROUPS = 4
+"""``IOConfig.length_groups`` off the CPU when unset."""
+
 SHARDS = ("ddp", "fsdp")
 """How several ranks share the model (``IOConfig.shard``, ``engine.py``)."""
 
@@ -56,6 +59,12 @@ class IOConfig:
     lines of different lengths, batches of one length are batches of few strategies, and the objective's
     batch-coupled terms (the E-step's balance, free bits' mean) read a batch as a sample of the task
     (``scripts/bench_padding.py``). For tasks whose strategies write lines of one length."""
+    length_groups: int | None = None
+    """A training batch's rows run through the model in up to this many groups of similar length, each padded to
+    its own longest row (``batches.Groups``): the batch, its order and every term of the objective stay as they
+    are; the passes compute less padding, in more, smaller kernels. 1: one group, the batch. None: 4 on a GPU,
+    1 elsewhere (a group's shorter padding moves float32 results by rounding: the CPU's numbers stay those of
+    the batch run whole)."""
     device: str = "auto"
     """torch device of the model: "auto" (CUDA when present, else CPU), "cpu", "cuda", "cuda:N"; "cuda"
     under torchrun is cuda:LOCAL_RANK on each rank."""
@@ -91,6 +100,14 @@ class IOConfig:
             raise ValueError(f"lanes must be >= 1 (or None: one per rank), got {self.lanes}")
         if min(self.num_workers, self.shuffle_buffer, self.length_buckets) < 0:
             raise ValueError("num_workers, shuffle_buffer and length_buckets must be >= 0")
+        if self.length_groups is not None and self.length_groups < 1:
+            raise ValueError(f"length_groups must be >= 1 (or None: 4 on a GPU, 1 elsewhere), got {self.length_groups}")
+
+    def groups_on(self, device_type: str) -> int:
+        """``length_groups`` on a device of ``device_type`` ("cpu", "cuda", ...): None resolved."""
+        if self.length_groups is not None:
+            return self.length_groups
+        return 1 if device_type == "cpu" else GPU_LENGTH_GROUPS
 
     @property
     def baseline_source(self) -> str:

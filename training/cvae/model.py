@@ -17,6 +17,9 @@ That common prefix (the tokens before ``<z>``) runs once (``SharedPrefix``: its 
 the copies continue it: the same per-token NLLs and gradients as full passes, without K + 1
 copies of the prefix's work. Not with the layernorm and memory pathways, whose z reaches the prefix too.
 
+A batch in length groups (``batches.Groups``) runs the z-free pass and the copies group by group, each group padded
+to its own longest row; the posterior, the latent's draws and every output are the whole batch's, in its order.
+
 Posterior input: the z-free hidden state at the last position (``<eos>``), which has
 attended to all of x and y, or the mean of the states that predict S (``posterior_pool``).
 The model returns per-token NLLs; the objective is a pure function of them (``training/objective/loss.py``).
@@ -119,23 +122,46 @@ class CVAE(nn.Module):
         """``generator`` draws a continuous latent's noise for the whole ``global_batch``, so an
         example's noise does not depend on how many ranks share the step. ``at_posterior_mean``: a
         continuous latent's decoder runs one copy per example at its posterior's mean instead of the draws
-        (eval's NLL under the example's own latent value)."""
-        free, cond = batch.zfree, batch.zcond
-        B = len(batch)
-        frame = Frame.shared(self.backbone, batch) if self.shares_prefix else Frame()
-        widths = batch.widths
-        hidden_free = self.backbone.hidden(frame.ids(free.input_ids, widths.free_suffix), prefix=frame.rows(1))
-        pooled = self.posterior_input(batch, hidden_free, frame)  # hidden_free (B, L, d)
+        (eval's NLL under the example's own latent value). A batch with length ``groups`` runs its passes group
+        by group, each padded to its own longest row; the posterior, the latent's draws and the outputs are the
+        batch's, in its order."""
+        groups = batch.groups
+        parts = (batch,) if groups is None else groups.parts
+        frames = [Frame.shared(self.backbone, p) if self.shares_prefix else Frame() for p in parts]
+        free = [self._z_free(p, frame) for p, frame in zip(parts, frames)]  # (pooled, zfree_nll) per group
+        merge = (lambda xs, width=None: xs[0]) if groups is None else groups.merge
+        pooled = merge([f[0] for f in free])  # (B, d_post)
+        zfree_nll = merge([f[1] for f in free], batch.zfree.mask.shape[1])
         post = self.latent.posterior(pooled)
+        z, slot_ids = (self.latent.mean_inputs(post) if at_posterior_mean
+                       else self.latent.decoder_inputs(post, generator, global_batch))
+        B = len(batch)
+        C = len(z) // B  # example i's copies are rows i*C .. i*C + C-1
+        if groups is None:
+            nll, prior = self._at_values(batch, frames[0], z, slot_ids, C)
+        else:
+            per_row = lambda t: None if t is None else [g.flatten(0, 1) for g in groups.split(t.view(B, C, *t.shape[1:]))]
+            zs, ids = per_row(z), per_row(slot_ids) or [None] * len(parts)
+            nll, prior = zip(*(self._at_values(p, frame, zg, ig, C) for p, frame, zg, ig in zip(parts, frames, zs, ids)))
+            nll, prior = merge(nll, batch.zcond.mask.shape[1]), merge(prior)
+        return CVAEOutput(post, prior, nll, zfree_nll, pooled, z)
+
+    def _z_free(self, batch: TrainBatch, frame: Frame) -> tuple[torch.Tensor, torch.Tensor]:
+        """The z-free pass: (the posterior head's input (B, d), the z-free NLL (B, T_max) nats over S, detached)."""
+        free = batch.zfree
+        hidden_free = self.backbone.hidden(frame.ids(free.input_ids, batch.widths.free_suffix), prefix=frame.rows(1))
+        pooled = self.posterior_input(batch, hidden_free, frame)  # hidden_free (B, L, d)
         with torch.no_grad():
             zfree_nll = nll_over_s(self.backbone, hidden_free, frame.pos(free.logit_pos), free.targets, free.mask,
                                    count=free.s_tokens)
+        return pooled, zfree_nll
 
-        z, slot_ids = (self.latent.mean_inputs(post) if at_posterior_mean
-                       else self.latent.decoder_inputs(post, generator, global_batch))
-        C = len(z) // B  # example i's copies are rows i*C .. i*C + C-1
+    def _at_values(self, batch: TrainBatch, frame: Frame, z: torch.Tensor, slot_ids: torch.Tensor | None, C: int):
+        """The z-conditioned pass of every example's ``C`` copies (``z`` (B*C, F), ``slot_ids``) as one forward of
+        B * C rows, and the prior: (the NLL (B, C, T_max) nats over S, the prior)."""
+        cond, B = batch.zcond, len(batch)
         rep = lambda t: t.repeat_interleave(C, 0)
-        cond_ids = frame.ids(cond.input_ids, widths.cond_suffix)
+        cond_ids = frame.ids(cond.input_ids, batch.widths.cond_suffix)
         ids, kwargs = self.conditioning.decoder_inputs(self.backbone, rep(cond_ids), rep(frame.pos(batch.slot_pos)),
                                                        z, slot_ids)
         hidden = self.backbone.hidden(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', d): all copies at once
@@ -143,7 +169,7 @@ class CVAE(nn.Module):
         nll = nll_over_s(self.backbone, hidden, rep(frame.pos(cond.logit_pos)), rep(cond.targets), rep(cond.mask),
                          count=count)
         prior = self.latent.prior(*self._at_z(batch, hidden[::C], frame))
-        return CVAEOutput(post, prior, nll.view(B, C, -1), zfree_nll, pooled, z)
+        return nll.view(B, C, -1), prior
 
     def _at_z(self, batch: TrainBatch, hidden: torch.Tensor, frame: Frame):
         """What the prior reads at <z>, from a pass that has not seen z: the logits of the latent's

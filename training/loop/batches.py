@@ -9,7 +9,8 @@ three run per shard (``shard_examples``):
                -> Example                             encode: templates, T and echoed-id checks
                -> Example (shuffled)                  shuffle (seeded)
                -> Example (in runs of similar length) bucketed (training, where asked; seeded)
-               -> TrainBatch                          batched + collate_examples
+               -> TrainBatch                          batched + collate_examples (its rows also in length groups,
+                                                      where asked: ``Groups``)
 
 Bad samples follow one rule in every stage (``BadSamples``): what extraction skipped, as the
 store's manifest records it (a tar skipped whole, or keys per reason), is skipped here too,
@@ -23,7 +24,7 @@ The training stream over these stages (lanes, ranks, workers) is ``stream.py``.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -112,6 +113,8 @@ class TrainBatch:
     b:         (B, T_max) float32 nats over S from the store, 0 where masked; None without a store
     t0:        (B,) long ground-truth t0, -1 where unknown
     widths:    host ints: where a step slices the tensors (``Widths``)
+    groups:    the same rows in groups of similar length, each padded to its own longest (``Groups``), for a
+               forward that runs group by group; None: one group, the batch
     """
 
     zfree: Batch
@@ -125,6 +128,7 @@ class TrainBatch:
     urls: tuple[str, ...]
     strategies: tuple[str | None, ...]
     widths: Widths
+    groups: Groups | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -135,10 +139,88 @@ class TrainBatch:
         move = lambda t: None if t is None else to_device(t, device)
         return TrainBatch(self.zfree.to(device), self.zcond.to(device), move(self.z_pos), move(self.slot_pos),
                           move(self.last_pos), move(self.b), move(self.t0), self.keys, self.urls, self.strategies,
-                          self.widths)
+                          self.widths, None if self.groups is None else self.groups.to(device))
 
 
-def collate_examples(examples: Sequence[Example]) -> TrainBatch:
+@dataclass(frozen=True)
+class Groups:
+    """A batch's rows in groups of similar length, each collated on its own, so that a forward run group by group
+    (``CVAE.forward``) pads each group's rows to the group's longest instead of the batch's. The batch itself (its
+    rows, their order, what the objective reads) is unchanged: only the passes' padding is.
+
+    parts:  the groups as batches, shortest first
+    order:  (B,) long, the batch's rows in the groups' order (group 0's rows, then group 1's, ...)
+    place:  (B,) long, where each of the batch's rows sits in that order (``order``'s inverse)
+    """
+
+    parts: tuple[TrainBatch, ...]
+    order: torch.Tensor
+    place: torch.Tensor
+
+    def to(self, device) -> "Groups":
+        return Groups(tuple(p.to(device) for p in self.parts), to_device(self.order, device),
+                      to_device(self.place, device))
+
+    def split(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """(B, ...) rows of the batch -> each group's rows, in the group's order."""
+        return list(t.index_select(0, self.order).split([len(p) for p in self.parts]))
+
+    def merge(self, parts: Sequence, width: int | None = None):
+        """Each group's (b_j, ...) rows -> the batch's (B, ...) in its own order; ``width``: the last dimension
+        padded with zeros to it (per-token values over S, 0 where masked). Tuples merge field by field; None stays
+        None."""
+        first = parts[0]
+        if first is None:
+            return None
+        if isinstance(first, tuple):
+            return tuple(self.merge(field, width) for field in zip(*parts))
+        if width is not None:
+            parts = [torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in parts]
+        return torch.cat(parts).index_select(0, self.place)
+
+
+def length_groups(lengths: Sequence[int], groups: int) -> list[list[int]]:
+    """The rows 0..B-1 of ``lengths`` in at most ``groups`` groups that pad least: sorted by length (stably) and cut
+    where the sum over groups of rows x longest row is smallest (dynamic programming over the cut points)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    n, g = len(order), min(groups, len(order))
+    sorted_len = [lengths[i] for i in order]
+    inf = float("inf")
+    cost = [[inf] * (n + 1) for _ in range(g + 1)]  # cost[j][i]: the first i sorted rows in j groups
+    cut = [[0] * (n + 1) for _ in range(g + 1)]
+    cost[0][0] = 0
+    for j in range(1, g + 1):
+        for i in range(1, n + 1):
+            for c in range(j - 1, i):  # group j holds sorted rows c..i-1, padded to sorted_len[i - 1]
+                total = cost[j - 1][c] + (i - c) * sorted_len[i - 1]
+                if total < cost[j][i]:
+                    cost[j][i], cut[j][i] = total, c
+    j = min(range(1, g + 1), key=lambda j: (cost[j][n], j))  # the fewest groups among the least padding
+    bounds, i = [], n
+    for j in range(j, 0, -1):
+        bounds.append((cut[j][i], i))
+        i = cut[j][i]
+    return [order[a:b] for a, b in reversed(bounds)]
+
+
+def collate_examples(examples: Sequence[Example], groups: int = 1) -> TrainBatch:
+    """The examples as one batch; with ``groups`` > 1, their rows also in up to that many groups of similar
+    length (``Groups``: the z-conditioned sequences' lengths, the passes that run K copies)."""
+    batch = collate_batch(examples)
+    if groups <= 1 or len(examples) < 2:
+        return batch
+    rows = length_groups([len(ex.zcond) for ex in examples], groups)
+    if len(rows) == 1:
+        return batch
+    order = [i for r in rows for i in r]
+    place = [0] * len(order)
+    for at, i in enumerate(order):
+        place[i] = at
+    parts = tuple(collate_batch([examples[i] for i in r]) for r in rows)
+    return replace(batch, groups=Groups(parts, torch.tensor(order), torch.tensor(place)))
+
+
+def collate_batch(examples: Sequence[Example]) -> TrainBatch:
     layouts = [ex.layout for ex in examples]
     zfree = collate([ex.zfree for ex in examples], [lay.zfree for lay in layouts])
     zcond = collate([ex.zcond for ex in examples], layouts)
@@ -218,6 +300,7 @@ class StreamSpec:
     seed: int = 0
     shuffle_buffer: int = 256
     length_buckets: int = 0  # a training lane's batches drawn at a time and bucketed by length (``bucketed``); 0: off
+    length_groups: int = 1  # a training batch's rows run in up to this many groups of similar length (``Groups``)
     lanes: int = 1
     root: str | None = None  # the dataset (its root, or the --data that gave its URLs) shards are named relative to
     on_bad_sample: str = "error"  # a bad sample the store does not record as skipped: "error" or "skip"

@@ -200,7 +200,8 @@ class TrainStream:
             for stream in streams:
                 deque(islice(stream, self.lane_batch), maxlen=0)
         while True:
-            yield collate_examples([ex for stream in streams for ex in islice(stream, self.lane_batch)])
+            yield collate_examples([ex for stream in streams for ex in islice(stream, self.lane_batch)],
+                                   self.spec.length_groups)
 
 
 class EvalStream(torch.utils.data.IterableDataset):

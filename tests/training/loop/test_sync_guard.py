@@ -70,18 +70,24 @@ def test_a_guarded_step_that_syncs_fails_and_a_logged_step_is_not_guarded():
         guarded(None, None, None, logged=False)
 
 
-def guarded_run(monkeypatch, cfg: TrainConfig) -> dict:
-    """``train(cfg)`` with every step that does not log under the guard; the guard's counts."""
-    guarded = without_syncs(train_step)
+def guarded_run(monkeypatch, cfg: TrainConfig, groups: list | None = None) -> dict:
+    """``train(cfg)`` with every step that does not log under the guard; the guard's counts. ``groups``: each
+    step's number of length groups appended to it."""
+    def step(state, batch, cfg, logged):
+        if groups is not None:
+            groups.append(1 if batch.groups is None else len(batch.groups.parts))
+        return train_step(state, batch, cfg, logged)
+
+    guarded = without_syncs(step)
     monkeypatch.setattr(train_module, "train_step", guarded)
     train(cfg)
     return guarded.counts
 
 
-def config(data, ckpt, out, store=None, steps=3, **groups) -> TrainConfig:
+def config(data, ckpt, out, store=None, steps=3, length_groups=None, **groups) -> TrainConfig:
     """``steps`` steps, only the last one logged: the others run guarded."""
     base = dict(io=IOConfig(checkpoint=str(ckpt), data=str(data), out=str(out), store=store and str(store),
-                            num_workers=0, device="cpu"),
+                            num_workers=0, device="cpu", length_groups=length_groups),
                 loss=LossConfig(policy="precomputed" if store else "frozen"),
                 optim=OptimConfig(steps=steps, batch_size=8, starts=1),
                 log=LogConfig(log_every=100, grad_diag_every=0, eval_every=0, eval_examples=16))
@@ -93,13 +99,16 @@ def config(data, ckpt, out, store=None, steps=3, **groups) -> TrainConfig:
     {"cvae": CVAEConfig(cond="memory", slots=1)}, {"cvae": CVAEConfig(cond="layernorm", slots=1)},
     {"cvae": CVAEConfig(latent="continuous", z_dim=2)}, {"loss": LossConfig(policy="frozen")},
     {"loss": LossConfig(policy="dynamic")}, {"loss": LossConfig(weighting="example-inverse")},
-    {"estep": EStepConfig(labelled=0.2)}, {"estep": EStepConfig(cluster_weight=1.0)}],
+    {"estep": EStepConfig(labelled=0.2)}, {"estep": EStepConfig(cluster_weight=1.0)}, {"length_groups": 3},
+    {"length_groups": 3, "cvae": CVAEConfig(latent="continuous", z_dim=2)}],
     ids=["default", "prefix", "token", "memory", "layernorm", "continuous", "frozen", "dynamic", "example-inverse",
-         "labelled", "clusters"])
+         "labelled", "clusters", "length-groups", "length-groups-continuous"])
 def test_a_step_that_does_not_log_makes_no_host_sync(tiny, tiny_store, tmp_path, monkeypatch, groups):
     data, ckpt = tiny
-    counts = guarded_run(monkeypatch, config(data, ckpt, tmp_path / "run", tiny_store, **groups))
+    parts = []
+    counts = guarded_run(monkeypatch, config(data, ckpt, tmp_path / "run", tiny_store, **groups), parts)
     assert counts == {"steps": 2, "syncs": 0}
+    assert min(parts) == max(parts) == (1 if "length_groups" not in groups else 3)  # the batches ran in groups
 
 
 @pytest.mark.parametrize("lora", [0, 2], ids=["whole", "lora"])
