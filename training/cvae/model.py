@@ -41,7 +41,7 @@ from tokweight.pipeline.tokens.templates import gather_s
 from tokweight.pipeline.tokens.vocab import Vocab, WithLatents
 from tokweight.training.cvae.conditioning import Conditioning
 from tokweight.training.config.components import CVAEConfig
-from tokweight.training.loop.batches import TrainBatch
+from tokweight.training.loop.batches import Groups, TrainBatch
 from tokweight.training.objective.global_batch import LOCAL, GlobalBatch
 from tokweight.training.cvae.latent import CategoricalLatent, GaussianLatent
 
@@ -125,25 +125,19 @@ class CVAE(nn.Module):
         (eval's NLL under the example's own latent value). A batch with length ``groups`` runs its passes group
         by group, each padded to its own longest row; the posterior, the latent's draws and the outputs are the
         batch's, in its order."""
-        groups = batch.groups
-        parts = (batch,) if groups is None else groups.parts
-        frames = [Frame.shared(self.backbone, p) if self.shares_prefix else Frame() for p in parts]
-        free = [self._z_free(p, frame) for p, frame in zip(parts, frames)]  # (pooled, zfree_nll) per group
-        merge = (lambda xs, width=None: xs[0]) if groups is None else groups.merge
-        pooled = merge([f[0] for f in free])  # (B, d_post)
-        zfree_nll = merge([f[1] for f in free], batch.zfree.mask.shape[1])
+        groups = Groups.of(batch)
+        frames = [Frame.shared(self.backbone, p) if self.shares_prefix else Frame() for p in groups.parts]
+        free = [self._z_free(p, frame) for p, frame in zip(groups.parts, frames)]  # (pooled, zfree_nll) per group
+        pooled = groups.merge([f[0] for f in free])  # (B, d_post)
+        zfree_nll = groups.merge([f[1] for f in free], batch.zfree.mask.shape[1])
         post = self.latent.posterior(pooled)
         z, slot_ids = (self.latent.mean_inputs(post) if at_posterior_mean
                        else self.latent.decoder_inputs(post, generator, global_batch))
-        B = len(batch)
-        C = len(z) // B  # example i's copies are rows i*C .. i*C + C-1
-        if groups is None:
-            nll, prior = self._at_values(batch, frames[0], z, slot_ids, C)
-        else:
-            per_row = lambda t: None if t is None else [g.flatten(0, 1) for g in groups.split(t.view(B, C, *t.shape[1:]))]
-            zs, ids = per_row(z), per_row(slot_ids) or [None] * len(parts)
-            nll, prior = zip(*(self._at_values(p, frame, zg, ig, C) for p, frame, zg, ig in zip(parts, frames, zs, ids)))
-            nll, prior = merge(nll, batch.zcond.mask.shape[1]), merge(prior)
+        C = len(z) // len(batch)  # example i's copies are rows i*C .. i*C + C-1
+        at = [self._at_values(p, frame, zg, ig, C) for p, frame, zg, ig
+              in zip(groups.parts, frames, groups.split(z, C), groups.split(slot_ids, C))]
+        nll = groups.merge([a[0] for a in at], batch.zcond.mask.shape[1])
+        prior = groups.merge([a[1] for a in at])
         return CVAEOutput(post, prior, nll, zfree_nll, pooled, z)
 
     def _z_free(self, batch: TrainBatch, frame: Frame) -> tuple[torch.Tensor, torch.Tensor]:

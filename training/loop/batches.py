@@ -149,29 +149,39 @@ class Groups:
     rows, their order, what the objective reads) is unchanged: only the passes' padding is.
 
     parts:  the groups as batches, shortest first
-    order:  (B,) long, the batch's rows in the groups' order (group 0's rows, then group 1's, ...)
-    place:  (B,) long, where each of the batch's rows sits in that order (``order``'s inverse)
+    order:  (B,) long, the batch's rows in the groups' order (group 0's rows, then group 1's, ...); None: one group
+    place:  (B,) long, where each of the batch's rows sits in that order (``order``'s inverse); None: one group
     """
 
     parts: tuple[TrainBatch, ...]
-    order: torch.Tensor
-    place: torch.Tensor
+    order: torch.Tensor | None = None
+    place: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, batch: TrainBatch) -> "Groups":
+        """The batch's groups: its own, or the batch itself as the one group (``split`` and ``merge`` then pass
+        their tensors through)."""
+        return batch.groups if batch.groups is not None else cls((batch,))
 
     def to(self, device) -> "Groups":
-        return Groups(tuple(p.to(device) for p in self.parts), to_device(self.order, device),
-                      to_device(self.place, device))
+        move = lambda t: None if t is None else to_device(t, device)
+        return Groups(tuple(p.to(device) for p in self.parts), move(self.order), move(self.place))
 
-    def split(self, t: torch.Tensor) -> list[torch.Tensor]:
-        """(B, ...) rows of the batch -> each group's rows, in the group's order."""
-        return list(t.index_select(0, self.order).split([len(p) for p in self.parts]))
+    def split(self, t: torch.Tensor | None, copies: int = 1) -> list:
+        """Rows of the batch, ``copies`` consecutive rows per example ((B * copies, ...)) -> each group's rows, in
+        the group's order; None -> None per group."""
+        if t is None or self.order is None:
+            return [t] * len(self.parts)
+        rows = t.view(-1, copies, *t.shape[1:]).index_select(0, self.order)
+        return [g.flatten(0, 1) for g in rows.split([len(p) for p in self.parts])]
 
     def merge(self, parts: Sequence, width: int | None = None):
         """Each group's (b_j, ...) rows -> the batch's (B, ...) in its own order; ``width``: the last dimension
         padded with zeros to it (per-token values over S, 0 where masked). Tuples merge field by field; None stays
         None."""
         first = parts[0]
-        if first is None:
-            return None
+        if first is None or self.order is None:
+            return first
         if isinstance(first, tuple):
             return tuple(self.merge(field, width) for field in zip(*parts))
         if width is not None:

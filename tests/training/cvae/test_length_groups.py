@@ -48,6 +48,7 @@ def test_grouped_batch_is_the_batch_with_less_padding():
     assert computed < len(whole) * whole.zcond.input_ids.shape[1]
     rows = torch.arange(len(exs) * 3.0).view(len(exs), 3)
     assert torch.equal(groups.merge(groups.split(rows)), rows)
+    assert torch.equal(groups.merge([g.view(-1, 3) for g in groups.split(rows.flatten(), copies=3)]), rows)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.latent}-{c.cond}{c.slots}-{c.posterior_pool}")
