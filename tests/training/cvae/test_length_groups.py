@@ -84,3 +84,17 @@ def test_groups_default_by_device():
     assert IOConfig(checkpoint="c", data="d", out="o", length_groups=2).groups_on("cpu") == 2
     with pytest.raises(ValueError, match="length_groups must be >= 1"):
         IOConfig(checkpoint="c", data="d", out="o", length_groups=0)
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[-1], CONFIGS[4]], ids=["discrete-query", "continuous-prefix"])
+def test_grouped_forward_under_bfloat16_autocast(cfg):
+    """Groups merge what autocast made (bfloat16 states, float32 NLLs) without a dtype clash, and agree with the
+    whole batch to bfloat16's rounding."""
+    model = build_cvae(backbone("gpt"), VOCAB, cfg).eval()
+    exs = examples(cfg.slots)
+    whole, grouped = collate_examples(exs), collate_examples(exs, groups=3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = model(grouped, generator=torch.Generator().manual_seed(7))
+        want = model(whole, generator=torch.Generator().manual_seed(7))
+    assert got.pooled.dtype == want.pooled.dtype and got.nll.dtype == want.nll.dtype == torch.float32
+    torch.testing.assert_close(got.nll, want.nll, rtol=0, atol=0.05 * want.nll.abs().max().item())
