@@ -23,7 +23,7 @@ from tokweight.training.config.components import (POLICIES, WEIGHTINGS, CVAEConf
 
 
 GPU_LENGTH_GROUPS = 4
-"""``IOConfig.length_groups`` off the CPU when unset."""
+"""``IOConfig.length_groups`` on CUDA when unset (without FSDP)."""
 
 SHARDS = ("ddp", "fsdp")
 """How several ranks share the model (``IOConfig.shard``, ``engine.py``)."""
@@ -61,10 +61,11 @@ class IOConfig:
     (``scripts/bench_padding.py``). For tasks whose strategies write lines of one length."""
     length_groups: int | None = None
     """A training batch's rows run through the model in up to this many groups of similar length, each padded to
-    its own longest row (``batches.Groups``): the batch, its order and every term of the objective stay as they
-    are; the passes compute less padding, in more, smaller kernels. 1: one group, the batch. None: 4 on a GPU,
-    1 elsewhere (a group's shorter padding moves float32 results by rounding: the CPU's numbers stay those of
-    the batch run whole)."""
+    its own longest row (``batches.Groups``), the batch, its order and every term of the objective as they are:
+    1 runs the batch whole, None is 4 on CUDA without FSDP and 1 elsewhere. The passes compute less padding, in
+    more, smaller kernels. Not the default on the CPU, where a group's shorter padding would move float32 results by rounding
+    (its numbers stay those of the batch run whole), nor under ``shard`` "fsdp", where every group's pass
+    all-gathers each block's parameters again."""
     device: str = "auto"
     """torch device of the model: "auto" (CUDA when present, else CPU), "cpu", "cuda", "cuda:N"; "cuda"
     under torchrun is cuda:LOCAL_RANK on each rank."""
@@ -101,13 +102,14 @@ class IOConfig:
         if min(self.num_workers, self.shuffle_buffer, self.length_buckets) < 0:
             raise ValueError("num_workers, shuffle_buffer and length_buckets must be >= 0")
         if self.length_groups is not None and self.length_groups < 1:
-            raise ValueError(f"length_groups must be >= 1 (or None: 4 on a GPU, 1 elsewhere), got {self.length_groups}")
+            raise ValueError(f"length_groups must be >= 1 (or None: the device's default), got {self.length_groups}")
 
-    def groups_on(self, device_type: str) -> int:
-        """``length_groups`` on a device of ``device_type`` ("cpu", "cuda", ...): None resolved."""
+    def groups_on(self, device_type: str, sharded: bool = False) -> int:
+        """``length_groups`` on a device of ``device_type`` ("cpu", "cuda", ...), the model ``sharded`` over ranks
+        by FSDP or not: None resolved."""
         if self.length_groups is not None:
             return self.length_groups
-        return 1 if device_type == "cpu" else GPU_LENGTH_GROUPS
+        return GPU_LENGTH_GROUPS if device_type == "cuda" and not sharded else 1
 
     @property
     def baseline_source(self) -> str:

@@ -128,16 +128,16 @@ class CVAE(nn.Module):
         groups = Groups.of(batch)
         frames = [Frame.shared(self.backbone, p) if self.shares_prefix else Frame() for p in groups.parts]
         free = [self._z_free(p, frame) for p, frame in zip(groups.parts, frames)]  # (pooled, zfree_nll) per group
-        pooled = groups.merge([f[0] for f in free])  # (B, d_post)
-        zfree_nll = groups.merge([f[1] for f in free], batch.zfree.mask.shape[1])
+        pooled = groups.merge([pooled for pooled, _ in free])  # (B, d_post)
+        zfree_nll = groups.merge([nll for _, nll in free], batch.zfree.mask.shape[1])
         post = self.latent.posterior(pooled)
         z, slot_ids = (self.latent.mean_inputs(post) if at_posterior_mean
                        else self.latent.decoder_inputs(post, generator, global_batch))
         C = len(z) // len(batch)  # example i's copies are rows i*C .. i*C + C-1
-        at = [self._at_values(p, frame, zg, ig, C) for p, frame, zg, ig
-              in zip(groups.parts, frames, groups.split(z, C), groups.split(slot_ids, C))]
-        nll = groups.merge([a[0] for a in at], batch.zcond.mask.shape[1])
-        prior = groups.merge([a[1] for a in at])
+        decoded = [self._decode_copies(p, frame, z_part, ids_part, C) for p, frame, z_part, ids_part
+                   in zip(groups.parts, frames, groups.split(z, C), groups.split(slot_ids, C))]  # (nll, prior)
+        nll = groups.merge([nll for nll, _ in decoded], batch.zcond.mask.shape[1])
+        prior = groups.merge([prior for _, prior in decoded])
         return CVAEOutput(post, prior, nll, zfree_nll, pooled, z)
 
     def _z_free(self, batch: TrainBatch, frame: Frame) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,7 +150,7 @@ class CVAE(nn.Module):
                                    count=free.s_tokens)
         return pooled, zfree_nll
 
-    def _at_values(self, batch: TrainBatch, frame: Frame, z: torch.Tensor, slot_ids: torch.Tensor | None, C: int):
+    def _decode_copies(self, batch: TrainBatch, frame: Frame, z: torch.Tensor, slot_ids: torch.Tensor | None, C: int):
         """The z-conditioned pass of every example's ``C`` copies (``z`` (B*C, F), ``slot_ids``) as one forward of
         B * C rows, and the prior: (the NLL (B, C, T_max) nats over S, the prior)."""
         cond, B = batch.zcond, len(batch)

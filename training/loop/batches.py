@@ -191,32 +191,32 @@ class Groups:
 
 def length_groups(lengths: Sequence[int], groups: int) -> list[list[int]]:
     """The rows 0..B-1 of ``lengths`` in at most ``groups`` groups that pad least: sorted by length (stably) and cut
-    where the sum over groups of rows x longest row is smallest (dynamic programming over the cut points)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    n, g = len(order), min(groups, len(order))
-    sorted_len = [lengths[i] for i in order]
-    inf = float("inf")
-    cost = [[inf] * (n + 1) for _ in range(g + 1)]  # cost[j][i]: the first i sorted rows in j groups
-    cut = [[0] * (n + 1) for _ in range(g + 1)]
-    cost[0][0] = 0
-    for j in range(1, g + 1):
-        for i in range(1, n + 1):
-            for c in range(j - 1, i):  # group j holds sorted rows c..i-1, padded to sorted_len[i - 1]
-                total = cost[j - 1][c] + (i - c) * sorted_len[i - 1]
-                if total < cost[j][i]:
-                    cost[j][i], cut[j][i] = total, c
-    j = min(range(1, g + 1), key=lambda j: (cost[j][n], j))  # the fewest groups among the least padding
-    bounds, i = [], n
-    for j in range(j, 0, -1):
-        bounds.append((cut[j][i], i))
-        i = cut[j][i]
-    return [order[a:b] for a, b in reversed(bounds)]
+    where the sum over groups of rows x longest row is smallest, the fewest groups among equals (dynamic programming
+    over the cuts between two lengths: a cut inside a run of one length never pads less)."""
+    order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
+    ordered = np.asarray(lengths, dtype=np.int64)[order]
+    cuts = np.concatenate([[0], np.flatnonzero(np.diff(ordered)) + 1, [len(ordered)]])  # where a group may end
+    longest = np.concatenate([[0], ordered[cuts[1:] - 1]])  # longest[a]: the longest row before cut a
+    later = np.triu(np.ones((len(cuts), len(cuts)), dtype=bool))  # (a, c) with c >= a: not a group
+    costs, froms = [(cuts * longest).astype(np.float64)], [np.zeros(len(cuts), dtype=np.int64)]  # one group: from 0
+    for _ in range(min(groups, len(cuts) - 1) - 1):  # one more group: the best cut c < a to start it at
+        total = costs[-1][None, :] + (cuts[:, None] - cuts[None, :]) * longest[:, None]  # (a, c)
+        total[later] = np.inf
+        froms.append(total.argmin(1))
+        costs.append(total[np.arange(len(cuts)), froms[-1]])
+    n = min(range(len(costs)), key=lambda j: (costs[j][-1], j))  # the fewest groups among the least padding
+    bounds, a = [], len(cuts) - 1
+    for j in range(n, -1, -1):
+        c = int(froms[j][a])
+        bounds.append((int(cuts[c]), int(cuts[a])))
+        a = c
+    return [order[lo:hi].tolist() for lo, hi in reversed(bounds) if hi > lo]
 
 
 def collate_examples(examples: Sequence[Example], groups: int = 1) -> TrainBatch:
     """The examples as one batch; with ``groups`` > 1, their rows also in up to that many groups of similar
     length (``Groups``: the z-conditioned sequences' lengths, the passes that run K copies)."""
-    batch = collate_batch(examples)
+    batch = collate_whole(examples)
     if groups <= 1 or len(examples) < 2:
         return batch
     rows = length_groups([len(ex.zcond) for ex in examples], groups)
@@ -226,15 +226,17 @@ def collate_examples(examples: Sequence[Example], groups: int = 1) -> TrainBatch
     place = [0] * len(order)
     for at, i in enumerate(order):
         place[i] = at
-    parts = tuple(collate_batch([examples[i] for i in r]) for r in rows)
+    parts = tuple(collate_whole([examples[i] for i in r], with_b=False) for r in rows)  # the passes read no b
     return replace(batch, groups=Groups(parts, torch.tensor(order), torch.tensor(place)))
 
 
-def collate_batch(examples: Sequence[Example]) -> TrainBatch:
+def collate_whole(examples: Sequence[Example], with_b: bool = True) -> TrainBatch:
+    """The examples as one batch, padded to its longest row; ``with_b``: with their stored b, where they all have
+    one."""
     layouts = [ex.layout for ex in examples]
     zfree = collate([ex.zfree for ex in examples], [lay.zfree for lay in layouts])
     zcond = collate([ex.zcond for ex in examples], layouts)
-    b = stored_b(examples, zfree.mask.shape) if all(ex.b is not None for ex in examples) else None
+    b = stored_b(examples, zfree.mask.shape) if with_b and all(ex.b is not None for ex in examples) else None
     return TrainBatch(
         zfree=zfree, zcond=zcond,
         z_pos=torch.tensor([lay.z_pos for lay in layouts]),

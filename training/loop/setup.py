@@ -75,7 +75,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
                       block_size=init.model.cfg.block_size, batch_size=cfg.optim.batch_size,
                       store=store if policy.needs_store else None,
                       seed=data_seed(cfg.optim.seed), shuffle_buffer=cfg.io.shuffle_buffer,
-                      length_buckets=cfg.io.length_buckets, length_groups=cfg.io.groups_on(device.type),
+                      length_buckets=cfg.io.length_buckets, length_groups=cfg.io.groups_on(device.type, sharded),
                       lanes=cfg.io.lanes or ranks.world, root=cfg.io.data, on_bad_sample=cfg.io.on_bad_sample)
     global_batch = GlobalBatch(ranks.rank, ranks.world)
     with autocast(cfg.io.dtype, device):  # before resume too
