@@ -238,7 +238,7 @@ def arguments() -> argparse.Namespace:
 
 def main() -> None:
     from tokweight.training.config.components import CVAEConfig, LoRAConfig
-    from tokweight.training.config.train import GPU_LENGTH_GROUPS, IOConfig
+    from tokweight.training.config.train import GPU_LENGTH_GROUPS, default_length_groups
 
     args = arguments()
     sizes = dict(SIZES["small" if args.small else "gpu"])
@@ -264,7 +264,7 @@ def main() -> None:
                      max_new_tokens=sizes["max_new_tokens"],
                      prompts=[line["x"] for line in lines[: sizes["prompts"]]])
     rows: list[st.Row] = []
-    other_groups = 1 if IOConfig(checkpoint="", data="", out="").groups_on(device.type) > 1 else GPU_LENGTH_GROUPS
+    other_groups = 1 if default_length_groups(device.type) > 1 else GPU_LENGTH_GROUPS
     shard_size = max(1, sizes["rows"] // 8)  # several shards: extraction's parts, and a lane per rank
     stages = {  # row name (a failed stage's too): what makes the row
         "extract command (task)": lambda name: prepare(out, "task", lines, check.model, shard_size, check,

@@ -25,6 +25,12 @@ from tokweight.training.config.components import (POLICIES, WEIGHTINGS, CVAEConf
 GPU_LENGTH_GROUPS = 4
 """``IOConfig.length_groups`` on CUDA when unset (without FSDP)."""
 
+
+def default_length_groups(device_type: str, sharded: bool = False) -> int:
+    """``IOConfig.length_groups`` when unset, on a device of ``device_type`` ("cpu", "cuda", ...), the model
+    ``sharded`` over ranks by FSDP or not."""
+    return GPU_LENGTH_GROUPS if device_type == "cuda" and not sharded else 1
+
 SHARDS = ("ddp", "fsdp")
 """How several ranks share the model (``IOConfig.shard``, ``engine.py``)."""
 
@@ -63,9 +69,9 @@ class IOConfig:
     """A training batch's rows run through the model in up to this many groups of similar length, each padded to
     its own longest row (``batches.Groups``), the batch, its order and every term of the objective as they are:
     1 runs the batch whole, None is 4 on CUDA without FSDP and 1 elsewhere. The passes compute less padding, in
-    more, smaller kernels. Not the default on the CPU, where a group's shorter padding would move float32 results by rounding
-    (its numbers stay those of the batch run whole), nor under ``shard`` "fsdp", where every group's pass
-    all-gathers each block's parameters again."""
+    more, smaller kernels. Not the default on the CPU, where a group's shorter padding would move float32 results
+    by rounding (its numbers stay those of the batch run whole), nor under ``shard`` "fsdp", where every group's
+    pass all-gathers each block's parameters again."""
     device: str = "auto"
     """torch device of the model: "auto" (CUDA when present, else CPU), "cpu", "cuda", "cuda:N"; "cuda"
     under torchrun is cuda:LOCAL_RANK on each rank."""
@@ -105,11 +111,10 @@ class IOConfig:
             raise ValueError(f"length_groups must be >= 1 (or None: the device's default), got {self.length_groups}")
 
     def groups_on(self, device_type: str, sharded: bool = False) -> int:
-        """``length_groups`` on a device of ``device_type`` ("cpu", "cuda", ...), the model ``sharded`` over ranks
-        by FSDP or not: None resolved."""
+        """``length_groups`` with None resolved (``default_length_groups``)."""
         if self.length_groups is not None:
             return self.length_groups
-        return GPU_LENGTH_GROUPS if device_type == "cuda" and not sharded else 1
+        return default_length_groups(device_type, sharded)
 
     @property
     def baseline_source(self) -> str:

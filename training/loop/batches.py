@@ -136,10 +136,15 @@ class TrainBatch:
     def to(self, device) -> "TrainBatch":
         """The batch on ``device``. To a GPU through pinned host memory, without blocking: the host goes on
         queueing the step's kernels while the copies run, and nothing waits for them but those kernels."""
-        move = lambda t: None if t is None else to_device(t, device)
+        move = lambda t: maybe_to_device(t, device)
         return TrainBatch(self.zfree.to(device), self.zcond.to(device), move(self.z_pos), move(self.slot_pos),
                           move(self.last_pos), move(self.b), move(self.t0), self.keys, self.urls, self.strategies,
                           self.widths, None if self.groups is None else self.groups.to(device))
+
+
+def maybe_to_device(t: torch.Tensor | None, device):
+    """``to_device``, None staying None."""
+    return None if t is None else to_device(t, device)
 
 
 @dataclass(frozen=True)
@@ -164,8 +169,8 @@ class Groups:
         return batch.groups if batch.groups is not None else cls((batch,))
 
     def to(self, device) -> "Groups":
-        move = lambda t: None if t is None else to_device(t, device)
-        return Groups(tuple(p.to(device) for p in self.parts), move(self.order), move(self.place))
+        return Groups(tuple(p.to(device) for p in self.parts), maybe_to_device(self.order, device),
+                      maybe_to_device(self.place, device))
 
     def split(self, t: torch.Tensor | None, copies: int = 1) -> list:
         """Rows of the batch, ``copies`` consecutive rows per example ((B * copies, ...)) -> each group's rows, in
@@ -222,12 +227,9 @@ def collate_examples(examples: Sequence[Example], groups: int = 1) -> TrainBatch
     rows = length_groups([len(ex.zcond) for ex in examples], groups)
     if len(rows) == 1:
         return batch
-    order = [i for r in rows for i in r]
-    place = [0] * len(order)
-    for at, i in enumerate(order):
-        place[i] = at
+    order = torch.tensor([i for r in rows for i in r])
     parts = tuple(collate_whole([examples[i] for i in r], with_b=False) for r in rows)  # the passes read no b
-    return replace(batch, groups=Groups(parts, torch.tensor(order), torch.tensor(place)))
+    return replace(batch, groups=Groups(parts, order, torch.argsort(order)))
 
 
 def collate_whole(examples: Sequence[Example], with_b: bool = True) -> TrainBatch:
