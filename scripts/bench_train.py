@@ -17,7 +17,8 @@
    forward-backward (the backbone and the head on S of the z-free pass, the K copies and the prior's prefix, each
    run and backpropagated alone; target <= 1.15), the padding share of the tokens those passes compute (target
    <= 5%): the batches whole, length-bucketed, and the same batches in length groups (``io.length_groups`` as on a
-   GPU), with the grouped step's time against the whole batch's on this CPU, and the host syncs of a non-logging
+   GPU), with the grouped step's time against the whole batch's on this CPU; the z-free pass and the copies as one
+   forward (``io.merge_passes`` as on a GPU) against the two, same batches; and the host syncs of a non-logging
    step (``tests/support/sync_guard.py``; target 0).
 
     python scripts/bench_train.py [--work DIR] [--steps N] [--only-pathways | --only-lean]
@@ -286,22 +287,26 @@ def bare_passes(model, batch):
     return run
 
 
-def padding_share(batch, copies: int, shares_prefix: bool, modulates_prefix: bool) -> tuple[int, int]:
+def padding_share(batch, copies: int, shares_prefix: bool, modulates_prefix: bool, merged: bool = False
+                  ) -> tuple[int, int]:
     """(tokens the step's passes compute, of which padding): the z-free pass and the copies over their widths
-    (past the shared prefix when it is shared, which then runs once), and the prior's prefix where z reaches it;
-    a batch in length groups, summed over its groups (each padded to its own longest)."""
+    (past the shared prefix when it is shared, which then runs once; ``merged``, in one forward: the z-free rows
+    over the copies' width too), and the prior's prefix where z reaches it; a batch in length groups, summed over
+    its groups (each padded to its own longest)."""
     if batch.groups is not None:
-        counts = [padding_share(part, copies, shares_prefix, modulates_prefix) for part in batch.groups.parts]
+        counts = [padding_share(part, copies, shares_prefix, modulates_prefix, merged) for part in batch.groups.parts]
         return sum(c for c, _ in counts), sum(p for _, p in counts)
     z_pos = batch.z_pos.tolist()
     free = (batch.last_pos + 1).tolist()
     cond = (batch.zcond.input_ids != 0).sum(1).tolist()  # <pad> is 0, no token of a sequence
     B, w = len(batch), batch.widths
     if shares_prefix:
-        computed = B * w.prefix + B * w.free_suffix + copies * B * w.cond_suffix
+        free_width = max(w.free_suffix, w.cond_suffix) if merged else w.free_suffix
+        computed = B * w.prefix + B * free_width + copies * B * w.cond_suffix
         real = sum(z_pos) + sum(f - z for f, z in zip(free, z_pos)) + copies * sum(c - z for c, z in zip(cond, z_pos))
     else:
-        computed = B * batch.zfree.input_ids.shape[1] + copies * B * batch.zcond.input_ids.shape[1]
+        widths = batch.zfree.input_ids.shape[1], batch.zcond.input_ids.shape[1]
+        computed = B * (max(widths) if merged else widths[0]) + copies * B * widths[1]
         real = sum(free) + copies * sum(cond)
     if modulates_prefix:
         computed += B * (w.prefix + 1)
@@ -347,17 +352,36 @@ def bench_lean_step(data, ckpt, store, work, steps, batch_size) -> dict:
                       for b in grouped]
     med_grouped = alternating_medians({"whole": lambda i: step_time(run, fed[i]),
                                        "grouped": lambda i: step_time(run, grouped[i])}, steps)
+    counts_merged, counts_gpu = ([padding_share(b, model.latent.copies, model.shares_prefix,
+                                                model.conditioning.modulates_prefix, merged=True) for b in batches]
+                                 for batches in (fed, grouped))
+
+    def merged_time(i: int) -> float:
+        model.merge_passes = True
+        try:
+            return step_time(run, fed[i])
+        finally:
+            model.merge_passes = False
+
+    med_merged = alternating_medians({"separate": lambda i: step_time(run, fed[i]), "merged": merged_time}, steps)
     with HostSyncs() as syncs:
         train_step(state, fed[0], cfg, logged=False)
     with HostSyncs() as syncs_grouped:
         train_step(state, grouped[0], cfg, logged=False)
+    model.merge_passes = True
+    with HostSyncs() as syncs_merged:
+        train_step(state, grouped[0], cfg, logged=False)
+    model.merge_passes = False
     share = lambda counts: sum(p for _, p in counts) / sum(c for c, _ in counts)
     return {"step_s": med["step"], "bare_s": med["bare"], "ratio": med["step"] / med["bare"],
             "cond": model.conditioning.mode, "shares_prefix": model.shares_prefix,
             "padding_share": share(counts), "padding_share_bucketed": share(counts_bucketed),
             "padding_share_grouped": share(counts_grouped),
             "grouped_over_whole": med_grouped["grouped"] / med_grouped["whole"],
-            "host_syncs": len(syncs.found), "host_syncs_grouped": len(syncs_grouped.found)}
+            "padding_share_merged": share(counts_merged), "padding_share_merged_grouped": share(counts_gpu),
+            "merged_over_separate": med_merged["merged"] / med_merged["separate"],
+            "host_syncs": len(syncs.found), "host_syncs_grouped": len(syncs_grouped.found),
+            "host_syncs_merged_grouped": len(syncs_merged.found)}
 
 
 def print_lean_step(result: dict, steps: int, batch_size: int, load_before: str) -> None:
@@ -368,8 +392,12 @@ def print_lean_step(result: dict, steps: int, batch_size: int, load_before: str)
           f"{result['padding_share_bucketed']:.2%} with length_buckets={LENGTH_BUCKETS}, "
           f"{result['padding_share_grouped']:.2%} with length_groups={GPU_LENGTH_GROUPS} (the same batches; target <= "
           f"5%); the grouped step / the whole batch's step {result['grouped_over_whole']:.3f} (medians of {steps} "
-          f"alternating, this CPU); host syncs in a non-logging step: {result['host_syncs']}, grouped "
-          f"{result['host_syncs_grouped']} (target 0); load average {load_before} before, {load_average()} after")
+          f"alternating, this CPU); the z-free pass and the copies in one forward / in two "
+          f"{result['merged_over_separate']:.3f} (the same batches, medians of {steps} alternating, this CPU; padding "
+          f"{result['padding_share_merged']:.2%}, in length groups {result['padding_share_merged_grouped']:.2%}: a "
+          f"GPU's defaults); host syncs in a non-logging step: {result['host_syncs']}, grouped "
+          f"{result['host_syncs_grouped']}, grouped in one forward {result['host_syncs_merged_grouped']} (target 0); "
+          f"load average {load_before} before, {load_average()} after")
 
 
 def main():

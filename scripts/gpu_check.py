@@ -14,7 +14,8 @@ FLOPs from ``FlopCounterMode``, MFU against the detected GPU's dense bfloat16 pe
 - extract: the bare forward with the head on the positions that predict S, and extraction's scoring loop, over the
   same batches;
 - train: the full fine-tune, the same with the batches' rows in length groups or whole (``io.length_groups``: the
-  value the device does not default to), LoRA (rank 16), a continuous latent, the 1.5B shape (Qwen2.5-1.5B: hidden 1536,
+  value the device does not default to), the same with the z-free pass and the copies in one forward or two
+  (``io.merge_passes``, likewise), LoRA (rank 16), a continuous latent, the 1.5B shape (Qwen2.5-1.5B: hidden 1536,
   28 layers, 12 heads over 2, MLP 8960; gradient checkpointing), each a step time; resume (checkpoint write and
   set-up from it); `--starts 3` (whole run); with two or more GPUs the full fine-tune on 2 ranks (torchrun, NCCL);
 - eval's scoring pass (bfloat16 autocast where training runs in it) and generate's sampled decode;
@@ -238,7 +239,7 @@ def arguments() -> argparse.Namespace:
 
 def main() -> None:
     from tokweight.training.config.components import CVAEConfig, LoRAConfig
-    from tokweight.training.config.train import GPU_LENGTH_GROUPS, default_length_groups
+    from tokweight.training.config.train import GPU_LENGTH_GROUPS, default_length_groups, default_merge_passes
 
     args = arguments()
     sizes = dict(SIZES["small" if args.small else "gpu"])
@@ -265,6 +266,7 @@ def main() -> None:
                      prompts=[line["x"] for line in lines[: sizes["prompts"]]])
     rows: list[st.Row] = []
     other_groups = 1 if default_length_groups(device.type) > 1 else GPU_LENGTH_GROUPS
+    other_merge = not default_merge_passes(device.type)
     shard_size = max(1, sizes["rows"] // 8)  # several shards: extraction's parts, and a lane per rank
     stages = {  # row name (a failed stage's too): what makes the row
         "extract command (task)": lambda name: prepare(out, "task", lines, check.model, shard_size, check,
@@ -276,6 +278,8 @@ def main() -> None:
         # the same run with its batches' rows in length groups or whole, whichever the device's default is not
         f"train full, io.length_groups {other_groups}": lambda name: st.training(check, name, out="run-groups",
                                                                                 length_groups=other_groups),
+        f"train full, io.merge_passes {other_merge}": lambda name: st.training(check, name, out="run-merge",
+                                                                              merge_passes=other_merge),
         "train LoRA (rank 16)": lambda name: st.training(check, name, out="run-lora", lora=LoRAConfig(rank=16)),
         "train continuous latent": lambda name: st.training(check, name, out="run-continuous",
                                                             cvae=CVAEConfig(latent="continuous", k=check.k)),

@@ -251,7 +251,8 @@ def extraction(check: Check, rounds: int = 3) -> list[Row]:
 
 def train_config(check: Check, out: str, policy: str = "precomputed", checkpoint: Path | None = None,
                  data: Path | None = None, store: Path | None = None, batch: int | None = None,
-                 grad_checkpointing: bool = False, length_groups: int | None = None, **groups):
+                 grad_checkpointing: bool = False, length_groups: int | None = None, merge_passes: bool | None = None,
+                 **groups):
     """A run's TrainConfig as `tokweight train` builds it, one start, no periodic validation, a step cap far off
     (the learning rate stays at its value), a shuffle buffer of a few batches (it fills before the first batch,
     outside every timed window, and changes no step's cost)."""
@@ -262,7 +263,7 @@ def train_config(check: Check, out: str, policy: str = "precomputed", checkpoint
     io = IOConfig(checkpoint=str(checkpoint or check.model), data=str(data or check.data),
                   store=str(store or check.store), out=str(check.out / out), num_workers=0, shuffle_buffer=4 * batch,
                   device=str(check.device), dtype=check.dtype, grad_checkpointing=grad_checkpointing,
-                  length_groups=length_groups)
+                  length_groups=length_groups, merge_passes=merge_passes)
     groups.setdefault("cvae", CVAEConfig(k=check.k))
     groups.setdefault("optim", OptimConfig(steps=10 ** 6, batch_size=batch, starts=1))
     return TrainConfig(io, loss=LossConfig(policy=policy), log=LogConfig(grad_diag_every=0, eval_every=0), **groups)

@@ -70,6 +70,9 @@ class KVCache:
     def repeated(self, n: int) -> KVCache:
         return KVCache([tuple(t.repeat_interleave(n, 0) for t in kv) for kv in self.layers])
 
+    def selected(self, rows: torch.Tensor) -> KVCache:
+        return KVCache([tuple(t[rows] for t in kv) for kv in self.layers])
+
 
 @dataclass(frozen=True)
 class SharedPrefix:
@@ -100,6 +103,10 @@ class SharedPrefix:
         if n == 1:
             return self
         return SharedPrefix(self.cache.repeated(n), self.valid.repeat_interleave(n, 0), self.unpositioned)
+
+    def selected(self, rows: torch.Tensor) -> SharedPrefix:
+        """The prefixes of ``rows`` (N',) indices, one suffix each (repeats allowed, as ``repeated``)."""
+        return SharedPrefix(self.cache.selected(rows), self.valid[rows], self.unpositioned)
 
     def continued(self, cache, L: int) -> SharedPrefix:
         """This prefix followed by L tokens that every later token sees; ``cache`` holds all P + L positions."""

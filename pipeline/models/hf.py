@@ -90,6 +90,11 @@ class HFCache:
             cache.batch_repeat_interleave(n)  # rebinds each layer's keys and values; the originals stay
         return HFCache(cache)
 
+    def selected(self, rows: torch.Tensor) -> HFCache:
+        cache = self.repeated(1).cache
+        cache.batch_select_indices(rows)  # rebinds, as batch_repeat_interleave
+        return HFCache(cache)
+
 
 QUERY_SITES = ("c_attn", "q_proj", "qkv_proj")
 """Names of the modules whose outputs begin with a layer's queries (``HFBackbone.query_sites``): ``q_proj`` holds

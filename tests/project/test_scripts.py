@@ -141,12 +141,12 @@ def test_gpu_check_runs_every_stage_on_a_tiny_model_on_the_cpu(tmp_path, monkeyp
     rows = {r["stage"]: r for r in json.loads((tmp_path / "gpu_check.json").read_text())}
     assert list(rows) == ["extract command (task)", "extract: bare forward, head on S", "extract: scoring loop",
                           "train full", "resume", "planner peak vs measured", "train full, io.length_groups 4",
-                          "train LoRA (rank 16)",
+                          "train full, io.merge_passes True", "train LoRA (rank 16)",
                           "train continuous latent", "train --starts 3", "eval pass (float32)",
                           "generate (sampled, T=1)", "full step, tiny-wide shape", "full, 2 ranks (DDP, NCCL)"]
     assert not [name for name, r in rows.items() if r["status"].startswith("failed")]
     timed = [r for r in rows.values() if r["per"] in ("step", "batch of 8") or r["per"].startswith(("pass", "decode"))]
-    assert len(timed) == 9 and all(r["seconds"] > 0 and r["tflops"] > 0 and r["tokens_per_s"] > 0 for r in timed)
+    assert len(timed) == 10 and all(r["seconds"] > 0 and r["tflops"] > 0 and r["tokens_per_s"] > 0 for r in timed)
     assert all(r["mfu"] is None and r["peak_gib"] is None for r in rows.values())  # no GPU figure from a CPU
     assert rows["planner peak vs measured"]["status"].startswith("skipped")
     assert rows["full, 2 ranks (DDP, NCCL)"]["status"] == "skipped: fewer than 2 GPUs"

@@ -31,6 +31,11 @@ def default_length_groups(device_type: str, sharded: bool = False) -> int:
     ``sharded`` over ranks by FSDP or not."""
     return GPU_LENGTH_GROUPS if device_type == "cuda" and not sharded else 1
 
+
+def default_merge_passes(device_type: str, grad_checkpointing: bool = False) -> bool:
+    """``IOConfig.merge_passes`` when unset, on a device of ``device_type``: on CUDA without gradient checkpointing."""
+    return device_type == "cuda" and not grad_checkpointing
+
 SHARDS = ("ddp", "fsdp")
 """How several ranks share the model (``IOConfig.shard``, ``engine.py``)."""
 
@@ -72,6 +77,14 @@ class IOConfig:
     more, smaller kernels. Not the default on the CPU, where a group's shorter padding would move float32 results
     by rounding (its numbers stay those of the batch run whole), nor under ``shard`` "fsdp", where every group's
     pass all-gathers each block's parameters again."""
+    merge_passes: bool | None = None
+    """The z-free pass and a discrete latent's K copies run as one forward of B (K + 1) rows, each z-free row padded
+    to its copies' length (``CVAE.merge_passes``): one pass of larger kernels, and under ``shard`` "fsdp" fewer
+    all-gathers of each block. Not with a continuous latent, whose copies are drawn from the posterior the
+    z-free pass feeds, nor with the memory pathway, whose position a z-free row would see. None: on CUDA without
+    ``grad_checkpointing``. Not on the CPU, where the padded z-free rows would move float32 results by rounding (its
+    numbers stay those of the separate passes), nor with checkpointing, whose backward recomputes a layer over all
+    of the one pass's rows at once: a higher peak where memory is what checkpointing is for."""
     device: str = "auto"
     """torch device of the model: "auto" (CUDA when present, else CPU), "cpu", "cuda", "cuda:N"; "cuda"
     under torchrun is cuda:LOCAL_RANK on each rank."""
@@ -115,6 +128,12 @@ class IOConfig:
         if self.length_groups is not None:
             return self.length_groups
         return default_length_groups(device_type, sharded)
+
+    def merges_on(self, device_type: str) -> bool:
+        """``merge_passes`` with None resolved (``default_merge_passes``)."""
+        if self.merge_passes is not None:
+            return self.merge_passes
+        return default_merge_passes(device_type, self.grad_checkpointing)
 
     @property
     def baseline_source(self) -> str:

@@ -140,6 +140,21 @@ class Conditioning(nn.Module):
             kwargs["query"] = self.query_proj(z).view(N, *self.query_shape)
         return ids, kwargs
 
+    @property
+    def passes_merge(self) -> bool:
+        """Rows without z can run in the copies' forward (``with_z_free_rows``): every pathway but memory, whose
+        key/value position a z-free row would attend to."""
+        return self.memory_proj is None
+
+    def with_z_free_rows(self, ids: torch.Tensor, kwargs: dict, free_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """``decoder_inputs``' ids (N, L) and keyword arguments followed by the z-free rows ``free_ids`` (B, L): N + B
+        rows. A z-free row reads its own tokens, and zero LayerNorm and query offsets, which leave its states as the
+        z-free pass computes them (a discrete z writes its slots as tokens, so no embeddings come in ``kwargs``)."""
+        others = set(kwargs) - {"ln_cond", "query"}  # offsets whose zero leaves a row as it is
+        if not self.passes_merge or others:
+            raise ValueError(f"the {self.mode} z pathway cannot run z-free rows beside its copies ({sorted(others)})")
+        zeros = lambda t: t.new_zeros(len(free_ids), *t.shape[1:])
+        return torch.cat([ids, free_ids]), {name: torch.cat([t, zeros(t)]) for name, t in kwargs.items()}
 
 def token_key_values(backbone, prefix_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The backbone's keys and values at z-free positions, prefix_ids (N, P), row i's own its first lengths[i]:

@@ -68,9 +68,13 @@ class CategoricalLatent(nn.Module):
 
     def decoder_inputs(self, log_q: torch.Tensor, generator=None,
                        global_batch: GlobalBatch = LOCAL) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy i*K + k of example i carries value k: (B*K, K) one-hot and (B*K,) token ids."""
-        B = log_q.shape[0]
-        onehot = torch.eye(self.k, device=log_q.device, dtype=self.head.weight.dtype).repeat(B, 1)
+        """Copy i*K + k of example i carries value k: (B*K, K) one-hot and (B*K,) token ids, whatever ``log_q`` says
+        (``every_value``)."""
+        return self.every_value(log_q.shape[0], log_q.device)
+
+    def every_value(self, B: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every value for each of B examples, copy i*K + k carrying value k: (B*K, K) one-hot, (B*K,) token ids."""
+        onehot = torch.eye(self.k, device=device, dtype=self.head.weight.dtype).repeat(B, 1)
         return onehot, self.latent_ids.repeat(B)
 
     def expectation(self, R: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:

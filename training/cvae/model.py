@@ -20,6 +20,10 @@ copies of the prefix's work. Not with the layernorm and memory pathways, whose z
 A batch in length groups (``batches.Groups``) runs the z-free pass and the copies group by group, each group padded
 to its own longest row; the posterior, the latent's draws and every output are the whole batch's, in its order.
 
+A discrete latent's copies carry every value whatever the posterior says, so with ``merge_passes`` (``io.merge_passes``,
+on CUDA) the z-free pass runs beside them: one forward of B * (K + 1) rows, each z-free row padded to its copies'
+length and reading zero offsets (``Conditioning.with_z_free_rows``); the same NLLs, posterior and gradients.
+
 Posterior input: the z-free hidden state at the last position (``<eos>``), which has
 attended to all of x and y, or the mean of the states that predict S (``posterior_pool``).
 The model returns per-token NLLs; the objective is a pure function of them (``training/objective/loss.py``).
@@ -89,6 +93,14 @@ class Frame:
         """The prefix for ``copies`` rows per example (none for whole sequences)."""
         return None if self.prefix is None else self.prefix.repeated(copies)
 
+    def rows_then_one(self, copies: int) -> SharedPrefix | None:
+        """The prefix for ``copies`` rows per example followed by one more row per example (none for whole
+        sequences)."""
+        if self.prefix is None:
+            return None
+        examples = torch.arange(len(self.start), device=self.start.device)
+        return self.prefix.selected(torch.cat([examples.repeat_interleave(copies), examples]))
+
 
 class CVAE(nn.Module):
     def __init__(self, backbone: GPT, latent: nn.Module, conditioning: Conditioning, pool: str = "last",
@@ -97,10 +109,21 @@ class CVAE(nn.Module):
         self.backbone, self.latent, self.conditioning = backbone, latent, conditioning
         self.pool = pool  # CVAEConfig.posterior_pool
         self.share_prefix = share_prefix  # exact either way (tests/training/cvae/test_shared_prefix.py); off: for the bench
+        self.merge_passes = False  # the train loop's ``io.merge_passes``: see ``merges_passes``
 
     @property
     def shares_prefix(self) -> bool:
         return self.share_prefix and not self.conditioning.modulates_prefix and self.backbone.prefix_shareable
+
+    @property
+    def merges_passes(self) -> bool:
+        """The z-free pass and the copies run as one forward (``merge_passes``, set from ``io.merge_passes``): where
+        the copies need not wait for the posterior (a discrete latent's carry every value) and the pathway lets
+        z-free rows beside them (``Conditioning.passes_merge``), in a forward that makes gradients. Without them
+        (validation, eval) the passes stay two: each frees its states before the next runs, and one pass of
+        B * (K + 1) rows would peak above the copies' B * K (docs/benchmarks.md, the planner)."""
+        return (self.merge_passes and torch.is_grad_enabled() and isinstance(self.latent, CategoricalLatent)
+                and self.conditioning.passes_merge)
 
     @property
     def posterior_parameters(self) -> list[nn.Parameter]:
@@ -127,24 +150,35 @@ class CVAE(nn.Module):
         batch's, in its order."""
         groups = Groups.of(batch)
         frames = [Frame.shared(self.backbone, p) if self.shares_prefix else Frame() for p in groups.parts]
-        free = [self._z_free(p, frame) for p, frame in zip(groups.parts, frames)]  # (pooled, zfree_nll) per group
+        if self.merges_passes:  # every value's copy, whatever the posterior: beside the z-free rows, in one forward
+            z, slot_ids = self.latent.every_value(len(batch), batch.z_pos.device)
+            C = self.latent.k
+            free, decoded = zip(*(self._one_forward(p, frame, z_part, ids_part, C) for p, frame, z_part, ids_part
+                                  in zip(groups.parts, frames, groups.split(z, C), groups.split(slot_ids, C))))
+        else:
+            free = [self._z_free(p, frame) for p, frame in zip(groups.parts, frames)]
         pooled = groups.merge([pooled for pooled, _ in free])  # (B, d_post)
         zfree_nll = groups.merge([nll for _, nll in free], batch.zfree.mask.shape[1])
         post = self.latent.posterior(pooled)
-        z, slot_ids = (self.latent.mean_inputs(post) if at_posterior_mean
-                       else self.latent.decoder_inputs(post, generator, global_batch))
-        C = len(z) // len(batch)  # example i's copies are rows i*C .. i*C + C-1
-        decoded = [self._decode_copies(p, frame, z_part, ids_part, C) for p, frame, z_part, ids_part
-                   in zip(groups.parts, frames, groups.split(z, C), groups.split(slot_ids, C))]  # (nll, prior)
+        if not self.merges_passes:
+            z, slot_ids = (self.latent.mean_inputs(post) if at_posterior_mean
+                           else self.latent.decoder_inputs(post, generator, global_batch))
+            C = len(z) // len(batch)  # example i's copies are rows i*C .. i*C + C-1
+            decoded = [self._decode_copies(p, frame, z_part, ids_part, C) for p, frame, z_part, ids_part
+                       in zip(groups.parts, frames, groups.split(z, C), groups.split(slot_ids, C))]  # (nll, prior)
         nll = groups.merge([nll for nll, _ in decoded], batch.zcond.mask.shape[1])
         prior = groups.merge([prior for _, prior in decoded])
         return CVAEOutput(post, prior, nll, zfree_nll, pooled, z)
 
     def _z_free(self, batch: TrainBatch, frame: Frame) -> tuple[torch.Tensor, torch.Tensor]:
         """The z-free pass: (the posterior head's input (B, d), the z-free NLL (B, T_max) nats over S, detached)."""
+        hidden = self.backbone.hidden(frame.ids(batch.zfree.input_ids, batch.widths.free_suffix), prefix=frame.rows(1))
+        return self._read_z_free(batch, hidden, frame)
+
+    def _read_z_free(self, batch: TrainBatch, hidden_free: torch.Tensor, frame: Frame):
+        """The z-free pass's states (B, L, d) -> (the posterior head's input (B, d), the z-free NLL (B, T_max))."""
         free = batch.zfree
-        hidden_free = self.backbone.hidden(frame.ids(free.input_ids, batch.widths.free_suffix), prefix=frame.rows(1))
-        pooled = self.posterior_input(batch, hidden_free, frame)  # hidden_free (B, L, d)
+        pooled = self.posterior_input(batch, hidden_free, frame)
         with torch.no_grad():
             zfree_nll = nll_over_s(self.backbone, hidden_free, frame.pos(free.logit_pos), free.targets, free.mask,
                                    count=free.s_tokens)
@@ -153,12 +187,39 @@ class CVAE(nn.Module):
     def _decode_copies(self, batch: TrainBatch, frame: Frame, z: torch.Tensor, slot_ids: torch.Tensor | None, C: int):
         """The z-conditioned pass of every example's ``C`` copies (``z`` (B*C, F), ``slot_ids``) as one forward of
         B * C rows, and the prior: (the NLL (B, C, T_max) nats over S, the prior)."""
+        ids, kwargs = self._copy_inputs(batch, frame.ids(batch.zcond.input_ids, batch.widths.cond_suffix), frame,
+                                        z, slot_ids, C)
+        hidden = self.backbone.hidden(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', d): all copies at once
+        return self._read_copies(batch, hidden, frame, C)
+
+    def _one_forward(self, batch: TrainBatch, frame: Frame, z: torch.Tensor, slot_ids: torch.Tensor, C: int):
+        """The z-free pass and the ``C`` copies as one forward of B * (C + 1) rows, the copies' B * C and then the
+        B z-free rows, each padded to the longer template (tokens past a row's end are never read: attention is
+        causal): (``_read_z_free``'s pair, ``_read_copies``' pair)."""
+        free, cond, B = batch.zfree.input_ids, batch.zcond.input_ids, len(batch)
+        if frame.prefix is None:
+            width = max(free.shape[1], cond.shape[1])
+            free, cond = (nn.functional.pad(ids, (0, width - ids.shape[1])) for ids in (free, cond))
+        else:
+            width = max(batch.widths.free_suffix, batch.widths.cond_suffix)
+            free, cond = frame.ids(free, width), frame.ids(cond, width)
+        ids, kwargs = self._copy_inputs(batch, cond, frame, z, slot_ids, C)
+        ids, kwargs = self.conditioning.with_z_free_rows(ids, kwargs, free)
+        hidden = self.backbone.hidden(ids, prefix=frame.rows_then_one(C), **kwargs)
+        return self._read_z_free(batch, hidden[B * C:], frame), self._read_copies(batch, hidden[: B * C], frame, C)
+
+    def _copy_inputs(self, batch: TrainBatch, cond_ids: torch.Tensor, frame: Frame, z: torch.Tensor,
+                     slot_ids: torch.Tensor | None, C: int) -> tuple[torch.Tensor, dict]:
+        """The copies' backbone inputs: each example's z-conditioned ids (B, L') ``C`` times with its values written
+        in, and the pathway's keyword arguments."""
+        rep = lambda t: t.repeat_interleave(C, 0)
+        return self.conditioning.decoder_inputs(self.backbone, rep(cond_ids), rep(frame.pos(batch.slot_pos)), z,
+                                                slot_ids)
+
+    def _read_copies(self, batch: TrainBatch, hidden: torch.Tensor, frame: Frame, C: int):
+        """The copies' states (B*C, L', d) -> (their NLL (B, C, T_max) nats over S, the prior)."""
         cond, B = batch.zcond, len(batch)
         rep = lambda t: t.repeat_interleave(C, 0)
-        cond_ids = frame.ids(cond.input_ids, batch.widths.cond_suffix)
-        ids, kwargs = self.conditioning.decoder_inputs(self.backbone, rep(cond_ids), rep(frame.pos(batch.slot_pos)),
-                                                       z, slot_ids)
-        hidden = self.backbone.hidden(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', d): all copies at once
         count = None if cond.s_tokens is None else C * cond.s_tokens
         nll = nll_over_s(self.backbone, hidden, rep(frame.pos(cond.logit_pos)), rep(cond.targets), rep(cond.mask),
                          count=count)

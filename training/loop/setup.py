@@ -126,6 +126,7 @@ def build_model(cfg: TrainConfig, init, base, devices: tuple[torch.device, torch
         baseline = AdaptersOff(model.backbone, adapters, base_vocab_size)
     if cfg.io.grad_checkpointing:
         model.backbone.enable_checkpointing()
+    model.merge_passes = cfg.io.merges_on(device.type)
     if whole:
         spread_latents(model, vocab, cfg.cvae, cfg.optim.seed)  # before resume: a resumed run loads its trained rows
     hold_frozen(model, lower)  # a LoRA run's frozen backbone in the forward's dtype, before it reaches the device

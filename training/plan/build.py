@@ -152,6 +152,7 @@ def cvae_of(spec: dict, train_cfg) -> tuple[torch.nn.Module, int]:
         attach(model.backbone, train_cfg.lora.rank, latent_row_ids(vocab, train_cfg.cvae), train_cfg.optim.seed)
     if train_cfg.io.grad_checkpointing:
         model.backbone.enable_checkpointing()
+    model.merge_passes = train_cfg.io.merges_on("cuda")  # the passes as a GPU runs them
     hold_frozen(model, forward_dtype(train_cfg.io.dtype, torch.device("cpu")))  # a LoRA run's frozen weights
     return model, model.backbone.cfg.vocab_size
 

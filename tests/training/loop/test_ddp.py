@@ -201,6 +201,8 @@ PATHS = {  # name: (backbones -> cfg -> cfg); each runs 4 steps of the common co
     "estep-clusters": lambda b: lambda c: replace(c, estep=EStepConfig(cluster_weight=1.0), loss=WARM),
     # each rank groups its own rows by length, one process all of them: other groups, the same rows and step
     "length-groups": lambda b: lambda c: io(c, length_groups=3),
+    # the z-free pass and the copies as one forward, in each rank's own groups
+    "merged-length-groups": lambda b: lambda c: io(c, length_groups=3, merge_passes=True),
     # the E-step's recon is detached: with it off, the diagnostic's autograd.grad runs before each backward
     "frozen-plain-diagnostic": lambda b: lambda c: replace(
         c, loss=LossConfig(beta_warmup_steps=1, policy="frozen"), estep=EStepConfig(mode="off"),

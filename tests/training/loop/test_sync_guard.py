@@ -84,10 +84,10 @@ def guarded_run(monkeypatch, cfg: TrainConfig, groups: list | None = None) -> di
     return guarded.counts
 
 
-def config(data, ckpt, out, store=None, steps=3, length_groups=None, **groups) -> TrainConfig:
+def config(data, ckpt, out, store=None, steps=3, length_groups=None, merge_passes=None, **groups) -> TrainConfig:
     """``steps`` steps, only the last one logged: the others run guarded."""
     base = dict(io=IOConfig(checkpoint=str(ckpt), data=str(data), out=str(out), store=store and str(store),
-                            num_workers=0, device="cpu", length_groups=length_groups),
+                            num_workers=0, device="cpu", length_groups=length_groups, merge_passes=merge_passes),
                 loss=LossConfig(policy="precomputed" if store else "frozen"),
                 optim=OptimConfig(steps=steps, batch_size=8, starts=1),
                 log=LogConfig(log_every=100, grad_diag_every=0, eval_every=0, eval_examples=16))
@@ -100,9 +100,10 @@ def config(data, ckpt, out, store=None, steps=3, length_groups=None, **groups) -
     {"cvae": CVAEConfig(latent="continuous", z_dim=2)}, {"loss": LossConfig(policy="frozen")},
     {"loss": LossConfig(policy="dynamic")}, {"loss": LossConfig(weighting="example-inverse")},
     {"estep": EStepConfig(labelled=0.2)}, {"estep": EStepConfig(cluster_weight=1.0)}, {"length_groups": 3},
-    {"length_groups": 3, "cvae": CVAEConfig(latent="continuous", z_dim=2)}],
+    {"length_groups": 3, "cvae": CVAEConfig(latent="continuous", z_dim=2)}, {"merge_passes": True},
+    {"merge_passes": True, "length_groups": 3, "cvae": CVAEConfig(cond="prefix")}],
     ids=["default", "prefix", "token", "memory", "layernorm", "continuous", "frozen", "dynamic", "example-inverse",
-         "labelled", "clusters", "length-groups", "length-groups-continuous"])
+         "labelled", "clusters", "length-groups", "length-groups-continuous", "merged", "merged-groups-prefix"])
 def test_a_step_that_does_not_log_makes_no_host_sync(tiny, tiny_store, tmp_path, monkeypatch, groups):
     data, ckpt = tiny
     parts = []
