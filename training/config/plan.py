@@ -42,6 +42,9 @@ class PlanConfig:
     """A rank's device memory, GiB: what the largest batch must fit."""
     headroom: float = 0.1
     """Share of ``memory_gib`` left for what the tracker does not see (module docstring)."""
+    merge_passes: bool | None = None
+    """``io.merge_passes``: the z-free pass in one forward with a discrete latent's copies; None: train's default
+    on a GPU (on, without ``grad_checkpointing``)."""
     cvae: object = None
     """A run's whole ``CVAEConfig`` (latent, z pathway, slots), when a run is planned; None: the defaults at ``k``."""
 
@@ -69,7 +72,7 @@ class PlanConfig:
         from tokweight.training.config.train import IOConfig, LogConfig, OptimConfig, TrainConfig
 
         io = IOConfig(checkpoint=self.model, data="plan", out="plan", store="plan", device="cpu", dtype=self.dtype,
-                      grad_checkpointing=self.grad_checkpointing, shard=self.shard)
+                      grad_checkpointing=self.grad_checkpointing, shard=self.shard, merge_passes=self.merge_passes)
         cvae = self.cvae if isinstance(self.cvae, CVAEConfig) else CVAEConfig(k=self.k)
         log = LogConfig() if self.eval_batch_size is None else LogConfig(eval_batch_size=self.eval_batch_size)
         return TrainConfig(io=io, cvae=cvae, optim=OptimConfig(batch_size=batch_size or self.batch_size),

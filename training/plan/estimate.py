@@ -272,7 +272,8 @@ def plan_command(cfg: PlanConfig) -> str:
     flags = [f"--model {cfg.model}", f"--k {cfg.k}", f"--batch-size {cfg.batch_size}", f"--seq-len {cfg.seq_len}",
              f"--dtype {cfg.dtype}", f"--lora-rank {cfg.lora_rank}", f"--shard {cfg.shard}", f"--ranks {cfg.ranks}",
              f"--memory {cfg.memory_gib:g}", *(["--grad-checkpointing"] if cfg.grad_checkpointing else []),
-             *([f"--eval-batch-size {cfg.eval_batch_size}"] if cfg.eval_batch_size else [])]
+             *([f"--eval-batch-size {cfg.eval_batch_size}"] if cfg.eval_batch_size else []),
+             *([f"--set merge_passes={str(cfg.merge_passes).lower()}"] if cfg.merge_passes is not None else [])]
     return "tokweight plan " + " ".join(flags)
 
 
@@ -293,6 +294,7 @@ def out_of_memory(train_cfg, ranks: int, seq_len: int, device: torch.device) -> 
     cfg = PlanConfig(model=io.checkpoint, k=train_cfg.cvae.k, batch_size=batch, seq_len=max(seq_len, 8),
                      dtype=resolve_dtype(io.dtype, device), lora_rank=train_cfg.lora.rank, grad_checkpointing=io.grad_checkpointing,
                      shard=io.shard, ranks=ranks, cvae=train_cfg.cvae, eval_batch_size=train_cfg.log.eval_batch_size,
+                     merge_passes=io.merge_passes,
                      **({"memory_gib": memory} if memory else {}))
     where = f"out of device memory at --batch-size {batch} per rank ({seq_len}-token sequences)"
     try:

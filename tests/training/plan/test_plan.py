@@ -20,8 +20,8 @@ from tokweight.pipeline.data.errors import Skips
 from tokweight.training.objective.global_batch import GlobalBatch
 from tokweight.training.loop.state import Progress
 from tokweight.training.config.plan import PlanConfig
-from tokweight.training.plan.estimate import largest_batch, run_phases, train_peak
-from tokweight.training.plan.build import model_spec
+from tokweight.training.plan.estimate import largest_batch, plan_command, run_phases, train_peak
+from tokweight.training.plan.build import cvae_of, model_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -92,6 +92,17 @@ def test_the_json_plan_has_every_phase_by_kind_and_the_flops():
     assert plan["train"]["flops"] > 2 * plan["validation"]["flops"]  # a backward costs about two forwards
     assert 0 < plan["train"]["kinds"]["optimizer"] - 8 * plan["trainable"] < 1024  # AdamW's moments and step counts
     assert plan["fits"] and plan["largest_batch"] is None and plan["config"]["batch_size"] == 2
+
+
+def test_the_plan_runs_the_passes_as_a_gpu_run_would():
+    """``merge_passes`` reaches the planned model as train resolves it on CUDA: on by default, off with gradient
+    checkpointing or where the run turns it off; a plan command names a setting the run made."""
+    spec = model_spec("gpt-tiny")
+    for fields, merged in (({}, True), ({"grad_checkpointing": True}, False), ({"merge_passes": False}, False)):
+        model, _ = cvae_of(spec, PlanConfig(model="gpt-tiny", seq_len=16, **fields).train_config())
+        assert model.merge_passes is merged and model.merges_passes is merged, fields
+    assert plan_command(PlanConfig(model="m", merge_passes=False)).endswith(" --set merge_passes=false")
+    assert "merge_passes" not in plan_command(PlanConfig(model="m"))
 
 
 def test_the_largest_batch_fits_and_a_few_more_examples_do_not():
