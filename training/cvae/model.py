@@ -150,7 +150,8 @@ class CVAE(nn.Module):
         batch's, in its order."""
         groups = Groups.of(batch)
         frames = [Frame.shared(self.backbone, p) if self.shares_prefix else Frame() for p in groups.parts]
-        if self.merges_passes:  # every value's copy, whatever the posterior: beside the z-free rows, in one forward
+        merged = self.merges_passes
+        if merged:  # every value's copy, whatever the posterior: beside the z-free rows, in one forward
             z, slot_ids = self.latent.every_value(len(batch), batch.z_pos.device)
             C = self.latent.k
             free, decoded = zip(*(self._one_forward(p, frame, z_part, ids_part, C) for p, frame, z_part, ids_part
@@ -160,7 +161,7 @@ class CVAE(nn.Module):
         pooled = groups.merge([pooled for pooled, _ in free])  # (B, d_post)
         zfree_nll = groups.merge([nll for _, nll in free], batch.zfree.mask.shape[1])
         post = self.latent.posterior(pooled)
-        if not self.merges_passes:
+        if not merged:
             z, slot_ids = (self.latent.mean_inputs(post) if at_posterior_mean
                            else self.latent.decoder_inputs(post, generator, global_batch))
             C = len(z) // len(batch)  # example i's copies are rows i*C .. i*C + C-1
