@@ -44,8 +44,7 @@ def backbone_passes(model, batch) -> int:
     return len(calls)
 
 
-@pytest.mark.parametrize("groups", [1, 3])
-@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("share,groups", [(True, 3), (False, 1)], ids=["shared-groups", "whole"])
 @pytest.mark.parametrize("kind", ["gpt", "gpt2", "llama"])
 @pytest.mark.parametrize("cfg", MERGING, ids=lambda c: f"{c.cond}{c.slots}-{c.posterior_pool}")
 def test_one_forward_equals_the_two_passes(cfg, kind, share, groups):
