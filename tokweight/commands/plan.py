@@ -24,7 +24,8 @@ def table(plan) -> str:
     cfg = plan.config
     head = (f"{cfg.model}: {plan.parameters / 1e9:.3f}B parameters, {plan.trainable / 1e9:.3f}B trained; K={cfg.k}, "
             f"batch {cfg.batch_size} per rank, {cfg.seq_len} tokens, {cfg.dtype}, lora rank {cfg.lora_rank}, "
-            f"grad checkpointing {'on' if cfg.grad_checkpointing else 'off'}, {cfg.ranks} rank(s) ({cfg.shard})")
+            f"grad checkpointing {'on' if cfg.grad_checkpointing else 'off'}, z-free pass and copies in "
+            f"{'one forward' if cfg.train_config().io.merges_on('cuda') else 'two'}, {cfg.ranks} rank(s) ({cfg.shard})")
     from tokweight.training.config.train import LogConfig
 
     evals = cfg.eval_batch_size or LogConfig().eval_batch_size

@@ -36,6 +36,7 @@ def default_merge_passes(device_type: str, grad_checkpointing: bool = False) -> 
     """``IOConfig.merge_passes`` when unset, on a device of ``device_type``: on CUDA without gradient checkpointing."""
     return device_type == "cuda" and not grad_checkpointing
 
+
 SHARDS = ("ddp", "fsdp")
 """How several ranks share the model (``IOConfig.shard``, ``engine.py``)."""
 
@@ -81,7 +82,8 @@ class IOConfig:
     """The z-free pass and a discrete latent's K copies run as one forward of B (K + 1) rows, each z-free row padded
     to its copies' length (``CVAE.merge_passes``): one pass of larger kernels, and under ``shard`` "fsdp" fewer
     all-gathers of each block. Not with a continuous latent, whose copies are drawn from the posterior the
-    z-free pass feeds, nor with the memory pathway, whose position a z-free row would see. None: on CUDA without
+    z-free pass feeds, nor with the memory pathway, whose position a z-free row would see (there it changes
+    nothing), nor in a forward without gradients (validation, eval). None: on CUDA without
     ``grad_checkpointing``. Not on the CPU, where the padded z-free rows would move float32 results by rounding (its
     numbers stay those of the separate passes), nor with checkpointing, whose backward recomputes a layer over all
     of the one pass's rows at once: a higher peak where memory is what checkpointing is for."""

@@ -156,6 +156,7 @@ class Conditioning(nn.Module):
         zeros = lambda t: t.new_zeros(len(free_ids), *t.shape[1:])
         return torch.cat([ids, free_ids]), {name: torch.cat([t, zeros(t)]) for name, t in kwargs.items()}
 
+
 def token_key_values(backbone, prefix_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The backbone's keys and values at z-free positions, prefix_ids (N, P), row i's own its first lengths[i]:
     their mean (layers, 2, kv heads, head dim) and per head their RMS distance from it (layers, 2, kv heads)."""

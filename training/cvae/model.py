@@ -21,8 +21,9 @@ A batch in length groups (``batches.Groups``) runs the z-free pass and the copie
 to its own longest row; the posterior, the latent's draws and every output are the whole batch's, in its order.
 
 A discrete latent's copies carry every value whatever the posterior says, so with ``merge_passes`` (``io.merge_passes``,
-on CUDA) the z-free pass runs beside them: one forward of B * (K + 1) rows, each z-free row padded to its copies'
-length and reading zero offsets (``Conditioning.with_z_free_rows``); the same NLLs, posterior and gradients.
+on CUDA) a forward that makes gradients runs the z-free pass beside them: one forward of B * (K + 1) rows, each z-free
+row padded to its copies' length and reading zero offsets (``Conditioning.with_z_free_rows``); the same NLLs,
+posterior and gradients to rounding (with dropout, other masks).
 
 Posterior input: the z-free hidden state at the last position (``<eos>``), which has
 attended to all of x and y, or the mean of the states that predict S (``posterior_pool``).
@@ -118,7 +119,7 @@ class CVAE(nn.Module):
     @property
     def merges_passes(self) -> bool:
         """The z-free pass and the copies run as one forward (``merge_passes``, set from ``io.merge_passes``): where
-        the copies need not wait for the posterior (a discrete latent's carry every value) and the pathway lets
+        the copies need not wait for the posterior (a discrete latent's copies carry every value) and the pathway lets
         z-free rows beside them (``Conditioning.passes_merge``), in a forward that makes gradients. Without them
         (validation, eval) the passes stay two: each frees its states before the next runs, and one pass of
         B * (K + 1) rows would peak above the copies' B * K (docs/benchmarks.md, the planner)."""
@@ -152,10 +153,8 @@ class CVAE(nn.Module):
         frames = [Frame.shared(self.backbone, p) if self.shares_prefix else Frame() for p in groups.parts]
         merged = self.merges_passes
         if merged:  # every value's copy, whatever the posterior: beside the z-free rows, in one forward
-            z, slot_ids = self.latent.every_value(len(batch), batch.z_pos.device)
-            C = self.latent.k
-            free, decoded = zip(*(self._one_forward(p, frame, z_part, ids_part, C) for p, frame, z_part, ids_part
-                                  in zip(groups.parts, frames, groups.split(z, C), groups.split(slot_ids, C))))
+            z = self.latent.every_value(len(batch), batch.z_pos.device)[0]  # the output's: each group makes its own
+            free, decoded = zip(*(self._one_forward(p, frame) for p, frame in zip(groups.parts, frames)))
         else:
             free = [self._z_free(p, frame) for p, frame in zip(groups.parts, frames)]
         pooled = groups.merge([pooled for pooled, _ in free])  # (B, d_post)
@@ -193,11 +192,12 @@ class CVAE(nn.Module):
         hidden = self.backbone.hidden(ids, prefix=frame.rows(C), **kwargs)  # (B*C, L', d): all copies at once
         return self._read_copies(batch, hidden, frame, C)
 
-    def _one_forward(self, batch: TrainBatch, frame: Frame, z: torch.Tensor, slot_ids: torch.Tensor, C: int):
-        """The z-free pass and the ``C`` copies as one forward of B * (C + 1) rows, the copies' B * C and then the
-        B z-free rows, each padded to the longer template (tokens past a row's end are never read: attention is
-        causal): (``_read_z_free``'s pair, ``_read_copies``' pair)."""
-        free, cond, B = batch.zfree.input_ids, batch.zcond.input_ids, len(batch)
+    def _one_forward(self, batch: TrainBatch, frame: Frame):
+        """The z-free pass and a copy per value (``C`` = K) as one forward of B * (C + 1) rows, the copies' B * C and
+        then the B z-free rows, each padded to the longer template (tokens past a row's end are never read:
+        attention is causal): (``_read_z_free``'s pair, ``_read_copies``' pair)."""
+        free, cond, B, C = batch.zfree.input_ids, batch.zcond.input_ids, len(batch), self.latent.k
+        z, slot_ids = self.latent.every_value(B, free.device)
         if frame.prefix is None:
             width = max(free.shape[1], cond.shape[1])
             free, cond = (nn.functional.pad(ids, (0, width - ids.shape[1])) for ids in (free, cond))

@@ -11,7 +11,8 @@ and the whole tensors a checkpoint holds when the model is sharded.
   whose full fine-tune does not fit one GPU. Parameters, gradients and AdamW's state are sharded over the ranks on
   dim 0 (DTensors). A block's parameters are all-gathered for each of its calls and freed after it: a step calls
   each block 3 times in the forward (the shared x prefix, the z-free pass, the K copies; 4 with the layernorm or
-  memory pathway's prior pass, 2 without a shared prefix) and gathers it again for each in the backward. Its
+  memory pathway's prior pass, 2 without a shared prefix; one fewer where ``io.merge_passes`` runs the z-free pass
+  and the copies as one) and gathers it again for each in the backward. Its
   gradient is reduce-scattered once, after the last of its calls' backwards (autograd accumulates a parameter's
   gradient once every use has contributed). The root group (embeddings, the tied or untied output head, the final
   norm, the posterior, the prior and the z pathway) stays whole from the CVAE's forward to the end of its backward,

@@ -287,7 +287,7 @@ def test_fsdp_on_two_ranks_equals_one_process_writes_the_same_checkpoint_and_res
     it builds the model's shape on the meta device and receives its shards from rank 0."""
     paths = {"default": lambda c: c, **{name: PATHS[name](backbones) for name in (
         "memory", "lora-frozen", "continuous-token-checkpointing", "frozen-plain-diagnostic", "llama",
-        "length-groups")},
+        "length-groups", "merged-length-groups")},
              "gpt2-tied": lambda c: hf(c, backbones["gpt2"]),
              "clipped": lambda c: replace(c, optim=replace(c.optim, grad_clip=0.01))}
     differences = paths_alike(tiny, tiny_store, tmp_path, paths, "fsdp", fsdp_resume_runs(tiny, tiny_store, tmp_path))
