@@ -39,7 +39,8 @@ def flags_of(words: str) -> set[str] | None:
         if not isinstance(command, click.Group) or word not in command.commands:
             return None
         command = command.commands[word]
-    return {opt for param in command.params for opt in getattr(param, "opts", [])} | {"--help"}
+    opts = lambda param: (*getattr(param, "opts", []), *getattr(param, "secondary_opts", []))  # --no-X: a switch's off
+    return {opt for param in command.params for opt in opts(param)} | {"--help"}
 
 
 def test_every_command_and_flag_the_docs_write_exists():
