@@ -248,6 +248,10 @@ class EStepConfig:
     on the first training lines, value k cluster k. The grouping does not learn from the decoders, so it can keep a
     value on one strategy where the decoders alone would bind it to one strategy on some inputs and another on the
     rest; 0: off (nothing fitted)."""
+    cluster_relative: bool = False
+    """``cluster_weight`` in units of each example's spread of R over the values (their standard deviation) instead
+    of nats: the grouping can reorder the values the decoders already tell apart, and cannot make them differ where
+    z is not used (a z the weighting would let collapse stays collapsed)."""
     labelled_weight: float = 0.5
     """The share of a batch's fit (reconstruction and distillation) that its labelled examples carry, whatever their
     number, the unlabelled the rest (each example of a part alike); a batch without both is unweighted. Set to

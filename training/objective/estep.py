@@ -99,9 +99,12 @@ def step_posterior(R: torch.Tensor, log_prior: torch.Tensor, cfg: EStepConfig, b
     ``head`` (B, K) log q is given); at beta = 0 under ``follow_beta``, the hard argmin of R whatever p. Where
     ``cluster`` (B, K) log pi is given, the base's grouping enters as nats of R, R - ``cfg.cluster_weight`` log pi:
     a cost of a value outside the example's cluster that the temperature does not scale away (under
-    ``follow_beta`` a log prior is nothing against R / beta while beta warms up from 0, when the code forms)."""
+    ``follow_beta`` a log prior is nothing against R / beta while beta warms up from 0, when the code forms); with
+    ``cfg.cluster_relative``, in units of the row's own spread of R over the values, so that it can reorder what
+    the decoders tell apart but cannot make them differ where they do not."""
     if cluster is not None and cfg.cluster_weight:
-        R = R - cfg.cluster_weight * cluster.detach().to(R.dtype)
+        scale = R.detach().std(-1, keepdim=True) if cfg.cluster_relative else 1.0  # the row's own spread of R
+        R = R - cfg.cluster_weight * scale * cluster.detach().to(R.dtype)
     if cfg.follow_beta and beta == 0:  # the beta -> 0 limit of p exp(-R / beta): argmin R whatever p
         return exact_posterior(R, torch.zeros_like(R), cfg.temperature), True
     prior = torch.zeros_like(R) if cfg.prior == "uniform" else log_prior.detach()

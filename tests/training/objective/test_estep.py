@@ -106,6 +106,19 @@ def test_the_cluster_weight_tilts_q_star_towards_the_base_s_grouping_and_is_off_
         EStepConfig(cluster_weight=-0.5)
 
 
+def test_a_relative_cluster_weight_scales_with_the_decoders_own_spread_and_is_nothing_where_they_tie():
+    """``cluster_relative``: the tilt is gamma_c times the row's standard deviation of R over the values: on a row the
+    decoders tie it changes nothing, on a row they tell apart it reorders as much as gamma_c std(R) nats of tilt."""
+    R = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.3, 0.6]])
+    cluster = torch.log_softmax(torch.tensor([[0.0, 0.0, 3.0], [0.0, 0.0, 3.0]]), -1)
+    relative = E(mode="soft", cluster_weight=3.0, cluster_relative=True)
+    got = assignment(R, torch.zeros_like(R), relative, cluster=cluster)
+    plain = assignment(R, torch.zeros_like(R), E(mode="soft"))
+    assert torch.allclose(got[0], plain[0])  # a tie stays a tie: the grouping cannot make the values differ
+    want = torch.softmax(-(R[1] - 3.0 * R[1].std() * cluster[1]), -1)
+    assert torch.allclose(got[1], want) and got[1].argmax() == 2 != plain[1].argmax()  # it reorders what differs
+
+
 def test_harden_trains_a_sure_example_s_copy_only_and_leaves_an_unsure_one_soft():
     R = torch.tensor([[0.1, 2.0, 2.0], [1.00, 1.05, 1.10]])
     zero = torch.zeros_like(R)
