@@ -150,8 +150,8 @@ class Conditioning(nn.Module):
         """``decoder_inputs``' ids (N, L) and keyword arguments followed by the z-free rows ``free_ids`` (B, L): N + B
         rows. A z-free row reads its own tokens, and zero LayerNorm and query offsets, which leave its states as the
         z-free pass computes them (a discrete z writes its slots as tokens, so no embeddings come in ``kwargs``)."""
-        others = set(kwargs) - {"ln_cond", "query"}  # offsets whose zero leaves a row as it is
-        if not self.passes_merge or others:
+        others = set(kwargs) - {"ln_cond", "query"}  # offsets whose zero leaves a row as it is (memory is not one)
+        if others:
             raise ValueError(f"the {self.mode} z pathway cannot run z-free rows beside its copies ({sorted(others)})")
         zeros = lambda t: t.new_zeros(len(free_ids), *t.shape[1:])
         return torch.cat([ids, free_ids]), {name: torch.cat([t, zeros(t)]) for name, t in kwargs.items()}

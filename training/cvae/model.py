@@ -220,7 +220,7 @@ class CVAE(nn.Module):
     def _read_copies(self, batch: TrainBatch, hidden: torch.Tensor, frame: Frame, C: int):
         """The copies' states (B*C, L', d) -> (their NLL (B, C, T_max) nats over S, the prior)."""
         cond, B = batch.zcond, len(batch)
-        rep = lambda t: t.repeat_interleave(C, 0)
+        rep = lambda t: t.repeat_interleave(C, 0)  # each example's row for its C copies
         count = None if cond.s_tokens is None else C * cond.s_tokens
         nll = nll_over_s(self.backbone, hidden, rep(frame.pos(cond.logit_pos)), rep(cond.targets), rep(cond.mask),
                          count=count)

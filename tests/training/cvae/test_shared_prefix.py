@@ -36,6 +36,16 @@ def assert_same(got: torch.Tensor, want: torch.Tensor, name: str = "") -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * max(1.0, want.abs().max().item()), msg=name)
 
 
+def assert_steps_same(got: tuple, want: tuple) -> None:
+    """Two ``step`` results alike: the NLLs, the z-free NLLs and the loss (same shapes), and every gradient."""
+    for g, w, name in zip(got[:3], want[:3], ("nll", "zfree_nll", "loss")):
+        assert g.shape == w.shape
+        assert_same(g, w, name)
+    assert got[3].keys() == want[3].keys()
+    for name, grad in want[3].items():
+        assert_same(got[3][name], grad, name)
+
+
 def backbone(kind: str):
     torch.manual_seed(0)
     if kind == "gpt":
