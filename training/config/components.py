@@ -19,6 +19,7 @@ COND_MODES = ("token", "prefix", "layernorm", "memory", "query")
 """z pathways (``conditioning.py``)."""
 ESTEP_MODES = ("off", "soft", "hard", "label")
 ESTEP_PRIORS = ("uniform", "learned")
+CLUSTER_MAPS = ("identity", "agreement")
 LATENTS = ("discrete", "continuous")
 
 
@@ -252,6 +253,10 @@ class EStepConfig:
     """``cluster_weight`` in units of each example's spread of R over the values (their standard deviation) instead
     of nats: the grouping can reorder the values the decoders already tell apart, and cannot make them differ where
     z is not used (a z the weighting would let collapse stays collapsed)."""
+    cluster_map: str = "identity"
+    """Which value a base cluster tilts toward: "identity", value k is cluster k from step 0; "agreement", the values
+    the decoders already choose (argmin R) on the cluster's lines over recent steps, by their pointwise mutual
+    information with it (``clusters.Agreement``), so a grouping the decoders do not follow tilts nothing."""
     labelled_weight: float = 0.5
     """The share of a batch's fit (reconstruction and distillation) that its labelled examples carry, whatever their
     number, the unlabelled the rest (each example of a part alike); a batch without both is unweighted. Set to
@@ -270,6 +275,8 @@ class EStepConfig:
         if self.head_weight < 0 or self.cluster_weight < 0:
             raise ValueError(f"estep head_weight and cluster_weight must be >= 0, got {self.head_weight}, "
                              f"{self.cluster_weight}")
+        if self.cluster_map not in CLUSTER_MAPS:
+            raise ValueError(f"estep cluster_map must be one of {CLUSTER_MAPS}, got {self.cluster_map!r}")
         if not 0 < self.labelled_weight < 1:
             raise ValueError(f"estep labelled_weight must be a share in (0, 1), got {self.labelled_weight}")
         if not 0 <= self.labelled <= 1 or (self.labelled and self.mode not in (None, "soft", "hard")):

@@ -20,7 +20,7 @@ from tokweight.pipeline.data.labels import load_labels
 from tokweight.pipeline.ranks import Ranks
 from tokweight.pipeline.tokens.vocab import Vocab
 from tokweight.training.objective.baselines import AdaptersOff, Frozen, make_baseline
-from tokweight.training.objective.clusters import CLUSTER_LINES, Clusters
+from tokweight.training.objective.clusters import CLUSTER_LINES, Agreement, Clusters
 from tokweight.training.cvae.conditioning import token_key_values
 from tokweight.training.config.components import POLICIES, WEIGHTINGS, CVAEConfig, WeightingParams
 from tokweight.training.loop.convergence import Convergence
@@ -100,7 +100,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
     progress = Progress(saved.get("step", 0), Convergence(**saved.get("convergence", {})), saved.get("converged_at"))
     return State(model, engine, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
                  global_batch, ranks, device, meta, Schedule.of(cfg), label_names(cfg), progress, sharded,
-                 None if clusters is None else clusters.to(device))
+                 None if clusters is None else clusters.to(device), agreement(cfg, device, saved))
 
 
 def build_model(cfg: TrainConfig, init, base, devices: tuple[torch.device, torch.device], lower: torch.dtype,
@@ -228,6 +228,14 @@ def fit_clusters(cfg: TrainConfig, model: CVAE, spec: StreamSpec, ranks: Ranks) 
         return None
     return ranks.broadcast(Clusters.fit(pooled_states(model, spec, CLUSTER_LINES), cfg.cvae.k)
                            if ranks.is_main else None)
+
+
+def agreement(cfg: TrainConfig, device: torch.device, saved: dict) -> Agreement | None:
+    """The running table of clusters against the decoders' choices (``estep.cluster_map`` "agreement"; None
+    otherwise): independent for a fresh run, the checkpoint's for a resumed one."""
+    if not cfg.estep.cluster_weight or cfg.estep.cluster_map != "agreement":
+        return None
+    return Agreement.start(cfg.cvae.k, device, saved.get("agreement"))
 
 
 @torch.no_grad()

@@ -58,9 +58,12 @@ def step_terms(state: State, batch: TrainBatch, cfg) -> tuple[object, torch.Tens
     b = state.baseline(batch, out)  # (B, T_max) nats over S, detached
     labels = (step_labels(at.estep, batch.strategies, state.strategy_names, batch.keys)
               if at.em and state.strategy_names else None)
-    cluster = state.clusters.log_prob(out.pooled) if state.clusters is not None and at.em else None  # (B, K)
+    log_pi = state.clusters.log_prob(out.pooled) if state.clusters is not None and at.em else None  # (B, K)
+    cluster = log_pi if log_pi is None or state.agreement is None else state.agreement.tilt(log_pi)
     terms = step_loss(state.model.latent, out, b, batch.zfree.mask, cfg.loss, at, state.params, labels,
                       state.global_batch, cluster)
+    if log_pi is not None and state.agreement is not None:
+        state.agreement.update(log_pi, terms.R, state.global_batch)  # after the step read it: the next step's table
     return terms.out, b, terms
 
 

@@ -13,8 +13,17 @@ k-means of the standardised pooled states over a sample of the training lines gi
 with h its standardised z-free pooled state (what the posterior head reads) and v the sample's mean squared
 distance to its own centre, tilts the E-step in nats of R: q*(k) ∝ p(k|x) exp(-(R(k) - gamma log pi(k)) / beta), so
 the tilt holds while beta warms up from 0, when the decoders' first preferences set the code; as a log prior it
-would be nothing against R / beta then. Value k starts as cluster k. Where the states hold no grouping (a read
-order's), the centres lie close against the spread v and the tilt is small.
+would be nothing against R / beta then. Value k starts as cluster k (``estep.cluster_map`` "identity").
+
+Under ``estep.cluster_map`` "agreement" no value is any cluster to begin with: ``Agreement`` keeps the joint of
+the base's cluster and the decoders' own choice (argmin R) over recent steps, and an example's tilt is
+
+    log sum_c pi(c) P(k | c) / P(k)
+
+the pointwise mutual information of value k with the example's cluster, as far as the decoders already agree
+with the grouping. Where the clusters and the decoders' choices are independent (a read order's lines, grouped
+by what x holds; a collapsed z, whose choices tie) every value's tilt is 0; where the decoders bind most of a
+cluster to one value, the tilt carries the rest of it there.
 """
 
 from __future__ import annotations
@@ -26,12 +35,17 @@ import torch
 import torch.nn.functional as F
 
 from tokweight.training.evaluation.metrics import best_kmeans
+from tokweight.training.objective.global_batch import LOCAL, GlobalBatch
 
 CLUSTER_LINES = 2048
 """How many training lines (the split's first, in its shards' order) the centres are fitted on."""
 
 KMEANS_STARTS = 10
 """k-means++ starts (seeds 0..9); the lowest inertia is kept."""
+
+AGREEMENT_DECAY = 0.99
+"""``Agreement``'s running joint: each step's global batch enters with weight 1 - decay (about the last hundred
+steps); it starts independent (uniform), so no value has a tilt at step 0."""
 
 
 @dataclass(frozen=True)
@@ -65,3 +79,36 @@ class Clusters:
         h = (pooled.detach().float() - self.mean) / self.scale  # (B, d)
         d2 = ((h[:, None] - self.centres[None]) ** 2).sum(-1)  # (B, K)
         return F.log_softmax(-d2 / (2 * self.spread), -1)
+
+
+@dataclass
+class Agreement:
+    """The running joint of an example's base cluster c and its decoders' choice k (argmin R), K x K on the run's
+    device; every rank holds the same one (each step's table is averaged over the ranks), and a checkpoint keeps
+    it (``to_json``), so a resumed run goes on with the table it had."""
+
+    joint: torch.Tensor  # (K, K) P(c, k), summing to 1
+    decay: float = AGREEMENT_DECAY
+
+    @classmethod
+    def start(cls, k: int, device: torch.device, saved: list | None = None) -> Agreement:
+        """Independent (uniform) clusters and values, or a checkpoint's table (``saved``)."""
+        joint = torch.full((k, k), 1.0 / k ** 2) if saved is None else torch.tensor(saved, dtype=torch.float32)
+        return cls(joint.to(device))
+
+    def tilt(self, log_pi: torch.Tensor) -> torch.Tensor:
+        """(B, K) log sum_c pi(c) P(k | c) / P(k) for log pi (B, K): 0 for every value where they are independent."""
+        log_ratio = (self.joint.log() - self.joint.sum(1, keepdim=True).log()
+                     - self.joint.sum(0, keepdim=True).log())  # (C, K) log P(k | c) / P(k)
+        return torch.logsumexp(log_pi.detach()[:, :, None] + log_ratio[None], dim=1)
+
+    @torch.no_grad()
+    def update(self, log_pi: torch.Tensor, R: torch.Tensor, batch: GlobalBatch = LOCAL) -> None:
+        """Fold in a step's examples: pi (B, C) against the one-hot of argmin R (B, K), averaged over the global
+        batch, in place and on the device."""
+        choice = (R.argmin(-1, keepdim=True) == torch.arange(R.shape[-1], device=R.device)).float()  # (B, K)
+        table = batch.average(log_pi.float().exp().T @ choice / len(R))  # (C, K)
+        self.joint.mul_(self.decay).add_(table, alpha=1 - self.decay)
+
+    def to_json(self) -> list:
+        return self.joint.tolist()

@@ -27,3 +27,21 @@ def test_a_resumed_run_weighs_in_the_grouping_of_the_init_checkpoint_not_of_its_
     assert torch.equal(resumed.clusters.centres, fresh.centres) and resumed.clusters.spread == fresh.spread
     trained = Clusters.fit(pooled_states(resumed.model, resumed.spec, CLUSTER_LINES), cfg.cvae.k)
     assert not torch.equal(trained.mean, fresh.mean)
+
+
+def test_the_agreement_table_learns_from_the_steps_and_a_resumed_run_goes_on_with_it(tiny, tiny_store, tmp_path):
+    """Under ``cluster_map`` "agreement" the table leaves independence as the run trains, is saved with the
+    checkpoint, and a resumed run starts from it; a fresh run starts independent."""
+    data, ckpt = tiny
+    estep = EStepConfig(cluster_weight=3.0, cluster_relative=True, cluster_map="agreement")
+    cfg = config(data, ckpt, tmp_path / "run", tiny_store, steps=4, estep=estep)
+    fresh = setup(cfg, Ranks())
+    k = cfg.cvae.k
+    assert torch.equal(fresh.agreement.joint, torch.full((k, k), 1.0 / k ** 2))
+    train(cfg)
+    resumed = setup(replace(cfg, optim=replace(cfg.optim, steps=6)), Ranks())
+    assert resumed.progress.step == 4
+    assert not torch.allclose(resumed.agreement.joint, fresh.agreement.joint)
+    assert torch.allclose(resumed.agreement.joint.sum(), torch.tensor(1.0))
+    identity = config(data, ckpt, tmp_path / "identity", tiny_store, steps=4, estep=replace(estep, cluster_map="identity"))
+    assert setup(identity, Ranks()).agreement is None

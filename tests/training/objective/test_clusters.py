@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokweight.training.objective.clusters import Clusters
+from tokweight.training.config.components import EStepConfig
+from tokweight.training.objective.clusters import Agreement, Clusters
 
 
 def blobs(k: int, n: int, d: int, gap: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,3 +48,40 @@ def test_the_fit_is_deterministic_and_reads_any_dtype_in_float32():
 def test_fewer_lines_than_clusters_are_refused_by_name():
     with pytest.raises(ValueError, match="cluster_weight: fitting 4 clusters needs at least 4 training lines"):
         Clusters.fit(torch.randn(3, 8), 4)
+
+
+def choices(values: torch.Tensor, k: int) -> torch.Tensor:
+    """R (B, K) whose argmin is ``values`` (B,): what the decoders choose."""
+    return 1.0 - torch.nn.functional.one_hot(values, k).float()
+
+
+def test_agreement_tilts_nothing_until_the_decoders_choose_by_cluster_then_toward_their_value_whatever_its_index():
+    k, n = 4, 64
+    cluster = torch.arange(k).repeat(n)  # (k n,) balanced
+    log_pi = (10 * torch.nn.functional.one_hot(cluster, k).float()).log_softmax(-1)  # sure of its cluster
+    table = Agreement.start(k, torch.device("cpu"))
+    assert table.tilt(log_pi).abs().max() < 1e-6  # independent at the start: no tilt
+    for _ in range(50):  # the decoders choose value 2 on every line: independent of the cluster
+        table.update(log_pi, choices(torch.full((k * n,), 2), k))
+    assert table.tilt(log_pi).abs().max() < 1e-5
+    values = torch.tensor([3, 0, 2, 1])  # cluster c's lines chosen by value values[c], most of the time
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        chosen = torch.where(torch.rand(k * n, generator=g) < 0.7, values[cluster], torch.randint(k, (k * n,), generator=g))
+        table.update(log_pi, choices(chosen, k))
+    tilt = table.tilt(log_pi)
+    assert torch.equal(tilt.argmax(-1), values[cluster])
+    assert (tilt.max(-1).values > 0.5).all() and torch.allclose(table.joint.sum(), torch.tensor(1.0))
+
+
+def test_agreement_keeps_its_table_through_json_and_leaves_the_steps_log_pi_alone():
+    table = Agreement.start(3, torch.device("cpu"))
+    log_pi = torch.randn(8, 3).log_softmax(-1).requires_grad_()
+    table.update(log_pi, torch.randn(8, 3))
+    again = Agreement.start(3, torch.device("cpu"), table.to_json())
+    assert torch.allclose(again.joint, table.joint) and not table.tilt(log_pi).requires_grad
+
+
+def test_an_unknown_cluster_map_is_refused_by_name():
+    with pytest.raises(ValueError, match="estep cluster_map must be one of"):
+        EStepConfig(cluster_map="identities")
