@@ -19,7 +19,7 @@ COND_MODES = ("token", "prefix", "layernorm", "memory", "query")
 """z pathways (``conditioning.py``)."""
 ESTEP_MODES = ("off", "soft", "hard", "label")
 ESTEP_PRIORS = ("uniform", "learned")
-CLUSTER_MAPS = ("identity", "agreement")
+CLUSTER_MAPS = ("identity", "agreement", "matched")
 LATENTS = ("discrete", "continuous")
 
 
@@ -256,7 +256,9 @@ class EStepConfig:
     cluster_map: str = "identity"
     """Which value a base cluster tilts toward: "identity", value k is cluster k from step 0; "agreement", the values
     the decoders already choose (argmin R) on the cluster's lines over recent steps, by their pointwise mutual
-    information with it (``clusters.Agreement``), so a grouping the decoders do not follow tilts nothing."""
+    information with it (``clusters.Agreement``), so a grouping the decoders do not follow tilts nothing; "matched",
+    each value one cluster, the pairs the decoders agree on most, at "identity"'s strength times I(cluster; value) /
+    log K of the same table."""
     labelled_weight: float = 0.5
     """The share of a batch's fit (reconstruction and distillation) that its labelled examples carry, whatever their
     number, the unlabelled the rest (each example of a part alike); a batch without both is unweighted. Set to

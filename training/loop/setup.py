@@ -231,9 +231,9 @@ def fit_clusters(cfg: TrainConfig, model: CVAE, spec: StreamSpec, ranks: Ranks) 
 
 
 def agreement(cfg: TrainConfig, device: torch.device, saved: dict) -> Agreement | None:
-    """The running table of clusters against the decoders' choices (``estep.cluster_map`` "agreement"; None
-    otherwise): independent for a fresh run, the checkpoint's for a resumed one."""
-    if not cfg.estep.cluster_weight or cfg.estep.cluster_map != "agreement":
+    """The running table of clusters against the decoders' choices (``estep.cluster_map`` "agreement" or
+    "matched"; None under "identity"): independent for a fresh run, the checkpoint's for a resumed one."""
+    if not cfg.estep.cluster_weight or cfg.estep.cluster_map == "identity":
         return None
     return Agreement.start(cfg.cvae.k, device, saved.get("agreement"))
 

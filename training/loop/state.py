@@ -62,7 +62,7 @@ class State:
     progress: Progress = field(default_factory=Progress)
     sharded: bool = False  # FSDP: parameters, gradients and AdamW's state are sharded over the ranks (``engine.py``)
     clusters: Clusters | None = None  # the base's grouping the E-step weighs in (``estep.cluster_weight``)
-    agreement: Agreement | None = None  # which values its clusters tilt toward (``estep.cluster_map`` "agreement")
+    agreement: Agreement | None = None  # which values its clusters tilt toward (``estep.cluster_map`` not "identity")
 
 
 def rng_states(device: torch.device) -> dict[str, torch.Tensor]:

@@ -59,7 +59,10 @@ def step_terms(state: State, batch: TrainBatch, cfg) -> tuple[object, torch.Tens
     labels = (step_labels(at.estep, batch.strategies, state.strategy_names, batch.keys)
               if at.em and state.strategy_names else None)
     log_pi = state.clusters.log_prob(out.pooled) if state.clusters is not None and at.em else None  # (B, K)
-    cluster = log_pi if log_pi is None or state.agreement is None else state.agreement.tilt(log_pi)
+    cluster = log_pi
+    if log_pi is not None and state.agreement is not None:  # estep.cluster_map "agreement" or "matched"
+        table = state.agreement
+        cluster = table.tilt(log_pi) if cfg.estep.cluster_map == "agreement" else table.matched(log_pi)
     terms = step_loss(state.model.latent, out, b, batch.zfree.mask, cfg.loss, at, state.params, labels,
                       state.global_batch, cluster)
     if log_pi is not None and state.agreement is not None:

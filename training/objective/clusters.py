@@ -23,11 +23,14 @@ the base's cluster and the decoders' own choice (argmin R) over recent steps, an
 the pointwise mutual information of value k with the example's cluster, as far as the decoders already agree
 with the grouping. Where the clusters and the decoders' choices are independent (a read order's lines, grouped
 by what x holds; a collapsed z, whose choices tie) every value's tilt is 0; where the decoders bind most of a
-cluster to one value, the tilt carries the rest of it there.
+cluster to one value, the tilt carries the rest of it there. Under "matched" each value is given one cluster (the
+pairs the decoders agree on most, one to one) and its tilt is log pi of that cluster, as under "identity", weighed
+by how far the decoders follow the grouping (I(cluster; value) / log K of the table).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -96,11 +99,29 @@ class Agreement:
         joint = torch.full((k, k), 1.0 / k ** 2) if saved is None else torch.tensor(saved, dtype=torch.float32)
         return cls(joint.to(device))
 
+    def log_ratio(self) -> torch.Tensor:
+        """(C, K) log P(k | c) / P(k): the pointwise mutual information of cluster c and value k."""
+        return self.joint.log() - self.joint.sum(1, keepdim=True).log() - self.joint.sum(0, keepdim=True).log()
+
     def tilt(self, log_pi: torch.Tensor) -> torch.Tensor:
         """(B, K) log sum_c pi(c) P(k | c) / P(k) for log pi (B, K): 0 for every value where they are independent."""
-        log_ratio = (self.joint.log() - self.joint.sum(1, keepdim=True).log()
-                     - self.joint.sum(0, keepdim=True).log())  # (C, K) log P(k | c) / P(k)
-        return torch.logsumexp(log_pi.detach()[:, :, None] + log_ratio[None], dim=1)
+        return torch.logsumexp(log_pi.detach()[:, :, None] + self.log_ratio()[None], dim=1)
+
+    def matched(self, log_pi: torch.Tensor) -> torch.Tensor:
+        """(B, K) g log pi(m(k)): value k's tilt is the example's log pi of the cluster m(k) matched to it one to
+        one (greedily, the highest pointwise mutual information first), weighed by g = I(cluster; value) / log K
+        of the table, so a grouping the decoders do not follow tilts nearly nothing and one they mostly follow
+        carries the rest of each cluster to its value. On the device, without reading anything back."""
+        ratio, k = self.log_ratio(), self.joint.shape[1]
+        gate = (self.joint * ratio).sum() / math.log(k)
+        values = torch.arange(k, device=ratio.device)
+        match, left = torch.zeros_like(values), ratio  # match[k]: the cluster value k is given
+        for _ in range(k):
+            flat = left.argmax()
+            c, value = flat // k, flat % k
+            match = torch.where(values == value, c, match)
+            left = left.index_fill(0, c.view(1), -math.inf).index_fill(1, value.view(1), -math.inf)
+        return gate * log_pi.detach().index_select(1, match)
 
     @torch.no_grad()
     def update(self, log_pi: torch.Tensor, R: torch.Tensor, batch: GlobalBatch = LOCAL) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 from tests.training.loop.test_sync_guard import config
@@ -29,11 +30,13 @@ def test_a_resumed_run_weighs_in_the_grouping_of_the_init_checkpoint_not_of_its_
     assert not torch.equal(trained.mean, fresh.mean)
 
 
-def test_the_agreement_table_learns_from_the_steps_and_a_resumed_run_goes_on_with_it(tiny, tiny_store, tmp_path):
-    """Under ``cluster_map`` "agreement" the table leaves independence as the run trains, is saved with the
+@pytest.mark.parametrize("cluster_map", ["agreement", "matched"])
+def test_the_agreement_table_learns_from_the_steps_and_a_resumed_run_goes_on_with_it(tiny, tiny_store, tmp_path,
+                                                                                   cluster_map):
+    """Under ``cluster_map`` "agreement" and "matched" the table leaves independence as the run trains, is saved with the
     checkpoint, and a resumed run starts from it; a fresh run starts independent."""
     data, ckpt = tiny
-    estep = EStepConfig(cluster_weight=3.0, cluster_relative=True, cluster_map="agreement")
+    estep = EStepConfig(cluster_weight=3.0, cluster_relative=True, cluster_map=cluster_map)
     cfg = config(data, ckpt, tmp_path / "run", tiny_store, steps=4, estep=estep)
     fresh = setup(cfg, Ranks())
     k = cfg.cvae.k

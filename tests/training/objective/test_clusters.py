@@ -85,3 +85,25 @@ def test_agreement_keeps_its_table_through_json_and_leaves_the_steps_log_pi_alon
 def test_an_unknown_cluster_map_is_refused_by_name():
     with pytest.raises(ValueError, match="estep cluster_map must be one of"):
         EStepConfig(cluster_map="identities")
+
+
+def test_matched_gives_each_value_one_cluster_where_the_decoders_lean_and_nothing_where_they_do_not():
+    """"matched": value k's tilt is log pi of the cluster its decoders win most (one to one), at a weight that
+    is 0 for an independent table and grows as the decoders follow the grouping."""
+    k, n = 4, 64
+    cluster = torch.arange(k).repeat(n)
+    log_pi = (10 * torch.nn.functional.one_hot(cluster, k).float()).log_softmax(-1)
+    table = Agreement.start(k, torch.device("cpu"))
+    assert table.matched(log_pi).abs().max() < 1e-6
+    values = torch.tensor([2, 0, 3, 1])  # cluster c's lines lean to value values[c]
+    g = torch.Generator().manual_seed(0)
+    weights = []
+    for _ in range(3):
+        for _ in range(100):
+            lean = torch.rand(k * n, generator=g) < 0.4
+            chosen = torch.where(lean, values[cluster], torch.randint(k, (k * n,), generator=g))
+            table.update(log_pi, choices(chosen, k))
+        tilt = table.matched(log_pi)
+        assert torch.equal(tilt.argmax(-1), values[cluster])  # toward the cluster's value, whatever its index
+        weights.append(float(-tilt.min(-1).values.mean()))
+    assert 0 < weights[0] < weights[-1] < 10  # the weight grows with the table's agreement, below identity's
