@@ -235,7 +235,7 @@ def agreement(cfg: TrainConfig, device: torch.device, saved: dict) -> Agreement 
     "matched"; None under "identity"): independent for a fresh run, the checkpoint's for a resumed one."""
     if not cfg.estep.cluster_weight or cfg.estep.cluster_map == "identity":
         return None
-    return Agreement.start(cfg.cvae.k, device, saved.get("agreement"))
+    return Agreement.start(cfg.cvae.k, device, cfg.estep.cluster_map, saved.get("agreement"))
 
 
 @torch.no_grad()

@@ -59,14 +59,12 @@ def step_terms(state: State, batch: TrainBatch, cfg) -> tuple[object, torch.Tens
     labels = (step_labels(at.estep, batch.strategies, state.strategy_names, batch.keys)
               if at.em and state.strategy_names else None)
     log_pi = state.clusters.log_prob(out.pooled) if state.clusters is not None and at.em else None  # (B, K)
-    cluster = log_pi
-    if log_pi is not None and state.agreement is not None:  # estep.cluster_map "agreement" or "matched"
-        table = state.agreement
-        cluster = table.tilt(log_pi) if cfg.estep.cluster_map == "agreement" else table.matched(log_pi)
+    table = state.agreement if log_pi is not None else None  # estep.cluster_map "agreement" or "matched"
+    cluster = log_pi if table is None else table.tilt(log_pi)
     terms = step_loss(state.model.latent, out, b, batch.zfree.mask, cfg.loss, at, state.params, labels,
                       state.global_batch, cluster)
-    if log_pi is not None and state.agreement is not None:
-        state.agreement.update(log_pi, terms.R, state.global_batch)  # after the step read it: the next step's table
+    if table is not None:
+        table.update(log_pi, terms.R, state.global_batch)  # after the step read it: the next step's table
     return terms.out, b, terms
 
 

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from tokweight.training.evaluation.metrics import best_kmeans
+from tokweight.training.objective.estep import one_hot
 from tokweight.training.objective.global_batch import LOCAL, GlobalBatch
 
 CLUSTER_LINES = 2048
@@ -87,31 +88,37 @@ class Clusters:
 @dataclass
 class Agreement:
     """The running joint of an example's base cluster c and its decoders' choice k (argmin R), K x K on the run's
-    device; every rank holds the same one (each step's table is averaged over the ranks), and a checkpoint keeps
-    it (``to_json``), so a resumed run goes on with the table it had."""
+    device, and how it maps a cluster to values (``estep.cluster_map``: "agreement" or "matched"); every rank holds
+    the same table (each step's is averaged over the ranks), and a checkpoint keeps it (``to_json``), so a resumed
+    run goes on with the table it had."""
 
     joint: torch.Tensor  # (K, K) P(c, k), summing to 1
+    map: str  # "agreement" or "matched"
     decay: float = AGREEMENT_DECAY
 
     @classmethod
-    def start(cls, k: int, device: torch.device, saved: list | None = None) -> Agreement:
+    def start(cls, k: int, device: torch.device, map: str, saved: list | None = None) -> Agreement:
         """Independent (uniform) clusters and values, or a checkpoint's table (``saved``)."""
         joint = torch.full((k, k), 1.0 / k ** 2) if saved is None else torch.tensor(saved, dtype=torch.float32)
-        return cls(joint.to(device))
+        return cls(joint.to(device), map)
+
+    def tilt(self, log_pi: torch.Tensor) -> torch.Tensor:
+        """(B, K) the E-step's tilt of each value for log pi (B, C), under this table's map; detached."""
+        return self.pointwise(log_pi) if self.map == "agreement" else self.matched(log_pi)
 
     def log_ratio(self) -> torch.Tensor:
         """(C, K) log P(k | c) / P(k): the pointwise mutual information of cluster c and value k."""
         return self.joint.log() - self.joint.sum(1, keepdim=True).log() - self.joint.sum(0, keepdim=True).log()
 
-    def tilt(self, log_pi: torch.Tensor) -> torch.Tensor:
-        """(B, K) log sum_c pi(c) P(k | c) / P(k) for log pi (B, K): 0 for every value where they are independent."""
+    def pointwise(self, log_pi: torch.Tensor) -> torch.Tensor:
+        """"agreement": (B, K) log sum_c pi(c) P(k | c) / P(k); 0 for every value where they are independent."""
         return torch.logsumexp(log_pi.detach()[:, :, None] + self.log_ratio()[None], dim=1)
 
     def matched(self, log_pi: torch.Tensor) -> torch.Tensor:
-        """(B, K) g log pi(m(k)): value k's tilt is the example's log pi of the cluster m(k) matched to it one to
-        one (greedily, the highest pointwise mutual information first), weighed by g = I(cluster; value) / log K
-        of the table, so a grouping the decoders do not follow tilts nearly nothing and one they mostly follow
-        carries the rest of each cluster to its value. On the device, without reading anything back."""
+        """"matched": (B, K) g log pi(m(k)), value k's tilt the example's log pi of the cluster m(k) matched to it
+        one to one (greedily, the highest pointwise mutual information first), weighed by g = I(cluster; value) /
+        log K of the table, so a grouping the decoders do not follow tilts nearly nothing and one they mostly
+        follow carries the rest of each cluster to its value. On the device, without reading anything back."""
         ratio, k = self.log_ratio(), self.joint.shape[1]
         gate = (self.joint * ratio).sum() / math.log(k)
         values = torch.arange(k, device=ratio.device)
@@ -127,7 +134,7 @@ class Agreement:
     def update(self, log_pi: torch.Tensor, R: torch.Tensor, batch: GlobalBatch = LOCAL) -> None:
         """Fold in a step's examples: pi (B, C) against the one-hot of argmin R (B, K), averaged over the global
         batch, in place and on the device."""
-        choice = (R.argmin(-1, keepdim=True) == torch.arange(R.shape[-1], device=R.device)).float()  # (B, K)
+        choice = one_hot(R.argmin(-1), R.shape[-1], torch.float32)  # (B, K)
         table = batch.average(log_pi.float().exp().T @ choice / len(R))  # (C, K)
         self.joint.mul_(self.decay).add_(table, alpha=1 - self.decay)
 

@@ -33,8 +33,8 @@ def test_a_resumed_run_weighs_in_the_grouping_of_the_init_checkpoint_not_of_its_
 @pytest.mark.parametrize("cluster_map", ["agreement", "matched"])
 def test_the_agreement_table_learns_from_the_steps_and_a_resumed_run_goes_on_with_it(tiny, tiny_store, tmp_path,
                                                                                    cluster_map):
-    """Under ``cluster_map`` "agreement" and "matched" the table leaves independence as the run trains, is saved with the
-    checkpoint, and a resumed run starts from it; a fresh run starts independent."""
+    """Under ``cluster_map`` "agreement" and "matched" the table leaves independence as the run trains, is saved
+    with the checkpoint, and a resumed run starts from it; a fresh run starts independent."""
     data, ckpt = tiny
     estep = EStepConfig(cluster_weight=3.0, cluster_relative=True, cluster_map=cluster_map)
     cfg = config(data, ckpt, tmp_path / "run", tiny_store, steps=4, estep=estep)
@@ -46,5 +46,6 @@ def test_the_agreement_table_learns_from_the_steps_and_a_resumed_run_goes_on_wit
     assert resumed.progress.step == 4
     assert not torch.allclose(resumed.agreement.joint, fresh.agreement.joint)
     assert torch.allclose(resumed.agreement.joint.sum(), torch.tensor(1.0))
-    identity = config(data, ckpt, tmp_path / "identity", tiny_store, steps=4, estep=replace(estep, cluster_map="identity"))
+    identity = config(data, ckpt, tmp_path / "identity", tiny_store, steps=4,
+                      estep=replace(estep, cluster_map="identity"))
     assert setup(identity, Ranks()).agreement is None

@@ -200,8 +200,8 @@ PATHS = {  # name: (backbones -> cfg -> cfg); each runs 4 steps of the common co
     # rank 0 fits the centres on the split's first lines, which one process reads too, and every rank gets them
     "estep-clusters": lambda b: lambda c: replace(c, estep=EStepConfig(cluster_weight=1.0), loss=WARM),
     # and the agreement table each step folds in is the global batch's (averaged over the ranks), as one process's
-    "estep-clusters-matched": lambda b: lambda c: replace(c, estep=EStepConfig(cluster_weight=3.0, cluster_relative=True,
-                                                                               cluster_map="matched"), loss=WARM),
+    "estep-clusters-matched": lambda b: lambda c: replace(
+        c, estep=EStepConfig(cluster_weight=3.0, cluster_relative=True, cluster_map="matched"), loss=WARM),
     # each rank groups its own rows by length, one process all of them: other groups, the same rows and step
     "length-groups": lambda b: lambda c: io(c, length_groups=3),
     # the z-free pass and the copies as one forward, in each rank's own groups

@@ -104,7 +104,8 @@ def config(data, ckpt, out, store=None, steps=3, length_groups=None, merge_passe
     {"length_groups": 3, "cvae": CVAEConfig(latent="continuous", z_dim=2)}, {"merge_passes": True},
     {"merge_passes": True, "length_groups": 3, "cvae": CVAEConfig(cond="prefix")}],
     ids=["default", "prefix", "token", "memory", "layernorm", "continuous", "frozen", "dynamic", "example-inverse",
-         "labelled", "clusters", "clusters-matched", "length-groups", "length-groups-continuous", "merged", "merged-groups-prefix"])
+         "labelled", "clusters", "clusters-matched", "length-groups", "length-groups-continuous", "merged",
+         "merged-groups-prefix"])
 def test_a_step_that_does_not_log_makes_no_host_sync(tiny, tiny_store, tmp_path, monkeypatch, groups):
     data, ckpt = tiny
     parts = []

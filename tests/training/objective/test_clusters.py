@@ -59,7 +59,7 @@ def test_agreement_tilts_nothing_until_the_decoders_choose_by_cluster_then_towar
     k, n = 4, 64
     cluster = torch.arange(k).repeat(n)  # (k n,) balanced
     log_pi = (10 * torch.nn.functional.one_hot(cluster, k).float()).log_softmax(-1)  # sure of its cluster
-    table = Agreement.start(k, torch.device("cpu"))
+    table = Agreement.start(k, torch.device("cpu"), "agreement")
     assert table.tilt(log_pi).abs().max() < 1e-6  # independent at the start: no tilt
     for _ in range(50):  # the decoders choose value 2 on every line: independent of the cluster
         table.update(log_pi, choices(torch.full((k * n,), 2), k))
@@ -67,7 +67,8 @@ def test_agreement_tilts_nothing_until_the_decoders_choose_by_cluster_then_towar
     values = torch.tensor([3, 0, 2, 1])  # cluster c's lines chosen by value values[c], most of the time
     g = torch.Generator().manual_seed(0)
     for _ in range(200):
-        chosen = torch.where(torch.rand(k * n, generator=g) < 0.7, values[cluster], torch.randint(k, (k * n,), generator=g))
+        lean = torch.rand(k * n, generator=g) < 0.7
+        chosen = torch.where(lean, values[cluster], torch.randint(k, (k * n,), generator=g))
         table.update(log_pi, choices(chosen, k))
     tilt = table.tilt(log_pi)
     assert torch.equal(tilt.argmax(-1), values[cluster])
@@ -75,10 +76,10 @@ def test_agreement_tilts_nothing_until_the_decoders_choose_by_cluster_then_towar
 
 
 def test_agreement_keeps_its_table_through_json_and_leaves_the_steps_log_pi_alone():
-    table = Agreement.start(3, torch.device("cpu"))
+    table = Agreement.start(3, torch.device("cpu"), "agreement")
     log_pi = torch.randn(8, 3).log_softmax(-1).requires_grad_()
     table.update(log_pi, torch.randn(8, 3))
-    again = Agreement.start(3, torch.device("cpu"), table.to_json())
+    again = Agreement.start(3, torch.device("cpu"), "agreement", table.to_json())
     assert torch.allclose(again.joint, table.joint) and not table.tilt(log_pi).requires_grad
 
 
@@ -93,7 +94,7 @@ def test_matched_gives_each_value_one_cluster_where_the_decoders_lean_and_nothin
     k, n = 4, 64
     cluster = torch.arange(k).repeat(n)
     log_pi = (10 * torch.nn.functional.one_hot(cluster, k).float()).log_softmax(-1)
-    table = Agreement.start(k, torch.device("cpu"))
+    table = Agreement.start(k, torch.device("cpu"), "matched")
     assert table.matched(log_pi).abs().max() < 1e-6
     values = torch.tensor([2, 0, 3, 1])  # cluster c's lines lean to value values[c]
     g = torch.Generator().manual_seed(0)
