@@ -142,16 +142,19 @@ class CVAE(nn.Module):
         return hidden_free[rows, frame.pos(batch.last_pos)]
 
     def forward(self, batch: TrainBatch, generator: torch.Generator | None = None,
-                global_batch: GlobalBatch = LOCAL, *, at_posterior_mean: bool = False) -> CVAEOutput:
+                global_batch: GlobalBatch = LOCAL, *, at_posterior_mean: bool = False,
+                free_only: bool = False) -> CVAEOutput:
         """``generator`` draws a continuous latent's noise for the whole ``global_batch``, so an
         example's noise does not depend on how many ranks share the step. ``at_posterior_mean``: a
         continuous latent's decoder runs one copy per example at its posterior's mean instead of the draws
-        (eval's NLL under the example's own latent value). A batch with length ``groups`` runs its passes group
-        by group, each padded to its own longest row; the posterior, the latent's draws and the outputs are the
-        batch's, in its order."""
+        (eval's NLL under the example's own latent value). ``free_only``: the z-free pass alone, its ``pooled``
+        and ``zfree_nll`` (the rest None), through the forward so that FSDP gathers the weights as for a step. A
+        batch with length ``groups`` runs its passes group by group, each padded to its own longest row; the
+        posterior, the latent's draws and the outputs are the batch's, in its order."""
         groups = Groups.of(batch)
-        frames = [Frame.shared(self.backbone, p) if self.shares_prefix else Frame() for p in groups.parts]
-        merged = self.merges_passes
+        frames = [Frame.shared(self.backbone, p) if self.shares_prefix and not free_only else Frame()
+                  for p in groups.parts]
+        merged = self.merges_passes and not free_only
         if merged:  # every value's copy, whatever the posterior: beside the z-free rows, in one forward
             z = self.latent.every_value(len(batch), batch.z_pos.device)[0]  # the output's: each group makes its own
             free, decoded = zip(*(self._one_forward(p, frame) for p, frame in zip(groups.parts, frames)))
@@ -159,6 +162,8 @@ class CVAE(nn.Module):
             free = [self._z_free(p, frame) for p, frame in zip(groups.parts, frames)]
         pooled = groups.merge([pooled for pooled, _ in free])  # (B, d_post)
         zfree_nll = groups.merge([nll for _, nll in free], batch.zfree.mask.shape[1])
+        if free_only:
+            return CVAEOutput(None, None, None, zfree_nll, pooled)
         post = self.latent.posterior(pooled)
         if not merged:
             z, slot_ids = (self.latent.mean_inputs(post) if at_posterior_mean

@@ -102,6 +102,8 @@ def checkpoint(state: State, cfg, hooks: Hooks) -> None:
         meta = {"step": progress.step, **state.meta, "world": state.global_batch.world,
                 "convergence": progress.convergence.to_json(), "converged_at": progress.converged_at,
                 "metrics_bytes": metrics_size(cfg.io.out)}
+        if state.clusters is not None:
+            meta["clusters"] = state.clusters.to_json()
         if state.agreement is not None:
             meta["agreement"] = state.agreement.to_json()
         rng = {f"{name}.{rank}": t for rank, states in enumerate(rngs) for name, t in states.items()}

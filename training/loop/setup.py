@@ -80,7 +80,6 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
     global_batch = GlobalBatch(ranks.rank, ranks.world)
     with autocast(cfg.io.dtype, device):  # before resume too
         init_memory(model, spec, global_batch, device, cfg.optim.seed, sharded)
-        clusters = fit_clusters(cfg, model, spec, ranks)
     if ranks.is_main and announce:
         for line in (trainable_line(model), split_b and memorised_line(split_b["train"], split_b["val"])):
             if line:
@@ -90,6 +89,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
             "backbone": init.meta.get("kind", "tokweight"), "template": init.vocab.template.to_json()}
     saved = resume(cfg, model, init.fingerprint, ranks.rank, ranks.world, continue_from, load=whole) or {}
     engine = wrap(model, cfg.io.shard, ranks, device, lower)  # DDP around the model, or the model sharded in place
+    clusters = cluster_centres(cfg, model, spec, ranks, device, sharded, saved)
     if sharded and isinstance(baseline, Frozen):
         broadcast_module(baseline.model)
     opt = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim.lr)
@@ -100,7 +100,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
     progress = Progress(saved.get("step", 0), Convergence(**saved.get("convergence", {})), saved.get("converged_at"))
     return State(model, engine, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
                  global_batch, ranks, device, meta, Schedule.of(cfg), label_names(cfg), progress, sharded,
-                 None if clusters is None else clusters.to(device), agreement(cfg, device, saved))
+                 clusters, agreement(cfg, device, saved))
 
 
 def build_model(cfg: TrainConfig, init, base, devices: tuple[torch.device, torch.device], lower: torch.dtype,
@@ -219,15 +219,24 @@ def init_memory(model: CVAE, spec: StreamSpec, ranks: GlobalBatch, device: torch
     model.conditioning.init_memory(mean, spread, torch.Generator().manual_seed(seed))
 
 
-def fit_clusters(cfg: TrainConfig, model: CVAE, spec: StreamSpec, ranks: Ranks) -> Clusters | None:
-    """The base's grouping of the lines that the E-step weighs in (``estep.cluster_weight``; None where it is 0):
-    k-means of the model's z-free pooled states on the train split's first ``CLUSTER_LINES`` lines, taken before a
-    resume loads trained weights, so from the init checkpoint on every start and resume alike. Rank 0, which holds
-    the weights under FSDP too, fits; every rank gets its centres."""
+def cluster_centres(cfg: TrainConfig, model: CVAE, spec: StreamSpec, ranks: Ranks, device: torch.device,
+                    sharded: bool, saved: dict) -> Clusters | None:
+    """The base's grouping of the lines that the E-step weighs in (``estep.cluster_weight``; None where it is 0), on
+    ``device``: a resumed run's (or the start's it goes on from), as its checkpoint keeps them; else k-means of the
+    model's z-free pooled states on the train split's first ``CLUSTER_LINES`` lines, on the device, after the model
+    is wrapped (under FSDP every rank takes part in the forward) and before any step, so from the init checkpoint.
+    Rank 0 fits; every rank gets its centres."""
     if not cfg.estep.cluster_weight:
         return None
-    return ranks.broadcast(Clusters.fit(pooled_states(model, spec, CLUSTER_LINES), cfg.cvae.k)
-                           if ranks.is_main else None)
+    if saved:
+        if "clusters" not in saved:
+            raise ValueError(f"{cfg.io.out}: the checkpoint holds no cluster centres (written before they were kept); "
+                             "estep cluster_weight needs them to resume: train into a new --out")
+        return Clusters.from_json(saved["clusters"]).to(device)
+    pooled = pooled_states(model, spec, CLUSTER_LINES, device, cfg.io.dtype) if sharded or ranks.is_main else None
+    if sharded:
+        model.reshard()  # FSDP keeps the root's weights gathered after a forward without a backward
+    return ranks.broadcast(Clusters.fit(pooled, cfg.cvae.k) if ranks.is_main else None).to(device)
 
 
 def agreement(cfg: TrainConfig, device: torch.device, saved: dict) -> Agreement | None:
@@ -239,16 +248,13 @@ def agreement(cfg: TrainConfig, device: torch.device, saved: dict) -> Agreement 
 
 
 @torch.no_grad()
-def pooled_states(model: CVAE, spec: StreamSpec, lines: int) -> torch.Tensor:
+def pooled_states(model: CVAE, spec: StreamSpec, lines: int, device: torch.device, dtype: str) -> torch.Tensor:
     """(N, d) the posterior head's input (``CVAE.posterior_input``) for the first ``lines`` lines of ``spec``'s
-    shards in order (fewer where the split is smaller; ``stream.first_lines``), on the model's device; no dropout
-    draw."""
-    home = next(model.parameters()).device
+    shards in order (fewer where the split is smaller; ``stream.first_lines``), by the model's z-free forward on
+    ``device`` in the run's ``dtype`` (a collective under FSDP: every rank reads the same lines); no dropout draw."""
     model.backbone.eval()
-    pooled = []
-    for batch in first_lines(spec, lines):
-        batch = batch.to(home)
-        pooled.append(model.posterior_input(batch, model.backbone.hidden(batch.zfree.input_ids)))
+    with autocast(dtype, device):
+        pooled = [model(batch.to(device), free_only=True).pooled for batch in first_lines(spec, lines)]
     model.backbone.train()
     return torch.cat(pooled)
 

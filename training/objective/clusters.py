@@ -78,6 +78,17 @@ class Clusters:
     def to(self, device: torch.device) -> Clusters:
         return replace(self, mean=self.mean.to(device), scale=self.scale.to(device), centres=self.centres.to(device))
 
+    def to_json(self) -> dict:
+        """What a checkpoint keeps (float32 values, exact through JSON), so a resumed run reads the centres it was
+        fitted with instead of refitting on trained weights."""
+        return {"mean": self.mean.tolist(), "scale": self.scale.tolist(), "centres": self.centres.tolist(),
+                "spread": self.spread}
+
+    @classmethod
+    def from_json(cls, saved: dict) -> Clusters:
+        return cls(*(torch.tensor(saved[key], dtype=torch.float32) for key in ("mean", "scale", "centres")),
+                   float(saved["spread"]))
+
     def log_prob(self, pooled: torch.Tensor) -> torch.Tensor:
         """log pi(k) (B, K) in float32 for pooled states (B, d), on their device; detached."""
         h = (pooled.detach().float() - self.mean) / self.scale  # (B, d)

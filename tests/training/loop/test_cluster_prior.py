@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -11,23 +12,47 @@ from tests.training.loop.test_sync_guard import config
 from tokweight.pipeline.ranks import Ranks
 from tokweight.training.config.components import EStepConfig
 from tokweight.training.loop.setup import pooled_states, setup
+from tokweight.training.loop.stream import first_lines
 from tokweight.training.loop.train import run as train
 from tokweight.training.objective.clusters import CLUSTER_LINES, Clusters
 
 
 def test_a_resumed_run_weighs_in_the_grouping_of_the_init_checkpoint_not_of_its_trained_weights(tiny, tiny_store,
                                                                                                   tmp_path):
-    """The centres are fitted before a resume loads trained weights: a run's centres, fresh or resumed, are the init
-    checkpoint's (so a resumed run goes on with the prior it had), and fitting the trained weights gives others."""
+    """The centres are fitted on the init checkpoint before the first step and kept with every checkpoint: a resumed
+    run reads them back bitwise (so it goes on with the prior it had), where fitting its trained weights gives
+    others; a checkpoint without them is refused by name, not refitted."""
     data, ckpt = tiny
     cfg = config(data, ckpt, tmp_path / "run", tiny_store, steps=4, estep=EStepConfig(cluster_weight=1.0))
     fresh = setup(cfg, Ranks()).clusters
     train(cfg)
-    resumed = setup(replace(cfg, optim=replace(cfg.optim, steps=6)), Ranks())
+    more = replace(cfg, optim=replace(cfg.optim, steps=6))
+    resumed = setup(more, Ranks())
     assert resumed.progress.step == 4
-    assert torch.equal(resumed.clusters.centres, fresh.centres) and resumed.clusters.spread == fresh.spread
-    trained = Clusters.fit(pooled_states(resumed.model, resumed.spec, CLUSTER_LINES), cfg.cvae.k)
+    assert all(torch.equal(getattr(resumed.clusters, key), getattr(fresh, key)) for key in ("mean", "scale", "centres"))
+    assert resumed.clusters.spread == fresh.spread
+    trained = Clusters.fit(pooled_states(resumed.model, resumed.spec, CLUSTER_LINES, resumed.device, cfg.io.dtype),
+                           cfg.cvae.k)
     assert not torch.equal(trained.mean, fresh.mean)
+    state = next((tmp_path / "run").glob("checkpoint*/state.json"))
+    meta = json.loads(state.read_text())
+    del meta["clusters"]
+    state.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="holds no cluster centres"):
+        setup(more, Ranks())
+
+
+def test_the_z_free_forward_pools_what_the_step_reads(tiny, tiny_store, tmp_path):
+    """``free_only`` (the forward the centres are fitted by) gives the step's own ``pooled`` and z-free NLL for the
+    same batch, and nothing of the copies."""
+    data, ckpt = tiny
+    state = setup(config(data, ckpt, tmp_path / "run", tiny_store, steps=4), Ranks())
+    batch = next(first_lines(state.spec, 8))
+    state.model.eval()
+    with torch.no_grad():
+        whole, free = state.model(batch), state.model(batch, free_only=True)
+    assert torch.allclose(free.pooled, whole.pooled, atol=1e-6) and torch.equal(free.zfree_nll, whole.zfree_nll)
+    assert free.post is None and free.nll is None
 
 
 @pytest.mark.parametrize("cluster_map", ["agreement", "matched"])

@@ -197,7 +197,8 @@ PATHS = {  # name: (backbones -> cfg -> cfg); each runs 4 steps of the common co
     "continuous-token-checkpointing": lambda b: lambda c: io(continuous(c, cond="token"), grad_checkpointing=True),
     "token-estep-labels": lambda b: lambda c: replace(c, cvae=CVAEConfig(cond="token"), estep=EStepConfig(mode="label"),
                                                       loss=WARM),
-    # rank 0 fits the centres on the split's first lines, which one process reads too, and every rank gets them
+    # every rank runs the split's first lines through the z-free forward (under FSDP a collective), which one process
+    # reads too; rank 0 fits the centres and every rank gets them
     "estep-clusters": lambda b: lambda c: replace(c, estep=EStepConfig(cluster_weight=1.0), loss=WARM),
     # and the agreement table each step folds in is the global batch's (averaged over the ranks), as one process's
     "estep-clusters-matched": lambda b: lambda c: replace(
@@ -284,13 +285,14 @@ def test_fsdp_on_two_ranks_equals_one_process_writes_the_same_checkpoint_and_res
                                                                                      tmp_path):
     """FSDP2 on 2 CPU ranks (gloo) on the default objective and the paths that reach it differently (the memory's
     scale, adapters over frozen shards, recomputed blocks, Hugging Face decoder layers and tied embeddings, a clip
-    that acts on every step's sharded gradients): the one-process result and log, a checkpoint of the unsharded
+    that acts on every step's sharded gradients, the base's grouping fitted through the sharded z-free forward):
+    the one-process result and log, a checkpoint of the unsharded
     run's files (eval loads it); a run stopped at step 2 and resumed ends bitwise where the uninterrupted run ends,
     and so does the start a run with two starts chooses where a single run from its seed ends. Rank 1 reads no weights:
     it builds the model's shape on the meta device and receives its shards from rank 0."""
     paths = {"default": lambda c: c, **{name: PATHS[name](backbones) for name in (
         "memory", "lora-frozen", "continuous-token-checkpointing", "frozen-plain-diagnostic", "llama",
-        "length-groups", "merged-length-groups")},
+        "length-groups", "merged-length-groups", "estep-clusters-matched")},
              "gpt2-tied": lambda c: hf(c, backbones["gpt2"]),
              "clipped": lambda c: replace(c, optim=replace(c.optim, grad_clip=0.01))}
     differences = paths_alike(tiny, tiny_store, tmp_path, paths, "fsdp", fsdp_resume_runs(tiny, tiny_store, tmp_path))
