@@ -26,7 +26,7 @@ from tokweight.training.config.components import POLICIES, WEIGHTINGS, CVAEConfi
 from tokweight.training.loop.convergence import Convergence
 from tokweight.training.cvae.model import (CVAE, add_latent_tokens, build_cvae, latent_tokens_needed,
                                      spread_latent_embeddings, token_row_spread)
-from tokweight.training.loop.batches import StreamSpec
+from tokweight.training.loop.batches import StreamSpec, TrainBatch
 from tokweight.training.loop.join import StoreRef, extract_command, shards_without_rows
 from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.loop.engine import broadcast_module, build_device, is_sharded, load_optimizer_state, wrap
@@ -223,9 +223,8 @@ def cluster_centres(cfg: TrainConfig, model: CVAE, spec: StreamSpec, ranks: Rank
                     sharded: bool, saved: dict) -> Clusters | None:
     """The base's grouping of the lines that the E-step weighs in (``estep.cluster_weight``; None where it is 0), on
     ``device``: a resumed run's (or the start's it goes on from), as its checkpoint keeps them; else k-means of the
-    model's z-free pooled states on the train split's first ``CLUSTER_LINES`` lines, on the device, after the model
-    is wrapped (under FSDP every rank takes part in the forward) and before any step, so from the init checkpoint.
-    Rank 0 fits; every rank gets its centres."""
+    model's z-free pooled states on the train split's first ``CLUSTER_LINES`` lines (``first_pooled``), after the
+    model is wrapped and before any step, so from the init checkpoint. Rank 0 fits; every rank gets its centres."""
     if not cfg.estep.cluster_weight:
         return None
     if saved:
@@ -233,10 +232,27 @@ def cluster_centres(cfg: TrainConfig, model: CVAE, spec: StreamSpec, ranks: Rank
             raise ValueError(f"{cfg.io.out}: the checkpoint holds no cluster centres (written before they were kept); "
                              "estep cluster_weight needs them to resume: train into a new --out")
         return Clusters.from_json(saved["clusters"]).to(device)
-    pooled = pooled_states(model, spec, CLUSTER_LINES, device, cfg.io.dtype) if sharded or ranks.is_main else None
+    pooled = first_pooled(model, spec, CLUSTER_LINES, ranks, device, cfg.io.dtype, sharded)
+    return ranks.broadcast(Clusters.fit(pooled, cfg.cvae.k) if ranks.is_main else None).to(device)
+
+
+def first_pooled(model: CVAE, spec: StreamSpec, lines: int, ranks: Ranks, device: torch.device, dtype: str,
+                 sharded: bool) -> torch.Tensor | None:
+    """(N, d) on the CPU, on rank 0 (None on the others): ``pooled_states`` of the first ``lines`` lines of
+    ``spec``'s shards in order, their batches dealt out over the ranks (batch i to rank i mod world) and gathered
+    back in order, so N ranks compute what one process does, each a world-th of it. Under FSDP every rank runs as
+    many forwards (a collective each): a rank with a batch fewer repeats the first and drops it."""
+    batches = list(first_lines(spec, lines))
+    mine = batches[ranks.rank::ranks.world]
+    rounds = -(-len(batches) // ranks.world) if sharded else len(mine)
+    states = pooled_states(model, mine + batches[:1] * (rounds - len(mine)), device, dtype)[: len(mine)]
     if sharded:
         model.reshard()  # FSDP keeps the root's weights gathered after a forward without a backward
-    return ranks.broadcast(Clusters.fit(pooled, cfg.cvae.k) if ranks.is_main else None).to(device)
+    parts = ranks.gather([s.cpu() for s in states])
+    if not ranks.is_main:
+        return None
+    return torch.cat([parts[i % ranks.world][i // ranks.world] for i in range(len(batches))]) if batches else \
+        torch.empty(0, 0)
 
 
 def agreement(cfg: TrainConfig, device: torch.device, saved: dict) -> Agreement | None:
@@ -248,15 +264,14 @@ def agreement(cfg: TrainConfig, device: torch.device, saved: dict) -> Agreement 
 
 
 @torch.no_grad()
-def pooled_states(model: CVAE, spec: StreamSpec, lines: int, device: torch.device, dtype: str) -> torch.Tensor:
-    """(N, d) the posterior head's input (``CVAE.posterior_input``) for the first ``lines`` lines of ``spec``'s
-    shards in order (fewer where the split is smaller; ``stream.first_lines``), by the model's z-free forward on
-    ``device`` in the run's ``dtype`` (a collective under FSDP: every rank reads the same lines); no dropout draw."""
+def pooled_states(model: CVAE, batches: list[TrainBatch], device: torch.device, dtype: str) -> list[torch.Tensor]:
+    """The posterior head's input (``CVAE.posterior_input``), (B_i, d) for each of ``batches``, by the model's z-free
+    forward on ``device`` in the run's ``dtype`` (under FSDP a collective); no dropout draw."""
     model.backbone.eval()
     with autocast(dtype, device):
-        pooled = [model(batch.to(device), free_only=True).pooled for batch in first_lines(spec, lines)]
+        pooled = [model(batch.to(device), free_only=True).pooled for batch in batches]
     model.backbone.train()
-    return torch.cat(pooled)
+    return pooled
 
 
 def measure_key_values(model: CVAE, stream: TrainStream) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ import torch
 from tests.training.loop.test_sync_guard import config
 from tokweight.pipeline.ranks import Ranks
 from tokweight.training.config.components import EStepConfig
-from tokweight.training.loop.setup import pooled_states, setup
+from tokweight.training.loop.setup import first_pooled, setup
 from tokweight.training.loop.stream import first_lines
 from tokweight.training.loop.train import run as train
 from tokweight.training.objective.clusters import CLUSTER_LINES, Clusters
@@ -31,8 +31,8 @@ def test_a_resumed_run_weighs_in_the_grouping_of_the_init_checkpoint_not_of_its_
     assert resumed.progress.step == 4
     assert all(torch.equal(getattr(resumed.clusters, key), getattr(fresh, key)) for key in ("mean", "scale", "centres"))
     assert resumed.clusters.spread == fresh.spread
-    trained = Clusters.fit(pooled_states(resumed.model, resumed.spec, CLUSTER_LINES, resumed.device, cfg.io.dtype),
-                           cfg.cvae.k)
+    trained = Clusters.fit(first_pooled(resumed.model, resumed.spec, CLUSTER_LINES, Ranks(), resumed.device,
+                                        cfg.io.dtype, sharded=False), cfg.cvae.k)
     assert not torch.equal(trained.mean, fresh.mean)
     state = next((tmp_path / "run").glob("checkpoint*/state.json"))
     meta = json.loads(state.read_text())
@@ -74,3 +74,34 @@ def test_the_agreement_table_learns_from_the_steps_and_a_resumed_run_goes_on_wit
     identity = config(data, ckpt, tmp_path / "identity", tiny_store, steps=4,
                       estep=replace(estep, cluster_map="identity"))
     assert setup(identity, Ranks()).agreement is None
+
+
+class DealtRanks:
+    """One of ``world`` ranks in this process: ``gather`` hands back the parts the other ranks left in ``parts``."""
+
+    def __init__(self, rank: int, world: int, parts: dict):
+        self.rank, self.world, self.parts = rank, world, parts
+        self.is_main = rank == 0
+
+    def gather(self, obj) -> list:
+        self.parts[self.rank] = obj
+        return [self.parts.get(r) for r in range(self.world)]
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_the_fit_s_lines_dealt_over_three_ranks_come_back_as_one_process_reads_them(tiny, tiny_store, tmp_path,
+                                                                                   sharded):
+    """Batch i goes to rank i mod 3 (a rank short of one batch under FSDP repeats the first, and drops it); rank 0
+    gathers them in the lines' order: bitwise the states one process computes."""
+    data, ckpt = tiny
+    state = setup(config(data, ckpt, tmp_path / "run", tiny_store, steps=4), Ranks())
+    lines = 7 * state.spec.batch_size - 1  # 7 batches, the last partial: ranks 0, 1, 2 take 3, 2, 2
+    one = first_pooled(state.model, state.spec, lines, Ranks(), state.device, "float32", sharded=False)
+    resharded = []
+    state.model.reshard = lambda: resharded.append(True)  # what FSDP's root does after a forward without a backward
+    parts: dict = {}
+    others = [first_pooled(state.model, state.spec, lines, DealtRanks(r, 3, parts), state.device, "float32", sharded)
+              for r in (2, 1)]
+    dealt = first_pooled(state.model, state.spec, lines, DealtRanks(0, 3, parts), state.device, "float32", sharded)
+    assert others == [None, None] and len(one) == lines and torch.equal(dealt, one)
+    assert [len(p) for p in parts.values()] == [2, 2, 3] and len(resharded) == (3 if sharded else 0)
