@@ -100,7 +100,8 @@ def test_train_with_only_the_required_flags_builds_the_default_config(tiny, tmp_
     saved = train_config_from(json.loads((out / "config.json").read_text()))
     assert saved == TrainConfig(io=saved.io, loss=LossConfig(policy="frozen"), optim=OptimConfig(steps=2, batch_size=4))
     assert (saved.cvae.cond, saved.cvae.slots, saved.cvae.posterior_pool) == ("query", 1, "mean")
-    assert saved.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform", harden=0.5, harden_from=None)
+    assert saved.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform", harden=0.5, harden_from=None,
+                                      cluster_weight=3.0)
     assert (saved.cvae.latent_init_norm, saved.cvae.latent_init_center) == (0.5, True)
     assert (saved.loss.beta, saved.loss.beta_warmup_steps, saved.optim.lr) == (0.3, 100, 3e-4)
     assert Schedule.of(saved).at(99).anchor_weight == 0.0 and Schedule.of(saved).at(100).anchor_weight == 1.0
@@ -141,7 +142,8 @@ def test_survival_recipe_warm_starts_on_the_true_strategy(tiny, tmp_path):
 def test_the_continuous_latent_gets_spread_slots_the_hard_e_step_over_its_draws_and_one_start_by_default(tiny,
                                                                                                         tmp_path):
     cfg = config(tiny, tmp_path, cvae=CVAEConfig(latent="continuous"))
-    assert cfg.estep == EStepConfig(mode="hard", follow_beta=True, prior="learned", harden=0.0, harden_from=800)
+    assert cfg.estep == EStepConfig(mode="hard", follow_beta=True, prior="learned", harden=0.0, harden_from=800,
+                                    cluster_weight=0.0)
     assert (cfg.cvae.latent_init_norm, cfg.cvae.latent_init_center) == (1.0, True)
     assert (cfg.cvae.cond, cfg.cvae.z_dim, cfg.cvae.samples) == ("prefix", 2, 4)
     assert config(tiny, tmp_path).estep.mode == "soft"
@@ -186,7 +188,7 @@ def test_train_labelled_sets_the_default_e_steps_share_and_refuses_a_bad_one(tin
     assert result.exit_code == 0, result.output
     saved = train_config_from(json.loads((tmp_path / "a" / "config.json").read_text()))
     assert saved.estep == EStepConfig(mode="soft", follow_beta=True, prior="uniform", labelled=0.2, harden=0.5,
-                                       harden_from=None)
+                                       harden_from=None, cluster_weight=3.0)
     for bad, message in ((["--labelled", "1.5"], "labelled must be a share in [0, 1]"),
                          (["--labelled", "0.2", "--latent", "continuous"], "labelled 0")):
         refused = CliRunner().invoke(train, args + ["--out", str(tmp_path / "b")] + bad)

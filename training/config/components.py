@@ -194,6 +194,10 @@ HARDEN = 0.5
 """A soft E-step's default ``EStepConfig.harden`` (k >= 3): an example is sure of a copy that q* gives at least
 half."""
 
+CLUSTER_WEIGHT = 3.0
+"""A discrete latent's default ``EStepConfig.cluster_weight`` in modes soft and hard: gamma_c in units of each
+example's spread of R (``cluster_relative``), toward the values the decoders choose (``cluster_map`` "matched")."""
+
 
 @dataclass(frozen=True)
 class EStepConfig:
@@ -242,18 +246,19 @@ class EStepConfig:
     before any likelihood read) inside q*: q*(k) ∝ p(k|x) q_head(k)^gamma exp(-R(k) / temperature). The head is
     one linear map of the pooled states (``cvae.posterior_pool``), the same for every input, so its grouping
     carries a value from the examples the decoders have bound to those they nearly tie on; 0: off."""
-    cluster_weight: float = 0.0
-    """Discrete latent, soft and hard modes: gamma_c, nats of R per nat of the base's own grouping of the lines
+    cluster_weight: float | None = None
+    """Discrete latent, soft and hard modes: gamma_c, the weight of the base's own grouping of the lines
     (``training/objective/clusters.py``): q*(k) ∝ p(k|x) exp(-(R(k) - gamma_c log pi(k)) / temperature), pi an
-    example's soft cluster among K centres that k-means fits to the base's pooled states (``cvae.posterior_pool``)
-    on the first training lines, value k cluster k. The grouping does not learn from the decoders, so it can keep a
-    value on one strategy where the decoders alone would bind it to one strategy on some inputs and another on the
-    rest; 0: off (nothing fitted)."""
-    cluster_relative: bool = False
+    example's soft cluster among K centres that k-means fits to the init checkpoint's pooled states
+    (``cvae.posterior_pool``) on the first training lines, tilted toward the value ``cluster_map`` gives it. The
+    grouping does not learn from the decoders, so it can keep a value on one strategy where the decoders alone
+    would bind it to one strategy on some inputs and another on the rest; 0: off (nothing fitted). None:
+    ``CLUSTER_WEIGHT`` (3) for a discrete latent in mode soft or hard, 0 in every other case."""
+    cluster_relative: bool = True
     """``cluster_weight`` in units of each example's spread of R over the values (their standard deviation) instead
     of nats: the grouping can reorder the values the decoders already tell apart, and cannot make them differ where
     z is not used (a z the weighting would let collapse stays collapsed)."""
-    cluster_map: str = "identity"
+    cluster_map: str = "matched"
     """Which value a base cluster tilts toward: "identity", value k is cluster k from step 0; "agreement", the values
     the decoders already choose (argmin R) on the cluster's lines over recent steps, by their pointwise mutual
     information with it (``clusters.Agreement``), so a grouping the decoders do not follow tilts nothing; "matched",
@@ -274,7 +279,7 @@ class EStepConfig:
         if not (self.harden is None or 0 <= self.harden <= 1) or (self.harden_from or 0) < 0:
             raise ValueError(f"estep harden must be a share in [0, 1] and harden_from >= 0, got {self.harden}, "
                              f"{self.harden_from}")
-        if self.head_weight < 0 or self.cluster_weight < 0:
+        if self.head_weight < 0 or (self.cluster_weight or 0) < 0:
             raise ValueError(f"estep head_weight and cluster_weight must be >= 0, got {self.head_weight}, "
                              f"{self.cluster_weight}")
         if self.cluster_map not in CLUSTER_MAPS:
@@ -298,7 +303,11 @@ class EStepConfig:
             harden = HARDEN if not continuous and HARDEN > 1 / k else 0.0
         else:
             harden = self.harden
-        cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden)
+        cluster = self.cluster_weight
+        if cluster is None:
+            cluster = CLUSTER_WEIGHT if not continuous and mode in ("soft", "hard") else 0.0
+        cfg = replace(self, mode=mode, prior=self.prior or ("learned" if continuous else "uniform"), harden=harden,
+                      cluster_weight=cluster)
         if not continuous or cfg.mode == "off":
             return cfg
         if (cfg.mode == "label" or cfg.labelled or cfg.balance_iters or cfg.head_weight or cfg.cluster_weight

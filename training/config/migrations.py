@@ -58,6 +58,17 @@ def without_posterior_likelihood(obj: dict) -> dict:
     return {**obj, "cvae": {**cvae, "posterior_likelihood": False}}
 
 
+def without_cluster_fields(obj: dict) -> dict:
+    """A run's config.json of before the base's grouping was the default: the E-step fields it does not name held
+    the values that meant "off" (``cluster_weight`` 0) and the first form of the cost (in nats, value k cluster k).
+    A config file that does not name them gets their defaults."""
+    if not written_by_a_run(obj):
+        return obj
+    estep = obj.get("estep") or {}
+    old = {"cluster_weight": 0.0, "cluster_relative": False, "cluster_map": "identity"}
+    return {**obj, "estep": {**{k: v for k, v in old.items() if k not in estep}, **estep}}
+
+
 def written_by_a_run(obj: dict) -> bool:
     """Whether ``obj`` is a run's config.json (flags over it or not): its ``cvae`` group names every field of
     ``RUN_CVAE_FIELDS``."""
@@ -70,7 +81,7 @@ def drop_defaults(group: dict, removed: dict) -> dict:
     return {k: v for k, v in group.items() if not (k in removed and v == removed[k])}
 
 
-MIGRATIONS = (from_remedies, from_beta_group, without_posterior_likelihood)
+MIGRATIONS = (from_remedies, from_beta_group, without_posterior_likelihood, without_cluster_fields)
 """Every migration, oldest first; each reads what the ones before it wrote."""
 
 

@@ -327,7 +327,7 @@ RESOLVED_FROM = {"cvae.cond": ("cvae.latent",), "cvae.slots": ("cvae.cond",), "c
                  "cvae.latent_init_norm": ("cvae.latent",),
                  "cvae.posterior_likelihood": ("cvae.latent",), "optim.starts": ("cvae.latent",),
                  "estep.mode": ("cvae.latent",), "estep.prior": ("cvae.latent",),
-                 "estep.harden": ("estep.mode", "cvae.k"),
+                 "estep.harden": ("estep.mode", "cvae.k"), "estep.cluster_weight": ("estep.mode", "cvae.latent"),
                  "estep.harden_from": ("optim.starts", "optim.seed", "optim.start_steps", "optim.start_steps_max")}
 """Fields whose default is resolved from other fields' values (None in the dataclass, filled in from them)."""
 

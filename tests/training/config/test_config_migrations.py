@@ -33,7 +33,8 @@ def test_a_config_of_the_remedies_group_reads_as_its_estep_and_latent_rows():
     want = TrainConfig(IOConfig(**IO),
                        cvae=CVAEConfig(z_dim=8, cond="token", slots=1, posterior_pool="last", latent_init_norm=0.3,
                                        latent_init_center=True, posterior_likelihood=False),
-                       estep=EStepConfig(mode="soft", follow_beta=False, prior="uniform"),
+                       estep=EStepConfig(mode="soft", follow_beta=False, prior="uniform", cluster_weight=0.0,
+                                         cluster_relative=False, cluster_map="identity"),
                        optim=OptimConfig(steps=50))
     assert train_config_from(old) == want
     no_remedy = train_config_from({"io": IO, "cvae": OLD_CVAE, "remedies": {}})  # the group's own defaults
@@ -60,10 +61,44 @@ def test_a_run_config_of_before_posterior_likelihood_reads_false_and_a_config_fi
     assert train_config_from(named).cvae.posterior_likelihood is True  # a run's own value stands
 
 
+def test_a_run_config_of_before_the_cluster_default_reads_as_it_trained_and_a_config_file_the_default():
+    """A run's config.json without the cluster fields trained without the base's grouping (and one that named only
+    the weight, with the first form: nats, value k cluster k); a config file gets the default, resolved per latent
+    and mode."""
+    old = TrainConfig(IOConfig(**IO)).to_json()
+    for name in ("cluster_weight", "cluster_relative", "cluster_map"):
+        del old["estep"][name]
+    estep = train_config_from(old).estep
+    assert (estep.cluster_weight, estep.cluster_relative, estep.cluster_map) == (0.0, False, "identity")
+    old["estep"]["cluster_weight"] = 1.0
+    estep = train_config_from(old).estep
+    assert (estep.cluster_weight, estep.cluster_relative, estep.cluster_map) == (1.0, False, "identity")
+    estep = train_config_from({"io": IO}).estep
+    assert (estep.cluster_weight, estep.cluster_relative, estep.cluster_map) == (3.0, True, "matched")
+    assert train_config_from({"io": IO, "estep": {"mode": "hard"}}).estep.cluster_weight == 3.0
+    assert train_config_from({"io": IO, "estep": {"mode": "label"}}).estep.cluster_weight == 0.0
+    assert train_config_from({"io": IO, "estep": {"mode": "off"}}).estep.cluster_weight == 0.0
+    assert train_config_from({"io": IO, "cvae": {"latent": "continuous"}}).estep.cluster_weight == 0.0
+    with pytest.raises(ValueError, match="cluster_weight 0, not"):
+        train_config_from({"io": IO, "cvae": {"latent": "continuous"}, "estep": {"cluster_weight": 3.0}})
+
+
+def test_a_resolved_cluster_weight_is_resolved_anew_when_the_latent_changes(tmp_path):
+    """A discrete run's config.json holds the resolved weight 3; `--set cvae.latent=continuous` over it gets a
+    continuous latent's 0, not a refusal, and `--set estep.mode=label` likewise."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(TrainConfig(IOConfig(**IO)).to_json()))
+    assert read_config(run).estep.cluster_weight == 3.0
+    assert train_config(str(run / "config.json"), {}, ("cvae.latent=continuous",)).estep.cluster_weight == 0.0
+    assert train_config(str(run / "config.json"), {}, ("estep.mode=label",)).estep.cluster_weight == 0.0
+
+
 def test_a_config_of_this_version_passes_every_migration_unchanged():
     current = TrainConfig(IOConfig(**IO)).to_json()
     assert migrated(current) == current and train_config_from(current) == TrainConfig(IOConfig(**IO))
-    assert [m.__name__ for m in MIGRATIONS] == ["from_remedies", "from_beta_group", "without_posterior_likelihood"]
+    assert [m.__name__ for m in MIGRATIONS] == ["from_remedies", "from_beta_group", "without_posterior_likelihood",
+                                                "without_cluster_fields"]
 
 
 def test_train_config_and_eval_and_resume_resolve_an_old_run_alike(tmp_path):

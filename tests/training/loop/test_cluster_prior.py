@@ -23,7 +23,8 @@ def test_a_resumed_run_weighs_in_the_grouping_of_the_init_checkpoint_not_of_its_
     run reads them back bitwise (so it goes on with the prior it had), where fitting its trained weights gives
     others; a checkpoint without them is refused by name, not refitted."""
     data, ckpt = tiny
-    cfg = config(data, ckpt, tmp_path / "run", tiny_store, steps=4, estep=EStepConfig(cluster_weight=1.0))
+    nats = EStepConfig(cluster_weight=1.0, cluster_relative=False, cluster_map="identity")
+    cfg = config(data, ckpt, tmp_path / "run", tiny_store, steps=4, estep=nats)
     fresh = setup(cfg, Ranks()).clusters
     train(cfg)
     more = replace(cfg, optim=replace(cfg.optim, steps=6))

@@ -199,7 +199,8 @@ PATHS = {  # name: (backbones -> cfg -> cfg); each runs 4 steps of the common co
                                                       loss=WARM),
     # every rank runs the split's first lines through the z-free forward (under FSDP a collective), which one process
     # reads too; rank 0 fits the centres and every rank gets them
-    "estep-clusters": lambda b: lambda c: replace(c, estep=EStepConfig(cluster_weight=1.0), loss=WARM),
+    "estep-clusters": lambda b: lambda c: replace(
+        c, estep=EStepConfig(cluster_weight=1.0, cluster_relative=False, cluster_map="identity"), loss=WARM),
     # and the agreement table each step folds in is the global batch's (averaged over the ranks), as one process's
     "estep-clusters-matched": lambda b: lambda c: replace(
         c, estep=EStepConfig(cluster_weight=3.0, cluster_relative=True, cluster_map="matched"), loss=WARM),

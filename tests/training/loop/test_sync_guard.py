@@ -99,12 +99,13 @@ def config(data, ckpt, out, store=None, steps=3, length_groups=None, merge_passe
     {"cvae": CVAEConfig(cond="memory", slots=1)}, {"cvae": CVAEConfig(cond="layernorm", slots=1)},
     {"cvae": CVAEConfig(latent="continuous", z_dim=2)}, {"loss": LossConfig(policy="frozen")},
     {"loss": LossConfig(policy="dynamic")}, {"loss": LossConfig(weighting="example-inverse")},
-    {"estep": EStepConfig(labelled=0.2)}, {"estep": EStepConfig(cluster_weight=1.0)},
-    {"estep": EStepConfig(cluster_weight=3.0, cluster_relative=True, cluster_map="matched")}, {"length_groups": 3},
+    {"estep": EStepConfig(labelled=0.2)},
+    {"estep": EStepConfig(cluster_weight=1.0, cluster_relative=False, cluster_map="identity")},
+    {"estep": EStepConfig(cluster_weight=0.0)}, {"length_groups": 3},
     {"length_groups": 3, "cvae": CVAEConfig(latent="continuous", z_dim=2)}, {"merge_passes": True},
     {"merge_passes": True, "length_groups": 3, "cvae": CVAEConfig(cond="prefix")}],
     ids=["default", "prefix", "token", "memory", "layernorm", "continuous", "frozen", "dynamic", "example-inverse",
-         "labelled", "clusters", "clusters-matched", "length-groups", "length-groups-continuous", "merged",
+         "labelled", "clusters-nats", "clusters-off", "length-groups", "length-groups-continuous", "merged",
          "merged-groups-prefix"])
 def test_a_step_that_does_not_log_makes_no_host_sync(tiny, tiny_store, tmp_path, monkeypatch, groups):
     data, ckpt = tiny

@@ -15,7 +15,8 @@ from tokweight.training.objective.schedules import Schedule
 
 def E(**fields) -> EStepConfig:
     """An E-step config with the pure functions' reference settings spelt out (a run resolves them per latent)."""
-    return EStepConfig(**{"follow_beta": False, "prior": "uniform", "harden": 0.0, **fields})
+    return EStepConfig(**{"follow_beta": False, "prior": "uniform", "harden": 0.0, "cluster_weight": 0.0,
+                          "cluster_relative": False, **fields})
 
 
 def acting(cfg: EStepConfig, step: int) -> Schedule:
