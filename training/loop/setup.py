@@ -49,10 +49,13 @@ def data_seed(seed: int) -> int:
     return int(np.random.SeedSequence([seed, 0]).generate_state(1)[0])
 
 
-def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, announce: bool = True) -> State:
+def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, announce: bool = True,
+          fitted: Clusters | None = None) -> State:
     """The run's live objects, resumed from RUN's checkpoint where it has one, else (``continue_from``) from the
     checkpoint of the start it continues. ``announce``: rank 0 prints what trains and, where the store shows one, that
-    the checkpoint has learnt the training lines (once per job: its first start, or its one run).
+    the checkpoint has learnt the training lines (once per job: its first start, or its one run). ``fitted``: the
+    centres an earlier start of the same run fitted (the same init checkpoint and lines give the same ones), used
+    instead of fitting them again.
 
     Under FSDP only rank 0 reads the checkpoints' weights and builds the whole model (on the CPU); every other rank
     builds its shape on the meta device and receives its shard from rank 0 (``engine.fully_shard_cvae``), so no
@@ -89,7 +92,7 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
             "backbone": init.meta.get("kind", "tokweight"), "template": init.vocab.template.to_json()}
     saved = resume(cfg, model, init.fingerprint, ranks.rank, ranks.world, continue_from, load=whole) or {}
     engine = wrap(model, cfg.io.shard, ranks, device, lower)  # DDP around the model, or the model sharded in place
-    clusters = cluster_centres(cfg, model, spec, ranks, device, sharded, saved)
+    clusters = cluster_centres(cfg, model, spec, ranks, device, sharded, saved, fitted)
     if sharded and isinstance(baseline, Frozen):
         broadcast_module(baseline.model)
     opt = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim.lr)
@@ -220,7 +223,7 @@ def init_memory(model: CVAE, spec: StreamSpec, ranks: GlobalBatch, device: torch
 
 
 def cluster_centres(cfg: TrainConfig, model: CVAE, spec: StreamSpec, ranks: Ranks, device: torch.device,
-                    sharded: bool, saved: dict) -> Clusters | None:
+                    sharded: bool, saved: dict, fitted: Clusters | None = None) -> Clusters | None:
     """The base's grouping of the lines that the E-step weighs in (``estep.cluster_weight``; None where it is 0), on
     ``device``: a resumed run's (or the start's it goes on from), as its checkpoint keeps them; else k-means of the
     model's z-free pooled states on the train split's first ``CLUSTER_LINES`` lines (``first_pooled``), after the
@@ -232,6 +235,8 @@ def cluster_centres(cfg: TrainConfig, model: CVAE, spec: StreamSpec, ranks: Rank
             raise ValueError(f"{cfg.io.out}: the checkpoint holds no cluster centres (written before they were kept); "
                              "estep cluster_weight needs them to resume: train into a new --out")
         return Clusters.from_json(saved["clusters"]).to(device)
+    if fitted is not None:
+        return fitted
     pooled = first_pooled(model, spec, CLUSTER_LINES, ranks, device, cfg.io.dtype, sharded)
     return ranks.broadcast(Clusters.fit(pooled, cfg.cvae.k) if ranks.is_main else None).to(device)
 

@@ -145,8 +145,9 @@ def run(cfg: TrainConfig, hooks: Hooks = NO_HOOKS, trackers: Trackers | None = N
         if not (cfg.optim.starts > 1 and cfg.optim.steps > cfg.optim.start_steps):
             return train_to_end(setup(cfg, ranks), cfg, hooks, trackers)
         chosen_before = "seed" in read_starts(Path(cfg.io.out))  # then no start announces the job
+        fitted: dict = {}  # the first fresh start's cluster centres, the same for every start
         made = compare_starts(cfg, ranks, lambda seed, until, announce:
-                              train_start(cfg, seed, until, ranks, hooks, announce, trackers))
+                              train_start(cfg, seed, until, ranks, hooks, announce, fitted, trackers))
         chosen = continued(cfg, made)
         fresh = ranks.broadcast(not (committed_checkpoint(Path(cfg.io.out)) / "state.json").is_file())
         state = setup(chosen, ranks, continue_from=start_dir(cfg, made["seed"]), announce=chosen_before)
@@ -180,15 +181,16 @@ def run_trackers(cfg: TrainConfig, main: bool) -> Trackers:
     return trackers
 
 
-def train_start(cfg: TrainConfig, seed: int, until: int, ranks: Ranks, hooks: Hooks, announce: bool,
+def train_start(cfg: TrainConfig, seed: int, until: int, ranks: Ranks, hooks: Hooks, announce: bool, fitted: dict,
                 trackers: Trackers = NO_TRACKERS) -> dict:
     """One start: the whole run's config from ``seed``, trained (or resumed) to step ``until`` (its validations and
     stop rule go as in a run from that seed) and checkpointed there; its metrics on the whole val split (the
     reconstruction E_q[R], the KL, the exact MI), from which RUN/starts.json keeps the reconstruction, the
     objective and the exact MI (the start's metrics.jsonl is cut back to its checkpoint when the next round
-    resumes it)."""
+    resumes it). ``fitted`` carries the cluster centres from one start to the next (``setup``'s)."""
     start = replace(seeded(cfg, seed), io=replace(cfg.io, out=str(start_dir(cfg, seed))))
-    state = setup(start, ranks, announce=announce)
+    state = setup(start, ranks, announce=announce, fitted=fitted.get("clusters"))
+    fitted.setdefault("clusters", state.clusters)
     if state.progress.step > until:
         raise ValueError(f"{start.io.out} is at step {state.progress.step}, past the round's {until}: "
                          f"{cfg.io.out}/starts.json has lost its rounds; use a new --out")
