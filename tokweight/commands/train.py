@@ -43,7 +43,8 @@ FLAGS = (
     Flag("--warmup-steps", "loss.beta_warmup_steps", "Steps of beta's linear warm-up from 0."),
     Flag("--labelled", "estep.labelled",
          "Share of the examples with a strategy label (the strategies listed in the data's dataset.json) whose "
-         "latent value the E-step fixes to their label's: value k then means strategies[k] (discrete latent)."),
+         "latent value the E-step fixes: every line of a label to one value, the one the decoders already give "
+         "that label's lines (estep.label_map); eval's table says which (discrete latent)."),
     Flag("--anchor-weight", "loss.anchor_weight",
          "Weight of the anchor term that keeps every token within loss.anchor_margin nats of the base model, from "
          "the end of the warm-up (0: off)."),

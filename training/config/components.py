@@ -20,6 +20,7 @@ COND_MODES = ("token", "prefix", "layernorm", "memory", "query")
 ESTEP_MODES = ("off", "soft", "hard", "label")
 ESTEP_PRIORS = ("uniform", "learned")
 CLUSTER_MAPS = ("identity", "agreement", "matched")
+LABEL_MAPS = ("identity", "matched")
 LATENTS = ("discrete", "continuous")
 
 
@@ -240,7 +241,13 @@ class EStepConfig:
     """Soft and hard modes: the share of the examples with a strategy label (picked by a hash of the key, the
     same ones every step) whose assignment is their label's value (the one-hot of its index in the dataset's
     strategies) instead of q*'s; 0: none. A few labels tie each value to one strategy, which the objective
-    alone cannot."""
+    alone cannot. Which value a label's lines take: ``label_map``."""
+    label_map: str = "matched"
+    """Which value ``labelled`` fixes a label's lines to: "identity", value k for the dataset's strategies[k] from step
+    0; "matched", the value the decoders already give most of that label's lines beyond chance (argmin R over recent
+    steps, one value a label: ``label_values.LabelValues``), which is value k until they choose. Under "identity" a
+    few labels fight the code the unlabelled lines set in the first steps, which any permutation of the values fits
+    as well, and can lose it: the labelled lines end on values that write other strategies."""
     head_weight: float = 0.0
     """Discrete latent, soft and hard modes: gamma, the weight of the amortised head's log q(k | x, y) (detached,
     before any likelihood read) inside q*: q*(k) ∝ p(k|x) q_head(k)^gamma exp(-R(k) / temperature). The head is
@@ -284,6 +291,8 @@ class EStepConfig:
                              f"{self.cluster_weight}")
         if self.cluster_map not in CLUSTER_MAPS:
             raise ValueError(f"estep cluster_map must be one of {CLUSTER_MAPS}, got {self.cluster_map!r}")
+        if self.label_map not in LABEL_MAPS:
+            raise ValueError(f"estep label_map must be one of {LABEL_MAPS}, got {self.label_map!r}")
         if not 0 < self.labelled_weight < 1:
             raise ValueError(f"estep labelled_weight must be a share in (0, 1), got {self.labelled_weight}")
         if not 0 <= self.labelled <= 1 or (self.labelled and self.mode not in (None, "soft", "hard")):

@@ -69,6 +69,15 @@ def without_cluster_fields(obj: dict) -> dict:
     return {**obj, "estep": {**{k: v for k, v in old.items() if k not in estep}, **estep}}
 
 
+def without_label_map(obj: dict) -> dict:
+    """A run's config.json of before labelled lines followed the decoders' values: label k's lines were fixed to value
+    k (``estep.label_map`` "identity"). A config file that does not name it gets the default."""
+    if not written_by_a_run(obj):
+        return obj
+    estep = obj.get("estep") or {}
+    return obj if "label_map" in estep else {**obj, "estep": {**estep, "label_map": "identity"}}
+
+
 def written_by_a_run(obj: dict) -> bool:
     """Whether ``obj`` is a run's config.json (flags over it or not): its ``cvae`` group names every field of
     ``RUN_CVAE_FIELDS``."""
@@ -81,7 +90,8 @@ def drop_defaults(group: dict, removed: dict) -> dict:
     return {k: v for k, v in group.items() if not (k in removed and v == removed[k])}
 
 
-MIGRATIONS = (from_remedies, from_beta_group, without_posterior_likelihood, without_cluster_fields)
+MIGRATIONS = (from_remedies, from_beta_group, without_posterior_likelihood, without_cluster_fields,
+              without_label_map)
 """Every migration, oldest first; each reads what the ones before it wrote."""
 
 

@@ -106,6 +106,8 @@ def checkpoint(state: State, cfg, hooks: Hooks) -> None:
             meta["clusters"] = state.clusters.to_json()
         if state.agreement is not None:
             meta["agreement"] = state.agreement.to_json()
+        if state.label_values is not None:
+            meta["label_values"] = state.label_values.to_json()
         rng = {f"{name}.{rank}": t for rank, states in enumerate(rngs) for name, t in states.items()}
         save_checkpoint(cfg.io.out, tensors, opt_state, state.spec.vocab, meta, rng, hooks.before_write)
         hooks.after_checkpoint(progress.step)

@@ -21,6 +21,7 @@ from tokweight.pipeline.ranks import Ranks
 from tokweight.pipeline.tokens.vocab import Vocab
 from tokweight.training.objective.baselines import AdaptersOff, Frozen, make_baseline
 from tokweight.training.objective.clusters import CLUSTER_LINES, Agreement, Clusters
+from tokweight.training.objective.label_values import LabelValues
 from tokweight.training.cvae.conditioning import token_key_values
 from tokweight.training.config.components import POLICIES, WEIGHTINGS, CVAEConfig, WeightingParams
 from tokweight.training.loop.convergence import Convergence
@@ -101,9 +102,10 @@ def setup(cfg: TrainConfig, ranks: Ranks, continue_from: Path | None = None, ann
     seed_dropout(cfg.optim.seed, ranks.rank)
     set_rng_states(saved.get("rng", {}), device)  # a resumed run's, which replace those
     progress = Progress(saved.get("step", 0), Convergence(**saved.get("convergence", {})), saved.get("converged_at"))
+    names = label_names(cfg)
     return State(model, engine, opt, baseline, WeightingParams(cfg.loss.eps, cfg.loss.eps_inv, dataset_mean_b), spec,
-                 global_batch, ranks, device, meta, Schedule.of(cfg), label_names(cfg), progress, sharded,
-                 clusters, agreement(cfg, device, saved))
+                 global_batch, ranks, device, meta, Schedule.of(cfg), names, progress, sharded,
+                 clusters, agreement(cfg, device, saved), label_values(cfg, names, device, saved))
 
 
 def build_model(cfg: TrainConfig, init, base, devices: tuple[torch.device, torch.device], lower: torch.dtype,
@@ -266,6 +268,15 @@ def agreement(cfg: TrainConfig, device: torch.device, saved: dict) -> Agreement 
     if not cfg.estep.cluster_weight or cfg.estep.cluster_map == "identity":
         return None
     return Agreement.start(cfg.cvae.k, device, cfg.estep.cluster_map, saved.get("agreement"))
+
+
+def label_values(cfg: TrainConfig, names: tuple[str, ...], device: torch.device, saved: dict) -> LabelValues | None:
+    """The running table of labels against the decoders' choices (``estep.labelled`` with ``estep.label_map``
+    "matched"; None otherwise, and in mode "label", whose every line is labelled from step 0): independent for a
+    fresh run, the checkpoint's for a resumed one."""
+    if not (cfg.estep.labelled and names) or cfg.estep.mode == "label" or cfg.estep.label_map != "matched":
+        return None
+    return LabelValues.start(len(names), cfg.cvae.k, device, saved.get("label_values"))
 
 
 @torch.no_grad()

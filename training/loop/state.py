@@ -14,6 +14,7 @@ from tokweight.pipeline.data.errors import Skips
 from tokweight.pipeline.ranks import Ranks
 from tokweight.training.objective.baselines import Baseline
 from tokweight.training.objective.clusters import Agreement, Clusters
+from tokweight.training.objective.label_values import LabelValues
 from tokweight.training.loop.convergence import Convergence
 from tokweight.training.cvae.model import CVAE
 from tokweight.training.loop.batches import StreamSpec
@@ -63,6 +64,7 @@ class State:
     sharded: bool = False  # FSDP: parameters, gradients and AdamW's state are sharded over the ranks (``engine.py``)
     clusters: Clusters | None = None  # the base's grouping the E-step weighs in (``estep.cluster_weight``)
     agreement: Agreement | None = None  # which values its clusters tilt toward (``estep.cluster_map`` not "identity")
+    label_values: LabelValues | None = None  # which value a label's lines take (``estep.label_map`` "matched")
 
 
 def rng_states(device: torch.device) -> dict[str, torch.Tensor]:

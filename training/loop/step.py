@@ -57,14 +57,18 @@ def step_terms(state: State, batch: TrainBatch, cfg) -> tuple[object, torch.Tens
     out = state.engine(batch, generator=sample_generator(cfg.optim.seed, at.step), global_batch=state.global_batch)
     b = state.baseline(batch, out)  # (B, T_max) nats over S, detached
     labels = (step_labels(at.estep, batch.strategies, state.strategy_names, batch.keys)
-              if at.em and state.strategy_names else None)
+              if at.em and state.strategy_names else None)  # (B,) label indices, -1: unlabelled
+    pairs = state.label_values if labels is not None else None  # estep.label_map "matched"
+    values = labels if pairs is None else pairs.assign(labels)  # (B,) the value each labelled line is fixed to
     log_pi = state.clusters.log_prob(out.pooled) if state.clusters is not None and at.em else None  # (B, K)
     table = state.agreement if log_pi is not None else None  # estep.cluster_map "agreement" or "matched"
     cluster = log_pi if table is None else table.tilt(log_pi)
-    terms = step_loss(state.model.latent, out, b, batch.zfree.mask, cfg.loss, at, state.params, labels,
+    terms = step_loss(state.model.latent, out, b, batch.zfree.mask, cfg.loss, at, state.params, values,
                       state.global_batch, cluster)
     if table is not None:
         table.update(log_pi, terms.R, state.global_batch)  # after the step read it: the next step's table
+    if pairs is not None:
+        pairs.update(labels, terms.R, state.global_batch)  # likewise
     return terms.out, b, terms
 
 

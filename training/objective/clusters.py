@@ -119,7 +119,7 @@ class Agreement:
 
     def log_ratio(self) -> torch.Tensor:
         """(C, K) log P(k | c) / P(k): the pointwise mutual information of cluster c and value k."""
-        return self.joint.log() - self.joint.sum(1, keepdim=True).log() - self.joint.sum(0, keepdim=True).log()
+        return pointwise_mi(self.joint)
 
     def pointwise(self, log_pi: torch.Tensor) -> torch.Tensor:
         """"agreement": (B, K) log sum_c pi(c) P(k | c) / P(k); 0 for every value where they are independent."""
@@ -132,14 +132,7 @@ class Agreement:
         follow carries the rest of each cluster to its value. On the device, without reading anything back."""
         ratio, k = self.log_ratio(), self.joint.shape[1]
         gate = (self.joint * ratio).sum() / math.log(k)
-        values = torch.arange(k, device=ratio.device)
-        match, left = torch.zeros_like(values), ratio  # match[k]: the cluster value k is given
-        for _ in range(k):
-            flat = left.argmax()
-            c, value = flat // k, flat % k
-            match = torch.where(values == value, c, match)
-            left = left.index_fill(0, c.view(1), -math.inf).index_fill(1, value.view(1), -math.inf)
-        return gate * log_pi.detach().index_select(1, match)
+        return gate * log_pi.detach().index_select(1, one_to_one(ratio))  # value k's cluster's log pi
 
     @torch.no_grad()
     def update(self, log_pi: torch.Tensor, R: torch.Tensor, batch: GlobalBatch = LOCAL) -> None:
@@ -151,3 +144,23 @@ class Agreement:
 
     def to_json(self) -> list:
         return self.joint.tolist()
+
+
+def pointwise_mi(joint: torch.Tensor) -> torch.Tensor:
+    """(R, C) log P(r, c) / (P(r) P(c)) of a joint (R, C) summing to 1."""
+    return joint.log() - joint.sum(1, keepdim=True).log() - joint.sum(0, keepdim=True).log()
+
+
+def one_to_one(score: torch.Tensor) -> torch.Tensor:
+    """(C,) the row paired with each column of ``score`` (R, C), R >= C: greedily, the highest score first, each row
+    and column once (on ties the first in row-major order, so an all-equal score pairs column c with row c). On the
+    device, without reading anything back."""
+    rows, cols = score.shape
+    columns = torch.arange(cols, device=score.device)
+    match, left = torch.zeros_like(columns), score
+    for _ in range(cols):
+        flat = left.argmax()
+        r, c = flat // cols, flat % cols
+        match = torch.where(columns == c, r, match)
+        left = left.index_fill(0, r.view(1), -math.inf).index_fill(1, c.view(1), -math.inf)
+    return match

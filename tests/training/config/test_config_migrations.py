@@ -34,7 +34,7 @@ def test_a_config_of_the_remedies_group_reads_as_its_estep_and_latent_rows():
                        cvae=CVAEConfig(z_dim=8, cond="token", slots=1, posterior_pool="last", latent_init_norm=0.3,
                                        latent_init_center=True, posterior_likelihood=False),
                        estep=EStepConfig(mode="soft", follow_beta=False, prior="uniform", cluster_weight=0.0,
-                                         cluster_relative=False, cluster_map="identity"),
+                                         cluster_relative=False, cluster_map="identity", label_map="identity"),
                        optim=OptimConfig(steps=50))
     assert train_config_from(old) == want
     no_remedy = train_config_from({"io": IO, "cvae": OLD_CVAE, "remedies": {}})  # the group's own defaults
@@ -83,6 +83,19 @@ def test_a_run_config_of_before_the_cluster_default_reads_as_it_trained_and_a_co
         train_config_from({"io": IO, "cvae": {"latent": "continuous"}, "estep": {"cluster_weight": 3.0}})
 
 
+def test_a_run_config_of_before_labels_followed_the_values_reads_as_it_trained_and_a_config_file_the_default():
+    """A run's config.json without ``estep.label_map`` fixed label k's lines to value k ("identity"); one that names
+    it keeps it, and a config file gets "matched"."""
+    old = TrainConfig(IOConfig(**IO)).to_json()
+    del old["estep"]["label_map"]
+    assert train_config_from(old).estep.label_map == "identity"
+    old["estep"]["label_map"] = "matched"
+    assert train_config_from(old).estep.label_map == "matched"
+    assert train_config_from({"io": IO, "estep": {"labelled": 0.02}}).estep.label_map == "matched"
+    with pytest.raises(ValueError, match="label_map must be one of"):
+        train_config_from({"io": IO, "estep": {"label_map": "hungarian"}})
+
+
 def test_a_resolved_cluster_weight_is_resolved_anew_when_the_latent_changes(tmp_path):
     """A discrete run's config.json holds the resolved weight 3; `--set cvae.latent=continuous` over it gets a
     continuous latent's 0, not a refusal, and `--set estep.mode=label` likewise."""
@@ -98,7 +111,7 @@ def test_a_config_of_this_version_passes_every_migration_unchanged():
     current = TrainConfig(IOConfig(**IO)).to_json()
     assert migrated(current) == current and train_config_from(current) == TrainConfig(IOConfig(**IO))
     assert [m.__name__ for m in MIGRATIONS] == ["from_remedies", "from_beta_group", "without_posterior_likelihood",
-                                                "without_cluster_fields"]
+                                                "without_cluster_fields", "without_label_map"]
 
 
 def test_train_config_and_eval_and_resume_resolve_an_old_run_alike(tmp_path):
