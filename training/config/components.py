@@ -239,8 +239,8 @@ class EStepConfig:
     """E-step objective for steps < until_step, then the plain objective (a warm start); 0: every step."""
     labelled: float = 0.0
     """Soft and hard modes: the share of the examples with a strategy label (picked by a hash of the key, the
-    same ones every step) whose assignment is their label's value (the one-hot of its index in the dataset's
-    strategies) instead of q*'s; 0: none. A few labels tie each value to one strategy, which the objective
+    same ones every step) whose assignment is their label's value (the one-hot of the value ``label_map`` gives the
+    label) instead of q*'s; 0: none. A few labels tie each value to one strategy, which the objective
     alone cannot. Which value a label's lines take: ``label_map``."""
     label_map: str = "matched"
     """Which value ``labelled`` fixes a label's lines to: "identity", value k for the dataset's strategies[k] from step
