@@ -263,7 +263,7 @@ def _write_dataset(cfg: ConvertConfig, plan: _Plan) -> dict:
         "config": {"shard_size": cfg.shard_size, "on_bad": cfg.on_bad, "split": plan.rule.describe(),
                    **({"columns": dict(cfg.columns)} if cfg.parquet is not None else {})},
         "symbols": sorted(vocab.symbols),
-        "strategies": sorted(vocab.strategies),  # pipeline.data.labels reads them: latent value k <-> strategies[k]
+        "strategies": sorted(vocab.strategies),  # pipeline.data.labels reads them: label k is strategies[k]
         "splits": splits,
         "key_map": plan.key_map,
         f"bad_{unit}s": {"count": plan.bad.count, f"{unit}s": plan.bad.listed()},

@@ -32,7 +32,7 @@ class DatasetLabels:
     source: str
     """What made the dataset: "tokweight.synth", "tokweight.convert", or "unknown"."""
     strategies: tuple[str, ...] = ()
-    """The strategy labels in a fixed order (latent value k of a supervised E-step is strategies[k]); () if none."""
+    """The strategy labels in a fixed order (label k of an E-step that reads them is strategies[k]); () if none."""
     synth: SynthConfig | None = None
     """The generator config, for synthetic data."""
 

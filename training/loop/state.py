@@ -59,7 +59,7 @@ class State:
     device: torch.device
     meta: dict  # the run's part of the checkpoint's state.json (run_dir.save_checkpoint)
     schedule: Schedule  # what the objective does at each step, resolved from the run's config once
-    strategy_names: tuple[str, ...] = ()  # an E-step that reads labels: latent value k is strategy_names[k]
+    strategy_names: tuple[str, ...] = ()  # an E-step that reads labels: label k is strategy_names[k]
     progress: Progress = field(default_factory=Progress)
     sharded: bool = False  # FSDP: parameters, gradients and AdamW's state are sharded over the ranks (``engine.py``)
     clusters: Clusters | None = None  # the base's grouping the E-step weighs in (``estep.cluster_weight``)

@@ -15,10 +15,10 @@ Trade", with a uniform prior against rich-get-richer): decoder copy k is trained
 k, and the amortised posterior is distilled towards the assignment (``training/objective/loss.py``). A balanced assignment
 (Sinkhorn-Knopp equipartition over the batch, as in SwAV, Caron et al. 2020) keeps one k from taking every
 example. The "label" mode assigns each example to its ground-truth strategy instead (a supervised warm start
-with ``until_step``); ``labelled`` fixes a share of the examples to their label's value. ``harden`` gives an
-example that q* is sure of (one copy at least that share) its one-hot, once the run's code has formed: two
-copies that explain an example about as well then part, and where q* is sure of nothing (z not in use) the
-step is q* itself.
+with ``until_step``); ``labelled`` fixes a share of the examples to their label's value (``label_values.py``).
+``harden`` gives an example that q* is sure of (one copy at least that share) its one-hot, once the run's code has
+formed: two copies that explain an example about as well then part, and where q* is sure of nothing (z not in use)
+the step is q* itself.
 """
 
 from __future__ import annotations
