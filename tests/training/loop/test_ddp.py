@@ -204,6 +204,8 @@ PATHS = {  # name: (backbones -> cfg -> cfg); each runs 4 steps of the common co
     # and the agreement table each step folds in is the global batch's (averaged over the ranks), as one process's
     "estep-clusters-matched": lambda b: lambda c: replace(
         c, estep=EStepConfig(cluster_weight=3.0, cluster_relative=True, cluster_map="matched"), loss=WARM),
+    # a labelled line goes to the value the label table pairs its label with, the table folded over the global batch
+    "estep-labelled-matched": lambda b: lambda c: replace(c, estep=EStepConfig(labelled=0.5), loss=WARM),
     # each rank groups its own rows by length, one process all of them: other groups, the same rows and step
     "length-groups": lambda b: lambda c: io(c, length_groups=3),
     # the z-free pass and the copies as one forward, in each rank's own groups
