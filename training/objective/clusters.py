@@ -147,7 +147,10 @@ class Agreement:
 
 
 def pointwise_mi(joint: torch.Tensor) -> torch.Tensor:
-    """(R, C) log P(r, c) / (P(r) P(c)) of a joint (R, C) summing to 1."""
+    """(R, C) log P(r, c) / (P(r) P(c)) of a joint (R, C) summing to 1, its entries floored at the dtype's smallest
+    normal number: a pair the running table has not seen for thousands of steps decays below it, and a value no
+    line chooses would leave a column of zeros, whose 0 / 0 would be NaN and win every argmax."""
+    joint = joint.clamp(min=torch.finfo(joint.dtype).tiny)
     return joint.log() - joint.sum(1, keepdim=True).log() - joint.sum(0, keepdim=True).log()
 
 

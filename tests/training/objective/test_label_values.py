@@ -62,3 +62,12 @@ def test_the_table_survives_json_and_a_checkpoint_of_another_shape_is_refused():
     assert torch.equal(again.joint, table.joint)
     with pytest.raises(ValueError, match=r"label table is \(3, 3\), the run has 2 labels and k=3"):
         LabelValues.start(2, 3, torch.device("cpu"), table.to_json())
+
+
+def test_a_value_no_labelled_line_chooses_leaves_the_pairing_finite():
+    """A column decayed to 0 (a value no labelled line has chosen for thousands of steps, where denormals flush to
+    zero) pairs the labels as before, not by a NaN's argmax."""
+    joint = torch.tensor([[0.0, 0.0, 0.5], [0.5, 0.0, 0.0]])
+    table = LabelValues.start(2, 3, torch.device("cpu"), joint.tolist())
+    assert table.values().tolist() == [2, 0]
+    assert torch.isfinite(one_to_one(torch.zeros(3, 3))).all()
