@@ -11,8 +11,6 @@ reproduced under the label's own value; the same for as many unlabelled lines, w
 from __future__ import annotations
 
 import argparse
-import json
-import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from tokweight.pipeline.data.splits import split_urls
 from tokweight.training.decoding.decode import greedy_decode, latent_values
 from tokweight.training.evaluation.evaluate import reference_tokens
 from tokweight.training.loop.run_dir import load_run
+from tokweight.training.objective.estep import labelled_indices
 from tokweight.training.objective.label_values import LabelValues
 
 
@@ -50,7 +49,7 @@ def main() -> None:
     for _, s in iter_samples(split_urls(str(args.data), "train")):
         if s.strategy is None:
             continue
-        picked = zlib.crc32(str(s.key).encode()) < share * 2 ** 32  # estep.labelled_indices' rule
+        picked = labelled_indices([s.strategy], names, [s.key], share)[0] >= 0  # the run's own rule
         (labelled if picked else unlabelled).append(s)
         if len(labelled) >= args.lines and len(unlabelled) >= args.lines:
             break

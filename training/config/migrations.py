@@ -62,20 +62,22 @@ def without_cluster_fields(obj: dict) -> dict:
     """A run's config.json of before the base's grouping was the default: the E-step fields it does not name held
     the values that meant "off" (``cluster_weight`` 0) and the first form of the cost (in nats, value k cluster k).
     A config file that does not name them gets their defaults."""
-    if not written_by_a_run(obj):
-        return obj
-    estep = obj.get("estep") or {}
-    old = {"cluster_weight": 0.0, "cluster_relative": False, "cluster_map": "identity"}
-    return {**obj, "estep": {**{k: v for k, v in old.items() if k not in estep}, **estep}}
+    return with_estep_of_before(obj, {"cluster_weight": 0.0, "cluster_relative": False, "cluster_map": "identity"})
 
 
 def without_label_map(obj: dict) -> dict:
     """A run's config.json of before labelled lines followed the decoders' values: label k's lines were fixed to value
     k (``estep.label_map`` "identity"). A config file that does not name it gets the default."""
+    return with_estep_of_before(obj, {"label_map": "identity"})
+
+
+def with_estep_of_before(obj: dict, before: dict) -> dict:
+    """``obj`` with the E-step fields of ``before`` that a run's config.json does not name set to the values they
+    held before the field existed; a config file (not written by a run) as it is."""
     if not written_by_a_run(obj):
         return obj
     estep = obj.get("estep") or {}
-    return obj if "label_map" in estep else {**obj, "estep": {**estep, "label_map": "identity"}}
+    return {**obj, "estep": {**{k: v for k, v in before.items() if k not in estep}, **estep}}
 
 
 def written_by_a_run(obj: dict) -> bool:
